@@ -1,0 +1,44 @@
+# Shared build settings and the dsv4_layer() helper.
+
+set(DSV4_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers)
+if(DSV4_WERROR)
+  list(APPEND DSV4_WARNINGS -Werror)
+endif()
+
+set(DSV4_SAN_FLAGS "")
+if(DSV4_SANITIZE)
+  set(DSV4_SAN_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:${DSV4_SAN_FLAGS}>)
+  add_link_options(${DSV4_SAN_FLAGS})
+endif()
+
+set(DSV4_LAYER_ROOT ${CMAKE_BINARY_DIR}/layers)
+
+# dsv4_layer(<name> FOLDER <src-subfolder> SOURCES ... DEPS <layer targets> LIBS <other libs>)
+# Creates static library dsv4_<name>. Its include root holds links to its own
+# folder and to the folders of its direct dependencies; dependencies' roots
+# propagate (PUBLIC), so the visible set is exactly the transitive closure.
+function(dsv4_layer name)
+  cmake_parse_arguments(L "" "FOLDER" "SOURCES;DEPS;LIBS" ${ARGN})
+  set(target dsv4_${name})
+  add_library(${target} STATIC ${L_SOURCES})
+  set(root ${DSV4_LAYER_ROOT}/${name})
+  set(folders ${L_FOLDER})
+  foreach(dep ${L_DEPS})
+    get_target_property(dep_folder ${dep} DSV4_FOLDER)
+    list(APPEND folders ${dep_folder})
+  endforeach()
+  foreach(f ${folders})
+    get_filename_component(parent ${root}/${f} DIRECTORY)
+    file(MAKE_DIRECTORY ${parent})
+    if(NOT EXISTS ${root}/${f})
+      file(CREATE_LINK ${CMAKE_SOURCE_DIR}/src/${f} ${root}/${f} SYMBOLIC)
+    endif()
+  endforeach()
+  set_target_properties(${target} PROPERTIES DSV4_FOLDER ${L_FOLDER})
+  target_include_directories(${target} PUBLIC ${root})
+  target_link_libraries(${target} PUBLIC ${L_DEPS} ${L_LIBS})
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DSV4_WARNINGS}>)
+endfunction()
+
+define_property(TARGET PROPERTY DSV4_FOLDER BRIEF_DOCS "src/ folder of a dsv4 layer" FULL_DOCS "src/ folder of a dsv4 layer")

@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("dsv4"); return 0; }
