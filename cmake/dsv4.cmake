@@ -8,8 +8,18 @@ endif()
 set(DSV4_SAN_FLAGS "")
 if(DSV4_SANITIZE)
   set(DSV4_SAN_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
-  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:${DSV4_SAN_FLAGS}>)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:${DSV4_SAN_FLAGS}>")
   add_link_options(${DSV4_SAN_FLAGS})
+endif()
+
+if(DSV4_FUZZ)
+  # Coverage instrumentation for everything the fuzz targets call; the targets
+  # themselves add -fsanitize=fuzzer at link (tests/fuzz/CMakeLists.txt).
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "DSV4_FUZZ=ON needs clang (-DCMAKE_CXX_COMPILER=clang++)")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=fuzzer-no-link,address,undefined>)
+  add_link_options(-fsanitize=address,undefined)
 endif()
 
 set(DSV4_LAYER_ROOT ${CMAKE_BINARY_DIR}/layers)

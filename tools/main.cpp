@@ -1,2 +1,25 @@
+// dsv4: one binary, one subcommand per tool (tools/cmd_*.cpp).
 #include <cstdio>
-int main() { std::puts("dsv4"); return 0; }
+
+#include "commands.h"
+
+namespace dsv4::tools {
+namespace {
+int g_exit_code = 0;
+}
+void set_exit_code(int code) { g_exit_code = code; }
+}  // namespace dsv4::tools
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsv4: DeepSeek V4 inference engine (C++20 + CUDA)", "dsv4"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dsv4 0.1.0");
+  dsv4::tools::register_inspect(app);
+  dsv4::tools::register_synth(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return dsv4::tools::g_exit_code;
+}

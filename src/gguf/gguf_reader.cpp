@@ -233,11 +233,11 @@ expected<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> 
   DSV4_TRY_ASSIGN(uint64_t n_kv, c.read<uint64_t>("metadata count"));
   // A KV record is at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least 8 + 4 + 8 + 4 + 8.
   if (n_kv > c.remaining() / 13)
-    return make_error("absurd metadata count %llu for a file of %llu bytes", static_cast<unsigned long long>(n_kv),
-                      static_cast<unsigned long long>(size));
+    return make_error("absurd metadata count %llu: cannot fit in the %llu bytes left (truncated or corrupt file)",
+                      static_cast<unsigned long long>(n_kv), static_cast<unsigned long long>(c.remaining()));
   if (n_tensors > c.remaining() / 32)
-    return make_error("absurd tensor count %llu for a file of %llu bytes", static_cast<unsigned long long>(n_tensors),
-                      static_cast<unsigned long long>(size));
+    return make_error("absurd tensor count %llu: cannot fit in the %llu bytes left (truncated or corrupt file)",
+                      static_cast<unsigned long long>(n_tensors), static_cast<unsigned long long>(c.remaining()));
 
   g->kvs_.reserve(static_cast<size_t>(n_kv));
   std::unordered_set<std::string_view> keys;

@@ -73,12 +73,17 @@ bool can_quantize(GgmlType t);
 // dst[0..n) = dequantised src (n elements of type t).
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 
-// Quantises n floats to type t. `importance` (n weights, may be null) steers
-// the error-weighted searches of Q2_K and IQ2_XXS (and Q4_K); IQ2_XXS without
-// importance uses x^2 as its weight. F32/F16/BF16 convert directly.
+// Quantises n floats to type t. `importance` (n weights >= 0, may be null)
+// steers the error-weighted searches of Q2_K, Q4_K and IQ2_XXS (Q8_0 and the
+// float types ignore it); IQ2_XXS without importance weights element i by
+// sqrt(mean(x^2) + x_i^2) (an importance of 1). F32/F16/BF16 convert directly
+// (round to nearest even).
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n, const float* importance = nullptr);
 
-// Exact reference: sum_i dequant(w)[i] * x[i], f32 accumulation.
+// Exact reference: sum_i dequant(w)[i] * x[i], f32 accumulation in a fixed
+// order: product i is added to lane (i mod 16), then the 16 lanes are folded
+// pairwise (lane j += lane j+8, then +4, +2, +1). Weights are bit-identical to
+// dequantize_row's output.
 float vec_dot_f32(GgmlType t, const void* w, const float* x, int64_t n);
 
 // Activation format for the quantised dot of weight type t.
@@ -91,7 +96,7 @@ float vec_dot_q(GgmlType t, const void* w, const void* act, int64_t n);
 void quantize_row_q8_0f(const float* x, BlockQ8_0F* y, int64_t n);
 void quantize_row_q8_k(const float* x, BlockQ8_K* y, int64_t n);
 
-// IQ2_XXS tables, generated at start-up from the compact code list (formats.md §2.4).
+// IQ2_XXS tables, generated at compile time from the compact code list (formats.md §2.4).
 const uint64_t* iq2xxs_grid();   // [256], byte j of entry i = magnitude of weight j
 const uint8_t* iq2xxs_signs();   // [128], bit j set = weight j negative (bit 7 = parity)
 const uint16_t* iq2xxs_kgrid();  // [256], eight 2-bit codes per entry

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every system dependency of dsv4 from Debian packages. Idempotent:
+# packages already present are left alone. Needs root (or sudo) only when
+# something is missing. The CUDA toolkit (nvcc) is not installed here; the
+# CUDA build needs it on PATH or at /usr/local/cuda.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for clang builds
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+  libssl-dev libicu-dev
+  python3 curl tmux
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,138 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/thread_pool.h"
+#include "quant/quant.h"
+
+namespace dsv4 {
+namespace cpu {
+
+namespace {
+std::unique_ptr<ThreadPool> g_pool;
+std::once_flag g_pool_once;
+int g_threads = 0;
+}  // namespace
+
+ThreadPool& pool() {
+  std::call_once(g_pool_once, [] { g_pool = std::make_unique<ThreadPool>(g_threads); });
+  return *g_pool;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+  for (int k = 0; i < n; ++i, ++k) s[k] += a[i] * b[i];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+void weight_row(const Tensor& w, int64_t r, float* dst) {
+  if (w.type == GgmlType::F32) {
+    std::memcpy(dst, w.row(r), static_cast<size_t>(w.ne[0]) * 4);
+    return;
+  }
+  quant::dequantize_row(w.type, w.row(r), dst, w.ne[0]);
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+}  // namespace cpu
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads) { cpu::pool(); (void)n_threads; }
+  ~CpuBackend() override {
+    for (auto& [p, n] : allocs_) std::free(p);
+  }
+  BackendKind kind() const override { return BackendKind::CPU; }
+  std::string name() const override { return strfmt("cpu (%d threads)", cpu::pool().size()); }
+
+  Tensor alloc(GgmlType type, int64_t n0, int64_t n1, int64_t n2, int64_t n3) override {
+    Tensor t = make_tensor(nullptr, type, n0, n1, n2, n3);
+    size_t bytes = (t.n_bytes() + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
+    DSV4_ASSERT(p != nullptr, "out of memory allocating %zu bytes", bytes);
+    std::memset(p, 0, bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    allocs_[p] = bytes;
+    t.data = p;
+    return t;
+  }
+  void free(Tensor& t) override {
+    if (!t.data) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocs_.find(t.data);
+    DSV4_ASSERT(it != allocs_.end(), "free of a tensor this backend did not allocate");
+    std::free(it->first);
+    allocs_.erase(it);
+    t.data = nullptr;
+  }
+  expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
+    return make_tensor(const_cast<void*>(host), type, ne[0], ne[1], ne[2], ne[3]);
+  }
+  void write(const Tensor& dst, const void* host, size_t bytes, size_t offset) override {
+    DSV4_ASSERT(offset + bytes <= dst.n_bytes(), "write past the end of a tensor");
+    std::memcpy(static_cast<uint8_t*>(dst.data) + offset, host, bytes);
+  }
+  void read(const Tensor& src, void* host, size_t bytes, size_t offset) override {
+    DSV4_ASSERT(offset + bytes <= src.n_bytes(), "read past the end of a tensor");
+    std::memcpy(host, static_cast<const uint8_t*>(src.data) + offset, bytes);
+  }
+  void fill(const Tensor& dst, float value) override {
+    float* p = dst.f32();
+    std::fill(p, p + dst.n_elements(), value);
+  }
+  void copy(const Tensor& dst, const Tensor& src) override {
+    DSV4_ASSERT(dst.n_bytes() == src.n_bytes(), "copy between tensors of different sizes");
+    std::memmove(dst.data, src.data, src.n_bytes());
+  }
+  void synchronize() override {}
+
+  void embed(const EmbedOp& op) override { cpu::embed(op); }
+  void hc_pre(const HcPreOp& op) override { cpu::hc_pre(op); }
+  void hc_post(const HcPostOp& op) override { cpu::hc_post(op); }
+  void hc_head(const HcHeadOp& op) override { cpu::hc_head(op); }
+  void rms_norm(const RmsNormOp& op) override { cpu::rms_norm(op); }
+  void matmul(const MatmulOp& op) override { cpu::matmul(op); }
+  void rope(const RopeOp& op) override { cpu::rope(op); }
+  void quant_sim(const QuantSimOp& op) override { cpu::quant_sim(op); }
+  void store_rows(const StoreRowsOp& op) override { cpu::store_rows(op); }
+  void compress(const CompressOp& op) override { cpu::compress(op); }
+  void indexer_scores(const IndexerScoresOp& op) override { cpu::indexer_scores(op); }
+  void topk(const TopKOp& op) override { cpu::topk(op); }
+  void attention(const AttentionOp& op) override { cpu::attention(op); }
+  void moe_route(const MoeRouteOp& op) override { cpu::moe_route(op); }
+  void moe_experts(const MoeExpertsOp& op) override { cpu::moe_experts(op); }
+  void swiglu(const SwigluOp& op) override { cpu::swiglu(op); }
+  void add(const AddOp& op) override {
+    float* o = op.out.f32();
+    const float* x = op.x.f32();
+    DSV4_ASSERT(op.out.n_elements() == op.x.n_elements(), "add: size mismatch");
+    for (int64_t i = 0; i < op.out.n_elements(); ++i) o[i] += x[i];
+  }
+  void scale(const ScaleOp& op) override {
+    float* x = op.x.f32();
+    for (int64_t i = 0; i < op.x.n_elements(); ++i) x[i] *= op.s;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> allocs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+  cpu::g_threads = n_threads;
+  return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace dsv4

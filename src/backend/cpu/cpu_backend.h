@@ -1,0 +1,53 @@
+// The CPU reference backend: every op of src/ops/ops.h in plain fp32, threaded
+// over all cores. It is the oracle the CUDA kernels are tested against.
+//
+// Determinism: every output element is computed by one thread in a fixed
+// order that does not depend on the batch size or the thread count, so a
+// chunked prefill, a whole prefill and token-by-token decoding give bitwise
+// identical results.
+#pragma once
+
+#include <memory>
+
+#include "ops/ops.h"
+
+namespace dsv4 {
+
+class ThreadPool;
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+
+namespace cpu {
+
+// Shared helpers of the op files (cpu_*.cpp).
+ThreadPool& pool();
+// Fixed-order f32 dot product (8 interleaved partial sums, then a fixed tree).
+float dot(const float* a, const float* b, int64_t n);
+// Dequantises row r of a weight tensor into dst (ne0 floats).
+void weight_row(const Tensor& w, int64_t r, float* dst);
+float sigmoid(float x);
+
+void embed(const EmbedOp& op);
+void hc_pre(const HcPreOp& op);
+void hc_post(const HcPostOp& op);
+void hc_head(const HcHeadOp& op);
+void rms_norm(const RmsNormOp& op);
+void matmul(const MatmulOp& op);
+void rope(const RopeOp& op);
+void quant_sim(const QuantSimOp& op);
+void store_rows(const StoreRowsOp& op);
+void compress(const CompressOp& op);
+void indexer_scores(const IndexerScoresOp& op);
+void topk(const TopKOp& op);
+void attention(const AttentionOp& op);
+void moe_route(const MoeRouteOp& op);
+void moe_experts(const MoeExpertsOp& op);
+void swiglu(const SwigluOp& op);
+
+// Row-level helpers reused by several ops (and by tests).
+void rms_norm_row(float* out, const float* x, const float* w, int64_t d, float eps);
+void rope_row(float* x, int64_t d, int n_rot, const float* omega, int32_t pos, bool inverse);
+void quant_sim_row(float* x, int64_t d, KvQuantSim sim, int n_quant);
+
+}  // namespace cpu
+}  // namespace dsv4

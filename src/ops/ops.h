@@ -1,0 +1,290 @@
+// The op list: the contract every backend implements (CPU reference, CUDA).
+//
+// The forward pass (src/model/forward.cpp) is written once as a sequence of
+// these ops. Each op is described by a parameter struct whose comments give
+// the maths and the tensor shapes; the CPU backend implements each in plain
+// fp32 and is the oracle the CUDA kernels are tested against (one harness
+// case per op). Shapes use [outer, ..., inner] order with the innermost
+// dimension = Tensor::ne[0]; `n` is the number of tokens in the batch.
+//
+// Graph-friendliness: everything that changes from one decode step to the
+// next (positions, row counts, selections) lives in tensors, never in host
+// scalars, so a backend can capture the decode step once and replay it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "ops/tensor.h"
+
+namespace dsv4 {
+
+// Simulated quantisation applied to stored vectors (model-spec.md §9.2).
+enum class KvQuantSim {
+  NONE,          // plain fp32 (what transformers computes)
+  FP8_BF16,      // main KV: FP8 e4m3 round trip of the non-RoPE dims in blocks of 64, then every value to bf16
+  HADAMARD_FP4,  // indexer K/q: orthonormal Hadamard rotation, FP4 e2m1 round trip in blocks of 32, then bf16
+};
+
+// RoPE table of a layer (model-spec.md §5.3): pairs (2j, 2j+1) of the last
+// `n_rot` dims rotate by angle pos * omega_j with omega_j = theta^(-2j/n_rot),
+// blended with omega_j / factor by the YaRN ramp when `yarn` is set.
+struct RopeParams {
+  int n_rot = 64;
+  float theta = 10000.0f;
+  bool yarn = false;
+  float factor = 1.0f;
+  uint64_t orig_ctx = 0;
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+};
+
+// Frequencies omega_j (n_rot/2 values) of a RoPE table.
+void rope_frequencies(const RopeParams& p, float* omega);
+
+// ---------------------------------------------------------------------------
+// Op parameter structs.
+
+// out[t, s, :] = table[ids[t], :] for every stream s (embedding + mHC expansion).
+struct EmbedOp {
+  Tensor out;    // [n, hc, D] f32
+  Tensor table;  // [V, D] weight (F16/F32)
+  Tensor ids;    // [n] i32
+};
+
+// mHC pre-mix (model-spec.md §4.2). Per token: rho = rsqrt(mean(x̄^2) + eps_norm)
+// over the hc*D state; mu = rho * (fn · x̄) (mix values); pre = sigmoid(s0 mu_pre + b) + eps;
+// post = 2 sigmoid(s1 mu_post + b); comb = Sinkhorn(s2 mu_comb + b);
+// u = sum_i pre_i X_i.
+struct HcPreOp {
+  Tensor u;      // [n, D] f32 out
+  Tensor post;   // [n, hc] f32 out
+  Tensor comb;   // [n, hc, hc] f32 out (row = source stream, col = destination)
+  Tensor state;  // [n, hc, D] f32 in
+  Tensor fn;     // [mix, hc*D] weight, mix = (2 + hc) * hc
+  Tensor scale;  // [3] f32
+  Tensor base;   // [mix] f32
+  float norm_eps = 1e-6f;  // RMS epsilon of the state normalisation
+  float hc_eps = 1e-6f;
+  int sinkhorn_iters = 20;
+};
+
+// mHC post-mix (§4.3): X'_j = post_j * y + sum_i comb[i][j] X_i; optional bf16
+// rounding of the new state (reference numerics keep X in bf16).
+struct HcPostOp {
+  Tensor state;  // [n, hc, D] f32 in/out
+  Tensor y;      // [n, D] f32
+  Tensor post;   // [n, hc]
+  Tensor comb;   // [n, hc, hc]
+  bool round_bf16 = false;
+};
+
+// mHC head (§4.4): w_i = sigmoid(s * rho * (fn · x̄)_i + b_i) + eps; h = sum_i w_i X_i.
+struct HcHeadOp {
+  Tensor h;      // [n, D] f32 out
+  Tensor state;  // [n, hc, D]
+  Tensor fn;     // [hc, hc*D] weight
+  Tensor scale;  // [1] f32
+  Tensor base;   // [hc] f32
+  float norm_eps = 1e-6f;
+  float hc_eps = 1e-6f;
+};
+
+// out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (w or 1); rows of length ne0.
+struct RmsNormOp {
+  Tensor out;  // [rows, d] f32 (may alias x)
+  Tensor x;    // [rows, d] f32
+  Tensor w;    // [d] f32, or empty for the weightless norm
+  float eps = 1e-6f;
+};
+
+// out[t, r] = sum_c W[r, c] x[t, c]. With groups G > 1 the weight is
+// block-diagonal: row r belongs to group g = r / (rows/G) and reads the input
+// slice x[t, g*cols : (g+1)*cols] (grouped output projection, §5.8).
+struct MatmulOp {
+  Tensor out;  // [n, rows] f32
+  Tensor w;    // [rows, cols] weight (any weight type)
+  Tensor x;    // [n, cols * groups] f32
+  int groups = 1;
+};
+
+// Rotates the last n_rot dims of every row of x in place by angle pos*omega_j
+// (inverse: -pos*omega_j). Row r of token t uses pos[t] (rows_per_token rows per token).
+struct RopeOp {
+  Tensor x;    // [n, rows_per_token, d] f32 in/out
+  Tensor pos;  // [n] i32
+  RopeParams rope;
+  bool inverse = false;
+};
+
+// Simulated storage quantisation of vectors (see KvQuantSim); in place.
+// FP8_BF16 touches dims [0, n_quant) with 64-blocks, then rounds all dims to bf16.
+// HADAMARD_FP4 rotates each row (ne0 must be a power of two) then FP4-rounds it in 32-blocks.
+struct QuantSimOp {
+  Tensor x;  // [rows, d] f32
+  KvQuantSim sim = KvQuantSim::NONE;
+  int n_quant = 0;  // FP8: non-RoPE dims
+};
+
+// ring[pos[t] % cap, :] = rows[t, :] (the raw sliding-window KV of a layer).
+struct StoreRowsOp {
+  Tensor ring;  // [cap, d] f32
+  Tensor rows;  // [n, d] f32
+  Tensor pos;   // [n] i32
+};
+
+// KV compressor step (§5.5/§5.6) for n consecutive tokens. For each token t
+// (in order) at position p = pos[t]: a = kv[t], g = gate[t] + ape[p mod m] go
+// into frontier slot (overlap ? m : 0) + p mod m; when (p+1) mod m == 0 the
+// window is pooled (per-channel softmax of g over the window's candidates,
+// weighting a; overlap: lane A of the previous window + lane B of the
+// current), then RMS-normed with norm_w, RoPE'd at position p+1-m, sim'd, and
+// written as row k = p div m of `rows`; with overlap, the current window then
+// becomes the previous one. Row counts are implied by positions.
+struct CompressOp {
+  Tensor rows;      // [cap_rows, d] f32 out (row k = window k)
+  Tensor state_a;   // [R, w] f32 frontier values, R = 2m (overlap) or m, w = c*d
+  Tensor state_g;   // [R, w] f32 frontier scores (-inf = empty)
+  Tensor kv;        // [n, w] f32 projections
+  Tensor gate;      // [n, w] f32 projections (APE not yet added)
+  Tensor ape;       // [m, w] weight (F16/F32)
+  Tensor norm_w;    // [d] f32
+  Tensor pos;       // [n] i32
+  int ratio = 4;
+  bool overlap = true;
+  float eps = 1e-6f;
+  RopeParams rope;
+  KvQuantSim sim = KvQuantSim::NONE;
+  int n_quant = 0;
+  bool round_pooled_bf16 = false;  // reference: pooled row cast to bf16 before its norm
+};
+
+// Lightning-indexer scores (§5.6): for every query t and every row k with
+// k < (pos[t]+1) / 4: score[t, k] = sum_h w[t, h] * relu(q[t, h, :] · rows[k, :]).
+// Rows not visible to t get -inf.
+struct IndexerScoresOp {
+  Tensor scores;  // [n, cap_rows] f32 out
+  Tensor q;       // [n, H_I, d_I] f32
+  Tensor w;       // [n, H_I] f32 head weights (already scaled)
+  Tensor rows;    // [cap_rows, d_I] f32
+  Tensor pos;     // [n] i32
+  int ratio = 4;
+};
+
+// Top-k of each row of scores among the visible rows (k < (pos[t]+1)/ratio):
+// sel[t, :] = indices of the min(k, visible) largest scores, ties to the lower
+// index, in ascending index order, padded with -1.
+struct TopKOp {
+  Tensor sel;     // [n, k] i32 out
+  Tensor scores;  // [n, cap_rows] f32
+  Tensor pos;     // [n] i32
+  int ratio = 4;
+};
+
+// Core attention (§5.7). For query t at position p, heads h:
+// keys = window rows at positions max(0, p-W+1) .. p (ring slot = position % cap)
+//      ∪ compressed rows: all k < (p+1)/ratio (sel empty) or the listed sel[t, :] (>= 0);
+// l_s = (q_h · K_s) * scale; o_h = sum_s softmax_s(l; sink_h) K_s where the
+// sink adds exp(sink_h - max) to the denominator only. K = V.
+struct AttentionOp {
+  Tensor out;    // [n, H, d] f32
+  Tensor q;      // [n, H, d] f32
+  Tensor ring;   // [cap_w, d] f32 window KV
+  Tensor comp;   // [cap_rows, d] f32 compressed rows (empty for window-only layers)
+  Tensor sel;    // [n, k] i32 selected compressed rows (empty: all visible rows)
+  Tensor sinks;  // [H] f32
+  Tensor pos;    // [n] i32
+  int window = 128;
+  int ratio = 0;  // compression ratio of `comp` (0: none)
+  float scale = 0;
+};
+
+// Router (§6.1–§6.3): s = sqrt(softplus(logits)); experts = hash table row of
+// the token (hash layers) or top-k of s + bias; weights = s[e] / sum s[sel] * alpha.
+struct MoeRouteOp {
+  Tensor experts;   // [n, k] i32 out
+  Tensor weights;   // [n, k] f32 out
+  Tensor logits;    // [n, E] f32 router logits
+  Tensor bias;      // [E] f32 or empty
+  Tensor hash;      // [V, k] i32 table (hash layers) or empty
+  Tensor ids;       // [n] i32 token ids (hash layers)
+  float alpha = 1.5f;
+  bool normalize = true;
+};
+
+// Routed experts (§6.4): out[t] = sum_i weights[t,i] * down_e(silu(min(gate_e x, c)) * clamp(up_e x, -c, c))
+// with e = experts[t, i]; `accumulate` adds into out instead of overwriting.
+struct MoeExpertsOp {
+  Tensor out;       // [n, D] f32
+  Tensor x;         // [n, D] f32
+  Tensor gate;      // [E, F, D] weight (stacked)
+  Tensor up;        // [E, F, D]
+  Tensor down;      // [E, D, F]
+  Tensor experts;   // [n, k] i32
+  Tensor weights;   // [n, k] f32
+  float clamp = 10.0f;
+  bool accumulate = false;
+};
+
+// h = silu(min(gate, c)) * clamp(up, -c, c), elementwise (shared expert).
+struct SwigluOp {
+  Tensor out;   // [n, F] f32
+  Tensor gate;  // [n, F]
+  Tensor up;    // [n, F]
+  float clamp = 10.0f;
+};
+
+// out += x (elementwise), or out = x * s when `scale` is set instead.
+struct AddOp {
+  Tensor out;
+  Tensor x;
+};
+struct ScaleOp {
+  Tensor x;  // in place
+  float s = 1.0f;
+};
+
+// ---------------------------------------------------------------------------
+
+enum class BackendKind { CPU, CUDA };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  virtual std::string name() const = 0;
+
+  // Memory: zero-initialised activation/state buffers owned by the backend.
+  virtual Tensor alloc(GgmlType type, int64_t n0, int64_t n1 = 1, int64_t n2 = 1, int64_t n3 = 1) = 0;
+  virtual void free(Tensor& t) = 0;
+  // A weight the backend can read: CPU returns a view of host bytes, CUDA copies them to the device.
+  virtual expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) = 0;
+  virtual void write(const Tensor& dst, const void* host, size_t bytes, size_t offset = 0) = 0;
+  virtual void read(const Tensor& src, void* host, size_t bytes, size_t offset = 0) = 0;
+  virtual void fill(const Tensor& dst, float value) = 0;  // F32 tensors
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same byte size
+  virtual void synchronize() = 0;
+
+  // Ops.
+  virtual void embed(const EmbedOp& op) = 0;
+  virtual void hc_pre(const HcPreOp& op) = 0;
+  virtual void hc_post(const HcPostOp& op) = 0;
+  virtual void hc_head(const HcHeadOp& op) = 0;
+  virtual void rms_norm(const RmsNormOp& op) = 0;
+  virtual void matmul(const MatmulOp& op) = 0;
+  virtual void rope(const RopeOp& op) = 0;
+  virtual void quant_sim(const QuantSimOp& op) = 0;
+  virtual void store_rows(const StoreRowsOp& op) = 0;
+  virtual void compress(const CompressOp& op) = 0;
+  virtual void indexer_scores(const IndexerScoresOp& op) = 0;
+  virtual void topk(const TopKOp& op) = 0;
+  virtual void attention(const AttentionOp& op) = 0;
+  virtual void moe_route(const MoeRouteOp& op) = 0;
+  virtual void moe_experts(const MoeExpertsOp& op) = 0;
+  virtual void swiglu(const SwigluOp& op) = 0;
+  virtual void add(const AddOp& op) = 0;
+  virtual void scale(const ScaleOp& op) = 0;
+};
+
+}  // namespace dsv4

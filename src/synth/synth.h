@@ -1,0 +1,58 @@
+// `dsv4 synth`: random-weight models of any preset, written as GGUF files in
+// the exact published tensor layout (or filled straight into memory by a
+// backend), deterministic for a seed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "model/model_spec.h"
+#include "model/tensor_table.h"
+
+namespace dsv4 {
+
+struct Preset {
+  std::string name;         // "tiny", "flash-q2", ...
+  std::string description;
+  ModelSpec spec;
+  QuantRecipe recipe;
+};
+
+std::vector<Preset> synth_presets();
+expected<Preset> find_preset(const std::string& name);
+ModelSpec tiny_spec();
+
+// One tensor of a synthetic model: what to write and how to generate it.
+struct SynthTensor {
+  TensorSpec spec;
+  GgmlType type;
+  uint64_t n_bytes;
+};
+
+struct SynthPlan {
+  Preset preset;
+  uint64_t seed = 1;
+  std::vector<SynthTensor> tensors;
+  uint64_t tensor_bytes = 0;  // sum without alignment padding
+};
+
+SynthPlan synth_plan(const Preset& preset, uint64_t seed);
+
+// Writes rows [row_begin, row_begin + n_rows) of tensor `t` (deterministic in
+// (seed, tensor name, row/block index); thread-safe).
+void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_begin, uint64_t n_rows, uint8_t* dst);
+
+// A writer holding the whole model (metadata, vocab, tensor generators);
+// `pool` runs the generators and must outlive the writer.
+GgufWriter synth_writer(const SynthPlan& plan, ThreadPool& pool);
+
+// Streams the whole model to `path`. progress(bytes_done, bytes_total) is called now and then.
+Status synth_write(const SynthPlan& plan, const std::string& path, int n_threads,
+                   const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+}  // namespace dsv4

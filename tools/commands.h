@@ -1,0 +1,15 @@
+// Each `dsv4 <command>` lives in its own tools/cmd_<name>.cpp and registers a
+// CLI11 subcommand here. A command's callback sets the process exit code via
+// `set_exit_code`; errors are printed as "dsv4 <cmd>: error: ..." and never crash.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dsv4::tools {
+
+void set_exit_code(int code);
+
+void register_inspect(CLI::App& app);
+void register_synth(CLI::App& app);
+
+}  // namespace dsv4::tools
