@@ -414,7 +414,12 @@ expected<std::vector<GgufScalar>> GgufFile::get_array(std::string_view key) cons
 std::string gguf_value_to_string(const GgufKV& kv, size_t max_array_items) {
   auto one = [](const GgufScalar& s) -> std::string {
     switch (s.type) {
-      case GgufType::STRING: return "\"" + printable(s.s) + "\"";
+      case GgufType::STRING: {
+        std::string q = "\"";
+        q += printable(s.s);
+        q += "\"";
+        return q;
+      }
       case GgufType::BOOL: return s.u ? "true" : "false";
       case GgufType::F32: case GgufType::F64: return strfmt("%g", s.f);
       case GgufType::I8: case GgufType::I16: case GgufType::I32: case GgufType::I64:
