@@ -2,8 +2,9 @@
 
 set(DSV4_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers)
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-  # GCC 12 reports false -Wrestrict positives inside std::string at -O2 (GCC bug 105329).
-  list(APPEND DSV4_WARNINGS -Wno-restrict)
+  # GCC 12 reports false -Wrestrict / -Wstringop-overflow positives inside std::string and
+  # std::vector at -O2 (GCC bugs 105329, 106199).
+  list(APPEND DSV4_WARNINGS -Wno-restrict -Wno-stringop-overflow)
 endif()
 if(DSV4_WERROR)
   list(APPEND DSV4_WARNINGS -Werror)
