@@ -17,6 +17,7 @@ struct SynthArgs {
   uint64_t seed = 1;
   bool dry_run = false;
   bool list = false;
+  bool mtp = false;
   int threads = 0;
 };
 
@@ -34,7 +35,7 @@ int run_synth(const SynthArgs& a) {
     std::fprintf(stderr, "dsv4 synth: error: %s\n", preset.error().message.c_str());
     return 2;
   }
-  SynthPlan plan = synth_plan(*preset, a.seed);
+  SynthPlan plan = a.mtp ? synth_mtp_plan(*preset, a.seed) : synth_plan(*preset, a.seed);
   ThreadPool pool(a.threads);
   GgufWriter writer = synth_writer(plan, pool);
   std::printf("preset %s: %s\n", preset->name.c_str(), preset->description.c_str());
@@ -69,6 +70,7 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Random seed; the output is deterministic for a seed")->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "Generator threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--dry-run", args->dry_run, "Print the tensor count and sizes without writing");
+  cmd->add_flag("--mtp", args->mtp, "Write the preset's MTP block (for --mtp FILE) instead of the main model");
   cmd->add_flag("--list-presets", args->list, "List the presets and exit");
   cmd->callback([args] { set_exit_code(run_synth(*args)); });
 }

@@ -47,6 +47,13 @@ struct Tensor {
     t.ne[2] = t.ne[3] = 1;
     return t;
   }
+  // The first n elements of a 1-D tensor.
+  Tensor head(int64_t n) const {
+    DSV4_ASSERT(ne[1] == 1 && ne[2] == 1 && ne[3] == 1 && n <= ne[0], "head(%lld) of a non-vector", static_cast<long long>(n));
+    Tensor t = *this;
+    t.ne[0] = n;
+    return t;
+  }
   // Same bytes with another shape (element count must match).
   Tensor reshape(int64_t n0, int64_t n1 = 1, int64_t n2 = 1, int64_t n3 = 1) const {
     DSV4_ASSERT(n0 * n1 * n2 * n3 == n_elements(), "reshape changes the element count");

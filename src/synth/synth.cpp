@@ -72,6 +72,20 @@ SynthPlan synth_plan(const Preset& preset, uint64_t seed) {
   return plan;
 }
 
+SynthPlan synth_mtp_plan(const Preset& preset, uint64_t seed) {
+  SynthPlan plan;
+  plan.preset = preset;
+  plan.seed = seed;
+  plan.mtp = true;
+  for (auto& spec : mtp_tensor_table(preset.spec)) {
+    GgmlType type = recipe_type(preset.recipe, spec);
+    uint64_t bytes = ggml_type_bytes(type, spec.n_elements());
+    plan.tensor_bytes += bytes;
+    plan.tensors.push_back({std::move(spec), type, bytes});
+  }
+  return plan;
+}
+
 namespace {
 
 enum class Dist { NORMAL, NEAR_ONE, UNIFORM_SCALE, HASH_TABLE };
@@ -217,20 +231,26 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
 GgufWriter synth_writer(const SynthPlan& plan, ThreadPool& pool) {
   const ModelSpec& spec = plan.preset.spec;
   GgufWriter w;
-  spec.write_gguf(w);
-  w.set_string("general.name", spec.name + " (synthetic, " + plan.preset.name + ")");
-  w.set_u32("general.quantization_version", 2);
-  w.set_string("dsv4.synth.preset", plan.preset.name);
-  w.set_u64("dsv4.synth.seed", plan.seed);
-  SynthVocab vocab = make_synth_vocab(spec.n_vocab);
-  w.set_string("tokenizer.ggml.model", "gpt2");
-  w.set_string("tokenizer.ggml.pre", "joyai-llm");
-  w.set_array_string("tokenizer.ggml.tokens", vocab.tokens);
-  w.set_array_i32("tokenizer.ggml.token_type", vocab.types);
-  w.set_array_string("tokenizer.ggml.merges", vocab.merges);
-  w.set_u32("tokenizer.ggml.bos_token_id", 0);
-  w.set_u32("tokenizer.ggml.eos_token_id", 1);
-  w.set_u32("tokenizer.ggml.padding_token_id", 2);
+  if (plan.mtp) {
+    w.set_string("general.architecture", "deepseek4");
+    w.set_string("general.name", spec.name + " MTP block (synthetic, " + plan.preset.name + ")");
+    w.set_u64("dsv4.synth.seed", plan.seed);
+  } else {
+    spec.write_gguf(w);
+    w.set_string("general.name", spec.name + " (synthetic, " + plan.preset.name + ")");
+    w.set_u32("general.quantization_version", 2);
+    w.set_string("dsv4.synth.preset", plan.preset.name);
+    w.set_u64("dsv4.synth.seed", plan.seed);
+    SynthVocab vocab = make_synth_vocab(spec.n_vocab);
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "joyai-llm");
+    w.set_array_string("tokenizer.ggml.tokens", vocab.tokens);
+    w.set_array_i32("tokenizer.ggml.token_type", vocab.types);
+    w.set_array_string("tokenizer.ggml.merges", vocab.merges);
+    w.set_u32("tokenizer.ggml.bos_token_id", 0);
+    w.set_u32("tokenizer.ggml.eos_token_id", 1);
+    w.set_u32("tokenizer.ggml.padding_token_id", 2);
+  }
 
   for (const auto& t : plan.tensors) {
     const SynthTensor* tp = &t;

@@ -39,9 +39,12 @@ struct SynthPlan {
   uint64_t seed = 1;
   std::vector<SynthTensor> tensors;
   uint64_t tensor_bytes = 0;  // sum without alignment padding
+  bool mtp = false;           // the MTP block file (formats.md §1.8) instead of the main model
 };
 
 SynthPlan synth_plan(const Preset& preset, uint64_t seed);
+// The MTP block of a preset (tensors prefixed "mtp.0."), written as its own GGUF.
+SynthPlan synth_mtp_plan(const Preset& preset, uint64_t seed);
 
 // Writes rows [row_begin, row_begin + n_rows) of tensor `t` (deterministic in
 // (seed, tensor name, row/block index); thread-safe).

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace dsv4 {
+#include "core/token_type.h"
 
-enum class TokenType : int32_t { NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6 };
+namespace dsv4 {
 
 struct SynthVocab {
   std::vector<std::string> tokens;  // index = id, byte-to-unicode form

@@ -1,0 +1,476 @@
+// The forward pass over the op list. Shapes in comments use n = tokens of the
+// batch, D = n_embd, H = heads, hd = head_dim, hc = mHC streams.
+#include "model/forward.h"
+
+#include <cmath>
+#include <limits>
+
+namespace dsv4 {
+
+const char* numerics_name(Numerics n) {
+  switch (n) {
+    case Numerics::REFERENCE: return "reference";
+    case Numerics::PLAIN: return "plain";
+  }
+  return "?";
+}
+
+expected<Numerics> numerics_from_name(const std::string& s) {
+  if (s == "reference") return Numerics::REFERENCE;
+  if (s == "plain") return Numerics::PLAIN;
+  return make_error("unknown numerics \"%s\" (expected reference or plain)", s.c_str());
+}
+
+// Activation buffers for one batch of up to max_batch tokens.
+struct Model::Scratch {
+  Tensor pos, ids;             // [n] i32
+  Tensor state;                // [n, hc, D]
+  Tensor u, xn, y, ys;         // [n, D]
+  Tensor post, comb;           // [n, hc], [n, hc, hc]
+  Tensor qa, q, kv, o, la;     // [n, q_lora], [n, H*hd], [n, hd], [n, H*hd], [n, G*o_lora]
+  Tensor ckv, cgate;           // [n, 2*hd]
+  Tensor iq, iw, ikv, igate;   // [n, H_I*d_I], [n, H_I], [n, 2*d_I] x2
+  Tensor scores;               // [n, rows] (grown on demand)
+  Tensor sel;                  // [n, K_I] i32
+  Tensor router, experts, weights;  // [n, E] f32, [n, k] i32, [n, k] f32
+  Tensor sh_g, sh_u, sh_h;     // [n, F*shared]
+  Tensor h, hn, logits;        // [n, D], [n, D], [n, V]
+  Tensor mtp_e, mtp_y;         // MTP: [1, D], [1, hc, D]
+  int64_t score_rows = 0;
+};
+
+Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
+    : backend_(backend), spec_(spec), options_(options), sc_(std::make_unique<Scratch>()) {}
+
+Model::~Model() {
+  Scratch& s = *sc_;
+  for (Tensor* t : {&s.pos, &s.ids, &s.state, &s.u, &s.xn, &s.y, &s.ys, &s.post, &s.comb, &s.qa, &s.q, &s.kv, &s.o,
+                    &s.la, &s.ckv, &s.cgate, &s.iq, &s.iw, &s.ikv, &s.igate, &s.scores, &s.sel, &s.router,
+                    &s.experts, &s.weights, &s.sh_g, &s.sh_u, &s.sh_h, &s.h, &s.hn, &s.logits, &s.mtp_e, &s.mtp_y})
+    backend_.free(*t);
+}
+
+expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
+                                               ModelOptions options) {
+  if (options.max_batch < 1) return make_error("max_batch must be at least 1");
+  std::unique_ptr<Model> m(new Model(backend, weights.spec, options));
+  DSV4_TRY(m->upload(weights, mtp));
+  const ModelSpec& S = m->spec_;
+  const int64_t n = options.max_batch, D = S.n_embd, hc = S.hc_count, H = S.n_head, hd = S.head_dim;
+  const int64_t Fs = static_cast<int64_t>(S.expert_ff) * std::max<uint32_t>(1, S.n_expert_shared);
+  Scratch& s = *m->sc_;
+  using G = GgmlType;
+  s.pos = backend.alloc(G::I32, n);
+  s.ids = backend.alloc(G::I32, n);
+  s.state = backend.alloc(G::F32, D, hc, n);
+  s.u = backend.alloc(G::F32, D, n);
+  s.xn = backend.alloc(G::F32, D, n);
+  s.y = backend.alloc(G::F32, D, n);
+  s.ys = backend.alloc(G::F32, D, n);
+  s.post = backend.alloc(G::F32, hc, n);
+  s.comb = backend.alloc(G::F32, hc, hc, n);
+  s.qa = backend.alloc(G::F32, S.q_lora_rank, n);
+  s.q = backend.alloc(G::F32, hd, H, n);
+  s.kv = backend.alloc(G::F32, hd, n);
+  s.o = backend.alloc(G::F32, hd, H, n);
+  s.la = backend.alloc(G::F32, static_cast<int64_t>(S.o_groups) * S.o_lora_rank, n);
+  s.ckv = backend.alloc(G::F32, 2 * hd, n);
+  s.cgate = backend.alloc(G::F32, 2 * hd, n);
+  s.iq = backend.alloc(G::F32, std::max<uint32_t>(1, S.indexer_head_dim), std::max<uint32_t>(1, S.indexer_heads), n);
+  s.iw = backend.alloc(G::F32, std::max<uint32_t>(1, S.indexer_heads), n);
+  s.ikv = backend.alloc(G::F32, 2 * std::max<uint32_t>(1, S.indexer_head_dim), n);
+  s.igate = backend.alloc(G::F32, 2 * std::max<uint32_t>(1, S.indexer_head_dim), n);
+  s.sel = backend.alloc(G::I32, std::max<uint32_t>(1, S.indexer_top_k), n);
+  s.router = backend.alloc(G::F32, S.n_expert, n);
+  s.experts = backend.alloc(G::I32, S.n_expert_used, n);
+  s.weights = backend.alloc(G::F32, S.n_expert_used, n);
+  s.sh_g = backend.alloc(G::F32, Fs, n);
+  s.sh_u = backend.alloc(G::F32, Fs, n);
+  s.sh_h = backend.alloc(G::F32, Fs, n);
+  s.h = backend.alloc(G::F32, D, n);
+  s.hn = backend.alloc(G::F32, D, n);
+  s.logits = backend.alloc(G::F32, S.n_vocab, n);
+  s.mtp_e = backend.alloc(G::F32, D, 1);
+  s.mtp_y = backend.alloc(G::F32, D, hc, 1);
+  return m;
+}
+
+Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
+  auto up = [&](const TensorRef& r, Tensor& dst) -> Status {
+    if (!r) return {};
+    int64_t ne[4] = {static_cast<int64_t>(r.ne[0]), static_cast<int64_t>(r.ne[1]), static_cast<int64_t>(r.ne[2]),
+                     static_cast<int64_t>(r.ne[3])};
+    auto t = backend_.upload_weight(r.data, r.type, ne);
+    if (!t) return t.error().with_context("uploading " + r.name);
+    dst = *t;
+    return {};
+  };
+  for (size_t i = 0; i < global_.size(); ++i) DSV4_TRY(up(w.global[i], global_[i]));
+  layers_.resize(w.layers.size());
+  for (size_t il = 0; il < w.layers.size(); ++il)
+    for (size_t i = 0; i < w.layers[il].t.size(); ++i) DSV4_TRY(up(w.layers[il].t[i], layers_[il].t[i]));
+  if (mtp) {
+    for (size_t i = 0; i < mtp->head.size(); ++i) DSV4_TRY(up(mtp->head[i], mtp_head_[i]));
+    for (size_t i = 0; i < mtp->block.t.size(); ++i) DSV4_TRY(up(mtp->block.t[i], mtp_block_.t[i]));
+    has_mtp_ = true;
+  }
+  return {};
+}
+
+RopeParams Model::rope_for_ratio(uint32_t ratio) const {
+  RopeParams p;
+  p.n_rot = static_cast<int>(spec_.rope_dim);
+  if (ratio == 0) {
+    p.theta = spec_.rope_theta;  // plain RoPE on window-only layers (and the MTP block)
+    return p;
+  }
+  p.theta = spec_.compress_rope_theta;
+  p.yarn = true;
+  p.factor = spec_.rope_scale_factor;
+  p.orig_ctx = spec_.rope_orig_ctx;
+  p.beta_fast = spec_.yarn_beta_fast;
+  p.beta_slow = spec_.yarn_beta_slow;
+  return p;
+}
+
+LayerState Model::alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor) {
+  using G = GgmlType;
+  LayerState L;
+  const int64_t hd = spec_.head_dim;
+  L.ring = backend_.alloc(G::F32, hd, cap_w);
+  if (with_compressor && ratio > 0) {
+    const bool overlap = ratio == 4;
+    L.comp = backend_.alloc(G::F32, hd, ctx / ratio + 1);
+    L.comp_a = backend_.alloc(G::F32, (overlap ? 2 : 1) * hd, (overlap ? 2 : 1) * ratio);
+    L.comp_g = backend_.alloc(G::F32, (overlap ? 2 : 1) * hd, (overlap ? 2 : 1) * ratio);
+    if (ratio == 4) {
+      const int64_t dI = spec_.indexer_head_dim;
+      L.idx = backend_.alloc(G::F32, dI, ctx / 4 + 1);
+      L.idx_a = backend_.alloc(G::F32, 2 * dI, 8);
+      L.idx_g = backend_.alloc(G::F32, 2 * dI, 8);
+    }
+  }
+  return L;
+}
+
+KvState Model::new_state(uint32_t ctx) {
+  KvState s;
+  s.ctx = ctx;
+  s.cap_w = spec_.sliding_window + static_cast<uint32_t>(options_.max_batch);
+  for (uint32_t il = 0; il < spec_.n_layer; ++il) s.layers.push_back(alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true));
+  s.last_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
+  if (has_mtp_) s.mtp = alloc_layer_state(0, ctx, s.cap_w, false);
+  reset_state(s);
+  return s;
+}
+
+void Model::free_state(KvState& s) {
+  auto free_layer = [&](LayerState& L) {
+    for (Tensor* t : {&L.ring, &L.comp, &L.comp_a, &L.comp_g, &L.idx, &L.idx_a, &L.idx_g}) backend_.free(*t);
+  };
+  for (auto& L : s.layers) free_layer(L);
+  free_layer(s.mtp);
+  backend_.free(s.last_hidden);
+  s.layers.clear();
+}
+
+void Model::reset_state(KvState& s) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto reset_layer = [&](LayerState& L) {
+    for (Tensor* t : {&L.ring, &L.comp, &L.comp_a, &L.idx, &L.idx_a})
+      if (*t) backend_.fill(*t, 0.0f);
+    for (Tensor* t : {&L.comp_g, &L.idx_g})
+      if (*t) backend_.fill(*t, neg_inf);
+  };
+  for (auto& L : s.layers) reset_layer(L);
+  reset_layer(s.mtp);
+  backend_.fill(s.last_hidden, 0.0f);
+}
+
+uint64_t Model::state_bytes(uint32_t ctx) const {
+  const uint64_t hd = spec_.head_dim, dI = spec_.indexer_head_dim;
+  const uint64_t cap_w = spec_.sliding_window + static_cast<uint64_t>(options_.max_batch);
+  uint64_t b = 0;
+  for (uint32_t il = 0; il < spec_.n_layer; ++il) {
+    uint32_t m = spec_.ratio(il);
+    b += cap_w * hd * 4;
+    if (m == 0) continue;
+    uint64_t c = m == 4 ? 2 : 1;
+    b += (ctx / m + 1) * hd * 4 + 2 * (c * m) * (c * hd) * 4;
+    if (m == 4) b += (ctx / 4 + 1) * dI * 4 + 2 * 8 * 2 * dI * 4;
+  }
+  return b;
+}
+
+void Model::ensure_scores(int64_t rows) {
+  if (sc_->score_rows >= rows) return;
+  backend_.free(sc_->scores);
+  sc_->scores = backend_.alloc(GgmlType::F32, rows, options_.max_batch);
+  sc_->score_rows = rows;
+}
+
+Status Model::forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
+  if (n <= 0) return make_error("forward: no tokens");
+  if (p0 < 0 || p0 + n > static_cast<int64_t>(s.ctx))
+    return make_error("context overflow: %lld + %lld tokens exceed the context of %u", static_cast<long long>(p0),
+                      static_cast<long long>(n), s.ctx);
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= spec_.n_vocab)
+      return make_error("token id %d at index %lld is outside the vocabulary [0, %u)", ids[i], static_cast<long long>(i),
+                        spec_.n_vocab);
+  for (int64_t b = 0; b < n; b += options_.max_batch) {
+    int64_t nb = std::min<int64_t>(options_.max_batch, n - b);
+    bool last = b + nb == n;
+    float* out = all_logits ? logits + b * spec_.n_vocab : (last ? logits : nullptr);
+    run_batch(s, ids + b, nb, p0 + b, out, all_logits);
+  }
+  return {};
+}
+
+void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block) {
+  using LT = LayerTensor;
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const int64_t H = P.n_head, hd = P.head_dim;
+  const RopeParams rope = rope_for_ratio(ratio);
+  Tensor pos = s.pos.head(n);
+  Tensor xn = s.xn.rows(0, n);
+
+  // Query path (§5.1): c_q = RMSNorm(W_qa x; q_norm); q = W_qb c_q, per-head RMSNorm, RoPE.
+  Tensor qa = s.qa.rows(0, n);
+  backend_.matmul({qa, L[LT::ATTN_Q_A], xn});
+  backend_.rms_norm({qa, qa, L[LT::ATTN_Q_A_NORM], P.rms_eps});
+  Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
+  backend_.matmul({q.reshape(H * hd, n), L[LT::ATTN_Q_B], qa});
+  backend_.rms_norm({q.reshape(hd, H * n), q.reshape(hd, H * n), Tensor{}, P.rms_eps});
+  backend_.rope({q, pos, rope, false});
+
+  // KV path (§5.2): kv = RMSNorm(W_kv x; kv_norm), RoPE, FP8 simulation, into the ring.
+  Tensor kv = s.kv.rows(0, n);
+  backend_.matmul({kv, L[LT::ATTN_KV], xn});
+  backend_.rms_norm({kv, kv, L[LT::ATTN_KV_A_NORM], P.rms_eps});
+  backend_.rope({kv.reshape(hd, 1, n), pos, rope, false});
+  backend_.quant_sim({kv, ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE, static_cast<int>(P.nope_dim())});
+  backend_.store_rows({S.ring, kv, pos});
+
+  Tensor sel;
+  if (ratio > 0 && !mtp_block) {
+    // Compressor (§5.5): rows completed inside this batch become visible to later tokens.
+    const bool overlap = ratio == 4;
+    const int64_t w = (overlap ? 2 : 1) * hd;
+    const int64_t cap_rows = 2 * hd * options_.max_batch / w;  // the buffers hold [max_batch][2*hd]
+    Tensor ckv = s.ckv.reshape(w, cap_rows).rows(0, n);
+    Tensor cg = s.cgate.reshape(w, cap_rows).rows(0, n);
+    backend_.matmul({ckv, L[LT::ATTN_COMPRESSOR_KV], xn});
+    backend_.matmul({cg, L[LT::ATTN_COMPRESSOR_GATE], xn});
+    CompressOp c;
+    c.rows = S.comp;
+    c.state_a = S.comp_a;
+    c.state_g = S.comp_g;
+    c.kv = ckv;
+    c.gate = cg;
+    c.ape = L[LT::ATTN_COMPRESSOR_APE];
+    c.norm_w = L[LT::ATTN_COMPRESSOR_NORM];
+    c.pos = pos;
+    c.ratio = static_cast<int>(ratio);
+    c.overlap = overlap;
+    c.eps = P.rms_eps;
+    c.rope = rope;
+    c.sim = ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE;
+    c.n_quant = static_cast<int>(P.nope_dim());
+    c.round_pooled_bf16 = ref;
+    backend_.compress(c);
+
+    if (ratio == 4) {
+      // Lightning indexer (§5.6).
+      const int64_t HI = P.indexer_heads, dI = P.indexer_head_dim;
+      Tensor iq = s.iq.reshape(dI * HI * options_.max_batch).reshape(dI, HI * options_.max_batch).rows(0, HI * n).reshape(dI, HI, n);
+      backend_.matmul({iq.reshape(HI * dI, n), L[LT::INDEXER_ATTN_Q_B], qa});
+      backend_.rope({iq, pos, rope, false});
+      backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
+      Tensor iw = s.iw.rows(0, n);
+      backend_.matmul({iw, L[LT::INDEXER_PROJ], xn});
+      backend_.scale({iw, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(HI))});
+      Tensor ikv = s.ikv.rows(0, n), ig = s.igate.rows(0, n);
+      backend_.matmul({ikv, L[LT::INDEXER_COMPRESSOR_KV], xn});
+      backend_.matmul({ig, L[LT::INDEXER_COMPRESSOR_GATE], xn});
+      CompressOp ic;
+      ic.rows = S.idx;
+      ic.state_a = S.idx_a;
+      ic.state_g = S.idx_g;
+      ic.kv = ikv;
+      ic.gate = ig;
+      ic.ape = L[LT::INDEXER_COMPRESSOR_APE];
+      ic.norm_w = L[LT::INDEXER_COMPRESSOR_NORM];
+      ic.pos = pos;
+      ic.ratio = 4;
+      ic.overlap = true;
+      ic.eps = P.rms_eps;
+      ic.rope = rope;
+      ic.sim = ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE;
+      ic.round_pooled_bf16 = ref;
+      backend_.compress(ic);
+
+      const int64_t rows = S.idx.n_rows();
+      ensure_scores(rows);
+      Tensor scores = s.scores.rows(0, n);
+      backend_.indexer_scores({scores, iq, iw, S.idx, pos, 4});
+      sel = s.sel.rows(0, n);
+      backend_.topk({sel, scores, pos, 4});
+    }
+  }
+
+  // Attention over window + compressed rows (§5.7), inverse RoPE, grouped output projection (§5.8).
+  Tensor o = s.o.reshape(hd, H, options_.max_batch).rows(0, H * n).reshape(hd, H, n);
+  AttentionOp a;
+  a.out = o;
+  a.q = q;
+  a.ring = S.ring;
+  a.comp = mtp_block ? Tensor{} : S.comp;
+  a.sel = sel;
+  a.sinks = L[LT::ATTN_SINKS];
+  a.pos = pos;
+  a.window = static_cast<int>(P.sliding_window);
+  a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  backend_.attention(a);
+  backend_.rope({o, pos, rope, true});
+  Tensor la = s.la.rows(0, n);
+  backend_.matmul({la, L[LT::ATTN_OUTPUT_A], o.reshape(H * hd, n), static_cast<int>(P.o_groups)});
+  backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], la});
+}
+
+void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
+  using LT = LayerTensor;
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  Tensor xn = s.xn.rows(0, n);
+  Tensor y = s.y.rows(0, n);
+  // Router (§6.1–§6.3) and routed experts (§6.4).
+  Tensor router = s.router.rows(0, n), experts = s.experts.rows(0, n), weights = s.weights.rows(0, n);
+  backend_.matmul({router, L[LT::FFN_GATE_INP], xn});
+  MoeRouteOp r;
+  r.experts = experts;
+  r.weights = weights;
+  r.logits = router;
+  r.bias = hash ? Tensor{} : L[LT::EXP_PROBS_B];
+  r.hash = hash ? L[LT::FFN_GATE_TID2EID] : Tensor{};
+  r.ids = s.ids.head(n);
+  r.alpha = P.expert_weights_scale;
+  r.normalize = P.expert_weights_norm;
+  backend_.moe_route(r);
+  const float clamp = P.swiglu_clamp[std::min<size_t>(il, P.swiglu_clamp.size() - 1)];
+  backend_.moe_experts({y, xn, L[LT::FFN_GATE_EXPS], L[LT::FFN_UP_EXPS], L[LT::FFN_DOWN_EXPS], experts, weights, clamp, false});
+  // Shared expert.
+  if (L[LT::FFN_GATE_SHEXP]) {
+    Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n), ys = s.ys.rows(0, n);
+    backend_.matmul({g, L[LT::FFN_GATE_SHEXP], xn});
+    backend_.matmul({u, L[LT::FFN_UP_SHEXP], xn});
+    backend_.swiglu({h, g, u, clamp});
+    backend_.matmul({ys, L[LT::FFN_DOWN_SHEXP], h});
+    backend_.add({y, ys});
+  }
+}
+
+void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
+  using LT = LayerTensor;
+  using GT = GlobalTensor;
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const int64_t D = P.n_embd, hc = P.hc_count;
+
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(p0 + i);
+  backend_.write(s.pos, pos.data(), static_cast<size_t>(n) * 4);
+  backend_.write(s.ids, ids, static_cast<size_t>(n) * 4);
+  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
+  Tensor u = s.u.rows(0, n), xn = s.xn.rows(0, n), y = s.y.rows(0, n);
+  Tensor post = s.post.rows(0, n), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, n).reshape(hc, hc, n);
+
+  backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
+  for (uint32_t il = 0; il < P.n_layer; ++il) {
+    const DeviceLayer& L = layers_[il];
+    backend_.hc_pre({u, post, comb, state, L[LT::HC_ATTN_FN], L[LT::HC_ATTN_SCALE], L[LT::HC_ATTN_BASE], P.rms_eps,
+                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters)});
+    backend_.rms_norm({xn, u, L[LT::ATTN_NORM], P.rms_eps});
+    attention_block(L, st.layers[il], P.ratio(il), n, false);
+    backend_.hc_post({state, y, post, comb, ref});
+    backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps,
+                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters)});
+    backend_.rms_norm({xn, u, L[LT::FFN_NORM], P.rms_eps});
+    ffn_block(L, n, il, P.is_hash_layer(il));
+    backend_.hc_post({state, y, post, comb, ref});
+  }
+  // The last token's final state feeds the MTP block.
+  backend_.copy(st.last_hidden, state.reshape(D * hc, n).rows(n - 1, 1).reshape(D, hc));
+  if (!logits) return;
+
+  // Head (§7): hc_head -> RMSNorm -> logits, for the last token (or all).
+  const int64_t first = all_logits ? 0 : n - 1, cnt = n - first;
+  Tensor h = s.h.rows(0, cnt), hn = s.hn.rows(0, cnt), lg = s.logits.rows(0, cnt);
+  backend_.hc_head({h, state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt), global_[static_cast<size_t>(GT::OUTPUT_HC_FN)],
+                    global_[static_cast<size_t>(GT::OUTPUT_HC_SCALE)], global_[static_cast<size_t>(GT::OUTPUT_HC_BASE)],
+                    P.rms_eps, P.hc_eps});
+  backend_.rms_norm({hn, h, global_[static_cast<size_t>(GT::OUTPUT_NORM)], P.rms_eps});
+  backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
+  backend_.read(lg, logits, lg.n_bytes());
+}
+
+Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) {
+  using LT = LayerTensor;
+  using MT = MtpTensor;
+  using GT = GlobalTensor;
+  if (!has_mtp_) return make_error("no MTP block loaded (use --mtp FILE)");
+  if (token < 0 || static_cast<uint32_t>(token) >= spec_.n_vocab) return make_error("MTP: token %d outside the vocabulary", token);
+  if (p < 0 || p >= static_cast<int64_t>(st.ctx)) return make_error("MTP: position %lld outside the context", static_cast<long long>(p));
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const int64_t D = P.n_embd, hc = P.hc_count;
+  const int32_t pos = static_cast<int32_t>(p);
+  backend_.write(s.pos, &pos, 4);
+  backend_.write(s.ids, &token, 4);
+  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc).reshape(D, hc, 1);
+  Tensor u = s.u.rows(0, 1), xn = s.xn.rows(0, 1), y = s.y.rows(0, 1);
+  Tensor post = s.post.rows(0, 1), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, 1).reshape(hc, hc, 1);
+
+  // e = RMSNorm(embed[token]; enorm); Y_i = W_e e + W_h RMSNorm(X_i; hnorm).
+  Tensor e = s.mtp_e;
+  Tensor emb = s.mtp_y;  // [1, hc, D] scratch: embedding broadcast
+  backend_.embed({emb, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(1)});
+  Tensor e_row = emb.reshape(D, hc).rows(0, 1);
+  backend_.rms_norm({e, e_row, mtp_head_[static_cast<size_t>(MT::ENORM)], P.rms_eps});
+  backend_.matmul({s.ys.rows(0, 1), mtp_head_[static_cast<size_t>(MT::E_PROJ)], e});
+  Tensor hnorm = s.h.rows(0, 1);
+  for (int64_t i = 0; i < hc; ++i) {
+    Tensor xi = st.last_hidden.rows(i, 1);
+    backend_.rms_norm({hnorm, xi, mtp_head_[static_cast<size_t>(MT::HNORM)], P.rms_eps});
+    Tensor yi = state.reshape(D, hc).rows(i, 1);
+    backend_.matmul({yi, mtp_head_[static_cast<size_t>(MT::H_PROJ)], hnorm});
+    backend_.add({yi, s.ys.rows(0, 1)});
+  }
+  // One block: window-only attention with plain RoPE, top-k MoE with bias.
+  const DeviceLayer& L = mtp_block_;
+  backend_.hc_pre({u, post, comb, state, L[LT::HC_ATTN_FN], L[LT::HC_ATTN_SCALE], L[LT::HC_ATTN_BASE], P.rms_eps, P.hc_eps,
+                   static_cast<int>(P.hc_sinkhorn_iters)});
+  backend_.rms_norm({xn, u, L[LT::ATTN_NORM], P.rms_eps});
+  attention_block(L, st.mtp, 0, 1, true);
+  backend_.hc_post({state, y, post, comb, ref});
+  backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps, P.hc_eps,
+                   static_cast<int>(P.hc_sinkhorn_iters)});
+  backend_.rms_norm({xn, u, L[LT::FFN_NORM], P.rms_eps});
+  ffn_block(L, 1, P.n_layer, false);
+  backend_.hc_post({state, y, post, comb, ref});
+  // Head with the MTP block's own hc_head and norm, the shared output matrix.
+  Tensor h = s.h.rows(0, 1), hn = s.hn.rows(0, 1), lg = s.logits.rows(0, 1);
+  backend_.hc_head({h, state, mtp_head_[static_cast<size_t>(MT::HC_HEAD_FN)], mtp_head_[static_cast<size_t>(MT::HC_HEAD_SCALE)],
+                    mtp_head_[static_cast<size_t>(MT::HC_HEAD_BASE)], P.rms_eps, P.hc_eps});
+  backend_.rms_norm({hn, h, mtp_head_[static_cast<size_t>(MT::NORM)], P.rms_eps});
+  backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
+  backend_.read(lg, logits, lg.n_bytes());
+  return {};
+}
+
+}  // namespace dsv4

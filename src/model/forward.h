@@ -1,0 +1,107 @@
+// The DeepSeek V4 forward pass, written once over the op list (src/ops/ops.h)
+// and run by any backend. `Model` owns the uploaded weights and the scratch
+// buffers of one batch; `KvState` is the incremental state of one sequence
+// (model-spec.md §10): per layer the raw-window ring, compressed rows,
+// compressor frontiers, indexer rows and indexer frontiers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "model/weights.h"
+#include "ops/ops.h"
+
+namespace dsv4 {
+
+// Numerics of the forward pass (design.md §4):
+//  REFERENCE: DeepSeek's own inference graph — FP8 round trip of window and
+//    compressed KV rows, Hadamard + FP4 round trip of indexer q and K, bf16
+//    storage of KV, of the mHC state and of pooled compressor rows.
+//  PLAIN: no simulated rounding at all (what transformers computes).
+enum class Numerics { REFERENCE, PLAIN };
+const char* numerics_name(Numerics n);
+expected<Numerics> numerics_from_name(const std::string& s);
+
+struct LayerState {
+  Tensor ring;            // [cap_w, hd] raw window KV, slot = pos % cap_w
+  Tensor comp;            // [ctx/m + 1, hd] compressed rows (ratio > 0)
+  Tensor comp_a, comp_g;  // compressor frontier [R, c*hd]
+  Tensor idx;             // [ctx/4 + 1, d_I] indexer rows (ratio 4)
+  Tensor idx_a, idx_g;    // indexer compressor frontier [8, 2*d_I]
+};
+
+struct KvState {
+  uint32_t ctx = 0;    // maximum tokens
+  uint32_t cap_w = 0;  // ring rows = window + largest batch
+  std::vector<LayerState> layers;
+  Tensor last_hidden;  // [hc, D] final mHC state of the last token (MTP input)
+  LayerState mtp;      // MTP block's window ring (when the model has an MTP block)
+};
+
+struct ModelOptions {
+  Numerics numerics = Numerics::REFERENCE;
+  int max_batch = 512;  // tokens per forward batch (prefill chunk)
+};
+
+class Model {
+ public:
+  // Uploads the weights to the backend. `mtp` may be null.
+  static expected<std::unique_ptr<Model>> create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
+                                                 ModelOptions options);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  const ModelOptions& options() const { return options_; }
+  Backend& backend() { return backend_; }
+  bool has_mtp() const { return has_mtp_; }
+
+  // A zeroed state for up to ctx tokens (frontiers start empty).
+  KvState new_state(uint32_t ctx);
+  void free_state(KvState& s);
+  void reset_state(KvState& s);  // back to position 0
+  // Bytes of backend memory a state for ctx tokens takes.
+  uint64_t state_bytes(uint32_t ctx) const;
+
+  // Feeds tokens ids[0..n) at positions p0..p0+n-1 (the state must hold exactly
+  // p0 tokens), in batches of at most max_batch. Writes the logits of the last
+  // token to `logits` (V floats), or of every token when all_logits ([n][V]).
+  Status forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
+
+  // MTP draft (model-spec.md §8, pairing (a)): the final mHC state of the last
+  // fed position p with the embedding of `token` (the token at p+1), run at
+  // RoPE position p through the MTP block; logits of the token at p+2.
+  Status mtp_forward(KvState& s, int32_t token, int64_t p, float* logits);
+
+ private:
+  struct DeviceLayer {
+    std::array<Tensor, static_cast<size_t>(LayerTensor::COUNT)> t;
+    const Tensor& operator[](LayerTensor s) const { return t[static_cast<size_t>(s)]; }
+  };
+  struct Scratch;
+
+  Model(Backend& backend, const ModelSpec& spec, ModelOptions options);
+  Status upload(const ModelWeights& w, const MtpWeights* mtp);
+  void ensure_scores(int64_t rows);
+  RopeParams rope_for_ratio(uint32_t ratio) const;
+  void attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block);
+  void ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
+  void run_batch(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
+  LayerState alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor);
+
+  Backend& backend_;
+  ModelSpec spec_;
+  ModelOptions options_;
+  bool has_mtp_ = false;
+  std::array<Tensor, static_cast<size_t>(GlobalTensor::COUNT)> global_;
+  std::vector<DeviceLayer> layers_;
+  DeviceLayer mtp_block_;
+  std::array<Tensor, static_cast<size_t>(MtpTensor::COUNT)> mtp_head_;
+  std::unique_ptr<Scratch> sc_;
+};
+
+}  // namespace dsv4
