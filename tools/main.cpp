@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "dsv4 0.1.0");
   dsv4::tools::register_inspect(app);
   dsv4::tools::register_synth(app);
+  dsv4::tools::register_logits(app);
   dsv4::tools::register_render(app);
   dsv4::tools::register_parse(app);
   try {

@@ -1,0 +1,119 @@
+// dsv4 public API: load a DeepSeek V4 model (Engine) and run sequences on it
+// (Session). The CLI, server, benchmark and tests use only this header plus
+// the tokenizer; tensors, backends and kernels stay behind it.
+//
+// Threading: an Engine and its Sessions belong to one thread at a time (the
+// server's engine worker). Sessions share the engine's scratch memory, so only
+// one session computes at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+class Tokenizer;
+class Session;
+
+struct EngineOptions {
+  std::string model_path;
+  std::string mtp_path;              // optional MTP block GGUF (--mtp)
+  std::string backend = "auto";      // auto | cpu | cuda
+  std::string numerics = "reference";  // reference | plain
+  uint32_t ctx = 32768;              // default context of new sessions
+  int threads = 0;                   // CPU threads (0 = all cores)
+  int prefill_batch = 512;           // tokens per forward batch
+  bool show_progress = true;         // progress bar while loading
+
+  std::string describe() const;  // one line, printed at start
+};
+
+struct EngineInfo {
+  std::string model_name;   // "DeepSeek V4 Flash" or "custom ..."
+  std::string model_path;
+  std::string quant;        // quant mix description
+  std::string backend;      // backend name incl. device
+  std::string numerics;
+  uint32_t n_vocab = 0;
+  uint32_t n_layer = 0;
+  uint32_t max_ctx = 0;     // largest context a session may ask for
+  uint64_t weight_bytes = 0;
+  bool has_mtp = false;
+  double load_seconds = 0;
+};
+
+// Per-call hooks of long operations.
+struct RunHooks {
+  std::function<void(uint64_t done, uint64_t total)> progress;  // after each batch
+  std::function<bool()> cancelled;                              // polled between batches
+};
+
+class Engine {
+ public:
+  static expected<std::unique_ptr<Engine>> load(const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineInfo& info() const;
+  const Tokenizer& tokenizer() const;
+  // A new empty session with context `ctx` (0: the engine default).
+  expected<std::unique_ptr<Session>> new_session(uint32_t ctx = 0);
+  // Bytes of state a session of `ctx` tokens takes in backend memory.
+  uint64_t session_bytes(uint32_t ctx) const;
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  uint32_t ctx() const;
+  const std::vector<int32_t>& tokens() const;
+  size_t n_tokens() const { return tokens().size(); }
+  // Logits for the next token after the last fed token (empty before any token).
+  const std::vector<float>& logits() const;
+
+  // Appends tokens (processed in batches). Fails with a clear error on context
+  // overflow or invalid ids, leaving the session unchanged; a cancelled call
+  // leaves the session at the last completed batch.
+  Status prefill(std::span<const int32_t> tokens, const RunHooks& hooks = {});
+  Status decode(int32_t token);
+  // Appends tokens and returns the logits after every one of them ([n][V]).
+  expected<std::vector<float>> prefill_all_logits(std::span<const int32_t> tokens);
+
+  // Back to the first n tokens of the timeline (exact: restores the nearest
+  // earlier checkpoint and recomputes the rest).
+  Status rewind(size_t n_tokens);
+  // Drops every token.
+  void reset();
+
+  // Exact state as bytes (see src/kv/snapshot.h) and back.
+  std::vector<uint8_t> save() const;
+  Status load(std::span<const uint8_t> snapshot);
+
+  // MTP draft logits for the token after `next_token` (requires --mtp).
+  expected<std::vector<float>> mtp_logits(int32_t next_token);
+
+  struct Impl;
+
+ private:
+  friend class Engine;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4

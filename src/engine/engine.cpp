@@ -1,0 +1,233 @@
+// Engine and Session: the public API over ModelFile + Backend + Model + KvState.
+#include "dsv4/engine.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "kv/snapshot.h"
+#include "model/model_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsv4 {
+
+std::string EngineOptions::describe() const {
+  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%d", model_path.c_str(),
+                mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
+                prefill_batch);
+}
+
+struct Engine::Impl {
+  EngineOptions opts;
+  EngineInfo info;
+  std::unique_ptr<ModelFile> file;
+  std::unique_ptr<GgufFile> mtp_file;
+  MtpWeights mtp;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::string fingerprint;
+};
+
+struct Session::Impl {
+  Engine::Impl* eng = nullptr;
+  KvState state;
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  struct Checkpoint {
+    size_t n_tokens;
+    std::vector<uint8_t> bytes;  // light snapshot
+  };
+  std::vector<Checkpoint> checkpoints;
+  static constexpr size_t k_max_checkpoints = 4;
+
+  ~Impl() {
+    if (eng) eng->model->free_state(state);
+  }
+  Model& model() { return *eng->model; }
+  uint32_t n_vocab() const { return eng->model->spec().n_vocab; }
+
+  Status check_append(std::span<const int32_t> toks) const {
+    if (tokens.size() + toks.size() > state.ctx)
+      return make_error("context overflow: %zu tokens + %zu new exceed the session context of %u", tokens.size(),
+                        toks.size(), state.ctx);
+    for (size_t i = 0; i < toks.size(); ++i)
+      if (toks[i] < 0 || static_cast<uint32_t>(toks[i]) >= n_vocab())
+        return make_error("token id %d at index %zu is outside the vocabulary [0, %u)", toks[i], i, n_vocab());
+    return {};
+  }
+
+  Status run(std::span<const int32_t> toks, const RunHooks& hooks) {
+    DSV4_TRY(check_append(toks));
+    const int64_t batch = model().options().max_batch;
+    logits.resize(n_vocab());
+    for (size_t b = 0; b < toks.size(); b += static_cast<size_t>(batch)) {
+      if (hooks.cancelled && hooks.cancelled()) return make_error("cancelled");
+      size_t nb = std::min(toks.size() - b, static_cast<size_t>(batch));
+      DSV4_TRY(model().forward(state, toks.data() + b, static_cast<int64_t>(nb), static_cast<int64_t>(tokens.size()),
+                               logits.data(), false));
+      tokens.insert(tokens.end(), toks.begin() + static_cast<long>(b), toks.begin() + static_cast<long>(b + nb));
+      if (hooks.progress) hooks.progress(b + nb, toks.size());
+    }
+    return {};
+  }
+
+  void checkpoint() {
+    if (tokens.empty()) return;
+    if (!checkpoints.empty() && checkpoints.back().n_tokens == tokens.size()) return;
+    checkpoints.push_back({tokens.size(), snapshot_save(model(), state, eng->fingerprint, tokens, logits, false)});
+    if (checkpoints.size() > k_max_checkpoints) checkpoints.erase(checkpoints.begin());
+  }
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+const EngineInfo& Engine::info() const { return impl_->info; }
+
+const Tokenizer& Engine::tokenizer() const {
+  DSV4_ASSERT(impl_->tokenizer != nullptr, "model has no tokenizer");
+  return *impl_->tokenizer;
+}
+
+expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto impl = std::make_unique<Impl>();
+  impl->opts = o;
+  DSV4_TRY_ASSIGN(Numerics numerics, numerics_from_name(o.numerics));
+  if (o.prefill_batch < 1 || o.prefill_batch > 65536) return make_error("prefill batch %d out of range [1, 65536]", o.prefill_batch);
+  DSV4_TRY_ASSIGN(impl->file, open_model(o.model_path));
+  const ModelSpec& spec = impl->file->spec();
+  if (!o.mtp_path.empty()) {
+    DSV4_TRY_ASSIGN(impl->mtp_file, GgufFile::open(o.mtp_path));
+    DSV4_TRY_ASSIGN(impl->mtp, bind_mtp_weights(*impl->mtp_file, spec));
+  }
+  auto tok = Tokenizer::from_gguf(*impl->file->gguf);
+  if (!tok) return tok.error().with_context("loading the tokenizer of " + o.model_path);
+  impl->tokenizer = std::move(*tok);
+
+  if (o.backend == "cpu" || o.backend == "auto") {
+    impl->backend = make_cpu_backend(o.threads);
+  } else if (o.backend == "cuda") {
+    return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+  } else {
+    return make_error("unknown backend \"%s\" (expected auto, cpu or cuda)", o.backend.c_str());
+  }
+  ModelOptions mo;
+  mo.numerics = numerics;
+  mo.max_batch = o.prefill_batch;
+  DSV4_TRY_ASSIGN(impl->model, Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+  impl->fingerprint = model_fingerprint(spec, impl->file->weights);
+
+  EngineInfo& info = impl->info;
+  info.model_name = spec.recognise();
+  info.model_path = o.model_path;
+  info.quant = impl->file->weights.mix.describe();
+  info.backend = impl->backend->name();
+  info.numerics = numerics_name(numerics);
+  info.n_vocab = spec.n_vocab;
+  info.n_layer = spec.n_layer;
+  info.max_ctx = spec.context_length ? static_cast<uint32_t>(std::min<uint64_t>(spec.context_length, 1u << 20)) : (1u << 20);
+  info.weight_bytes = impl->file->weights.n_bytes;
+  info.has_mtp = impl->model->has_mtp();
+  info.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (o.ctx == 0 || o.ctx > info.max_ctx)
+    return make_error("context %u out of range [1, %u] for this model", o.ctx, info.max_ctx);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+uint64_t Engine::session_bytes(uint32_t ctx) const { return impl_->model->state_bytes(ctx ? ctx : impl_->opts.ctx); }
+
+expected<std::unique_ptr<Session>> Engine::new_session(uint32_t ctx) {
+  if (ctx == 0) ctx = impl_->opts.ctx;
+  if (ctx > impl_->info.max_ctx) return make_error("context %u exceeds the model's maximum of %u", ctx, impl_->info.max_ctx);
+  auto s = std::make_unique<Session::Impl>();
+  s->eng = impl_.get();
+  s->state = impl_->model->new_state(ctx);
+  return std::unique_ptr<Session>(new Session(std::move(s)));
+}
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+uint32_t Session::ctx() const { return impl_->state.ctx; }
+const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
+const std::vector<float>& Session::logits() const { return impl_->logits; }
+
+Status Session::prefill(std::span<const int32_t> tokens, const RunHooks& hooks) {
+  if (tokens.empty()) return {};
+  Status st = impl_->run(tokens, hooks);
+  impl_->checkpoint();
+  return st;
+}
+
+Status Session::decode(int32_t token) { return impl_->run(std::span<const int32_t>(&token, 1), {}); }
+
+expected<std::vector<float>> Session::prefill_all_logits(std::span<const int32_t> tokens) {
+  if (tokens.empty()) return std::vector<float>{};
+  DSV4_TRY(impl_->check_append(tokens));
+  const size_t V = impl_->n_vocab();
+  std::vector<float> all(tokens.size() * V);
+  DSV4_TRY(impl_->model().forward(impl_->state, tokens.data(), static_cast<int64_t>(tokens.size()),
+                                  static_cast<int64_t>(impl_->tokens.size()), all.data(), true));
+  impl_->tokens.insert(impl_->tokens.end(), tokens.begin(), tokens.end());
+  impl_->logits.assign(all.end() - static_cast<long>(V), all.end());
+  impl_->checkpoint();
+  return all;
+}
+
+void Session::reset() {
+  impl_->model().reset_state(impl_->state);
+  impl_->tokens.clear();
+  impl_->logits.clear();
+  impl_->checkpoints.clear();
+}
+
+Status Session::rewind(size_t n) {
+  Impl& s = *impl_;
+  if (n > s.tokens.size()) return make_error("cannot rewind to %zu tokens: the session holds %zu", n, s.tokens.size());
+  if (n == s.tokens.size()) return {};
+  std::vector<int32_t> keep(s.tokens.begin(), s.tokens.begin() + static_cast<long>(n));
+  // Latest checkpoint at or before n; checkpoints past n no longer belong to the timeline.
+  while (!s.checkpoints.empty() && s.checkpoints.back().n_tokens > n) s.checkpoints.pop_back();
+  size_t from = 0;
+  if (!s.checkpoints.empty()) {
+    DSV4_TRY(snapshot_load(s.model(), s.state, s.eng->fingerprint, s.checkpoints.back().bytes, s.tokens, s.logits));
+    from = s.tokens.size();
+  } else {
+    s.model().reset_state(s.state);
+    s.tokens.clear();
+    s.logits.clear();
+  }
+  if (from < n) DSV4_TRY(s.run(std::span<const int32_t>(keep.data() + from, n - from), {}));
+  return {};
+}
+
+std::vector<uint8_t> Session::save() const {
+  return snapshot_save(impl_->model(), impl_->state, impl_->eng->fingerprint, impl_->tokens, impl_->logits, true);
+}
+
+Status Session::load(std::span<const uint8_t> snapshot) {
+  Impl& s = *impl_;
+  DSV4_TRY_ASSIGN(SnapshotHeader h, snapshot_peek(snapshot));
+  if (!h.with_rows) return make_error("this is a light checkpoint, not a full session snapshot");
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  DSV4_TRY(snapshot_load(s.model(), s.state, s.eng->fingerprint, snapshot, tokens, logits));
+  s.tokens = std::move(tokens);
+  s.logits = std::move(logits);
+  if (s.tokens.empty()) s.logits.clear();
+  s.checkpoints.clear();
+  s.checkpoint();
+  return {};
+}
+
+expected<std::vector<float>> Session::mtp_logits(int32_t next_token) {
+  Impl& s = *impl_;
+  if (s.tokens.empty()) return make_error("MTP needs at least one fed token");
+  std::vector<float> out(s.n_vocab());
+  DSV4_TRY(s.model().mtp_forward(s.state, next_token, static_cast<int64_t>(s.tokens.size()) - 1, out.data()));
+  return out;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,252 @@
+// Engine/Session invariants on the synthetic tiny model (CPU backend):
+// chunked prefill == whole prefill, decode == prefill, save/load == live,
+// rewind, errors, MTP — all bitwise on the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "dsv4/engine.h"
+#include "synth/synth.h"
+
+using namespace dsv4;
+
+namespace {
+
+std::string g_model, g_mtp;
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto dir = std::filesystem::temp_directory_path() / ("dsv4_engine_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    g_model = (dir / "tiny.gguf").string();
+    g_mtp = (dir / "tiny-mtp.gguf").string();
+    Preset p = *find_preset("tiny");
+    ASSERT_TRUE(synth_write(synth_plan(p, 11), g_model, 2).has_value());
+    ASSERT_TRUE(synth_write(synth_mtp_plan(p, 12), g_mtp, 2).has_value());
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(std::filesystem::path(g_model).parent_path()); }
+
+  static std::unique_ptr<Engine> load(int batch = 512, const std::string& numerics = "reference", bool mtp = false) {
+    EngineOptions o;
+    o.model_path = g_model;
+    o.backend = "cpu";
+    o.ctx = 4096;
+    o.numerics = numerics;
+    o.prefill_batch = batch;
+    o.show_progress = false;
+    if (mtp) o.mtp_path = g_mtp;
+    auto e = Engine::load(o);
+    EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
+    return e ? std::move(*e) : nullptr;
+  }
+};
+
+// A deterministic token sequence over the tiny vocabulary (ids 3..511).
+std::vector<int32_t> tokens(size_t n, uint32_t seed = 1) {
+  std::vector<int32_t> t(n);
+  uint32_t x = seed * 2654435761u + 7;
+  for (auto& v : t) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<int32_t>(3 + (x >> 8) % 509);
+  }
+  return t;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST_F(EngineTest, LogitsAreFiniteAndInfoIsFilled) {
+  auto e = load();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->info().n_vocab, 512u);
+  EXPECT_NE(e->info().backend.find("cpu"), std::string::npos);
+  auto s = e->new_session();
+  ASSERT_TRUE(s.has_value());
+  auto t = tokens(300);
+  ASSERT_TRUE((*s)->prefill(t).has_value());
+  const auto& lg = (*s)->logits();
+  ASSERT_EQ(lg.size(), 512u);
+  double sq = 0;
+  for (float v : lg) {
+    ASSERT_TRUE(std::isfinite(v));
+    sq += double(v) * v;
+  }
+  EXPECT_GT(sq, 0.0);
+}
+
+TEST_F(EngineTest, ChunkedPrefillEqualsWholePrefill) {
+  // 700 tokens: past the 128 window, past several ratio-128 rows, past the indexer top-k (16).
+  auto t = tokens(700, 3);
+  auto whole = load(1024);
+  auto sw = whole->new_session();
+  auto all = (*sw)->prefill_all_logits(t);
+  ASSERT_TRUE(all.has_value()) << all.error().message;
+  for (int batch : {1, 7, 64, 300}) {
+    auto e = load(batch);
+    auto s = e->new_session();
+    auto got = (*s)->prefill_all_logits(t);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_TRUE(bitwise_equal(*got, *all)) << "batch " << batch;
+  }
+  // Several prefill calls with ragged sizes (splitting compression windows).
+  auto e = load(512);
+  auto s = e->new_session();
+  std::vector<float> pieces;
+  size_t at = 0;
+  for (size_t len : {3u, 1u, 126u, 2u, 129u, 255u, 184u}) {
+    auto got = (*s)->prefill_all_logits(std::span<const int32_t>(t.data() + at, len));
+    ASSERT_TRUE(got.has_value());
+    pieces.insert(pieces.end(), got->begin(), got->end());
+    at += len;
+  }
+  ASSERT_EQ(at, t.size());
+  EXPECT_TRUE(bitwise_equal(pieces, *all));
+}
+
+TEST_F(EngineTest, DecodeEqualsPrefill) {
+  auto t = tokens(320, 5);
+  auto e = load(64);
+  auto s1 = e->new_session();
+  auto all = (*s1)->prefill_all_logits(t);
+  ASSERT_TRUE(all.has_value());
+  auto s2 = e->new_session();
+  const size_t V = 512;
+  for (size_t i = 0; i < t.size(); ++i) {
+    ASSERT_TRUE((*s2)->decode(t[i]).has_value());
+    std::vector<float> want(all->begin() + static_cast<long>(i * V), all->begin() + static_cast<long>((i + 1) * V));
+    ASSERT_TRUE(bitwise_equal((*s2)->logits(), want)) << "position " << i;
+  }
+}
+
+TEST_F(EngineTest, SaveLoadContinueEqualsContinue) {
+  auto t = tokens(400, 9);
+  auto e = load(100);
+  auto live = e->new_session();
+  ASSERT_TRUE((*live)->prefill(std::span<const int32_t>(t.data(), 257)).has_value());
+  std::vector<uint8_t> snap = (*live)->save();
+  auto restored = e->new_session();
+  ASSERT_TRUE((*restored)->load(snap).has_value());
+  EXPECT_EQ((*restored)->tokens(), (*live)->tokens());
+  EXPECT_TRUE(bitwise_equal((*restored)->logits(), (*live)->logits()));
+  auto rest = std::span<const int32_t>(t.data() + 257, t.size() - 257);
+  auto a = (*live)->prefill_all_logits(rest);
+  auto b = (*restored)->prefill_all_logits(rest);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_TRUE(bitwise_equal(*a, *b));
+
+  // Corrupt snapshots are rejected and leave the session usable.
+  auto s3 = e->new_session();
+  std::vector<uint8_t> bad = snap;
+  bad[bad.size() / 2] ^= 1;
+  auto st = (*s3)->load(bad);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("checksum"), std::string::npos);
+  st = (*s3)->load(std::span<const uint8_t>(snap.data(), snap.size() / 3));
+  ASSERT_FALSE(st.has_value());
+  EXPECT_FALSE((*s3)->load(std::vector<uint8_t>{1, 2, 3}).has_value());
+  EXPECT_EQ((*s3)->n_tokens(), 0u);
+  // A snapshot from other numerics is refused.
+  auto plain = load(100, "plain");
+  auto s4 = plain->new_session();
+  st = (*s4)->load(snap);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("numerics"), std::string::npos);
+}
+
+TEST_F(EngineTest, RewindIsExact) {
+  auto t = tokens(360, 13);
+  auto e = load(64);
+  auto ref = e->new_session();
+  auto all = (*ref)->prefill_all_logits(t);
+  ASSERT_TRUE(all.has_value());
+  const size_t V = 512;
+  auto s = e->new_session();
+  ASSERT_TRUE((*s)->prefill(std::span<const int32_t>(t.data(), 300)).has_value());  // checkpoint at 300
+  for (size_t i = 300; i < 360; ++i) ASSERT_TRUE((*s)->decode(t[i]).has_value());
+  for (size_t target : {350u, 301u, 300u, 299u, 130u, 1u}) {
+    ASSERT_TRUE((*s)->rewind(target).has_value()) << target;
+    EXPECT_EQ((*s)->n_tokens(), target);
+    std::vector<float> want(all->begin() + static_cast<long>((target - 1) * V), all->begin() + static_cast<long>(target * V));
+    EXPECT_TRUE(bitwise_equal((*s)->logits(), want)) << "rewind to " << target;
+  }
+  // And continuing after a rewind matches the reference.
+  ASSERT_TRUE((*s)->prefill(std::span<const int32_t>(t.data() + 1, 200)).has_value());
+  std::vector<float> want(all->begin() + static_cast<long>(200 * V), all->begin() + static_cast<long>(201 * V));
+  EXPECT_TRUE(bitwise_equal((*s)->logits(), want));
+  EXPECT_FALSE((*s)->rewind(1000).has_value());
+  (*s)->reset();
+  EXPECT_EQ((*s)->n_tokens(), 0u);
+}
+
+TEST_F(EngineTest, NumericsModesDifferButAgree) {
+  auto t = tokens(300, 17);
+  auto r = load(512, "reference");
+  auto p = load(512, "plain");
+  auto sr = r->new_session();
+  auto sp = p->new_session();
+  ASSERT_TRUE((*sr)->prefill(t).has_value());
+  ASSERT_TRUE((*sp)->prefill(t).has_value());
+  EXPECT_FALSE(bitwise_equal((*sr)->logits(), (*sp)->logits()));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < 512; ++i) {
+    double d = (*sr)->logits()[i] - (*sp)->logits()[i];
+    num += d * d;
+    den += double((*sp)->logits()[i]) * (*sp)->logits()[i];
+  }
+  EXPECT_LT(num / den, 0.05) << "simulated rounding should perturb, not replace, the logits";
+}
+
+TEST_F(EngineTest, BadInputGivesClearErrors) {
+  auto e = load();
+  auto s = e->new_session(64);
+  ASSERT_TRUE(s.has_value());
+  auto st = (*s)->prefill(tokens(65));
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("context overflow"), std::string::npos);
+  EXPECT_EQ((*s)->n_tokens(), 0u);
+  std::vector<int32_t> bad = {5, 512};
+  st = (*s)->prefill(bad);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("outside the vocabulary"), std::string::npos);
+  EXPECT_FALSE(e->new_session(1u << 30).has_value());
+  EngineOptions o;
+  o.model_path = "/nonexistent/model.gguf";
+  auto missing = Engine::load(o);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_NE(missing.error().message.find("dsv4 synth --preset tiny"), std::string::npos);
+  o.model_path = g_model;
+  o.backend = "tpu";
+  EXPECT_FALSE(Engine::load(o).has_value());
+  // Cancellation stops between batches and keeps what was done.
+  auto small = load(16);
+  auto sc = small->new_session();
+  int calls = 0;
+  RunHooks hooks;
+  hooks.cancelled = [&] { return ++calls > 2; };
+  st = (*sc)->prefill(tokens(100), hooks);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_EQ((*sc)->n_tokens(), 32u);
+}
+
+TEST_F(EngineTest, MtpBlockRuns) {
+  auto e = load(512, "reference", true);
+  ASSERT_TRUE(e->info().has_mtp);
+  auto s = e->new_session();
+  auto none = (*s)->mtp_logits(5);
+  EXPECT_FALSE(none.has_value());
+  ASSERT_TRUE((*s)->prefill(tokens(50)).has_value());
+  auto lg = (*s)->mtp_logits(42);
+  ASSERT_TRUE(lg.has_value()) << lg.error().message;
+  ASSERT_EQ(lg->size(), 512u);
+  for (float v : *lg) ASSERT_TRUE(std::isfinite(v));
+  auto no_mtp = load();
+  auto s2 = no_mtp->new_session();
+  ASSERT_TRUE((*s2)->prefill(tokens(5)).has_value());
+  EXPECT_FALSE((*s2)->mtp_logits(1).has_value());
+}
