@@ -1,0 +1,144 @@
+#include "generate/generate.h"
+
+#include <chrono>
+
+#include "tokenizer/stream_decoder.h"
+
+namespace dsv4 {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::STOP: return "stop";
+    case FinishReason::LENGTH: return "length";
+    case FinishReason::TOOL_CALLS: return "tool_calls";
+    case FinishReason::CANCELLED: return "cancelled";
+  }
+  return "?";
+}
+
+expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks) {
+  if (prompt.empty()) return make_error("empty prompt");
+  const auto& have = session.tokens();
+  size_t lcp = 0;
+  while (lcp < have.size() && lcp < prompt.size() && have[lcp] == prompt[lcp]) ++lcp;
+  if (lcp < have.size()) DSV4_TRY(session.rewind(lcp));
+  if (lcp < prompt.size()) DSV4_TRY(session.prefill(prompt.subspan(lcp), hooks));
+  return lcp;
+}
+
+expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt,
+                                  const GenerateOptions& o, const GenerateCallbacks& cb) {
+  using clock = std::chrono::steady_clock;
+  GenerateResult r;
+  r.prompt_tokens = prompt.size();
+  if (prompt.size() >= session.ctx())
+    return make_error("the prompt has %zu tokens but the context holds %u; shorten the conversation or raise --ctx",
+                      prompt.size(), session.ctx());
+
+  auto t0 = clock::now();
+  RunHooks hooks;
+  hooks.progress = cb.on_prefill_progress;
+  hooks.cancelled = cb.cancelled;
+  auto reused = sync_session(session, prompt, hooks);
+  if (!reused) {
+    if (cb.cancelled && cb.cancelled()) {
+      r.finish = FinishReason::CANCELLED;
+      return r;
+    }
+    return reused.error();
+  }
+  r.cached_tokens = *reused;
+  r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+
+  auto t1 = clock::now();
+  Sampler sampler(o.sampling, static_cast<uint32_t>(session.logits().size()));
+  StreamDecoder decoder(tok);
+  StopMatcher stops(o.stop);
+  DsmlParser parser(o.thinking);
+  std::vector<DsmlEvent> events;
+  auto deliver = [&](std::string_view text) {
+    if (text.empty()) return;
+    if (o.parse_chat) {
+      events.clear();
+      parser.feed(text, events);
+      if (cb.on_event)
+        for (const auto& e : events) cb.on_event(e);
+    } else {
+      r.message.content.append(text);
+      if (cb.on_event) cb.on_event(DsmlEvent{DsmlEventKind::CONTENT, 0, std::string(text)});
+    }
+  };
+
+  const int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(session.ctx());
+  r.finish = FinishReason::LENGTH;
+  bool pending = false;  // the last sampled token still has to be fed to the session
+  for (int i = 0; i < max_tokens; ++i) {
+    if (cb.cancelled && cb.cancelled()) {
+      r.finish = FinishReason::CANCELLED;
+      break;
+    }
+    if (pending) {
+      if (session.n_tokens() >= session.ctx()) break;  // context full: "length"
+      DSV4_TRY(session.decode(r.tokens.back()));
+      pending = false;
+    }
+    const auto& logits = session.logits();
+    const bool greedy = o.parse_chat && parser.in_dsml_structure();
+    const int32_t t = sampler.sample(logits, r.tokens, greedy);
+    if (o.logprobs >= 0) {
+      TokenLogprob lp;
+      lp.token = t;
+      lp.text = std::string(tok.token_bytes(t));
+      lp.logprob = token_logprob(logits, t);
+      if (o.logprobs > 0) lp.top = top_logprobs(logits, o.logprobs);
+      r.logprobs.push_back(std::move(lp));
+    }
+    r.tokens.push_back(t);
+    pending = true;
+    if (t == tok.eos() && !o.ignore_eos) {
+      r.finish = FinishReason::STOP;
+      break;
+    }
+    std::string piece = decoder.push(t);
+    r.text += piece;
+    auto sr = stops.push(piece);
+    deliver(sr.emit);
+    if (sr.stopped) {
+      r.finish = FinishReason::STOP;
+      r.stop_string = sr.stop;
+      break;
+    }
+    if (o.parse_chat && o.stop_at_tool_calls && parser.block_closed()) {
+      r.finish = FinishReason::TOOL_CALLS;
+      break;
+    }
+  }
+  // Feed the final token so the session ends exactly at the completion (the next
+  // request of a conversation starts with it), unless generation was cancelled.
+  if (pending && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx()) DSV4_TRY(session.decode(r.tokens.back()));
+
+  if (r.stop_string.empty()) {
+    std::string tail = decoder.flush();
+    r.text += tail;
+    auto sr = stops.push(tail);
+    deliver(sr.emit);
+    if (sr.stopped) {
+      r.finish = FinishReason::STOP;
+      r.stop_string = sr.stop;
+    } else {
+      deliver(stops.flush());
+    }
+  }
+  if (o.parse_chat) {
+    events.clear();
+    parser.finish(events);
+    if (cb.on_event)
+      for (const auto& e : events) cb.on_event(e);
+    r.message = parser.message();
+    if (!r.message.tool_calls.empty() && r.finish != FinishReason::CANCELLED) r.finish = FinishReason::TOOL_CALLS;
+  }
+  r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  return r;
+}
+
+}  // namespace dsv4

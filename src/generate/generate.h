@@ -1,0 +1,70 @@
+// The generation loop shared by `dsv4 run` and `dsv4 serve`: bring a session to
+// a prompt (reusing the longest common token prefix), then sample tokens one by
+// one, decode them UTF-8-safely, cut at stop strings, parse the completion
+// (reasoning / content / DSML tool calls) and report deltas as they become
+// certain.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chat/dsml_parser.h"
+#include "core/error.h"
+#include "dsv4/engine.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsv4 {
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int max_tokens = 512;             // generated tokens at most (<= 0: until EOS or the context is full)
+  std::vector<std::string> stop;    // stop strings (matched on the decoded completion text)
+  bool parse_chat = true;           // run the DSML/thinking parser (chat); false: plain text (raw completions)
+  ThinkingMode thinking = ThinkingMode::CHAT;
+  bool stop_at_tool_calls = true;   // end generation when a tool-calls block closes
+  int logprobs = -1;                // -1: off; k >= 0: record the chosen token's logprob and k alternatives
+  bool ignore_eos = false;          // keep generating past EOS (benchmarks)
+};
+
+enum class FinishReason { STOP, LENGTH, TOOL_CALLS, CANCELLED };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "tool_calls", "cancelled"
+
+struct TokenLogprob {
+  int32_t token = 0;
+  std::string text;  // the token's bytes (may be a partial UTF-8 sequence)
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct GenerateResult {
+  FinishReason finish = FinishReason::STOP;
+  std::string stop_string;            // the stop string that matched, if any
+  ParsedMessage message;              // content / reasoning / tool calls (parse_chat); content only otherwise
+  std::string text;                   // the decoded completion as generated (before stop trimming)
+  std::vector<int32_t> tokens;        // sampled tokens (EOS included when sampled)
+  std::vector<TokenLogprob> logprobs;
+  size_t prompt_tokens = 0;
+  size_t cached_tokens = 0;           // prompt tokens reused from the session
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+struct GenerateCallbacks {
+  std::function<void(const DsmlEvent&)> on_event;                         // content / reasoning / tool-call deltas
+  std::function<void(uint64_t done, uint64_t total)> on_prefill_progress;  // prompt tokens processed
+  std::function<bool()> cancelled;                                         // polled before each token / batch
+};
+
+// Reuses the session's longest common prefix with `prompt`, prefills the rest, generates.
+expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt,
+                                  const GenerateOptions& options, const GenerateCallbacks& callbacks = {});
+
+// Brings the session to exactly `prompt` (rewinding past any divergence);
+// returns the number of prompt tokens that were reused.
+expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks = {});
+
+}  // namespace dsv4
