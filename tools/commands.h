@@ -12,6 +12,8 @@ void set_exit_code(int code);
 void register_inspect(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_logits(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_convert(CLI::App& app);
 void register_render(CLI::App& app);
 void register_parse(CLI::App& app);
 

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   dsv4::tools::register_inspect(app);
   dsv4::tools::register_synth(app);
   dsv4::tools::register_logits(app);
+  dsv4::tools::register_bench(app);
+  dsv4::tools::register_convert(app);
   dsv4::tools::register_render(app);
   dsv4::tools::register_parse(app);
   try {

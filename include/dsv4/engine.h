@@ -44,6 +44,7 @@ struct EngineInfo {
   uint32_t n_layer = 0;
   uint32_t max_ctx = 0;     // largest context a session may ask for
   uint64_t weight_bytes = 0;
+  uint64_t decode_bytes_per_token = 0;  // weight bytes one decoded token reads (k of E experts, one embedding row)
   bool has_mtp = false;
   double load_seconds = 0;
 };

@@ -130,6 +130,21 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   info.n_layer = spec.n_layer;
   info.max_ctx = spec.context_length ? static_cast<uint32_t>(std::min<uint64_t>(spec.context_length, 1u << 20)) : (1u << 20);
   info.weight_bytes = impl->file->weights.n_bytes;
+  {
+    // Every tensor is read once per token except: routed experts (k of E read),
+    // the embedding table (one row) and hash tables (one row).
+    const ModelWeights& w = impl->file->weights;
+    uint64_t b = w.n_bytes;
+    const TensorRef& emb = w[GlobalTensor::TOKEN_EMBD];
+    b -= emb.n_bytes - emb.row_bytes();
+    for (const auto& l : w.layers) {
+      for (LayerTensor t : {LayerTensor::FFN_GATE_EXPS, LayerTensor::FFN_UP_EXPS, LayerTensor::FFN_DOWN_EXPS})
+        b -= l[t].n_bytes - l[t].n_bytes / spec.n_expert * spec.n_expert_used;
+      const TensorRef& h = l[LayerTensor::FFN_GATE_TID2EID];
+      if (h) b -= h.n_bytes - h.row_bytes();
+    }
+    info.decode_bytes_per_token = b;
+  }
   info.has_mtp = impl->model->has_mtp();
   info.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.ctx == 0 || o.ctx > info.max_ctx)

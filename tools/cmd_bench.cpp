@@ -1,0 +1,142 @@
+// dsv4 bench: prefill and decode speed at growing context frontiers (CSV).
+//
+// Loads once, walks one fixed token sequence: at each frontier it prefills the
+// newly added interval (timed) and then decodes --gen-tokens tokens greedily
+// with EOS ignored (timed), then rewinds to the frontier and continues.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "commands.h"
+#include "dsv4/engine.h"
+#include "tokenizer/tokenizer.h"
+
+#ifndef DSV4_GIT_COMMIT
+#define DSV4_GIT_COMMIT "unknown"
+#endif
+
+namespace dsv4::tools {
+
+namespace {
+
+struct BenchArgs {
+  std::string model, prompt_file, csv, backend = "auto", numerics = "reference", synthetic;
+  uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
+  double step_mul = 2.0;
+  int gen_tokens = 32, threads = 0, batch = 512;
+};
+
+int run_bench(const BenchArgs& a) {
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "dsv4 bench: error: %s\n", m.c_str());
+    return 1;
+  };
+  if (!a.synthetic.empty())
+    return fail("--synthetic fills weights directly in device memory and needs the CUDA backend, which this build does not have");
+  const uint32_t ctx_max = a.ctx_max ? a.ctx_max : a.ctx_start;
+  if (a.ctx_start == 0 || ctx_max < a.ctx_start) return fail("need 0 < --ctx-start <= --ctx-max");
+  if (a.step_incr == 0 && !(a.step_mul > 1.0)) return fail("--step-mul must be > 1 (or use --step-incr)");
+  EngineOptions o;
+  o.model_path = a.model;
+  o.backend = a.backend;
+  o.numerics = a.numerics;
+  o.threads = a.threads;
+  o.prefill_batch = a.batch;
+  o.ctx = ctx_max + static_cast<uint32_t>(a.gen_tokens) + 1;
+  auto engine = Engine::load(o);
+  if (!engine) return fail(engine.error().message);
+  const EngineInfo& info = (*engine)->info();
+
+  // The fixed token sequence: a prompt file's tokens repeated, or a deterministic
+  // walk over ordinary (non-special) tokens.
+  const Tokenizer& tok = (*engine)->tokenizer();
+  std::vector<int32_t> seq;
+  if (!a.prompt_file.empty()) {
+    std::ifstream in(a.prompt_file);
+    if (!in) return fail("cannot read " + a.prompt_file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto ids = tok.encode(text);
+    if (ids.empty()) return fail("the prompt file tokenizes to nothing");
+    while (seq.size() < ctx_max) seq.insert(seq.end(), ids.begin(), ids.end());
+  } else {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    while (seq.size() < ctx_max) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      int32_t t = static_cast<int32_t>((x >> 33) % info.n_vocab);
+      if (!tok.is_special(t)) seq.push_back(t);
+    }
+  }
+  seq.resize(ctx_max);
+
+  std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
+  if (!a.csv.empty() && !csv) return fail("cannot create " + a.csv);
+  auto both = [&](const char* fmt, auto... args) {
+    std::printf(fmt, args...);
+    if (csv) std::fprintf(csv, fmt, args...);
+  };
+  both("# dsv4 bench, commit %s\n", DSV4_GIT_COMMIT);
+  both("# device: %s\n", info.backend.c_str());
+  both("# model: %s (%s; %s)\n", info.model_path.c_str(), info.model_name.c_str(), info.quant.c_str());
+  both("# options: %s gen_tokens=%d ctx_start=%u ctx_max=%u step=%s\n", o.describe().c_str(), a.gen_tokens, a.ctx_start,
+       ctx_max, a.step_incr ? ("+" + std::to_string(a.step_incr)).c_str() : ("x" + std::to_string(a.step_mul)).c_str());
+  both("# decode weight bytes per token: %llu\n", static_cast<unsigned long long>(info.decode_bytes_per_token));
+  both("ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
+  if (csv) std::fflush(csv);
+
+  auto session = (*engine)->new_session(o.ctx);
+  if (!session) return fail(session.error().message);
+  using clock = std::chrono::steady_clock;
+  uint32_t done = 0;
+  for (uint32_t frontier = a.ctx_start;;) {
+    frontier = std::min(frontier, ctx_max);
+    auto t0 = clock::now();
+    auto st = (*session)->prefill(std::span<const int32_t>(seq.data() + done, frontier - done));
+    if (!st) return fail(st.error().message);
+    double pf = std::chrono::duration<double>(clock::now() - t0).count();
+    uint32_t n_pf = frontier - done;
+    done = frontier;
+    // Greedy decode, EOS ignored.
+    auto t1 = clock::now();
+    for (int i = 0; i < a.gen_tokens; ++i) {
+      const auto& lg = (*session)->logits();
+      int32_t best = 0;
+      for (size_t v = 1; v < lg.size(); ++v)
+        if (lg[v] > lg[static_cast<size_t>(best)]) best = static_cast<int32_t>(v);
+      if (auto d = (*session)->decode(best); !d) return fail(d.error().message);
+    }
+    double dt = std::chrono::duration<double>(clock::now() - t1).count();
+    double gen_tps = a.gen_tokens > 0 && dt > 0 ? a.gen_tokens / dt : 0;
+    both("%u,%u,%.2f,%d,%.2f,%.2f,%llu\n", frontier, n_pf, pf > 0 ? n_pf / pf : 0.0, a.gen_tokens, gen_tps,
+         gen_tps * static_cast<double>(info.decode_bytes_per_token) / 1e9,
+         static_cast<unsigned long long>((*engine)->session_bytes(frontier)));
+    if (csv) std::fflush(csv);
+    if (auto r = (*session)->rewind(frontier); !r) return fail(r.error().message);
+    if (frontier >= ctx_max) break;
+    frontier = a.step_incr ? frontier + a.step_incr : static_cast<uint32_t>(frontier * a.step_mul);
+  }
+  if (csv) std::fclose(csv);
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed at context frontiers (CSV)");
+  cmd->add_option("-m,--model", a->model, "Model GGUF")->required();
+  cmd->add_option("--ctx-start", a->ctx_start, "First frontier")->capture_default_str();
+  cmd->add_option("--ctx-max", a->ctx_max, "Last frontier (default: --ctx-start)");
+  cmd->add_option("--step-mul", a->step_mul, "Next frontier = frontier * F")->capture_default_str();
+  cmd->add_option("--step-incr", a->step_incr, "Next frontier = frontier + N (overrides --step-mul)");
+  cmd->add_option("--gen-tokens", a->gen_tokens, "Greedy tokens decoded at each frontier (EOS ignored)")->capture_default_str();
+  cmd->add_option("--prompt-file", a->prompt_file, "Text whose tokens (repeated) form the sequence");
+  cmd->add_option("--csv", a->csv, "Also write the CSV to this file");
+  cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
+  cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward)")->capture_default_str();
+  cmd->add_option("--synthetic", a->synthetic, "Fill a preset's weights in device memory instead of reading -m (CUDA)");
+  cmd->callback([a] { set_exit_code(run_bench(*a)); });
+}
+
+}  // namespace dsv4::tools
