@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libssl-dev libicu-dev
   python3 curl tmux
+  libreadline-dev                     # line editing of `dsv4 run`'s interactive chat
 )
 
 missing=()

@@ -10,6 +10,7 @@
 #include "chat/chat_cli.h"
 #include "chat/render_official.h"
 #include "commands.h"
+#include "vocab.h"
 
 namespace dsv4::tools {
 
@@ -21,6 +22,8 @@ struct RenderArgs {
   std::string thinking_mode = "chat";
   std::string reasoning_effort = "none";
   bool keep_thinking = false;
+  bool tokens = false;  // print token ids instead of text (needs model)
+  std::string model;
 };
 
 // How an input path is named in errors.
@@ -59,10 +62,33 @@ expected<RenderedPrompt> render(const RenderArgs& a) {
 }
 
 int run_render(const RenderArgs& a) {
+  if (a.tokens && a.model.empty()) {
+    std::fprintf(stderr, "dsv4 render: error: --tokens needs -m MODEL.gguf for the vocabulary\n");
+    return 1;
+  }
   auto r = render(a);
   if (!r) {
     std::fprintf(stderr, "dsv4 render: error: %s\n", r.error().message.c_str());
     return 1;
+  }
+  if (a.tokens) {
+    // Control pieces become single special tokens, text pieces plain BPE: the
+    // ids the engine would prefill.
+    auto tok = load_vocabulary(a.model);
+    if (!tok) {
+      std::fprintf(stderr, "dsv4 render: error: %s\n", tok.error().message.c_str());
+      return 1;
+    }
+    auto ids = (*tok)->encode_prompt(*r);
+    if (!ids) {
+      std::fprintf(stderr, "dsv4 render: error: %s\n", ids.error().message.c_str());
+      return 1;
+    }
+    std::string list;
+    for (int32_t id : *ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+    std::printf("%s\n", list.c_str());
+    std::fflush(stdout);
+    return 0;
   }
   const std::string text = rendered_text(*r);
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -84,6 +110,8 @@ void register_render(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tools", args->tools_path, "JSON file: request-level OpenAI tools (array, or object with \"tools\")");
   cmd->add_flag("--keep-thinking", args->keep_thinking, "Keep reasoning of earlier turns (official drop_thinking=false)");
+  cmd->add_flag("--tokens", args->tokens, "Print the prompt's token ids (comma-separated) instead of its text; needs -m");
+  cmd->add_option("-m,--model", args->model, "Model GGUF whose vocabulary --tokens uses (only the vocabulary is read)");
   cmd->callback([args] { set_exit_code(run_render(*args)); });
 }
 

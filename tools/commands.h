@@ -3,6 +3,9 @@
 // `set_exit_code`; errors are printed as "dsv4 <cmd>: error: ..." and never crash.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace dsv4::tools {
@@ -16,5 +19,11 @@ void register_bench(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_render(CLI::App& app);
 void register_parse(CLI::App& app);
+void register_run(CLI::App& app);
+void register_tokenize(CLI::App& app);
+
+// argv as strings, with ds4's `dsv4 run -sys TEXT` spelled `--system TEXT`
+// (CLI11 accepts only one-letter short options); see cmd_run.cpp.
+std::vector<std::string> normalize_args(int argc, char** argv);
 
 }  // namespace dsv4::tools

@@ -21,8 +21,13 @@ int main(int argc, char** argv) {
   dsv4::tools::register_convert(app);
   dsv4::tools::register_render(app);
   dsv4::tools::register_parse(app);
+  dsv4::tools::register_run(app);
+  dsv4::tools::register_tokenize(app);
   try {
-    app.parse(argc, argv);
+    const std::vector<std::string> args = dsv4::tools::normalize_args(argc, argv);
+    std::vector<const char*> arg_ptrs;
+    for (const auto& a : args) arg_ptrs.push_back(a.c_str());
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

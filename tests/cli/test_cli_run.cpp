@@ -1,0 +1,387 @@
+// The real `dsv4` binary on a synthetic tiny model: `dsv4 run` (one-shot,
+// stdin prompts, thinking modes, stop strings, logprob dumps, errors),
+// `dsv4 tokenize` and `dsv4 render --tokens`. The tiny model has random
+// weights, so replies are noise; what is checked is counts, shapes,
+// determinism, valid UTF-8 and error messages.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/utf8.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string scratch() {
+  static const std::string dir = [] {
+    auto d = fs::temp_directory_path() / ("dsv4_cli_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(scratch(), ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_cleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs `dsv4 ARGS` with stdin from `stdin_text` (or /dev/null), capturing
+// both streams.
+Result run_dsv4(const std::string& args, const std::optional<std::string>& stdin_text = std::nullopt) {
+  static int n = 0;
+  const std::string base = scratch() + "/cmd" + std::to_string(n++);
+  std::string in = "/dev/null";
+  if (stdin_text) {
+    in = base + ".in";
+    write_file(in, *stdin_text);
+  }
+  const std::string cmd = std::string(DSV4_EXE) + " " + args + " <" + in + " >" + base + ".out 2>" + base + ".err";
+  const int rc = std::system(cmd.c_str());
+  Result r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  // Whatever the command, it must not crash (sanitizer builds report here too).
+  EXPECT_EQ(r.err.find("Sanitizer"), std::string::npos) << args << "\n" << r.err;
+  EXPECT_EQ(r.err.find("runtime error:"), std::string::npos) << args << "\n" << r.err;
+  EXPECT_EQ(r.err.find("assertion failed"), std::string::npos) << args << "\n" << r.err;
+  EXPECT_LT(r.status, 128) << args << " died of a signal\n" << r.err;
+  return r;
+}
+
+const std::string& tiny() {
+  static const std::string path = [] {
+    const std::string p = scratch() + "/tiny.gguf";
+    const std::string cmd = std::string(DSV4_EXE) + " synth --preset tiny -o " + p + " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    return p;
+  }();
+  return path;
+}
+
+// "[prompt P tokens (C cached), ... | generated G tokens, ... | finish F | ...]" from stderr.
+struct Stats {
+  int prompt = -1, generated = -1;
+  std::string finish;
+};
+Stats stats_of(const std::string& err) {
+  static const std::regex re(R"(\[prompt (\d+) tokens \((\d+) cached\), prefill [^|]*\| generated (\d+) tokens, decode [^|]*\| finish (\w+) \| context \d+/\d+\])");
+  std::smatch m;
+  Stats s;
+  if (std::regex_search(err, m, re)) {
+    s.prompt = std::stoi(m[1]);
+    s.generated = std::stoi(m[3]);
+    s.finish = m[4];
+  }
+  return s;
+}
+
+std::string run_tiny(const std::string& args) { return "run -m " + tiny() + " " + args; }
+
+}  // namespace
+
+TEST(CliRun, StreamsExactlyNTokensWithIgnoreEos) {
+  Result r = run_dsv4(run_tiny("-p hello -n 20 --ignore-eos --seed 1"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Stats s = stats_of(r.err);
+  EXPECT_EQ(s.generated, 20) << r.err;
+  EXPECT_EQ(s.finish, "length");
+  EXPECT_GT(s.prompt, 0);
+  EXPECT_TRUE(dsv4::utf8_valid(r.out));
+  EXPECT_FALSE(r.out.empty());
+  // The effective options are printed at start.
+  EXPECT_NE(r.err.find("thinking=high (--think)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("seed=1 "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("max_tokens=20"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ctx=32768"), std::string::npos) << r.err;
+}
+
+TEST(CliRun, AtMostNTokensWhenEosCounts) {
+  for (int seed : {1, 2, 3}) {
+    Result r = run_dsv4(run_tiny("-p hello -n 20 --seed " + std::to_string(seed)));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Stats s = stats_of(r.err);
+    EXPECT_GE(s.generated, 1);
+    EXPECT_LE(s.generated, 20);
+    EXPECT_TRUE(dsv4::utf8_valid(r.out));
+  }
+}
+
+TEST(CliRun, SameSeedSameReplyAndStdinEqualsDashP) {
+  Result a = run_dsv4(run_tiny("-p 'tell me a story' -n 12 --ignore-eos --seed 7 --nothink"));
+  Result b = run_dsv4(run_tiny("-n 12 --ignore-eos --seed 7 --nothink"), std::string("tell me a story\n"));
+  write_file(scratch() + "/prompt.txt", "tell me a story\n");
+  Result c = run_dsv4(run_tiny("--prompt-file " + scratch() + "/prompt.txt -n 12 --ignore-eos --seed 7 --nothink"));
+  Result d = run_dsv4(run_tiny("-p 'tell me a story' -n 12 --ignore-eos --seed 8 --nothink"));
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+  EXPECT_EQ(stats_of(a.err).prompt, stats_of(b.err).prompt);
+  EXPECT_NE(a.out, d.out);  // another seed, another reply
+}
+
+TEST(CliRun, ThinkingModes) {
+  Result think = run_dsv4(run_tiny("-p hi -n 8 --ignore-eos --seed 3 --think"));
+  Result none = run_dsv4(run_tiny("-p hi -n 8 --ignore-eos --seed 3 --nothink"));
+  Result max = run_dsv4(run_tiny("-p hi -n 8 --ignore-eos --seed 3 --think-max"));
+  Result dflt = run_dsv4(run_tiny("-p hi -n 8 --ignore-eos --seed 3"));
+  for (const Result* r : {&think, &none, &max, &dflt}) ASSERT_EQ(r->status, 0) << r->err;
+  // Thinking output is fenced; chat mode has no reasoning section.
+  EXPECT_TRUE(think.out.starts_with("[thinking]\n")) << think.out;
+  EXPECT_EQ(none.out.find("[thinking]"), std::string::npos) << none.out;
+  EXPECT_EQ(dflt.out, think.out);  // thinking is the default
+  // BOS U hi A <think> vs </think>: same length; Think-Max adds its prefix.
+  EXPECT_EQ(stats_of(none.err).prompt, stats_of(think.err).prompt);
+  EXPECT_GT(stats_of(max.err).prompt, stats_of(think.err).prompt + 50);
+  EXPECT_NE(max.err.find("at least 393216 tokens for Think-Max"), std::string::npos) << max.err;
+  // Two modes at once are refused.
+  Result both = run_dsv4(run_tiny("-p hi --think --nothink"));
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
+}
+
+TEST(CliRun, SystemPromptAndItsDs4Spelling) {
+  Result plain = run_dsv4(run_tiny("-p hi -n 2 --seed 1"));
+  Result sys = run_dsv4(run_tiny("-sys 'You are terse.' -p hi -n 2 --seed 1"));
+  Result sys2 = run_dsv4(run_tiny("--system 'You are terse.' -p hi -n 2 --seed 1"));
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(sys.status, 0) << sys.err;
+  ASSERT_EQ(sys2.status, 0) << sys2.err;
+  EXPECT_GT(stats_of(sys.err).prompt, stats_of(plain.err).prompt);
+  EXPECT_EQ(stats_of(sys.err).prompt, stats_of(sys2.err).prompt);
+  EXPECT_NE(sys.err.find("system=\"You are terse.\""), std::string::npos) << sys.err;
+  // As the value of -p, "-sys" is text.
+  Result text = run_dsv4(run_tiny("-p -sys -n 2 --seed 1"));
+  EXPECT_EQ(text.status, 0) << text.err;
+}
+
+TEST(CliRun, StopStringCutsTheReply) {
+  Result full = run_dsv4(run_tiny("-p 'print the code' -n 40 --ignore-eos --nothink --temp 0"));
+  ASSERT_EQ(full.status, 0) << full.err;
+  // The first run of three ASCII letters after the start of the reply.
+  std::smatch m;
+  const std::string body = full.out.substr(1);
+  ASSERT_TRUE(std::regex_search(body, m, std::regex("[A-Za-z]{3}"))) << full.out;
+  const std::string stop = m.str(0);
+  Result cut = run_dsv4(run_tiny("-p 'print the code' -n 40 --ignore-eos --nothink --temp 0 --stop " + stop));
+  ASSERT_EQ(cut.status, 0) << cut.err;
+  EXPECT_EQ(stats_of(cut.err).finish, "stop");
+  std::string expect = full.out.substr(0, full.out.find(stop));
+  if (!expect.empty() && expect.back() != '\n') expect += '\n';
+  EXPECT_EQ(cut.out, expect);
+}
+
+TEST(CliRun, DumpLogprobsWritesTheGreedyContinuation) {
+  const std::string path = scratch() + "/lp.json";
+  Result r = run_dsv4(run_tiny("-p hello -n 8 --ignore-eos --nothink --dump-logprobs " + path + " --logprobs-top-k 3"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string text = slurp(path);
+  EXPECT_TRUE(dsv4::utf8_valid(text));
+  json j = json::parse(text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  EXPECT_EQ(j["format"], "dsv4-logprobs");
+  EXPECT_EQ(j["top_k"], 3);
+  EXPECT_EQ(j["prompt_tokens"], stats_of(r.err).prompt);
+  ASSERT_EQ(j["steps"].size(), 8u);
+  for (const auto& st : j["steps"]) {
+    ASSERT_TRUE(st["token"].is_number_integer());
+    ASSERT_TRUE(st["text"].is_string());
+    ASSERT_TRUE(st["logprob"].is_number());
+    EXPECT_LE(st["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(st["top"].size(), 3u);
+    EXPECT_EQ(st["top"][0]["token"], st["token"]);  // greedy
+    EXPECT_DOUBLE_EQ(st["top"][0]["logprob"].get<double>(), st["logprob"].get<double>());
+    EXPECT_GE(st["top"][0]["logprob"].get<double>(), st["top"][2]["logprob"].get<double>());
+  }
+  EXPECT_NE(r.err.find("temp=0"), std::string::npos) << r.err;
+  // Greedy, so a second dump is identical.
+  const std::string path2 = scratch() + "/lp2.json";
+  Result r2 = run_dsv4(run_tiny("-p hello -n 8 --ignore-eos --nothink --dump-logprobs " + path2 + " --logprobs-top-k 3"));
+  ASSERT_EQ(r2.status, 0) << r2.err;
+  EXPECT_EQ(slurp(path2), text);
+  // Needs a prompt.
+  Result none = run_dsv4(run_tiny("--dump-logprobs " + path2), std::string(""));
+  EXPECT_NE(none.status, 0);
+}
+
+TEST(CliRun, CtrlCStopsAOneShotReply) {
+  // An endless reply (no EOS, no limit, large context), interrupted once it streams.
+  const std::string base = scratch() + "/sigint";
+  const std::string script = std::string(DSV4_EXE) + " run -m " + tiny() +
+                             " -p hi -n 0 --ignore-eos --nothink >" + base + ".out 2>" + base + ".err & pid=$!; " +
+                             "for i in $(seq 200); do [ -s " + base + ".out ] && break; sleep 0.05; done; " +
+                             "kill -INT $pid; wait $pid; echo $? >" + base + ".rc";
+  ASSERT_EQ(std::system(("sh -c '" + script + "'").c_str()), 0);
+  EXPECT_EQ(slurp(base + ".rc"), "130\n") << slurp(base + ".err");
+  const std::string err = slurp(base + ".err");
+  EXPECT_NE(err.find("[interrupted]"), std::string::npos) << err;
+  EXPECT_EQ(stats_of(err).finish, "cancelled") << err;
+  EXPECT_TRUE(dsv4::utf8_valid(slurp(base + ".out")));
+}
+
+TEST(CliRun, MissingOrWrongModelFiles) {
+  Result missing = run_dsv4("run -m " + scratch() + "/nope.gguf -p hi");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("not found"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("dsv4 synth --preset tiny"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("huggingface.co"), std::string::npos) << missing.err;
+  write_file(scratch() + "/text.gguf", "this is not a model\n");
+  Result text = run_dsv4("run -m " + scratch() + "/text.gguf -p hi");
+  EXPECT_EQ(text.status, 1);
+  EXPECT_NE(text.err.find("not a GGUF file"), std::string::npos) << text.err;
+  Result no_model = run_dsv4("run -p hi");
+  EXPECT_EQ(no_model.status, 1);
+  EXPECT_NE(no_model.err.find("no model given"), std::string::npos) << no_model.err;
+  EXPECT_NE(no_model.err.find("dsv4 synth --preset tiny"), std::string::npos) << no_model.err;
+}
+
+TEST(CliRun, BadFlagValuesAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--temp -1", "--temp"},          {"--temp abc", "--temp"},
+      {"--top-p 0", "--top-p"},         {"--top-p 1.5", "--top-p"},
+      {"--top-k -3", "--top-k"},        {"--min-p 2", "--min-p"},
+      {"--repeat-penalty 0", "--repeat-penalty"},
+      {"--presence-penalty 9", "--presence-penalty"},
+      {"-n -1", "-n"},                  {"--ctx 1", "--ctx"},
+      {"--threads -2", "--threads"},    {"--batch 0", "--batch"},
+      {"--backend tpu", "--backend"},   {"--numerics fast", "--numerics"},
+      {"--logprobs-top-k 1000 --dump-logprobs x.json", "--logprobs-top-k"},
+      {"--stop ''", "--stop"},          {"--no-such-flag", "no-such-flag"},
+  };
+  for (const auto& [flags, mention] : cases) {
+    Result r = run_dsv4(run_tiny("-p hi " + flags));
+    EXPECT_NE(r.status, 0) << flags;
+    EXPECT_NE(r.err.find(mention), std::string::npos) << flags << "\n" << r.err;
+  }
+  Result no_file = run_dsv4(run_tiny("--prompt-file /nonexistent/p.txt"));
+  EXPECT_EQ(no_file.status, 1);
+  EXPECT_NE(no_file.err.find("prompt file /nonexistent/p.txt not found"), std::string::npos) << no_file.err;
+  Result both = run_dsv4(run_tiny("-p hi --prompt-file x.txt"));
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
+  Result empty = run_dsv4(run_tiny(""), std::string("\n"));
+  EXPECT_NE(empty.status, 0);
+  EXPECT_NE(empty.err.find("the prompt is empty"), std::string::npos) << empty.err;
+}
+
+TEST(CliRun, ContextOverflowIsExplained) {
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += "word ";
+  Result r = run_dsv4(run_tiny("--ctx 16 -n 4"), long_prompt);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(the prompt has \d+ tokens but the context holds 16)"))) << r.err;
+  // A context the model cannot hold is refused by the engine with its range.
+  Result huge = run_dsv4(run_tiny("--ctx 99999999 -p hi"));
+  EXPECT_EQ(huge.status, 1);
+  EXPECT_NE(huge.err.find("out of range"), std::string::npos) << huge.err;
+  // A reply that fills the context stops there.
+  Result full = run_dsv4(run_tiny("--ctx 24 -p hi -n 100 --ignore-eos --nothink"));
+  ASSERT_EQ(full.status, 0) << full.err;
+  EXPECT_EQ(stats_of(full.err).finish, "length");
+  EXPECT_NE(full.err.find("is full"), std::string::npos) << full.err;
+}
+
+TEST(CliRun, HelpListsTheFlagsAndCommands) {
+  Result r = run_dsv4("run --help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--prompt-file", "--system", "--nothink", "--think-max", "--temp", "--top-p", "--top-k",
+                           "--min-p", "--seed", "--max-tokens", "--ctx", "--repeat-penalty", "--presence-penalty",
+                           "--frequency-penalty", "--stop", "--backend", "--threads", "--numerics", "--mtp",
+                           "--dump-logprobs", "--logprobs-top-k", "--no-color", "--ignore-eos", "/save FILE", "/nothink"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+}
+
+TEST(CliTokenize, IdsAndPieces) {
+  Result r = run_dsv4("tokenize -m " + tiny() + " 'hello world'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  // One "  id  "piece"" line per token, then "N tokens: ids".
+  std::istringstream in(r.out);
+  std::string line, joined;
+  std::vector<std::string> ids;
+  std::string summary;
+  static const std::regex piece_re(R"re(^\s*(\d+)  "(.*)"$)re");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, piece_re)) {
+      ids.push_back(m[1]);
+      joined += m[2];
+    } else {
+      summary = line;
+    }
+  }
+  EXPECT_EQ(joined, "hello world");
+  ASSERT_FALSE(ids.empty());
+  std::string list;
+  for (const auto& id : ids) list += (list.empty() ? "" : ",") + id;
+  EXPECT_EQ(summary, std::to_string(ids.size()) + " tokens: " + list);
+  // Text on stdin gives the same.
+  Result s = run_dsv4("tokenize -m " + tiny(), std::string("hello world"));
+  EXPECT_EQ(s.out, r.out);
+}
+
+TEST(CliTokenize, SpecialsAndErrors) {
+  Result plain = run_dsv4("tokenize -m " + tiny() + " '<｜User｜>hi'");
+  Result specials = run_dsv4("tokenize --specials -m " + tiny() + " '<｜User｜>hi'");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(specials.status, 0) << specials.err;
+  EXPECT_NE(specials.out.find("\"<｜User｜>\"\n"), std::string::npos) << specials.out;
+  EXPECT_EQ(plain.out.find("\"<｜User｜>\"\n"), std::string::npos) << plain.out;
+  Result no_model = run_dsv4("tokenize hello");
+  EXPECT_EQ(no_model.status, 1);
+  EXPECT_NE(no_model.err.find("a model is needed for its vocabulary"), std::string::npos) << no_model.err;
+  Result missing = run_dsv4("tokenize -m " + scratch() + "/nope.gguf hello");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("dsv4 synth --preset tiny"), std::string::npos) << missing.err;
+}
+
+TEST(CliRender, TokensMatchTheRenderedTextsSpecials) {
+  const std::string msgs = scratch() + "/msgs.json";
+  write_file(msgs, R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}])");
+  for (const char* mode : {"chat", "thinking"}) {
+    Result text = run_dsv4(std::string("render --messages ") + msgs + " --thinking-mode " + mode);
+    ASSERT_EQ(text.status, 0) << text.err;
+    Result ids = run_dsv4(std::string("render --tokens -m ") + tiny() + " --messages " + msgs + " --thinking-mode " + mode);
+    ASSERT_EQ(ids.status, 0) << ids.err;
+    // The message texts hold no special-token strings, so tokenizing the
+    // rendered text with specials gives the same ids.
+    Result tok = run_dsv4("tokenize --specials -m " + tiny(), text.out);
+    ASSERT_EQ(tok.status, 0) << tok.err;
+    const std::string summary = tok.out.substr(tok.out.rfind(" tokens: ") + 9);
+    EXPECT_EQ(ids.out, summary) << mode;
+    EXPECT_TRUE(ids.out.starts_with("0,")) << ids.out;  // BOS is id 0 in the tiny vocabulary
+  }
+  Result no_model = run_dsv4("render --tokens --messages " + msgs);
+  EXPECT_EQ(no_model.status, 1);
+  EXPECT_NE(no_model.err.find("--tokens needs -m"), std::string::npos) << no_model.err;
+}

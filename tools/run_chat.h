@@ -1,0 +1,78 @@
+// A `dsv4 run` conversation: the typed run settings, the chat history and the
+// engine session it runs on. Every turn renders the whole history with the
+// official encoder (render_official) and hands the tokens to generate(),
+// which reuses the session's common prefix, so earlier turns are not
+// prefilled again. Used by the one-shot mode and the interactive chat alike.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat/chat_message.h"
+#include "conversation/thinking.h"
+#include "dsv4/engine.h"
+#include "generate/generate.h"
+#include "run_output.h"
+
+namespace dsv4::tools {
+
+// Everything `dsv4 run` was asked to do, after validation; printed at start.
+struct RunSettings {
+  EngineOptions engine;
+  ThinkingLevel thinking = ThinkingLevel::HIGH;
+  std::string system;            // system prompt ("" = none)
+  SamplingParams sampling;       // seed already resolved
+  int max_tokens = 0;            // per reply; 0 = until EOS or the context is full
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::string dump_logprobs;     // --dump-logprobs FILE ("" = off)
+  int logprobs_top_k = 5;
+  Colors colors;
+
+  // "thinking=high (--think) temp=1 top_p=1 ..." (the engine options are
+  // printed by EngineOptions::describe()).
+  std::string describe() const;
+};
+
+// What /load restored.
+struct LoadReport {
+  size_t messages = 0;
+  bool state_restored = false;  // the session snapshot was loaded (no prefill needed)
+  std::string state_note;       // why it was not, when it was not
+};
+
+class ChatSession {
+ public:
+  ChatSession(Engine& engine, std::unique_ptr<Session> session, const RunSettings& settings);
+
+  ThinkingLevel thinking() const { return thinking_; }
+  void set_thinking(ThinkingLevel level) { thinking_ = level; }
+  const std::vector<ChatMessage>& messages() const { return messages_; }
+  Session& session() { return *session_; }
+  const Engine& engine() const { return *engine_; }
+
+  // Sends one user message: renders the history plus `user_text`, generates
+  // the reply while streaming it to `printer` (Ctrl-C stops it), and keeps
+  // the exchange in the history unless generation failed or was interrupted.
+  expected<GenerateResult> reply(const std::string& user_text, ReplyPrinter& printer);
+
+  // Forgets the conversation (the system prompt stays) and empties the session.
+  void reset();
+  // /save and /load: history, thinking level and the session state
+  // (conversation/conversation_file.h). A snapshot that does not fit this
+  // engine (another model, a smaller context) is skipped: the history is still
+  // loaded and gets prefilled on the next turn.
+  Status save(const std::string& path) const;
+  expected<LoadReport> load(const std::string& path);
+
+ private:
+  Engine* engine_;
+  std::unique_ptr<Session> session_;
+  const RunSettings* settings_;
+  ThinkingLevel thinking_;
+  std::vector<ChatMessage> messages_;  // the system message (if any) first
+  uint64_t turns_ = 0;                 // replies generated (varies the seed per turn)
+};
+
+}  // namespace dsv4::tools
