@@ -38,6 +38,18 @@ struct EngineInfo {
   std::string model_name;   // "DeepSeek V4 Flash" or "custom ..."
   std::string model_path;
   std::string quant;        // quant mix description
+  uint32_t expert_gate_up_type = 0;  // ggml type ids of the quant mix: routed experts' gate/up,
+  uint32_t expert_down_type = 0;     // their down projection,
+  uint32_t dense_type = 0;           // and the dense matrices (layer 0 attn_q_a)
+  int routed_bits = 0;               // 2 or 4 for the published mixes (8/16/32 otherwise)
+  // 64 hex: SHA-256 of the hyperparameters and tensor table (kv/snapshot.h);
+  // session snapshots load only into an engine with the same value.
+  std::string fingerprint;
+  // 64 hex: SHA-256 of `fingerprint`, the GGUF header + metadata + tensor
+  // directory bytes and the first and last 4 KiB of every tensor's data, so
+  // files with one layout but different weights (q2 vs q2-imatrix, fine-tunes)
+  // differ. KV-cache files load only into an engine with the same value.
+  std::string identity;
   std::string backend;      // backend name incl. device
   std::string numerics;
   uint32_t n_vocab = 0;

@@ -2,9 +2,16 @@
 #include "dsv4/engine.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef DSV4_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "kv/snapshot.h"
@@ -18,6 +25,32 @@ std::string EngineOptions::describe() const {
                 mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
                 prefill_batch);
 }
+
+namespace {
+
+// The backend named by --backend: cpu, cuda, or auto (CUDA when this build has
+// it and a usable GPU is present, else CPU). `progress` (may be null) receives the
+// bytes of weights uploaded so far (CUDA copies the weights to the device).
+expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const std::function<void(uint64_t)>& progress) {
+  if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda")
+    return make_error("unknown backend \"%s\" (expected auto, cpu or cuda)", o.backend.c_str());
+#ifdef DSV4_HAS_CUDA
+  if (o.backend == "cuda" || (o.backend == "auto" && cuda_device_present())) {
+    CudaBackendOptions co;
+    co.upload_progress = progress;
+    auto be = make_cuda_backend(0, co);
+    if (be) return std::move(*be);
+    if (o.backend == "cuda") return be.error().with_context("--backend cuda");
+    log_warn("--backend auto: the GPU is not usable (%s); using the CPU", be.error().message.c_str());
+  }
+#else
+  (void)progress;
+  if (o.backend == "cuda") return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+#endif
+  return make_cpu_backend(o.threads);
+}
+
+}  // namespace
 
 struct Engine::Impl {
   EngineOptions opts;
@@ -107,23 +140,58 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   if (!tok) return tok.error().with_context("loading the tokenizer of " + o.model_path);
   impl->tokenizer = std::move(*tok);
 
-  if (o.backend == "cpu" || o.backend == "auto") {
-    impl->backend = make_cpu_backend(o.threads);
-  } else if (o.backend == "cuda") {
-    return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
-  } else {
-    return make_error("unknown backend \"%s\" (expected auto, cpu or cuda)", o.backend.c_str());
-  }
+  // Progress of weight uploads (CUDA); the bar appears with the first upload.
+  uint64_t upload_total = impl->file->weights.n_bytes;
+  for (const TensorRef& r : impl->mtp.head) upload_total += r.n_bytes;
+  for (const TensorRef& r : impl->mtp.block.t) upload_total += r.n_bytes;
+  // The hook lives as long as the backend: it owns its state.
+  auto upload_bar = std::make_shared<std::unique_ptr<Progress>>();
+  DSV4_TRY_ASSIGN(impl->backend, make_backend(o, [upload_bar, upload_total, show = o.show_progress](uint64_t done) {
+                    if (!show) return;
+                    if (!*upload_bar) *upload_bar = std::make_unique<Progress>("uploading weights", upload_total);
+                    (*upload_bar)->update(done);
+                  }));
   ModelOptions mo;
   mo.numerics = numerics;
   mo.max_batch = o.prefill_batch;
   DSV4_TRY_ASSIGN(impl->model, Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+#ifdef DSV4_HAS_CUDA
+  if (impl->backend->kind() == BackendKind::CUDA) {
+    const CudaUploadStats up = cuda_upload_stats(*impl->backend);
+    upload_bar->reset();
+    log_info("cuda: uploaded %llu weight tensors, %.2f GiB in %.2f s (%.2f GB/s)", static_cast<unsigned long long>(up.tensors),
+             static_cast<double>(up.bytes) / (1u << 30), up.seconds, up.rate_gbs());
+  }
+#endif
   impl->fingerprint = model_fingerprint(spec, impl->file->weights);
 
   EngineInfo& info = impl->info;
   info.model_name = spec.recognise();
   info.model_path = o.model_path;
   info.quant = impl->file->weights.mix.describe();
+  info.expert_gate_up_type = static_cast<uint32_t>(impl->file->weights.mix.expert_gate_up);
+  info.expert_down_type = static_cast<uint32_t>(impl->file->weights.mix.expert_down);
+  info.dense_type = static_cast<uint32_t>(impl->file->weights.mix.dense);
+  info.routed_bits = impl->file->weights.mix.routed_bits();
+  {
+    // Identity for KV-cache files (engine.h): layout fingerprint + GGUF header,
+    // metadata and tensor directory + the first and last 4 KiB of every tensor.
+    const GgufFile& g = *impl->file->gguf;
+    Hasher id(HashKind::SHA256);
+    id.update(impl->fingerprint);
+    id.update(g.mapping().data(), static_cast<size_t>(g.data_offset()));
+    for (const GgufTensorInfo& t : g.tensors()) {
+      const size_t n = static_cast<size_t>(t.n_bytes), k = std::min<size_t>(n, 4096);
+      id.update(g.tensor_data(t), k);
+      id.update(g.tensor_data(t) + (n - k), k);
+    }
+    info.identity = id.hex_digest();
+    static const char* k_hex = "0123456789abcdef";
+    for (unsigned char c : impl->fingerprint) {
+      info.fingerprint += k_hex[c >> 4];
+      info.fingerprint += k_hex[c & 15];
+    }
+  }
   info.backend = impl->backend->name();
   info.numerics = numerics_name(numerics);
   info.n_vocab = spec.n_vocab;
