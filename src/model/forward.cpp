@@ -227,6 +227,29 @@ Status Model::forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, flo
   return {};
 }
 
+// One compressor step (main KV rows or indexer rows) over the batch.
+CompressOp Model::compress_op(const Tensor& rows, const Tensor& state_a, const Tensor& state_g, const Tensor& kv,
+                              const Tensor& gate, const Tensor& ape, const Tensor& norm_w, const Tensor& pos, int ratio,
+                              const RopeParams& rope, KvQuantSim sim, int n_quant, bool round_pooled_bf16) const {
+  CompressOp c;
+  c.rows = rows;
+  c.state_a = state_a;
+  c.state_g = state_g;
+  c.kv = kv;
+  c.gate = gate;
+  c.ape = ape;
+  c.norm_w = norm_w;
+  c.pos = pos;
+  c.ratio = ratio;
+  c.overlap = ratio == 4;  // ratio-4 layers pool overlapping 8-token windows (model-spec.md §5.5)
+  c.eps = spec_.rms_eps;
+  c.rope = rope;
+  c.sim = sim;
+  c.n_quant = n_quant;
+  c.round_pooled_bf16 = round_pooled_bf16;
+  return c;
+}
+
 void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block) {
   using LT = LayerTensor;
   Scratch& s = *sc_;
@@ -264,23 +287,9 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
     Tensor cg = s.cgate.reshape(w, cap_rows).rows(0, n);
     backend_.matmul({ckv, L[LT::ATTN_COMPRESSOR_KV], xn});
     backend_.matmul({cg, L[LT::ATTN_COMPRESSOR_GATE], xn});
-    CompressOp c;
-    c.rows = S.comp;
-    c.state_a = S.comp_a;
-    c.state_g = S.comp_g;
-    c.kv = ckv;
-    c.gate = cg;
-    c.ape = L[LT::ATTN_COMPRESSOR_APE];
-    c.norm_w = L[LT::ATTN_COMPRESSOR_NORM];
-    c.pos = pos;
-    c.ratio = static_cast<int>(ratio);
-    c.overlap = overlap;
-    c.eps = P.rms_eps;
-    c.rope = rope;
-    c.sim = ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE;
-    c.n_quant = static_cast<int>(P.nope_dim());
-    c.round_pooled_bf16 = ref;
-    backend_.compress(c);
+    backend_.compress(compress_op(S.comp, S.comp_a, S.comp_g, ckv, cg, L[LT::ATTN_COMPRESSOR_APE],
+                                  L[LT::ATTN_COMPRESSOR_NORM], pos, static_cast<int>(ratio), rope,
+                                  ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE, static_cast<int>(P.nope_dim()), ref));
 
     if (ratio == 4) {
       // Lightning indexer (§5.6).
@@ -295,22 +304,9 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
       Tensor ikv = s.ikv.rows(0, n), ig = s.igate.rows(0, n);
       backend_.matmul({ikv, L[LT::INDEXER_COMPRESSOR_KV], xn});
       backend_.matmul({ig, L[LT::INDEXER_COMPRESSOR_GATE], xn});
-      CompressOp ic;
-      ic.rows = S.idx;
-      ic.state_a = S.idx_a;
-      ic.state_g = S.idx_g;
-      ic.kv = ikv;
-      ic.gate = ig;
-      ic.ape = L[LT::INDEXER_COMPRESSOR_APE];
-      ic.norm_w = L[LT::INDEXER_COMPRESSOR_NORM];
-      ic.pos = pos;
-      ic.ratio = 4;
-      ic.overlap = true;
-      ic.eps = P.rms_eps;
-      ic.rope = rope;
-      ic.sim = ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE;
-      ic.round_pooled_bf16 = ref;
-      backend_.compress(ic);
+      backend_.compress(compress_op(S.idx, S.idx_a, S.idx_g, ikv, ig, L[LT::INDEXER_COMPRESSOR_APE],
+                                    L[LT::INDEXER_COMPRESSOR_NORM], pos, 4, rope,
+                                    ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
 
       const int64_t rows = S.idx.n_rows();
       ensure_scores(rows);

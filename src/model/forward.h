@@ -88,6 +88,9 @@ class Model {
   Status upload(const ModelWeights& w, const MtpWeights* mtp);
   void ensure_scores(int64_t rows);
   RopeParams rope_for_ratio(uint32_t ratio) const;
+  CompressOp compress_op(const Tensor& rows, const Tensor& state_a, const Tensor& state_g, const Tensor& kv,
+                         const Tensor& gate, const Tensor& ape, const Tensor& norm_w, const Tensor& pos, int ratio,
+                         const RopeParams& rope, KvQuantSim sim, int n_quant, bool round_pooled_bf16) const;
   void attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block);
   void ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
   void run_batch(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
