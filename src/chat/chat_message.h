@@ -83,6 +83,14 @@ struct ChatMessage {
   std::optional<nlohmann::ordered_json> response_format;  // system / developer
   ChatTask task = ChatTask::NONE;
   bool wo_eos = false;  // assistant: omit the closing EOS (official `wo_eos`)
+  // Assistant, exact replay (formats.md §4.6): the DSML block exactly as the
+  // model sampled it, from the whitespace before its opener to the end of its
+  // closing tag (ParsedMessage::raw_dsml). When set it is rendered verbatim in
+  // place of the canonical DSML of `tool_calls`, so a conversation sent back
+  // renders to the bytes the model produced. Only a server's own tool-call
+  // memory sets it; it is never read from client JSON, because its DSML
+  // markers become control pieces.
+  std::optional<std::string> raw_dsml;
 };
 
 // Converts an OpenAI-style JSON array of message objects. Accepted fields:

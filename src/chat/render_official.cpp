@@ -281,6 +281,23 @@ void render_dsml_tool_calls(PromptBuilder& b, const std::vector<ChatToolCall>& c
   b.text("tool_calls>");
 }
 
+// Exact replay of a sampled block: its bytes verbatim, with each DSML marker
+// a control piece as in render_dsml_tool_calls (so the block tokenizes the way
+// the canonical rendering of the same text would); everything else, including
+// marker-like text inside parameter values, stays text.
+void render_raw_dsml(PromptBuilder& b, std::string_view raw) {
+  while (!raw.empty()) {
+    const size_t p = raw.find(mk::DSML);
+    if (p == std::string_view::npos) {
+      b.text(raw);
+      return;
+    }
+    b.text(raw.substr(0, p));
+    b.control(mk::DSML);
+    raw.remove_prefix(p + mk::DSML.size());
+  }
+}
+
 std::string_view task_marker(ChatTask task) {
   switch (task) {
     case ChatTask::NONE: break;
@@ -333,7 +350,10 @@ Status render_turn(PromptBuilder& b, const RenderState& st, size_t index) {
         b.control(mk::THINK_END);
       }
       b.text(m.content.flattened());
-      if (!m.tool_calls.empty()) render_dsml_tool_calls(b, m.tool_calls);
+      if (m.raw_dsml)
+        render_raw_dsml(b, *m.raw_dsml);
+      else if (!m.tool_calls.empty())
+        render_dsml_tool_calls(b, m.tool_calls);
       if (!m.wo_eos) b.control(mk::EOS);
       break;
     }

@@ -17,6 +17,10 @@
 //     (ds4's rule);
 //   * JSON numbers are read by nlohmann: integers beyond 64 bits become floats,
 //     and NaN/Infinity literals are not accepted (Python accepts both).
+//
+// Extension (not in the official encoder): an assistant message carrying
+// `raw_dsml` (exact replay, chat_message.h) renders that block verbatim in
+// place of the canonical DSML of its tool calls.
 #pragma once
 
 #include <vector>

@@ -1,0 +1,454 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <thread>
+
+#include "core/log.h"
+#include "server/anthropic_messages.h"
+#include "server/connection.h"
+#include "server/json_util.h"
+#include "server/openai_chat.h"
+#include "server/openai_completions.h"
+#include "server/openai_responses.h"
+#include "server/reply_writer.h"
+
+namespace dsv4::server {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+constexpr auto k_poll = std::chrono::milliseconds(50);  // disconnect / event polling interval
+
+// What the request log line reports; filled on the HTTP thread that serves
+// the request (handlers, stream providers and the logger all run on it).
+struct RequestLog {
+  clock_type::time_point start = clock_type::now();
+  bool has_tokens = false;
+  size_t prompt = 0, cached = 0, completion = 0;
+  std::string note;
+};
+thread_local RequestLog t_log;
+
+enum class Endpoint { CHAT, COMPLETIONS, RESPONSES, MESSAGES };
+
+ErrorShape shape_for_path(const std::string& path) {
+  return path.rfind("/v1/messages", 0) == 0 ? ErrorShape::ANTHROPIC : ErrorShape::OPENAI;
+}
+
+void send_json(httplib::Response& res, int status, const ordered_json& j) {
+  res.status = status;
+  res.set_content(json_dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e, ErrorShape shape) {
+  send_json(res, e.status(), error_json(e, shape));
+  if (e.kind == ApiErrorKind::OVERLOADED) res.set_header("Retry-After", "1");
+  if (e.kind == ApiErrorKind::AUTHENTICATION) res.set_header("WWW-Authenticate", "Bearer");
+  t_log.note = e.message.size() > 160 ? e.message.substr(0, 160) + "..." : e.message;
+}
+
+void record_tokens(const FinalReply& r) {
+  t_log.has_tokens = true;
+  t_log.prompt = r.prompt_tokens;
+  t_log.cached = r.cached_tokens;
+  t_log.completion = r.completion_tokens;
+}
+
+// Decrements the active-request count when the last owner lets go (the
+// handler for plain replies, the stream provider for streams).
+struct ActiveToken {
+  std::atomic<int>& n;
+  explicit ActiveToken(std::atomic<int>& count) : n(count) { ++n; }
+  ~ActiveToken() { --n; }
+  ActiveToken(const ActiveToken&) = delete;
+  ActiveToken& operator=(const ActiveToken&) = delete;
+};
+
+ApiError cancelled_error() {
+  return ApiError{ApiErrorKind::OVERLOADED, "the request was cancelled because the server is shutting down", "", ""};
+}
+
+ApiError invalid_output_error(ResponseFormat f) {
+  return ApiError{ApiErrorKind::INVALID_OUTPUT,
+                  f == ResponseFormat::JSON_OBJECT
+                      ? "the model's reply is not a valid JSON object (response_format json_object is checked, not "
+                        "enforced while decoding)"
+                      : "the model's reply is not valid JSON (response_format json_schema is checked for JSON "
+                        "syntax, not enforced while decoding)",
+                  "response_format", ""};
+}
+
+// One streamed reply: pulled by cpp-httplib's chunked content provider on the
+// connection's thread until the job has finished and the last frame is written.
+struct StreamSession {
+  std::shared_ptr<Job> job;
+  ReplyAssembler assembler;
+  std::unique_ptr<ReplyWriter> writer;
+  ResponseFormat format;
+  int fd;
+  clock_type::duration keepalive;
+  std::shared_ptr<ActiveToken> active;
+  bool begun = false;
+  clock_type::time_point last_write = clock_type::now();
+
+  StreamSession(std::shared_ptr<Job> j, ReplyAssembler a, std::unique_ptr<ReplyWriter> w, ResponseFormat f, int socket,
+                clock_type::duration ka, std::shared_ptr<ActiveToken> act)
+      : job(std::move(j)), assembler(std::move(a)), writer(std::move(w)), format(f), fd(socket), keepalive(ka),
+        active(std::move(act)) {}
+  // The response (and with it this session) goes before the connection closes.
+  ~StreamSession() { job->unwatch_client(); }
+  StreamSession(const StreamSession&) = delete;
+  StreamSession& operator=(const StreamSession&) = delete;
+
+  bool write(httplib::DataSink& sink, const std::string& s) {
+    if (s.empty()) return true;
+    if (!sink.write(s.data(), s.size())) return false;
+    last_write = clock_type::now();
+    return true;
+  }
+
+  // One provider call: waits up to one poll interval, writes what is ready.
+  // Returns false to abort the response (client gone).
+  bool pump(httplib::DataSink& sink) {
+    std::string out;
+    if (!begun) {
+      out = writer->stream_begin();
+      begun = true;
+    }
+    std::vector<DsmlEvent> events;
+    const bool done = job->wait(events, out.empty() ? k_poll : std::chrono::milliseconds(0));
+    std::vector<OutEvent> outs;
+    for (const auto& e : events) assembler.on_event(e, outs);
+    if (!outs.empty()) out += writer->stream_events(outs);
+    if (done) {
+      const JobOutcome& o = job->outcome();
+      if (o.error) {
+        out += writer->stream_error(*o.error);
+        t_log.note = "stream error: " + o.error->message;
+      } else if (o.result.finish == FinishReason::CANCELLED) {
+        if (connection_closed(fd)) {  // the worker noticed the hang-up first
+          t_log.note = "client disconnected";
+          return false;
+        }
+        out += writer->stream_error(cancelled_error());
+        t_log.note = "cancelled";
+      } else {
+        outs.clear();
+        FinalReply r = assembler.finish(o, outs);
+        if (!outs.empty()) out += writer->stream_events(outs);
+        record_tokens(r);
+        if (!satisfies_response_format(r.content, format)) {
+          out += writer->stream_error(invalid_output_error(format));
+          t_log.note = "reply is not valid JSON";
+        } else {
+          out += writer->stream_end(r);
+        }
+      }
+      if (!write(sink, out)) return false;
+      sink.done();
+      return true;
+    }
+    if (connection_closed(fd)) {
+      job->cancel = true;
+      t_log.note = "client disconnected";
+      return false;
+    }
+    if (out.empty() && clock_type::now() - last_write >= keepalive) out = writer->stream_keepalive();
+    if (!write(sink, out)) {
+      job->cancel = true;
+      t_log.note = "client disconnected";
+      return false;
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+// cpp-httplib's server, with the accept backlog raised after binding (the
+// Debian build listens with a backlog of 5, too few for bursts of clients).
+class Listener : public httplib::Server {
+ public:
+  void raise_backlog(int n) {
+    const auto s = svr_sock_.load();
+    if (s != INVALID_SOCKET) ::listen(s, n);
+  }
+};
+
+struct HttpServer::Impl {
+  Listener svr;
+  int64_t started = unix_time();
+};
+
+HttpServer::HttpServer(ServerOptions options, Backend& backend)
+    : options_(std::move(options)), backend_(backend),
+      scheduler_(std::make_unique<Scheduler>(backend, options_.max_queue, metrics_)),
+      context_{backend.tokenizer(), backend.context_size(), ModelCatalog{options_.model_id, options_.aliases},
+               tool_memory_},
+      impl_(std::make_unique<Impl>()) {
+  auto& svr = impl_->svr;
+  const int threads = options_.effective_http_threads();
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_payload_max_length(options_.max_body_bytes);
+  svr.set_read_timeout(60);
+  svr.set_write_timeout(60);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_tcp_nodelay(true);
+  if (!options_.cors_origin.empty()) {
+    svr.set_default_headers({{"Access-Control-Allow-Origin", options_.cors_origin},
+                             {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                             {"Access-Control-Allow-Headers",
+                              "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, "
+                              "openai-beta, x-stainless-os, x-stainless-lang, x-stainless-package-version, "
+                              "x-stainless-runtime, x-stainless-runtime-version, x-stainless-arch, "
+                              "x-stainless-retry-count, x-stainless-timeout"},
+                             {"Access-Control-Max-Age", "86400"},
+                             {"Vary", "Origin"}});
+    svr.Options(".*", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+  }
+
+  // Authentication (and the start of the request's log entry).
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    t_log = RequestLog{};
+    if (options_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+      return httplib::Server::HandlerResponse::Unhandled;
+    std::string key = req.get_header_value("x-api-key");
+    const std::string auth = req.get_header_value("Authorization");
+    if (key.empty() && auth.size() > 7 && (auth.compare(0, 7, "Bearer ") == 0 || auth.compare(0, 7, "bearer ") == 0))
+      key = auth.substr(7);
+    if (!key.empty() && api_key_matches(key, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res,
+               ApiError{ApiErrorKind::AUTHENTICATION,
+                        key.empty() ? "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+                                    : "invalid API key",
+                        "", ""},
+               shape_for_path(req.path));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  // httplib's own errors (unknown route, body too large, ...) get a JSON body.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    // Bodies set by our handlers stay; 499 marks a client that went away (nobody reads it).
+    if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    switch (res.status) {
+      case 404: e = ApiError{ApiErrorKind::NOT_FOUND, "no route for " + req.method + " " + req.path, "", ""}; break;
+      case 413: e = ApiError{ApiErrorKind::PAYLOAD_TOO_LARGE, "the request body exceeds the server's limit", "", ""}; break;
+      default:
+        e = res.status >= 500 ? internal_error(strfmt("HTTP %d", res.status))
+                              : invalid_request(strfmt("bad request (HTTP %d)", res.status));
+        break;
+    }
+    const int status = res.status;
+    send_error(res, e, shape_for_path(req.path));
+    res.status = status;
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
+    send_error(res, internal_error("internal error while handling the request"), shape_for_path(req.path));
+  });
+
+  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    const double seconds = std::chrono::duration<double>(clock_type::now() - t_log.start).count();
+    metrics_.request_done(req.path, res.status, seconds);
+    std::string tokens;
+    if (t_log.has_tokens) tokens = strfmt(" prompt=%zu cached=%zu completion=%zu", t_log.prompt, t_log.cached, t_log.completion);
+    log_info("%s %s %d%s %.0f ms%s%s", req.method.c_str(), req.path.c_str(), res.status, tokens.c_str(), seconds * 1000,
+             t_log.note.empty() ? "" : " - ", t_log.note.c_str());
+  });
+
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    ordered_json j = ordered_json::object();
+    j["status"] = draining_ ? "shutting_down" : "ok";
+    j["model"] = options_.model_id;
+    j["backend"] = backend_.describe();
+    j["context"] = backend_.context_size();
+    j["queue_depth"] = scheduler_->queue_depth();
+    j["max_queue"] = scheduler_->max_queue();
+    j["running"] = scheduler_->busy();
+    send_json(res, draining_ ? 503 : 200, j);
+  });
+
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.prometheus(scheduler_->queue_depth(), scheduler_->busy()), "text/plain; version=0.0.4");
+  });
+
+  svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    const auto ids = context_.models.ids();
+    ordered_json data = ordered_json::array();
+    if (req.has_header("anthropic-version")) {
+      char when[32];
+      const std::time_t t = static_cast<std::time_t>(impl_->started);
+      std::tm tm{};
+      gmtime_r(&t, &tm);
+      std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+      for (const auto& id : ids)
+        data.push_back(ordered_json{{"type", "model"}, {"id", id}, {"display_name", id}, {"created_at", when}});
+      send_json(res, 200,
+                ordered_json{{"data", data}, {"has_more", false}, {"first_id", ids.front()}, {"last_id", ids.back()}});
+      return;
+    }
+    for (const auto& id : ids)
+      data.push_back(ordered_json{{"id", id}, {"object", "model"}, {"created", impl_->started}, {"owned_by", "dsv4"}});
+    send_json(res, 200, ordered_json{{"object", "list"}, {"data", data}});
+  });
+
+  auto generation = [this](Endpoint ep) {
+    return [this, ep](const httplib::Request& req, httplib::Response& res) {
+      const ErrorShape shape = ep == Endpoint::MESSAGES ? ErrorShape::ANTHROPIC : ErrorShape::OPENAI;
+      if (draining_) return send_error(res, ApiError{ApiErrorKind::OVERLOADED, "the server is shutting down", "", ""}, shape);
+      auto body = parse_json_text(req.body);
+      if (!body) return send_error(res, invalid_request(body.error().message), shape);
+      expected<PreparedRequest, ApiError> prepared = [&]() -> expected<PreparedRequest, ApiError> {
+        switch (ep) {
+          case Endpoint::CHAT: return prepare_openai_chat(*body, context_);
+          case Endpoint::COMPLETIONS: return prepare_openai_completions(*body, context_);
+          case Endpoint::RESPONSES: return prepare_openai_responses(*body, context_);
+          case Endpoint::MESSAGES: return prepare_anthropic_messages(*body, context_);
+        }
+        DSV4_UNREACHABLE();
+      }();
+      if (!prepared) return send_error(res, prepared.error(), shape);
+      PreparedRequest& p = *prepared;
+      t_log.has_tokens = true;
+      t_log.prompt = p.prompt_tokens;
+      auto active = std::make_shared<ActiveToken>(active_);
+      auto job = std::make_shared<Job>(std::move(p.job));
+      const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
+      job->watch_client(fd);
+      switch (scheduler_->submit(job)) {
+        case Scheduler::Admit::OK: break;
+        case Scheduler::Admit::QUEUE_FULL:
+          return send_error(res,
+                            ApiError{ApiErrorKind::OVERLOADED,
+                                     strfmt("the server is busy: %zu requests are already waiting; retry later",
+                                            scheduler_->max_queue()),
+                                     "", ""},
+                            shape);
+        case Scheduler::Admit::STOPPING:
+          return send_error(res, ApiError{ApiErrorKind::OVERLOADED, "the server is shutting down", "", ""}, shape);
+      }
+      ReplyAssembler assembler(p.policy, tool_memory_);
+
+      if (p.stream) {
+        auto session = std::make_shared<StreamSession>(
+            job, std::move(assembler), std::move(p.writer), p.response_format, fd,
+            std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(options_.keepalive_seconds)),
+            active);
+        res.set_header("Cache-Control", "no-cache");
+        res.set_header("X-Accel-Buffering", "no");
+        res.set_chunked_content_provider(
+            "text/event-stream", [session](size_t, httplib::DataSink& sink) { return session->pump(sink); },
+            [session](bool success) {
+              if (!success) session->job->cancel = true;
+            });
+        return;
+      }
+
+      struct Unwatch {
+        Job& j;
+        ~Unwatch() { j.unwatch_client(); }
+      } unwatch{*job};
+      std::vector<DsmlEvent> events;
+      std::vector<OutEvent> outs;
+      for (;;) {
+        events.clear();
+        const bool done = job->wait(events, k_poll);
+        outs.clear();
+        for (const auto& e : events) assembler.on_event(e, outs);
+        if (done) break;
+        if (connection_closed(fd)) {
+          job->cancel = true;
+          t_log.note = "client disconnected";
+          res.status = 499;  // nginx's "client closed request": nobody reads it, the log shows it
+          return;
+        }
+      }
+      const JobOutcome& o = job->outcome();
+      if (o.error) return send_error(res, *o.error, shape);
+      if (o.result.finish == FinishReason::CANCELLED) {
+        if (connection_closed(fd)) {  // the worker noticed the hang-up first
+          t_log.note = "client disconnected";
+          res.status = 499;
+          return;
+        }
+        return send_error(res, cancelled_error(), shape);
+      }
+      outs.clear();
+      FinalReply r = assembler.finish(o, outs);
+      record_tokens(r);
+      if (!satisfies_response_format(r.content, p.response_format))
+        return send_error(res, invalid_output_error(p.response_format), shape);
+      send_json(res, 200, p.writer->body(r));
+    };
+  };
+  svr.Post("/v1/chat/completions", generation(Endpoint::CHAT));
+  svr.Post("/v1/completions", generation(Endpoint::COMPLETIONS));
+  svr.Post("/v1/responses", generation(Endpoint::RESPONSES));
+  svr.Post("/v1/messages", generation(Endpoint::MESSAGES));
+
+  svr.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = parse_json_text(req.body);
+    if (!body) return send_error(res, invalid_request(body.error().message), ErrorShape::ANTHROPIC);
+    auto count = anthropic_count_tokens(*body, context_);
+    if (!count) return send_error(res, count.error(), ErrorShape::ANTHROPIC);
+    send_json(res, 200, *count);
+  });
+}
+
+HttpServer::~HttpServer() {
+  shutdown(true);
+}
+
+Status HttpServer::bind() {
+  auto& svr = impl_->svr;
+  if (options_.port == 0) {
+    port_ = svr.bind_to_any_port(options_.host);
+  } else {
+    port_ = svr.bind_to_port(options_.host, options_.port) ? options_.port : -1;
+  }
+  if (port_ <= 0)
+    return make_error("cannot listen on %s:%d (address in use, or not a local address?)", options_.host.c_str(),
+                      options_.port);
+  svr.raise_backlog(128);
+  return {};
+}
+
+Status HttpServer::serve() {
+  if (port_ <= 0) return make_error("serve() before bind()");
+  // A client that hangs up makes the next write fail with EPIPE; without this
+  // the process would die of SIGPIPE instead (cpp-httplib sends with flags 0).
+  std::signal(SIGPIPE, SIG_IGN);
+  if (!impl_->svr.listen_after_bind() && !draining_) return make_error("the HTTP listener stopped unexpectedly");
+  return {};
+}
+
+void HttpServer::shutdown(bool now) {
+  const bool first = !draining_.exchange(true);
+  scheduler_->drain();
+  if (now) force_ = true;
+  if (first && !now) {
+    log_info("shutting down: waiting up to %.0f s for %d request(s) in flight", options_.shutdown_grace_seconds,
+             active_.load());
+    const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                  std::chrono::duration<double>(options_.shutdown_grace_seconds));
+    while (active_.load() > 0 && clock_type::now() < deadline && !force_) std::this_thread::sleep_for(k_poll);
+  }
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (stopped_) return;
+  if (active_.load() > 0) log_info("shutting down: cancelling %d request(s)", active_.load());
+  scheduler_->cancel_all();
+  // Cancelled jobs finish within a token; their handlers then write a last frame.
+  const auto deadline = clock_type::now() + std::chrono::seconds(5);
+  while (active_.load() > 0 && clock_type::now() < deadline) std::this_thread::sleep_for(k_poll);
+  scheduler_->stop();
+  impl_->svr.stop();
+  stopped_ = true;
+}
+
+}  // namespace dsv4::server

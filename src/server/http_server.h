@@ -1,0 +1,88 @@
+// The HTTP transport of `dsv4 serve` (cpp-httplib): routes, authentication,
+// CORS, body limit, request log, metrics, SSE streaming with keepalive,
+// disconnect detection and graceful shutdown. It parses nothing itself: each
+// route hands the JSON body to its dialect adapter, which returns a typed job
+// for the scheduler and a writer for the reply (reply_writer.h).
+//
+// Routes:
+//   GET  /health                     {"status": "ok", ...}; 503 while shutting down; never needs a key
+//   GET  /metrics                    Prometheus text (metrics.h)
+//   GET  /v1/models                  OpenAI list; Anthropic's shape when an anthropic-version header is sent
+//   POST /v1/chat/completions        openai_chat.h
+//   POST /v1/completions             openai_completions.h
+//   POST /v1/responses               openai_responses.h
+//   POST /v1/messages                anthropic_messages.h
+//   POST /v1/messages/count_tokens   anthropic_messages.h
+//   OPTIONS *                        CORS preflight (only with a CORS origin)
+//
+// Rules:
+//   * with an API key, every route but /health (and CORS preflights) needs
+//     "Authorization: Bearer KEY" or "x-api-key: KEY" (constant-time check);
+//     otherwise 401 in the dialect's error shape;
+//   * errors are JSON in the dialect's shape (Anthropic for /v1/messages*,
+//     OpenAI elsewhere), including httplib's own (404, 413, ...);
+//   * a full queue answers 503 with Retry-After: 1;
+//   * a client that disconnects cancels its job: the socket is polled every
+//     50 ms while the request is queued, prefilling or decoding, and a failed
+//     write cancels too;
+//   * streams send the dialect's keepalive (a comment, or Anthropic's ping)
+//     when nothing was written for keepalive_seconds;
+//   * one log line per request: method, path, status, prompt/cached/completion
+//     tokens, milliseconds.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "core/error.h"
+#include "server/backend.h"
+#include "server/chat_request.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/server_options.h"
+#include "server/tool_memory.h"
+
+namespace dsv4::server {
+
+class HttpServer {
+ public:
+  HttpServer(ServerOptions options, Backend& backend);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket (an error names the address).
+  Status bind();
+  int port() const { return port_; }
+  // Serves until shutdown() has finished; blocking.
+  Status serve();
+  // Graceful shutdown, callable from any thread: refuse new generation
+  // requests, give in-flight ones shutdown_grace_seconds to finish, cancel
+  // the rest, stop the worker and the listener. `now`: cancel at once.
+  void shutdown(bool now = false);
+
+  Metrics& metrics() { return metrics_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  ToolMemory& tool_memory() { return tool_memory_; }
+  int active_requests() const { return active_.load(); }
+
+  struct Impl;
+
+ private:
+  ServerOptions options_;
+  Backend& backend_;
+  ToolMemory tool_memory_;
+  Metrics metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
+  ServeContext context_;
+  std::unique_ptr<Impl> impl_;
+  int port_ = -1;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> force_{false};  // shutdown(true) was asked for: stop waiting
+  std::atomic<int> active_{0};
+  std::mutex shutdown_mu_;          // the final steps run once
+  bool stopped_ = false;
+};
+
+}  // namespace dsv4::server

@@ -1,0 +1,91 @@
+// One generation request as it travels from an HTTP thread to the engine
+// worker and back: typed input (tokens and options, never JSON), a
+// cancellation flag, and a channel of events.
+//
+// Protocol: the HTTP thread creates the Job and submits it to the scheduler,
+// then waits on it. The worker pushes DsmlEvents as generation produces them
+// and calls finish() exactly once (also for jobs cancelled while queued).
+// Either side may drop its reference at any time; the Job lives while one of
+// them holds it. Setting `cancel` stops the work before the next token or
+// prefill batch.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/text_piece.h"
+#include "generate/generate.h"
+#include "server/api_error.h"
+
+namespace dsv4::server {
+
+// tool_choice "required" / a named function: the DSML opener (and the
+// function name) are forced after the reasoning, so the reply is a call.
+enum class ForcedTool { NONE, ANY, NAMED };
+
+struct JobInput {
+  std::vector<int32_t> prompt;  // canonical prompt tokens
+  RenderedPrompt rendered;      // chat prompts: for text-level session reuse (empty: raw completion)
+  GenerateOptions options;      // options.thinking: how the completion is parsed
+  ForcedTool forced_tool = ForcedTool::NONE;
+  std::string forced_name;      // NAMED: the function
+  // Thinking mode: reasoning tokens after which </think> is forced (Anthropic
+  // budget_tokens); -1: no budget.
+  int thinking_budget = -1;
+};
+
+// What the worker reports at the end.
+struct JobOutcome {
+  std::optional<ApiError> error;  // set: the job failed (nothing else is meaningful)
+  GenerateResult result;          // over all phases; result.message is the parsed reply
+  size_t reasoning_tokens = 0;    // completion tokens up to and including </think>
+  std::chrono::steady_clock::duration queued{};  // time spent waiting for the worker
+};
+
+class Job {
+ public:
+  explicit Job(JobInput input) : input_(std::move(input)), created_(std::chrono::steady_clock::now()) {}
+
+  const JobInput& input() const { return input_; }
+  std::chrono::steady_clock::time_point created() const { return created_; }
+
+  std::atomic<bool> cancel{false};
+
+  // The client's socket, so the worker notices a client that hung up between
+  // two tokens (or prefill batches) without waiting for the HTTP thread's
+  // next poll. Set before submitting; the HTTP side unwatches before it lets
+  // go of the connection, so the descriptor is never polled after it closed.
+  void watch_client(int fd);
+  void unwatch_client();
+  bool client_gone();  // the watched socket was closed by the peer
+
+  // Worker side.
+  void push(const DsmlEvent& e);
+  void finish(JobOutcome outcome);
+
+  // HTTP side: waits up to `timeout` for events or the end; appends the
+  // pending events to `out`. Returns true once finished and every event has
+  // been handed out.
+  bool wait(std::vector<DsmlEvent>& out, std::chrono::milliseconds timeout);
+  // Valid after wait() returned true.
+  const JobOutcome& outcome() const { return outcome_; }
+
+ private:
+  const JobInput input_;
+  const std::chrono::steady_clock::time_point created_;
+  std::mutex fd_mu_;
+  int client_fd_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<DsmlEvent> events_;
+  bool finished_ = false;
+  JobOutcome outcome_;
+};
+
+}  // namespace dsv4::server

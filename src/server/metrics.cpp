@@ -1,0 +1,84 @@
+#include "server/metrics.h"
+
+#include "core/error.h"
+#include "server/job.h"
+
+namespace dsv4::server {
+
+void Metrics::request_done(const std::string& endpoint, int status, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{endpoint, status}];
+  request_seconds_ += seconds;
+  ++request_count_;
+}
+
+void Metrics::job_done(const JobOutcome& o) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (o.error) {
+    ++jobs_error_;
+    return;
+  }
+  const GenerateResult& r = o.result;
+  if (r.finish == FinishReason::CANCELLED)
+    ++jobs_cancelled_;
+  else
+    ++jobs_ok_;
+  prompt_tokens_ += r.prompt_tokens;
+  cached_tokens_ += r.cached_tokens;
+  const size_t prefilled = r.prompt_tokens > r.cached_tokens ? r.prompt_tokens - r.cached_tokens : 0;
+  prefilled_tokens_ += prefilled;
+  completion_tokens_ += r.tokens.size();
+  prefill_seconds_ += r.prefill_seconds;
+  decode_seconds_ += r.decode_seconds;
+  if (r.cached_tokens > 0) ++cache_hits_;
+  if (prefilled > 0 && r.prefill_seconds > 0) last_prefill_tps_ = static_cast<double>(prefilled) / r.prefill_seconds;
+  if (!r.tokens.empty() && r.decode_seconds > 0)
+    last_decode_tps_ = static_cast<double>(r.tokens.size()) / r.decode_seconds;
+}
+
+std::string Metrics::prometheus(size_t queue_depth, bool running) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string s;
+  auto head = [&](const char* name, const char* type, const char* help) {
+    s += strfmt("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  };
+  auto line_u = [&](const char* name, uint64_t v) { s += strfmt("%s %llu\n", name, static_cast<unsigned long long>(v)); };
+  auto line_d = [&](const char* name, double v) { s += strfmt("%s %.6f\n", name, v); };
+
+  head("dsv4_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
+  for (const auto& [key, n] : requests_)
+    s += strfmt("dsv4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", key.first.c_str(), key.second,
+                static_cast<unsigned long long>(n));
+  head("dsv4_request_seconds", "summary", "Wall time of answered requests.");
+  line_d("dsv4_request_seconds_sum", request_seconds_);
+  line_u("dsv4_request_seconds_count", request_count_);
+  head("dsv4_prompt_tokens_total", "counter", "Prompt tokens of finished jobs.");
+  line_u("dsv4_prompt_tokens_total", prompt_tokens_);
+  head("dsv4_cached_prompt_tokens_total", "counter", "Prompt tokens reused from the live session.");
+  line_u("dsv4_cached_prompt_tokens_total", cached_tokens_);
+  head("dsv4_prefilled_tokens_total", "counter", "Prompt tokens prefilled.");
+  line_u("dsv4_prefilled_tokens_total", prefilled_tokens_);
+  head("dsv4_completion_tokens_total", "counter", "Generated tokens.");
+  line_u("dsv4_completion_tokens_total", completion_tokens_);
+  head("dsv4_prefill_seconds_total", "counter", "Time spent prefilling prompts.");
+  line_d("dsv4_prefill_seconds_total", prefill_seconds_);
+  head("dsv4_decode_seconds_total", "counter", "Time spent generating tokens.");
+  line_d("dsv4_decode_seconds_total", decode_seconds_);
+  head("dsv4_prefill_tokens_per_second", "gauge", "Prefill speed of the last job that prefilled tokens.");
+  line_d("dsv4_prefill_tokens_per_second", last_prefill_tps_);
+  head("dsv4_decode_tokens_per_second", "gauge", "Generation speed of the last job that generated tokens.");
+  line_d("dsv4_decode_tokens_per_second", last_decode_tps_);
+  head("dsv4_cache_hits_total", "counter", "Jobs that reused part of the live session.");
+  line_u("dsv4_cache_hits_total", cache_hits_);
+  head("dsv4_jobs_total", "counter", "Finished generation jobs by result.");
+  s += strfmt("dsv4_jobs_total{result=\"ok\"} %llu\n", static_cast<unsigned long long>(jobs_ok_));
+  s += strfmt("dsv4_jobs_total{result=\"cancelled\"} %llu\n", static_cast<unsigned long long>(jobs_cancelled_));
+  s += strfmt("dsv4_jobs_total{result=\"error\"} %llu\n", static_cast<unsigned long long>(jobs_error_));
+  head("dsv4_queue_depth", "gauge", "Jobs waiting for the engine.");
+  line_u("dsv4_queue_depth", queue_depth);
+  head("dsv4_jobs_running", "gauge", "Jobs the engine is running (0 or 1).");
+  line_u("dsv4_jobs_running", running ? 1 : 0);
+  return s;
+}
+
+}  // namespace dsv4::server

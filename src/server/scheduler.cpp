@@ -1,0 +1,104 @@
+#include "server/scheduler.h"
+
+#include "core/log.h"
+#include "server/job_runner.h"
+
+namespace dsv4::server {
+
+Scheduler::Scheduler(Backend& backend, size_t max_queue, Metrics& metrics)
+    : backend_(backend), max_queue_(max_queue), metrics_(metrics) {
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+Scheduler::Admit Scheduler::submit(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ || stopping_) return Admit::STOPPING;
+    if (queue_.size() >= max_queue_) return Admit::QUEUE_FULL;
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return Admit::OK;
+}
+
+void Scheduler::drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool Scheduler::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !running_; });
+}
+
+void Scheduler::cancel_all() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& j : queue_) j->cancel = true;
+  if (running_) running_->cancel = true;
+}
+
+void Scheduler::stop() {
+  std::lock_guard<std::mutex> join_lock(join_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    draining_ = true;
+    for (auto& j : queue_) j->cancel = true;
+    if (running_) running_->cancel = true;
+  }
+  abort_ = true;
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+size_t Scheduler::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+bool Scheduler::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_ != nullptr;
+}
+
+void Scheduler::worker_loop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = job;
+    }
+    JobOutcome outcome;
+    const auto started = std::chrono::steady_clock::now();
+    if (job->cancel || abort_) {
+      outcome.result.finish = FinishReason::CANCELLED;
+    } else {
+      JobHooks hooks;
+      hooks.on_event = [&](const DsmlEvent& e) { job->push(e); };
+      hooks.cancelled = [&] {
+        if (job->cancel.load() || abort_.load()) return true;
+        if (!job->client_gone()) return false;
+        job->cancel = true;  // the client hung up: stop before the next token
+        return true;
+      };
+      outcome = run_job(backend_, job->input(), hooks);
+      if (outcome.error) log_warn("request failed: %s", outcome.error->message.c_str());
+    }
+    outcome.queued = started - job->created();
+    metrics_.job_done(outcome);
+    job->finish(std::move(outcome));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_.reset();
+      if (queue_.empty()) idle_cv_.notify_all();
+    }
+  }
+}
+
+}  // namespace dsv4::server

@@ -1,0 +1,68 @@
+// The engine worker: a bounded FIFO queue of jobs and the one thread that
+// owns the Backend (and so the Engine and its live session).
+//
+//   submit()   HTTP threads; refused when the queue holds `max_queue` jobs
+//              (the caller answers 503 with Retry-After) or after drain().
+//   worker     pops jobs in order; a job cancelled while queued finishes at
+//              once without touching the model; otherwise run_job() with
+//              cancellation polled before every token and prefill batch.
+//   drain()    graceful shutdown, step 1: refuse new jobs, keep running the
+//              queued ones. wait_idle() waits for them.
+//   stop()     cancels whatever is left and joins the worker.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "server/backend.h"
+#include "server/job.h"
+#include "server/metrics.h"
+
+namespace dsv4::server {
+
+class Scheduler {
+ public:
+  Scheduler(Backend& backend, size_t max_queue, Metrics& metrics);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Admit { OK, QUEUE_FULL, STOPPING };
+  Admit submit(std::shared_ptr<Job> job);
+
+  void drain();
+  // True when nothing is queued or running (waits up to `timeout`).
+  bool wait_idle(std::chrono::milliseconds timeout);
+  // Cancels queued and running jobs (they finish with FinishReason::CANCELLED).
+  void cancel_all();
+  void stop();
+
+  size_t queue_depth() const;
+  bool busy() const;  // a job is running
+  size_t max_queue() const { return max_queue_; }
+
+ private:
+  void worker_loop();
+
+  Backend& backend_;
+  const size_t max_queue_;
+  Metrics& metrics_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;       // worker: a job arrived or stopping
+  std::condition_variable idle_cv_;  // wait_idle: the queue ran empty
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> running_;
+  bool draining_ = false;
+  bool stopping_ = false;
+  std::atomic<bool> abort_{false};   // cancels the running job from stop()/cancel_all()
+  std::mutex join_mu_;               // stop() may be called from several threads
+  std::thread worker_;
+};
+
+}  // namespace dsv4::server

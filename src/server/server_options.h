@@ -1,0 +1,27 @@
+// Options of `dsv4 serve` (filled from the command line, printed at start).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace dsv4::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                     // 0: any free port (tests)
+  std::string api_key;                 // empty: no authentication
+  std::string cors_origin;             // empty: no CORS headers
+  std::string model_id;                // the served model id
+  std::vector<std::string> aliases;    // extra accepted model names
+  size_t max_queue = 64;               // jobs waiting for the engine; more get 503
+  size_t max_body_bytes = size_t{32} << 20;
+  int http_threads = 0;                // 0: max_queue + 16
+  double keepalive_seconds = 10;       // SSE keepalive while nothing else is written
+  double shutdown_grace_seconds = 30;  // SIGINT/SIGTERM: time in-flight requests get to finish
+
+  int effective_http_threads() const { return http_threads > 0 ? http_threads : static_cast<int>(max_queue) + 16; }
+  std::string describe() const;  // one line, printed at start (never the API key)
+};
+
+}  // namespace dsv4::server

@@ -1,0 +1,166 @@
+// dsv4 serve: the OpenAI- and Anthropic-compatible HTTP server
+// (src/server/http_server.h). Loads the model, owns it from one engine worker
+// thread, and serves until SIGINT/SIGTERM: the first signal drains (new
+// requests get 503, in-flight ones get --shutdown-grace seconds, then are
+// cancelled), a second one cancels at once; the exit status is 0.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "chat/chat_message.h"
+#include "commands.h"
+#include "conversation/thinking.h"
+#include "core/log.h"
+#include "dsv4/engine.h"
+#include "server/engine_backend.h"
+#include "server/http_server.h"
+#include "server/scripted_backend.h"
+#include "vocab.h"
+
+namespace dsv4::tools {
+
+namespace {
+
+struct ServeArgs {
+  EngineOptions engine;
+  server::ServerOptions server;
+  size_t max_body_mb = 32;
+  std::string script;
+};
+
+std::atomic<int> g_signals{0};
+
+extern "C" void on_stop_signal(int) { g_signals.fetch_add(1); }
+
+expected<std::unique_ptr<server::Backend>> make_backend(const ServeArgs& a) {
+  if (!a.script.empty()) {
+    std::ifstream in(a.script, std::ios::binary);
+    if (!in) return make_error("cannot read the script %s", a.script.c_str());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    DSV4_TRY_ASSIGN(auto json, parse_json_text(ss.str()));
+    auto replies = server::scripted_replies_from_json(json);
+    if (!replies) return replies.error().with_context(a.script);
+    DSV4_TRY_ASSIGN(auto tok, load_vocabulary(a.engine.model_path));
+    return std::unique_ptr<server::Backend>(
+        std::make_unique<server::ScriptedBackend>(std::move(tok), a.engine.ctx, std::move(*replies)));
+  }
+  std::fprintf(stderr, "dsv4 serve: %s\n", a.engine.describe().c_str());
+  DSV4_TRY_ASSIGN(auto engine, Engine::load(a.engine));
+  DSV4_TRY_ASSIGN(auto backend, server::EngineBackend::create(std::move(engine), a.engine.ctx));
+  return std::unique_ptr<server::Backend>(std::move(backend));
+}
+
+int run_serve(ServeArgs a) {
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "dsv4 serve: error: %s\n", m.c_str());
+    return 1;
+  };
+  if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be between 0 and 65535");
+  if (a.server.max_queue == 0) return fail("--queue must be at least 1");
+  if (a.max_body_mb == 0) return fail("--max-body-mb must be at least 1");
+  a.server.max_body_bytes = a.max_body_mb << 20;
+  if (a.server.model_id.empty()) a.server.model_id = std::filesystem::path(a.engine.model_path).stem().string();
+  if (a.server.model_id.empty()) a.server.model_id = "dsv4";
+
+  auto backend = make_backend(a);
+  if (!backend) return fail(backend.error().message);
+
+  // Signals only now: while the model loads, Ctrl-C simply ends the process.
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  server::HttpServer http(a.server, **backend);
+  if (auto st = http.bind(); !st) return fail(st.error().message);
+  std::fprintf(stderr, "dsv4 serve: %s\n", a.server.describe().c_str());
+  std::fprintf(stderr, "dsv4 serve: model: %s\n", (*backend)->describe().c_str());
+  if ((*backend)->context_size() < k_think_max_min_ctx)
+    std::fprintf(stderr,
+                 "dsv4 serve: thinking: on by default; reasoning_effort \"max\" runs as \"high\" because the context "
+                 "(%u) is below %u tokens\n",
+                 (*backend)->context_size(), k_think_max_min_ctx);
+  std::fprintf(stderr, "dsv4 serve: listening on http://%s:%d (model ids:", a.server.host.c_str(), http.port());
+  server::ModelCatalog catalog{a.server.model_id, a.server.aliases};
+  for (const auto& id : catalog.ids()) std::fprintf(stderr, " %s", id.c_str());
+  std::fprintf(stderr, ")\n");
+
+  // The watcher turns signals into a graceful shutdown (first) or an
+  // immediate one (second); shutdown runs on its own thread so a second
+  // signal is seen while the first waits for requests to finish.
+  std::atomic<bool> serving{true};
+  std::thread graceful;
+  std::thread watcher([&] {
+    bool started = false, forced = false;
+    while (serving) {
+      const int n = g_signals.load();
+      if (n >= 1 && !started) {
+        started = true;
+        std::fprintf(stderr, "dsv4 serve: stopping (send the signal again to cancel running requests now)\n");
+        graceful = std::thread([&] { http.shutdown(false); });
+      }
+      if (n >= 2 && !forced) {
+        forced = true;
+        http.shutdown(true);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  auto served = http.serve();
+  serving = false;
+  watcher.join();
+  if (graceful.joinable()) graceful.join();
+  http.shutdown(true);
+  if (!served) return fail(served.error().message);
+  std::fprintf(stderr, "dsv4 serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  a->engine.ctx = 32768;
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI (chat, completions, responses) and "
+                                              "Anthropic (messages) APIs with streaming and tool calls");
+  cmd->add_option("-m,--model", a->engine.model_path, "Model GGUF")->required();
+  cmd->add_option("--mtp", a->engine.mtp_path, "MTP block GGUF (optional)");
+  cmd->add_option("--ctx", a->engine.ctx, "Context of the live session in tokens (prompt + reply)")->capture_default_str();
+  cmd->add_option("--backend", a->engine.backend, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_option("--numerics", a->engine.numerics, "reference | plain")->capture_default_str();
+  cmd->add_option("-t,--threads", a->engine.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--batch", a->engine.prefill_batch, "Tokens per prefill batch")->capture_default_str();
+  cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", a->server.api_key,
+                  "Require this key on every endpoint but /health ('Authorization: Bearer KEY' or 'x-api-key: KEY')")
+      ->envname("DSV4_API_KEY");
+  cmd->add_option("--cors", a->server.cors_origin, "Send CORS headers allowing this origin (e.g. * or http://localhost:3000)");
+  cmd->add_option("--model-id", a->server.model_id, "Model id to serve (default: the model file name without .gguf)");
+  cmd->add_option("--alias", a->server.aliases,
+                  "Another model name to accept (repeatable); deepseek-v4-flash, deepseek-chat (thinking off) and "
+                  "deepseek-reasoner (thinking on) are always accepted");
+  cmd->add_option("--queue", a->server.max_queue, "Requests that may wait for the engine; more get 503")
+      ->capture_default_str();
+  cmd->add_option("--max-body-mb", a->max_body_mb, "Largest request body in MiB; larger ones get 413")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", a->server.http_threads, "HTTP connection threads (0: queue + 16)")
+      ->capture_default_str();
+  cmd->add_option("--keepalive", a->server.keepalive_seconds,
+                  "Seconds of silence after which a stream gets a keepalive (comment or Anthropic ping)")
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", a->server.shutdown_grace_seconds,
+                  "Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
+      ->capture_default_str();
+  cmd->add_option("--script", a->script,
+                  "Reply from this JSON script instead of running the model (client testing; only the model's "
+                  "vocabulary is loaded; see src/server/scripted_backend.h)");
+  cmd->callback([a] { set_exit_code(run_serve(*a)); });
+}
+
+}  // namespace dsv4::tools
