@@ -18,7 +18,7 @@ if(DSV4_SANITIZE)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     # GCC documents that -fsanitize=address makes -Wmaybe-uninitialized report false
     # positives; GCC 12 does so inside <regex> and <functional> (std::function moves).
-    add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-Wno-maybe-uninitialized>)
+    list(APPEND DSV4_WARNINGS -Wno-maybe-uninitialized)
   endif()
 endif()
 
