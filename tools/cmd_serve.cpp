@@ -27,6 +27,7 @@ namespace {
 struct ServeArgs {
   EngineOptions engine;
   server::ServerOptions server;
+  server::KvCacheOptions cache;
   size_t max_body_mb = 32;
   std::string script;
 };
@@ -45,12 +46,15 @@ expected<std::unique_ptr<server::Backend>> make_backend(const ServeArgs& a) {
     auto replies = server::scripted_replies_from_json(json);
     if (!replies) return replies.error().with_context(a.script);
     DSV4_TRY_ASSIGN(auto tok, load_vocabulary(a.engine.model_path));
+    if (!a.cache.disk_dir.empty() || a.cache.sessions > 1)
+      std::fprintf(stderr, "dsv4 serve: --script runs no model: --kv-disk-dir and --sessions are ignored\n");
     return std::unique_ptr<server::Backend>(
         std::make_unique<server::ScriptedBackend>(std::move(tok), a.engine.ctx, std::move(*replies)));
   }
   std::fprintf(stderr, "dsv4 serve: %s\n", a.engine.describe().c_str());
   DSV4_TRY_ASSIGN(auto engine, Engine::load(a.engine));
-  DSV4_TRY_ASSIGN(auto backend, server::EngineBackend::create(std::move(engine), a.engine.ctx));
+  DSV4_TRY_ASSIGN(auto backend, server::EngineBackend::create(std::move(engine), a.engine.ctx, a.cache));
+  std::fprintf(stderr, "dsv4 serve: cache: %s\n", backend->describe_cache().c_str());
   return std::unique_ptr<server::Backend>(std::move(backend));
 }
 
@@ -62,6 +66,11 @@ int run_serve(ServeArgs a) {
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be between 0 and 65535");
   if (a.server.max_queue == 0) return fail("--queue must be at least 1");
   if (a.max_body_mb == 0) return fail("--max-body-mb must be at least 1");
+  if (a.cache.sessions < 1 || a.cache.sessions > 64) return fail("--sessions must be between 1 and 64");
+  if (a.cache.disk_space_mb < 1 || a.cache.disk_space_mb > (uint64_t{1} << 30))
+    return fail("--kv-disk-space-mb must be between 1 and 1073741824");
+  if (a.cache.min_tokens < 1) return fail("--kv-cache-min-tokens must be at least 1");
+  if (a.cache.align < 1) return fail("--kv-cache-align must be at least 1");
   a.server.max_body_bytes = a.max_body_mb << 20;
   if (a.server.model_id.empty()) a.server.model_id = std::filesystem::path(a.engine.model_path).stem().string();
   if (a.server.model_id.empty()) a.server.model_id = "dsv4";
@@ -78,7 +87,7 @@ int run_serve(ServeArgs a) {
 
   server::HttpServer http(a.server, **backend);
   if (auto st = http.bind(); !st) return fail(st.error().message);
-  std::fprintf(stderr, "dsv4 serve: %s\n", a.server.describe().c_str());
+  std::fprintf(stderr, "dsv4 serve: %s %s\n", a.server.describe().c_str(), a.cache.describe().c_str());
   std::fprintf(stderr, "dsv4 serve: model: %s\n", (*backend)->describe().c_str());
   if ((*backend)->context_size() < k_think_max_min_ctx)
     std::fprintf(stderr,
@@ -130,7 +139,7 @@ void register_serve(CLI::App& app) {
                                               "Anthropic (messages) APIs with streaming and tool calls");
   cmd->add_option("-m,--model", a->engine.model_path, "Model GGUF")->required();
   cmd->add_option("--mtp", a->engine.mtp_path, "MTP block GGUF (optional)");
-  cmd->add_option("--ctx", a->engine.ctx, "Context of the live session in tokens (prompt + reply)")->capture_default_str();
+  cmd->add_option("--ctx", a->engine.ctx, "Context of each live session in tokens (prompt + reply)")->capture_default_str();
   cmd->add_option("--backend", a->engine.backend, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("--numerics", a->engine.numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->engine.threads, "CPU threads (0 = all cores)")->capture_default_str();
@@ -156,6 +165,23 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--shutdown-grace", a->server.shutdown_grace_seconds,
                   "Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
+      ->capture_default_str();
+  cmd->add_option("--sessions", a->cache.sessions,
+                  "Live sessions kept in memory, so several agents stay warm; a request goes to the one it reuses most")
+      ->capture_default_str();
+  cmd->add_option("--kv-disk-dir", a->cache.disk_dir,
+                  "On-disk KV cache directory (created 0700): long prompt prefixes are saved and restored across "
+                  "requests and restarts (docs/kv-cache-format.md)");
+  cmd->add_option("--kv-disk-space-mb", a->cache.disk_space_mb,
+                  "Budget of the cache files in MiB; the least valuable files are evicted beyond it")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-min-tokens", a->cache.min_tokens, "Shortest prefix worth a cache file, in tokens")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-frontier", a->cache.frontier,
+                  "Save the session every this many tokens during long prefills and replies (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-align", a->cache.align,
+                  "A long first message without a system prompt is saved at a multiple of this many tokens")
       ->capture_default_str();
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "

@@ -130,6 +130,7 @@ std::optional<CacheRestore> cache_restore(DiskCache& cache, const Tokenizer& tok
     cache.record_hit(rec->entry);
     r.file = rec->entry.name;
     r.reason = v.header.reason;
+    r.decoded_key = v.header.decoded_key();
     r.cached_tokens = n;
     r.tools = v.tools;
     return r;

@@ -47,6 +47,7 @@ struct CacheRestore {
   std::string file;               // the cache file's name
   SaveReason reason = SaveReason::OTHER;
   bool by_tokens = false;         // TOKENS match (else TEXT)
+  bool decoded_key = true;        // the file's key is its decoded tokens (else a visible_key, CacheSave)
   size_t cached_tokens = 0;       // tokens now in the session, all reusable by the prompt
   size_t text_bytes = 0;          // bytes of the rendered prompt they cover
   std::vector<int32_t> prompt;    // the prompt to hand to generate(): starts with the restored tokens

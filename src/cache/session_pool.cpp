@@ -33,7 +33,7 @@ PoolLease SessionPool::lease(size_t slot, size_t reused, PoolPick pick, size_t p
 }
 
 expected<PoolLease> SessionPool::acquire(std::span<const int32_t> prompt) {
-  return acquire(prompt.size(), [&](const std::vector<int32_t>& have) {
+  return acquire(prompt.size(), [&](size_t, const std::vector<int32_t>& have) {
     size_t r = 0;
     while (r < have.size() && r < prompt.size() && have[r] == prompt[r]) ++r;
     return r;
@@ -42,7 +42,7 @@ expected<PoolLease> SessionPool::acquire(std::span<const int32_t> prompt) {
 
 expected<PoolLease> SessionPool::acquire(size_t prompt_tokens, const ReuseFn& reuse) {
   std::vector<size_t> r(slots_.size());
-  for (size_t i = 0; i < slots_.size(); ++i) r[i] = reuse(slots_[i].session->tokens());
+  for (size_t i = 0; i < slots_.size(); ++i) r[i] = reuse(i, slots_[i].session->tokens());
   // Best slot among those `ok` accepts: larger key first, then the most recently used.
   auto best = [&](auto ok, auto key) {
     size_t pick = slots_.size();
@@ -75,6 +75,11 @@ expected<PoolLease> SessionPool::acquire(size_t prompt_tokens, const ReuseFn& re
     if (slots_[k].last_use < slots_[i].last_use) i = k;
   if (options_.on_displace) options_.on_displace(*slots_[i].session);
   return lease(i, r[i], PoolPick::DISPLACED, prompt_tokens);
+}
+
+void SessionPool::set_prompt_tokens(size_t slot, size_t prompt_tokens) {
+  DSV4_ASSERT(slot < slots_.size());
+  slots_[slot].prompt_tokens = prompt_tokens;
 }
 
 void SessionPool::for_each(const std::function<void(Session&)>& fn) {

@@ -55,8 +55,11 @@ struct PoolLease {
 
 class SessionPool {
  public:
-  // Reuse of a session's tokens by the request: how many leading tokens it keeps.
-  using ReuseFn = std::function<size_t(const std::vector<int32_t>& session_tokens)>;
+  // Reuse of a session's tokens by the request: how many leading tokens it
+  // keeps. `slot` names the session (stable for the pool's lifetime), so a
+  // caller can consult what it keeps per session (e.g. the server's
+  // client-visible transcript of a thinking turn).
+  using ReuseFn = std::function<size_t(size_t slot, const std::vector<int32_t>& session_tokens)>;
 
   SessionPool(Engine& engine, SessionPoolOptions options);
   ~SessionPool();
@@ -67,6 +70,12 @@ class SessionPool {
   expected<PoolLease> acquire(std::span<const int32_t> prompt);
   // Reuse given by `reuse`; `prompt_tokens` is the request's prompt length.
   expected<PoolLease> acquire(size_t prompt_tokens, const ReuseFn& reuse);
+
+  // The prompt length the request on `slot` actually used, when it differs
+  // from what acquire() was told (the caller chose other tokens for the same
+  // text, e.g. the session's sampled tokens + the rest): rule 2 compares the
+  // next request's reuse with it.
+  void set_prompt_tokens(size_t slot, size_t prompt_tokens);
 
   size_t size() const { return slots_.size(); }  // live sessions
   size_t capacity() const { return options_.max_sessions; }

@@ -125,6 +125,7 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
   p.response_format = req.response_format;
   p.level = resolve_thinking(req.thinking, *alias, ctx.ctx);
 
+  recover_tool_calls(req.messages, ctx.tool_memory, ctx.find_tool_calls);
   p.replayed_messages = apply_exact_replay(req.messages, ctx.tool_memory);
   switch (req.response_format) {
     case ResponseFormat::TEXT: break;
@@ -134,6 +135,10 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
 
   RenderOptions ro = render_options_for(p.level);
   if (p.allow_tool_calls) ro.tools = req.tools;
+  // The renderer drops earlier reasoning exactly when thinking without any tools (render_official.h).
+  bool any_tools = !ro.tools.empty();
+  for (const auto& m : req.messages) any_tools = any_tools || !m.tools.empty();
+  p.job.hidden_reasoning = ro.thinking_mode == ThinkingMode::THINKING && ro.drop_thinking && !any_tools;
   auto rendered = render_official(req.messages, ro);
   if (!rendered) return unexpected(invalid_request(rendered.error()));
   auto tokens = ctx.tok.encode_prompt(*rendered);

@@ -58,6 +58,9 @@ struct ServeContext {
   uint32_t ctx;  // tokens of the live session
   ModelCatalog models;
   ToolMemory& tool_memory;
+  // Tool-call ids -> sampled DSML from the disk cache (Backend::find_tool_calls);
+  // empty: none. Unknown ids of a request are looked up before rendering.
+  ToolCallFinder find_tool_calls = {};
 };
 
 enum class ToolChoiceMode { AUTO, NONE, REQUIRED, FUNCTION };

@@ -188,8 +188,9 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
     : options_(std::move(options)), backend_(backend),
       scheduler_(std::make_unique<Scheduler>(backend, options_.max_queue, metrics_)),
       context_{backend.tokenizer(), backend.context_size(), ModelCatalog{options_.model_id, options_.aliases},
-               tool_memory_},
+               tool_memory_, [&backend](const std::vector<std::string>& ids) { return backend.find_tool_calls(ids); }},
       impl_(std::make_unique<Impl>()) {
+  backend_.set_tool_memory(&tool_memory_);
   auto& svr = impl_->svr;
   const int threads = options_.effective_http_threads();
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
@@ -275,7 +276,8 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
   });
 
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.prometheus(scheduler_->queue_depth(), scheduler_->busy()), "text/plain; version=0.0.4");
+    res.set_content(metrics_.prometheus(scheduler_->queue_depth(), scheduler_->busy(), backend_.cache_report()),
+                    "text/plain; version=0.0.4");
   });
 
   svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
@@ -403,6 +405,7 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
 
 HttpServer::~HttpServer() {
   shutdown(true);
+  backend_.set_tool_memory(nullptr);
 }
 
 Status HttpServer::bind() {
@@ -447,6 +450,9 @@ void HttpServer::shutdown(bool now) {
   const auto deadline = clock_type::now() + std::chrono::seconds(5);
   while (active_.load() > 0 && clock_type::now() < deadline) std::this_thread::sleep_for(k_poll);
   scheduler_->stop();
+  // The worker is gone: the live sessions go to the disk cache (clean
+  // shutdown only; a forced one just waits for writes already under way).
+  backend_.shutdown(!force_);
   impl_->svr.stop();
   stopped_ = true;
 }

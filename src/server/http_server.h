@@ -59,7 +59,9 @@ class HttpServer {
   Status serve();
   // Graceful shutdown, callable from any thread: refuse new generation
   // requests, give in-flight ones shutdown_grace_seconds to finish, cancel
-  // the rest, stop the worker and the listener. `now`: cancel at once.
+  // the rest, stop the worker, save the live sessions to the disk cache and
+  // wait for its writes (Backend::shutdown), stop the listener. `now`:
+  // cancel at once and skip the session saves.
   void shutdown(bool now = false);
 
   Metrics& metrics() { return metrics_; }

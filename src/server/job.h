@@ -38,6 +38,10 @@ struct JobInput {
   // Thinking mode: reasoning tokens after which </think> is forced (Anthropic
   // budget_tokens); -1: no budget.
   int thinking_budget = -1;
+  // Thinking mode without tools: when the conversation comes back, the
+  // renderer drops this turn's reasoning, so the backend keys the session by
+  // the client-visible transcript (prompt_reuse.h, visible_transcript).
+  bool hidden_reasoning = false;
 };
 
 // What the worker reports at the end.

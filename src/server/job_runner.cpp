@@ -37,10 +37,11 @@ void append(std::vector<int32_t>& a, const std::vector<int32_t>& b) { a.insert(a
 
 }  // namespace
 
-JobOutcome run_job(Backend& backend, const JobInput& in, const JobHooks& hooks) {
+namespace {
+
+JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hooks, const PromptChoice& choice) {
   const Tokenizer& tok = backend.tokenizer();
   const uint32_t ctx = backend.context_size();
-  PromptChoice choice = choose_prompt_tokens(tok, backend.session_tokens(), in.prompt, in.rendered);
   if (choice.tokens.size() >= ctx)
     return failed(make_error("the prompt has %zu tokens but the context holds %u tokens", choice.tokens.size(), ctx),
                   ApiErrorKind::CONTEXT_LENGTH);
@@ -184,6 +185,15 @@ JobOutcome run_job(Backend& backend, const JobInput& in, const JobHooks& hooks) 
   else if (block_closed)
     m.finish = FinishReason::STOP;
   out.reasoning_tokens = count_reasoning_tokens(tok, m.tokens, thinking);
+  return out;
+}
+
+}  // namespace
+
+JobOutcome run_job(Backend& backend, const JobInput& in, const JobHooks& hooks) {
+  auto choice = backend.begin_job(in);
+  JobOutcome out = choice ? run_phases(backend, in, hooks, *choice) : failed(choice.error());
+  backend.end_job(in, out);
   return out;
 }
 

@@ -1,5 +1,7 @@
-// Runs one job on the worker thread: picks the prompt tokens (prompt_reuse.h),
-// then generates in one or two phases with generate()'s semantics.
+// Runs one job on the worker thread: Backend::begin_job picks the session
+// and the prompt tokens (resident sessions, disk cache, prompt_reuse.h), then
+// the job generates in one or two phases with generate()'s semantics, and
+// Backend::end_job sees the outcome.
 //
 // One phase (the usual case): generate(prompt, options).
 //

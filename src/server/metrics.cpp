@@ -36,7 +36,7 @@ void Metrics::job_done(const JobOutcome& o) {
     last_decode_tps_ = static_cast<double>(r.tokens.size()) / r.decode_seconds;
 }
 
-std::string Metrics::prometheus(size_t queue_depth, bool running) const {
+std::string Metrics::prometheus(size_t queue_depth, bool running, const CacheReport& c) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string s;
   auto head = [&](const char* name, const char* type, const char* help) {
@@ -54,7 +54,7 @@ std::string Metrics::prometheus(size_t queue_depth, bool running) const {
   line_u("dsv4_request_seconds_count", request_count_);
   head("dsv4_prompt_tokens_total", "counter", "Prompt tokens of finished jobs.");
   line_u("dsv4_prompt_tokens_total", prompt_tokens_);
-  head("dsv4_cached_prompt_tokens_total", "counter", "Prompt tokens reused from the live session.");
+  head("dsv4_cached_prompt_tokens_total", "counter", "Prompt tokens reused from a resident session or the disk cache.");
   line_u("dsv4_cached_prompt_tokens_total", cached_tokens_);
   head("dsv4_prefilled_tokens_total", "counter", "Prompt tokens prefilled.");
   line_u("dsv4_prefilled_tokens_total", prefilled_tokens_);
@@ -68,7 +68,7 @@ std::string Metrics::prometheus(size_t queue_depth, bool running) const {
   line_d("dsv4_prefill_tokens_per_second", last_prefill_tps_);
   head("dsv4_decode_tokens_per_second", "gauge", "Generation speed of the last job that generated tokens.");
   line_d("dsv4_decode_tokens_per_second", last_decode_tps_);
-  head("dsv4_cache_hits_total", "counter", "Jobs that reused part of the live session.");
+  head("dsv4_cache_hits_total", "counter", "Jobs that reused cached prompt tokens (resident session or disk).");
   line_u("dsv4_cache_hits_total", cache_hits_);
   head("dsv4_jobs_total", "counter", "Finished generation jobs by result.");
   s += strfmt("dsv4_jobs_total{result=\"ok\"} %llu\n", static_cast<unsigned long long>(jobs_ok_));
@@ -78,6 +78,52 @@ std::string Metrics::prometheus(size_t queue_depth, bool running) const {
   line_u("dsv4_queue_depth", queue_depth);
   head("dsv4_jobs_running", "gauge", "Jobs the engine is running (0 or 1).");
   line_u("dsv4_jobs_running", running ? 1 : 0);
+
+  head("dsv4_sessions_max", "gauge", "Resident sessions the server keeps at most (--sessions).");
+  line_u("dsv4_sessions_max", c.max_sessions);
+  head("dsv4_sessions_live", "gauge", "Resident sessions created so far.");
+  line_u("dsv4_sessions_live", c.session_tokens.size());
+  head("dsv4_session_tokens", "gauge", "Tokens each resident session holds.");
+  for (size_t i = 0; i < c.session_tokens.size(); ++i)
+    s += strfmt("dsv4_session_tokens{slot=\"%zu\"} %llu\n", i, static_cast<unsigned long long>(c.session_tokens[i]));
+  head("dsv4_session_bytes", "gauge", "Backend memory of one resident session (its whole context).");
+  line_u("dsv4_session_bytes", c.session_bytes);
+  head("dsv4_session_picks_total", "counter", "Requests by how their session was chosen.");
+  static constexpr const char* k_picks[] = {"extends", "regenerates", "new", "displaced"};
+  for (size_t i = 0; i < c.picks.size(); ++i)
+    s += strfmt("dsv4_session_picks_total{pick=\"%s\"} %llu\n", k_picks[i], static_cast<unsigned long long>(c.picks[i]));
+
+  head("dsv4_kv_disk_enabled", "gauge", "1 when the on-disk KV cache is in use.");
+  line_u("dsv4_kv_disk_enabled", c.disk_enabled ? 1 : 0);
+  head("dsv4_kv_disk_writable", "gauge", "0 once a write failed (the cache then only serves hits).");
+  line_u("dsv4_kv_disk_writable", c.disk_enabled && c.disk.writable ? 1 : 0);
+  head("dsv4_kv_disk_hits_total", "counter", "Requests that restored a prefix from a cache file.");
+  line_u("dsv4_kv_disk_hits_total", c.disk.hits);
+  head("dsv4_kv_disk_misses_total", "counter", "Cache lookups that found no file longer than what memory held.");
+  line_u("dsv4_kv_disk_misses_total", c.disk.misses);
+  head("dsv4_kv_disk_restored_tokens_total", "counter", "Prompt tokens restored from cache files.");
+  line_u("dsv4_kv_disk_restored_tokens_total", c.restored_tokens);
+  head("dsv4_kv_disk_stores_total", "counter", "Cache files written.");
+  line_u("dsv4_kv_disk_stores_total", c.disk.stores);
+  head("dsv4_kv_disk_saves_total", "counter", "Session states handed to the cache writer, by reason.");
+  static constexpr const char* k_reasons[] = {"cold", "frontier", "displaced", "shutdown"};
+  for (size_t i = 0; i < c.saves.size(); ++i)
+    s += strfmt("dsv4_kv_disk_saves_total{reason=\"%s\"} %llu\n", k_reasons[i], static_cast<unsigned long long>(c.saves[i]));
+  head("dsv4_kv_disk_saves_skipped_total", "counter", "Saves skipped: the writer was busy, or the same file exists.");
+  s += strfmt("dsv4_kv_disk_saves_skipped_total{why=\"busy\"} %llu\n", static_cast<unsigned long long>(c.skipped_busy));
+  s += strfmt("dsv4_kv_disk_saves_skipped_total{why=\"present\"} %llu\n", static_cast<unsigned long long>(c.skipped_present));
+  head("dsv4_kv_disk_write_failures_total", "counter", "Cache file writes that failed.");
+  line_u("dsv4_kv_disk_write_failures_total", c.write_failures);
+  head("dsv4_kv_disk_evictions_total", "counter", "Cache files removed to stay within the budget.");
+  line_u("dsv4_kv_disk_evictions_total", c.disk.evictions);
+  head("dsv4_kv_disk_rejected_files_total", "counter", "Invalid cache files removed (corrupt, truncated, foreign, wrong version).");
+  line_u("dsv4_kv_disk_rejected_files_total", c.disk.rejected);
+  head("dsv4_kv_disk_files", "gauge", "Cache files in the directory.");
+  line_u("dsv4_kv_disk_files", c.disk.files);
+  head("dsv4_kv_disk_bytes", "gauge", "Total size of the cache files.");
+  line_u("dsv4_kv_disk_bytes", c.disk.bytes);
+  head("dsv4_kv_disk_budget_bytes", "gauge", "The cache's size budget (--kv-disk-space-mb).");
+  line_u("dsv4_kv_disk_budget_bytes", c.disk.budget_bytes);
   return s;
 }
 

@@ -4,34 +4,70 @@
 //   dsv4_requests_total{endpoint,status}   counter  HTTP requests answered
 //   dsv4_request_seconds_sum/_count        counter  wall time of answered requests
 //   dsv4_prompt_tokens_total               counter  prompt tokens of finished jobs
-//   dsv4_cached_prompt_tokens_total        counter  prompt tokens reused from the live session
+//   dsv4_cached_prompt_tokens_total        counter  prompt tokens reused (resident session or disk cache)
 //   dsv4_prefilled_tokens_total            counter  prompt tokens actually prefilled
 //   dsv4_completion_tokens_total           counter  generated tokens
 //   dsv4_prefill_seconds_total             counter  time spent prefilling
 //   dsv4_decode_seconds_total              counter  time spent generating
 //   dsv4_prefill_tokens_per_second         gauge    of the last job that prefilled anything
 //   dsv4_decode_tokens_per_second          gauge    of the last job that generated anything
-//   dsv4_cache_hits_total                  counter  jobs that reused part of the live session
+//   dsv4_cache_hits_total                  counter  jobs that reused cached prompt tokens
 //   dsv4_jobs_total{result}                counter  finished jobs: ok, cancelled, error
 //   dsv4_queue_depth                       gauge    jobs waiting for the engine
 //   dsv4_jobs_running                      gauge    0 or 1
+//
+// Resident sessions and the on-disk KV cache (CacheReport, from the backend):
+//   dsv4_sessions_max                      gauge    --sessions
+//   dsv4_sessions_live                     gauge    sessions created so far
+//   dsv4_session_tokens{slot}              gauge    tokens each live session holds
+//   dsv4_session_bytes                     gauge    backend memory of one session (its whole context)
+//   dsv4_session_picks_total{pick}         counter  extends, regenerates, new, displaced (session_pool.h)
+//   dsv4_kv_disk_enabled                   gauge    1 with a working --kv-disk-dir
+//   dsv4_kv_disk_writable                  gauge    0 after a failed write (full disk: read-only)
+//   dsv4_kv_disk_hits_total                counter  requests that restored a file
+//   dsv4_kv_disk_misses_total              counter  lookups that found nothing longer than memory had
+//   dsv4_kv_disk_restored_tokens_total     counter  prompt tokens restored from files
+//   dsv4_kv_disk_stores_total              counter  files written
+//   dsv4_kv_disk_saves_total{reason}       counter  saves handed to the writer: cold, frontier, displaced, shutdown
+//   dsv4_kv_disk_saves_skipped_total{why}  counter  busy (writer queue full), present (same file exists)
+//   dsv4_kv_disk_write_failures_total      counter  writes that failed
+//   dsv4_kv_disk_evictions_total           counter  files removed to stay within the budget
+//   dsv4_kv_disk_rejected_files_total      counter  invalid files removed (corrupt, truncated, foreign, wrong version)
+//   dsv4_kv_disk_files / _bytes / _budget_bytes  gauge  what the directory holds, and the budget
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "kv/disk_cache.h"
 
 namespace dsv4::server {
 
 struct JobOutcome;
 
+// What the backend reports about its sessions and disk cache (Backend::cache_report).
+struct CacheReport {
+  size_t max_sessions = 1;
+  std::vector<uint64_t> session_tokens;  // per live session (empty: not reported)
+  uint64_t session_bytes = 0;
+  std::array<uint64_t, 4> picks{};       // by PoolPick: extends, regenerates, new, displaced
+  bool disk_enabled = false;
+  CacheStats disk;
+  uint64_t restored_tokens = 0;
+  std::array<uint64_t, 4> saves{};       // cold, frontier, displaced, shutdown
+  uint64_t skipped_busy = 0, skipped_present = 0, write_failures = 0;
+};
+
 class Metrics {
  public:
   void request_done(const std::string& endpoint, int status, double seconds);
   void job_done(const JobOutcome& outcome);
-  std::string prometheus(size_t queue_depth, bool running) const;
+  std::string prometheus(size_t queue_depth, bool running, const CacheReport& cache = {}) const;
 
  private:
   mutable std::mutex mu_;

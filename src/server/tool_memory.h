@@ -19,9 +19,16 @@
 //     (clients often drop reasoning_content; the model saw it);
 //   * bounded: at most `max_ids` ids and `max_bytes` bytes of records, least
 //     recently used records are evicted first. Thread-safe.
+//
+// With the on-disk KV cache (docs/kv-cache-format.md §2.4), a saved file
+// carries id -> DSML for the blocks its key text holds (calls_in), and after
+// a restart the ids a client sends back are recovered from those files
+// (recover_tool_calls), so exact replay, and with it the cached prefix,
+// survives the restart.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -31,6 +38,7 @@
 #include <vector>
 
 #include "chat/chat_message.h"
+#include "kv/kv_file.h"
 
 namespace dsv4::server {
 
@@ -51,6 +59,11 @@ class ToolMemory {
   void remember(ToolCallRecord record);
   // The record whose ids are exactly `ids`, if there is one (marks it recently used).
   std::shared_ptr<const ToolCallRecord> lookup(const std::vector<std::string>& ids);
+  // Whether an id is remembered.
+  bool knows(const std::string& id) const;
+  // Id -> raw DSML of every remembered call whose block occurs in `text`
+  // (found by the blocks' tool_calls tags, not by scanning every record).
+  ToolDsmlMap calls_in(std::string_view text) const;
 
   size_t size() const;   // ids remembered
   size_t bytes() const;  // bytes of records remembered
@@ -58,13 +71,26 @@ class ToolMemory {
  private:
   using Lru = std::list<std::shared_ptr<const ToolCallRecord>>;  // most recently used first
   void evict_locked();
+  void forget_locked(Lru::iterator it);
 
   size_t max_ids_, max_bytes_;
   mutable std::mutex mu_;
   Lru lru_;
   std::unordered_map<std::string, Lru::iterator> by_id_;
+  // Block text from its opening tag on (raw_dsml without the leading
+  // whitespace; views into the records) -> the records with that block.
+  std::unordered_multimap<std::string_view, Lru::iterator> by_block_;
   size_t bytes_ = 0;
 };
+
+// Before rendering: for assistant messages whose tool-call ids the memory
+// does not know, asks `find` (the disk cache's id -> DSML maps) and
+// remembers a record for each message whose ids all map to one block that
+// parses to exactly its calls (ids in the message's order; no reasoning).
+// apply_exact_replay then checks names and arguments as usual. Returns how
+// many records were recovered.
+using ToolCallFinder = std::function<ToolDsmlMap(const std::vector<std::string>& ids)>;
+size_t recover_tool_calls(const std::vector<ChatMessage>& messages, ToolMemory& memory, const ToolCallFinder& find);
 
 // Sets raw_dsml (and, when missing, reasoning_content) on every assistant
 // message of `messages` that the memory can replay exactly (rules above).

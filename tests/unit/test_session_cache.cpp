@@ -639,3 +639,94 @@ TEST(SessionCache, PreparedSaveWritesOnAnotherThread) {
   EXPECT_EQ(again->skipped->outcome, StoreOutcome::ALREADY_PRESENT);
   EXPECT_TRUE(again->payload.empty());
 }
+
+TEST(SessionCache, VisibleKeyMatchesTheTranscriptWithoutHiddenReasoning) {
+  // Thinking mode without tools: the session holds the reasoning, the client
+  // sends the turn back without it. Saved under the visible transcript, the
+  // file is found by the next prompt's text, and all its tokens are reused.
+  TempDir tmp("visible");
+  const Tokenizer& tok = engine().tokenizer();
+  const std::string sys = long_text("you think before you answer", 8);
+  RenderedPrompt p1 = {ctl(k_token_bos), txt(sys), ctl(k_token_user), txt("why"), ctl(k_token_assistant),
+                       ctl(k_token_think_begin)};
+  auto live = new_session(engine());
+  ASSERT_TRUE(live->prefill(encode(p1)).has_value());
+  auto reply = encode({txt("hidden reasoning here"), ctl(k_token_think_end), txt(" because."), ctl(k_token_eos)});
+  ASSERT_TRUE(live->prefill(reply).has_value());
+  // What the client renders for that turn: no reasoning, no <think>.
+  RenderedPrompt visible(p1.begin(), p1.end() - 1);
+  for (TextPiece piece : {ctl(k_token_think_end), txt(" because."), ctl(k_token_eos)}) visible.push_back(piece);
+  auto cache = open_cache(tmp.path, engine());
+  CacheSave save;
+  save.reason = SaveReason::SHUTDOWN;
+  save.visible_key = rendered_text(visible);
+  ASSERT_TRUE(cache_save(*cache, tok, *live, save).has_value());
+  // The decoded tokens (with the reasoning) are not the key: a prompt holding them does not match by text.
+  RenderedPrompt p2 = visible;
+  for (TextPiece piece : {ctl(k_token_user), txt("and then"), ctl(k_token_assistant), ctl(k_token_think_begin)})
+    p2.push_back(piece);
+  auto canonical2 = encode(p2);
+  auto s = new_session(engine());
+  CacheQuery q;
+  q.tokens = canonical2;
+  q.rendered = &p2;
+  auto hit = cache_restore(*cache, tok, *s, q);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_FALSE(hit->by_tokens);
+  EXPECT_FALSE(hit->decoded_key);
+  EXPECT_EQ(hit->cached_tokens, live->n_tokens());
+  EXPECT_EQ(hit->text_bytes, rendered_text(visible).size());
+  EXPECT_EQ(s->tokens(), live->tokens());
+  auto rest = std::span<const int32_t>(hit->prompt).subspan(hit->cached_tokens);
+  auto want = encode(*rendered_from(p2, hit->text_bytes));
+  EXPECT_TRUE(std::equal(rest.begin(), rest.end(), want.begin(), want.end()));
+  // A decoded-key file reports decoded_key.
+  TempDir tmp2("visible_decoded");
+  auto cache2 = open_cache(tmp2.path, engine());
+  ASSERT_TRUE(cache_save(*cache2, tok, *live, CacheSave{}).has_value());
+  auto s2 = new_session(engine());
+  CacheQuery q2;
+  q2.tokens = live->tokens();
+  auto hit2 = cache_restore(*cache2, tok, *s2, q2);
+  ASSERT_TRUE(hit2.has_value());
+  EXPECT_TRUE(hit2->decoded_key);
+}
+
+TEST(SessionPool, ReuseSeesTheSlotAndRegeneratesUseThePromptActuallyUsed) {
+  SessionPool pool(engine(), SessionPoolOptions{2, 0, nullptr});
+  auto a = random_tokens(40, 31), b = random_tokens(40, 32);
+  auto la = pool.acquire(a);
+  ASSERT_TRUE(la.has_value());
+  ASSERT_TRUE(la->session->prefill(a).has_value());
+  auto lb = pool.acquire(b);
+  ASSERT_TRUE(lb.has_value());
+  ASSERT_TRUE(lb->session->prefill(b).has_value());
+  ASSERT_NE(la->slot, lb->slot);
+  // The reuse function is told which slot it measures.
+  std::vector<size_t> seen;
+  auto pick = pool.acquire(40, [&](size_t slot, const std::vector<int32_t>& tokens) {
+    seen.push_back(slot);
+    EXPECT_EQ(&tokens, &pool.session(slot).tokens());
+    return slot == lb->slot ? tokens.size() : size_t{0};
+  });
+  ASSERT_TRUE(pick.has_value());
+  EXPECT_EQ(seen, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(pick->slot, lb->slot);
+  EXPECT_EQ(pick->pick, PoolPick::EXTENDS);
+  // The request on b's slot was told 40 prompt tokens but used 30 (other tokens for the
+  // same text); the session then holds those 30 and a 5-token reply.
+  ASSERT_TRUE(pool.session(lb->slot).rewind(30).has_value());
+  ASSERT_TRUE(pool.session(lb->slot).prefill(random_tokens(5, 33)).has_value());
+  auto keeps_30 = [&](size_t slot, const std::vector<int32_t>&) { return slot == lb->slot ? size_t{30} : size_t{0}; };
+  // Measured against the 40 it was told, a retry keeping the 30 looks unrelated: a's session would go.
+  auto wrong = pool.acquire(40, keeps_30);
+  ASSERT_TRUE(wrong.has_value());
+  EXPECT_EQ(wrong->pick, PoolPick::DISPLACED);
+  EXPECT_EQ(wrong->slot, la->slot);
+  // Told the prompt actually used, the retry regenerates b's reply on b's session.
+  pool.set_prompt_tokens(lb->slot, 30);
+  auto retry = pool.acquire(40, keeps_30);
+  ASSERT_TRUE(retry.has_value());
+  EXPECT_EQ(retry->slot, lb->slot);
+  EXPECT_EQ(retry->pick, PoolPick::REGENERATES);
+}
