@@ -20,10 +20,11 @@ namespace dsv4::tools {
 namespace {
 
 struct BenchArgs {
-  std::string model, prompt_file, csv, backend = "auto", numerics = "reference", synthetic;
+  std::string model, prompt_file, csv, backend = "auto", numerics = "reference";
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
   int gen_tokens = 32, threads = 0, batch = 512;
+  bool profile = false;
 };
 
 int run_bench(const BenchArgs& a) {
@@ -31,8 +32,6 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr, "dsv4 bench: error: %s\n", m.c_str());
     return 1;
   };
-  if (!a.synthetic.empty())
-    return fail("--synthetic fills weights directly in device memory and needs the CUDA backend, which this build does not have");
   const uint32_t ctx_max = a.ctx_max ? a.ctx_max : a.ctx_start;
   if (a.ctx_start == 0 || ctx_max < a.ctx_start) return fail("need 0 < --ctx-start <= --ctx-max");
   if (a.step_incr == 0 && !(a.step_mul > 1.0)) return fail("--step-mul must be > 1 (or use --step-incr)");
@@ -96,20 +95,36 @@ int run_bench(const BenchArgs& a) {
     uint32_t n_pf = frontier - done;
     done = frontier;
     // Greedy decode, EOS ignored.
+    auto decode_steps = [&]() -> Status {
+      for (int i = 0; i < a.gen_tokens; ++i) {
+        const auto& lg = (*session)->logits();
+        int32_t best = 0;
+        for (size_t v = 1; v < lg.size(); ++v)
+          if (lg[v] > lg[static_cast<size_t>(best)]) best = static_cast<int32_t>(v);
+        DSV4_TRY((*session)->decode(best));
+      }
+      return {};
+    };
     auto t1 = clock::now();
-    for (int i = 0; i < a.gen_tokens; ++i) {
-      const auto& lg = (*session)->logits();
-      int32_t best = 0;
-      for (size_t v = 1; v < lg.size(); ++v)
-        if (lg[v] > lg[static_cast<size_t>(best)]) best = static_cast<int32_t>(v);
-      if (auto d = (*session)->decode(best); !d) return fail(d.error().message);
-    }
+    if (auto d = decode_steps(); !d) return fail(d.error().message);
     double dt = std::chrono::duration<double>(clock::now() - t1).count();
+    // --profile: the same steps again from the frontier with every op timed,
+    // so the CSV's decode rate stays that of the untimed run.
+    std::string profile;
+    if (a.profile) {
+      if (auto r = (*session)->rewind(frontier); !r) return fail(r.error().message);
+      (*engine)->set_op_profiling(true);
+      auto d = decode_steps();
+      profile = (*engine)->take_op_profile_report(std::max(1, a.gen_tokens));
+      (*engine)->set_op_profiling(false);
+      if (!d) return fail(d.error().message);
+    }
     double gen_tps = a.gen_tokens > 0 && dt > 0 ? a.gen_tokens / dt : 0;
     both("%u,%u,%.2f,%d,%.2f,%.2f,%llu\n", frontier, n_pf, pf > 0 ? n_pf / pf : 0.0, a.gen_tokens, gen_tps,
          gen_tps * static_cast<double>(info.decode_bytes_per_token) / 1e9,
          static_cast<unsigned long long>((*engine)->session_bytes(frontier)));
     if (csv) std::fflush(csv);
+    if (a.profile) std::fprintf(stderr, "# decode op profile at ctx %u (ms per token, a second decode run with every op timed; timing adds overhead)\n%s", frontier, profile.c_str());
     if (auto r = (*session)->rewind(frontier); !r) return fail(r.error().message);
     if (frontier >= ctx_max) break;
     frontier = a.step_incr ? frontier + a.step_incr : static_cast<uint32_t>(frontier * a.step_mul);
@@ -135,7 +150,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward)")->capture_default_str();
-  cmd->add_option("--synthetic", a->synthetic, "Fill a preset's weights in device memory instead of reading -m (CUDA)");
+  cmd->add_flag("--profile", a->profile, "Time every op of the decode steps and print a per-op table (stderr)");
   cmd->callback([a] { set_exit_code(run_bench(*a)); });
 }
 

@@ -81,6 +81,12 @@ class Engine {
   // Bytes of state a session of `ctx` tokens takes in backend memory.
   uint64_t session_bytes(uint32_t ctx) const;
 
+  // Per-op timing (device time on GPUs) for `dsv4 bench --profile`: while on,
+  // every backend op is timed; the report lists op kinds by total time
+  // (divided by `per` units, e.g. decoded tokens) and clears the counters.
+  void set_op_profiling(bool on);
+  std::string take_op_profile_report(double per = 1.0, int max_rows = 30);
+
   struct Impl;
 
  private:

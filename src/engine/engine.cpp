@@ -222,6 +222,26 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
 
 uint64_t Engine::session_bytes(uint32_t ctx) const { return impl_->model->state_bytes(ctx ? ctx : impl_->opts.ctx); }
 
+void Engine::set_op_profiling(bool on) { impl_->backend->set_profiling(on); }
+
+std::string Engine::take_op_profile_report(double per, int max_rows) {
+  std::vector<OpTiming> prof = impl_->backend->take_profile();
+  double total = 0;
+  for (const auto& t : prof) total += t.seconds;
+  std::string out = strfmt("%-44s %9s %12s %7s\n", "op", "calls", "ms/unit", "share");
+  int rows = 0;
+  for (const auto& t : prof) {
+    if (rows++ == max_rows) {
+      out += strfmt("%-44s (%zu more)\n", "...", prof.size() - static_cast<size_t>(max_rows));
+      break;
+    }
+    out += strfmt("%-44s %9llu %12.4f %6.1f%%\n", t.key.c_str(), static_cast<unsigned long long>(t.calls),
+                  t.seconds * 1e3 / per, total > 0 ? 100.0 * t.seconds / total : 0.0);
+  }
+  out += strfmt("%-44s %9s %12.4f\n", "total", "", total * 1e3 / per);
+  return out;
+}
+
 expected<std::unique_ptr<Session>> Engine::new_session(uint32_t ctx) {
   if (ctx == 0) ctx = impl_->opts.ctx;
   if (ctx > impl_->info.max_ctx) return make_error("context %u exceeds the model's maximum of %u", ctx, impl_->info.max_ctx);

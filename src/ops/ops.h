@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/tensor.h"
@@ -249,6 +250,16 @@ struct ScaleOp {
 
 enum class BackendKind { CPU, CUDA };
 
+// Accumulated time of one kind of op call (bench --profile).
+struct OpTiming {
+  std::string key;  // op name plus shape details, e.g. "matmul Q8_0 32768x1024 n=1"
+  uint64_t calls = 0;
+  double seconds = 0;
+};
+
+// The profile key of an op call: its name, and for matmul the weight type and shape.
+std::string op_profile_key(const char* op, const MatmulOp* mm = nullptr, int64_t n_tokens = 0);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -265,6 +276,12 @@ class Backend {
   virtual void fill(const Tensor& dst, float value) = 0;  // F32 tensors
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same byte size
   virtual void synchronize() = 0;
+
+  // Per-op timing: while enabled, every op's time (device time on GPUs) is
+  // accumulated by op_profile_key. take_profile() returns the totals (largest
+  // first) and clears them; it synchronises.
+  virtual void set_profiling(bool on) = 0;
+  virtual std::vector<OpTiming> take_profile() = 0;
 
   // Ops.
   virtual void embed(const EmbedOp& op) = 0;

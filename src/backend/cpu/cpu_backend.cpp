@@ -1,6 +1,9 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -96,22 +99,79 @@ class CpuBackend final : public Backend {
   }
   void synchronize() override {}
 
-  void embed(const EmbedOp& op) override { cpu::embed(op); }
-  void hc_pre(const HcPreOp& op) override { cpu::hc_pre(op); }
-  void hc_post(const HcPostOp& op) override { cpu::hc_post(op); }
-  void hc_head(const HcHeadOp& op) override { cpu::hc_head(op); }
-  void rms_norm(const RmsNormOp& op) override { cpu::rms_norm(op); }
-  void matmul(const MatmulOp& op) override { cpu::matmul(op); }
-  void rope(const RopeOp& op) override { cpu::rope(op); }
-  void quant_sim(const QuantSimOp& op) override { cpu::quant_sim(op); }
-  void store_rows(const StoreRowsOp& op) override { cpu::store_rows(op); }
-  void compress(const CompressOp& op) override { cpu::compress(op); }
-  void indexer_scores(const IndexerScoresOp& op) override { cpu::indexer_scores(op); }
-  void topk(const TopKOp& op) override { cpu::topk(op); }
-  void attention(const AttentionOp& op) override { cpu::attention(op); }
-  void moe_route(const MoeRouteOp& op) override { cpu::moe_route(op); }
-  void moe_experts(const MoeExpertsOp& op) override { cpu::moe_experts(op); }
-  void swiglu(const SwigluOp& op) override { cpu::swiglu(op); }
+  void set_profiling(bool on) override { profiling_ = on; }
+  std::vector<OpTiming> take_profile() override {
+    std::vector<OpTiming> out;
+    for (auto& [k, t] : profile_) out.push_back(t);
+    profile_.clear();
+    std::sort(out.begin(), out.end(), [](const OpTiming& a, const OpTiming& b) { return a.seconds > b.seconds; });
+    return out;
+  }
+
+  void embed(const EmbedOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("embed") : std::string());
+    cpu::embed(op);
+  }
+  void hc_pre(const HcPreOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("hc_pre") : std::string());
+    cpu::hc_pre(op);
+  }
+  void hc_post(const HcPostOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("hc_post") : std::string());
+    cpu::hc_post(op);
+  }
+  void hc_head(const HcHeadOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("hc_head") : std::string());
+    cpu::hc_head(op);
+  }
+  void rms_norm(const RmsNormOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("rms_norm") : std::string());
+    cpu::rms_norm(op);
+  }
+  void matmul(const MatmulOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("matmul", &op) : std::string());
+    cpu::matmul(op);
+  }
+  void rope(const RopeOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("rope") : std::string());
+    cpu::rope(op);
+  }
+  void quant_sim(const QuantSimOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("quant_sim") : std::string());
+    cpu::quant_sim(op);
+  }
+  void store_rows(const StoreRowsOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());
+    cpu::store_rows(op);
+  }
+  void compress(const CompressOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("compress") : std::string());
+    cpu::compress(op);
+  }
+  void indexer_scores(const IndexerScoresOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("indexer_scores") : std::string());
+    cpu::indexer_scores(op);
+  }
+  void topk(const TopKOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("topk") : std::string());
+    cpu::topk(op);
+  }
+  void attention(const AttentionOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("attention") : std::string());
+    cpu::attention(op);
+  }
+  void moe_route(const MoeRouteOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("moe_route") : std::string());
+    cpu::moe_route(op);
+  }
+  void moe_experts(const MoeExpertsOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("moe_experts") : std::string());
+    cpu::moe_experts(op);
+  }
+  void swiglu(const SwigluOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("swiglu") : std::string());
+    cpu::swiglu(op);
+  }
   void add(const AddOp& op) override {
     float* o = op.out.f32();
     const float* x = op.x.f32();
@@ -124,8 +184,25 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Adds the wall time of one op call to the profile (ops run synchronously on the CPU).
+  struct Timed {
+    CpuBackend* be;
+    std::string key;
+    std::chrono::steady_clock::time_point t0;
+    Timed(CpuBackend* b, std::string k) : be(b), key(std::move(k)), t0(std::chrono::steady_clock::now()) {}
+    ~Timed() {
+      if (key.empty()) return;
+      OpTiming& t = be->profile_[key];
+      t.key = key;
+      t.calls++;
+      t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+
   std::mutex mu_;
   std::unordered_map<void*, size_t> allocs_;
+  bool profiling_ = false;
+  std::map<std::string, OpTiming> profile_;
 };
 
 }  // namespace

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds, on this machine (no GPU needed: nvcc compiles for the target
+# architecture), everything the GPU machine needs to run the CUDA checks, and
+# packs it into build-device/, the folder the device tool carries there:
+#
+#   build-device/dsv4-device.tar.xz   bin/ and lib/ (about 12 MiB packed):
+#       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, and dsv4
+#             (stripped; CUDA runtime linked statically, compressed fatbins). dsv4 is
+#             optional: if it does not build, the payload goes without it (warning)
+#             and device-check skips its CLI smoke step.
+#       lib/  the shared libraries they load that a stock CUDA image may lack
+#             (ICU 72, OpenSSL 3, cpp-httplib, ...): every library ldd resolves
+#             except glibc, libstdc++/libgcc (the GPU machine's are newer and
+#             backward compatible) and the CUDA driver
+#   build-device/BUILD-INFO           commit, date, architecture, file sizes, ldd output
+#
+# scripts/device-check.sh unpacks the archive there (tar/xz, or python3's
+# tarfile) and puts lib/ on LD_LIBRARY_PATH.
+#
+# The CMake tree is build-device-tree/ (not carried; BUILD_DIR=... picks another,
+# e.g. an existing DSV4_CUDA=ON tree of the same architecture, to save compile
+# time). The script fails if build-device/ exceeds 40 MiB (the device tool
+# carries at most 64 MiB, source tree included).
+#
+# Usage: scripts/device-build-carry.sh [CUDA_ARCH]   (default 90 = H100/H200)
+# Then, with the device tool: command "scripts/device-check.sh", carry ["build-device"].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ARCH=${1:-90}
+TREE=${BUILD_DIR:-build-device-tree}
+PAYLOAD=build-device
+export PATH="$PATH:/usr/local/cuda/bin"
+
+echo "device-build-carry: configuring $TREE (Release, CUDA arch $ARCH)"
+cmake -S . -B "$TREE" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+  -DDSV4_BUILD_TESTS=ON >/dev/null
+ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine
+# The CLI is optional: a build break elsewhere in the tree must not block the kernel tests.
+with_cli=1
+ninja -C "$TREE" -j"$(nproc)" dsv4 || {
+  with_cli=0
+  echo "device-build-carry: WARNING: dsv4 did not build; the payload has no CLI (device-check skips the CLI smoke)" >&2
+}
+
+STAGE="$TREE/device-payload"
+rm -rf "$STAGE" "$PAYLOAD"
+mkdir -p "$STAGE/bin" "$STAGE/lib" "$PAYLOAD"
+cp "$TREE/tests/cuda/test_cuda_decode" "$TREE/tests/cuda/test_cuda_ops" "$TREE/tests/cuda/test_cuda_model" \
+  "$TREE/tests/cuda/test_cuda_engine" "$STAGE/bin/"
+[ "$with_cli" -eq 1 ] && cp "$TREE/tools/dsv4" "$STAGE/bin/"
+strip "$STAGE"/bin/*
+
+for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | libstdc++.so* | libgcc_s.so* | libcuda.so*) ;;
+      *) cp -L "$lib" "$STAGE/lib/" ;;
+    esac
+  done
+# Every binary must resolve with only lib/ added (nothing "not found").
+for b in "$STAGE"/bin/*; do
+  if LD_LIBRARY_PATH="$STAGE/lib" ldd "$b" | grep -q "not found"; then
+    echo "device-build-carry: ERROR: $b has unresolved libraries" >&2
+    exit 1
+  fi
+done
+
+tar -C "$STAGE" -cf - bin lib | xz -T"$(nproc)" -6 >"$PAYLOAD/dsv4-device.tar.xz"
+{
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "cuda arch: $ARCH; nvcc: $(nvcc --version | tail -1)"
+  echo "files (unpacked):"
+  (cd "$STAGE" && ls -l bin lib)
+  echo "ldd (with lib/ on LD_LIBRARY_PATH):"
+  for b in "$STAGE"/bin/*; do
+    echo "$(basename "$b"):"
+    LD_LIBRARY_PATH="$STAGE/lib" ldd "$b" | sed 's/ (0x[0-9a-f]*)//'
+  done
+} >"$PAYLOAD/BUILD-INFO"
+
+bytes=$(du -sb "$PAYLOAD" | cut -f1)
+echo "device-build-carry: $PAYLOAD is $((bytes / 1048576)) MiB ($(du -sh "$STAGE" | cut -f1) unpacked):"
+ls -l "$PAYLOAD" | sed 's/^/  /'
+if [ "$bytes" -gt $((40 * 1048576)) ]; then
+  echo "device-build-carry: ERROR: $PAYLOAD is over 40 MiB; the device tool carries at most 64 MiB with the source tree" >&2
+  exit 1
+fi
+echo "device-build-carry: done. Device tool: command \"scripts/device-check.sh\", carry [\"build-device\"]"

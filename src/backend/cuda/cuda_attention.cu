@@ -1,0 +1,230 @@
+// Core attention (model-spec.md §5.7): for query t at position p and head h,
+// keys = window rows of positions max(0, p-W+1) .. p (ring slot = position %
+// cap_w), then compressed rows (all k < visible, or the listed sel[t, :]
+// entries that are >= 0 and < visible); l_s = (q_h · K_s) * scale;
+// o_h = sum_s exp(l_s - M) K_s / (exp(sink_h - M) + sum_s exp(l_s - M)); K = V.
+//
+// Layout: q/out [n, H, d], ring [cap_w, d], comp [cap_rows, d], sel [n, k]
+// (i32), sinks [H], pos [n] (i32, read on the device).
+//
+// Launch plan (split over keys, "flash decoding"): tokens go in groups of
+// k_att_tok_group; for each group, kernel 1 has grid (tokens, H / HG,
+// k_att_splits), 256 threads (8 warps), HG = the largest of 8, 4, 2, 1
+// dividing H: one block per (token, group of HG heads, key split), so the
+// heads of a group share every key load and a decode step keeps
+// H/HG * k_att_splits blocks busy. Split s of a token with n_keys keys walks
+// keys [s*c, (s+1)*c), c = n_keys / splits rounded up to the tile, and writes
+// its running max m, denominator l and unnormalised accumulator to scratch;
+// kernel 2 (grid (tokens, H), 128 threads) merges the splits in split order:
+// M = max m_s, o = sum_s e^(m_s-M) acc_s, den = e^(sink-M) + sum_s e^(m_s-M) l_s.
+// The split geometry depends only on the token's own key count, never on the
+// batch, so batched and single-token results are bitwise equal. Shared memory: q of the group
+// [HG][d], a key tile [8][d], logits [HG][8]. Keys are walked in tiles of 8:
+//   1. warp w fetches key k0 + w (16-byte loads) into the tile and computes
+//      its HG logits (lane-strided partial dots + warp sums); missing or
+//      invalid keys get logit -inf and a zero row;
+//   2. every warp owns one head and a d / (8 / HG) slice of the output and
+//      applies the online softmax update (running max M, running
+//      denominator, rescaled accumulators in registers).
+// The window is always non-empty and comes first, so M is finite after the
+// first tile of split 0 (later splits may hold only invalid selections: their
+// m stays -inf and they weigh 0). f32 throughout (the CPU accumulates in
+// double: the results agree to f32 rounding).
+//
+// CPU reference: cpu::attention (src/backend/cpu/cpu_attention.cpp).
+#include <algorithm>
+
+#include "backend/cuda/cuda_attention.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int k_att_warps = 8;
+constexpr int k_att_tile = k_att_warps;  // keys per tile, one per warp
+constexpr int k_att_max_epl = 32;        // accumulator floats per lane
+constexpr int k_att_splits = 16;         // key splits per (token, head group)
+constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the scratch)
+
+// Partial attention of one key split. Outputs (token t of the group, head h, split s):
+// part_ml[((t*H + h)*S + s)*2 + {0,1}] = {m, l}; part_acc[((t*H + h)*S + s)*d + e].
+__global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
+                                                              const float* ring, int64_t cap_w, const float* comp,
+                                                              int64_t comp_rows, const int32_t* sel, int64_t n_sel,
+                                                              const int32_t* pos, int H, int HG, int64_t d, int window,
+                                                              int ratio, float scale) {
+  extern __shared__ float sm[];
+  float* qs = sm;                        // [HG][d]
+  float* ks = qs + HG * d;               // [tile][d]
+  float* lg = ks + k_att_tile * d;       // [HG][tile]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  const int64_t t = blockIdx.x;
+  const int h0 = blockIdx.y * HG;
+  const int64_t p = pos[t];
+  const int64_t p_first = p - window + 1 > 0 ? p - window + 1 : 0;
+  const int64_t n_win = p - p_first + 1;
+  int64_t visible = 0, n_comp = 0;
+  if (ratio > 0 && comp) {
+    visible = min(static_cast<int64_t>((p + 1) / ratio), comp_rows);
+    n_comp = sel ? n_sel : visible;
+  }
+  const int64_t n_keys = n_win + n_comp;
+  const int S = static_cast<int>(gridDim.z), split = static_cast<int>(blockIdx.z);
+  const int64_t chunk = ((n_keys + S - 1) / S + k_att_tile - 1) / k_att_tile * k_att_tile;
+  const int64_t k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
+
+  const float* qt = q + (t * H + h0) * d;
+  for (int64_t i = threadIdx.x; i < HG * d; i += blockDim.x) qs[i] = qt[i];
+
+  // This warp's share of the output: head hl, elements e_base + lane + 32*i for i < epl.
+  const int wph = k_att_warps / HG;
+  const int hl = warp / wph;
+  const int64_t span = d / wph, e_base = (warp % wph) * span;
+  const int epl = static_cast<int>(span / 32);
+  float acc[k_att_max_epl];
+#pragma unroll
+  for (int i = 0; i < k_att_max_epl; ++i) acc[i] = 0.0f;
+  float m_run = neg_inf, l_run = 0.0f;
+  __syncthreads();
+
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += k_att_tile) {
+    // 1. Key k0 + warp into the tile, and its logits for the group's heads.
+    const int64_t i = k0 + warp;
+    const float* key = nullptr;
+    if (i < k_end) {
+      if (i < n_win) {
+        key = ring + ((p_first + i) % cap_w) * d;
+      } else if (sel) {
+        const int32_t idx = sel[t * n_sel + (i - n_win)];
+        if (idx >= 0 && idx < visible) key = comp + static_cast<int64_t>(idx) * d;
+      } else {
+        key = comp + (i - n_win) * d;
+      }
+    }
+    float* kr = ks + warp * d;
+    if (key) {
+      for (int64_t e = 4 * lane; e < d; e += 128) *reinterpret_cast<float4*>(kr + e) = *reinterpret_cast<const float4*>(key + e);
+      __syncwarp();
+      for (int h = 0; h < HG; ++h) {
+        const float* qh = qs + h * d;
+        float part = 0.0f;
+        for (int64_t e = lane; e < d; e += 32) part = fmaf(qh[e], kr[e], part);
+        part = warp_sum(part);
+        if (lane == 0) lg[h * k_att_tile + warp] = part * scale;
+      }
+    } else {
+      for (int64_t e = lane; e < d; e += 32) kr[e] = 0.0f;
+      if (lane < HG) lg[lane * k_att_tile + warp] = neg_inf;
+    }
+    __syncthreads();
+
+    // 2. Online softmax update of this warp's head and slice.
+    float mt = neg_inf;
+#pragma unroll
+    for (int kk = 0; kk < k_att_tile; ++kk) mt = fmaxf(mt, lg[hl * k_att_tile + kk]);
+    const float m_new = fmaxf(m_run, mt);
+    const float alpha = m_run == neg_inf ? 0.0f : expf(m_run - m_new);
+    float pk[k_att_tile];
+    float psum = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < k_att_tile; ++kk) {
+      const float l = lg[hl * k_att_tile + kk];
+      pk[kk] = (l == neg_inf || m_new == neg_inf) ? 0.0f : expf(l - m_new);
+      psum += pk[kk];
+    }
+    l_run = l_run * alpha + psum;
+#pragma unroll
+    for (int ii = 0; ii < k_att_max_epl; ++ii) {
+      if (ii < epl) {
+        const int64_t e = e_base + lane + 32 * ii;
+        float a = acc[ii] * alpha;
+#pragma unroll
+        for (int kk = 0; kk < k_att_tile; ++kk) a = fmaf(pk[kk], ks[kk * d + e], a);
+        acc[ii] = a;
+      }
+    }
+    m_run = m_new;
+    __syncthreads();
+  }
+
+  const int64_t slot = (t * H + h0 + hl) * S + split;
+  if (warp % wph == 0 && lane == 0) {
+    part_ml[2 * slot] = m_run;
+    part_ml[2 * slot + 1] = l_run;
+  }
+  float* o = part_acc + slot * d;
+#pragma unroll
+  for (int ii = 0; ii < k_att_max_epl; ++ii)
+    if (ii < epl) o[e_base + lane + 32 * ii] = acc[ii];
+}
+
+// Merges the S splits of (token t, head h) in split order and normalises with the sink.
+__global__ void __launch_bounds__(128) attention_combine_kernel(float* out, const float* part_acc, const float* part_ml,
+                                                                const float* sinks, int H, int S, int64_t d) {
+  const float neg_inf = -__int_as_float(0x7f800000);
+  const int64_t t = blockIdx.x;
+  const int h = static_cast<int>(blockIdx.y);
+  const int64_t base = (t * H + h) * S;
+  float M = neg_inf;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (base + s)]);
+  float l = 0.0f;
+  for (int s = 0; s < S; ++s) {
+    const float m = part_ml[2 * (base + s)];
+    if (m != neg_inf) l = fmaf(expf(m - M), part_ml[2 * (base + s) + 1], l);
+  }
+  const float den = l + expf(sinks[h] - M);
+  float* o = out + (t * H + h) * d;
+  for (int64_t e = threadIdx.x; e < d; e += blockDim.x) {
+    float a = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      const float m = part_ml[2 * (base + s)];
+      if (m != neg_inf) a = fmaf(expf(m - M), part_acc[(base + s) * d + e], a);
+    }
+    o[e] = a / den;
+  }
+}
+
+}  // namespace
+
+void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
+  const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
+  const int64_t cap_w = op.ring.n_rows();
+  DSV4_ASSERT(cap_w >= op.window, "attention: ring smaller than the window");
+  DSV4_ASSERT(op.window >= 1, "attention: window %d", op.window);
+  DSV4_ASSERT(op.out.ne[0] == d && op.out.ne[1] == H && op.out.ne[2] == n, "attention: output shape");
+  DSV4_ASSERT(op.ring.ne[0] == d && (!op.comp || op.comp.ne[0] == d), "attention: key width");
+  DSV4_ASSERT(op.sinks.ne[0] >= H, "attention: %lld sinks for %lld heads", static_cast<long long>(op.sinks.ne[0]),
+              static_cast<long long>(H));
+  if (n == 0) return;
+  int HG = 8;
+  while (H % HG != 0) HG /= 2;
+  const int wph = k_att_warps / HG;
+  DSV4_ASSERT(d % 128 == 0 && d % (32 * wph) == 0 && d / wph <= 32 * k_att_max_epl,
+              "attention: head width %lld unsupported (a multiple of 128, at most %d)", static_cast<long long>(d),
+              32 * k_att_max_epl * wph);
+  DSV4_ASSERT(n <= 0x7fffffff && H / HG <= 65535, "attention: %lld tokens x %lld heads too many", static_cast<long long>(n),
+              static_cast<long long>(H));
+  const size_t smem = (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) * sizeof(float);
+  allow_smem(attention_split_kernel, smem);
+  const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
+  const int S = k_att_splits;
+  const int64_t tg = std::min<int64_t>(n, k_att_tok_group);
+  const size_t acc_floats = static_cast<size_t>(tg) * H * S * d, ml_floats = static_cast<size_t>(tg) * H * S * 2;
+  float* part_acc = static_cast<float*>(ctx.scratch->get((acc_floats + ml_floats) * sizeof(float), ctx.stream));
+  float* part_ml = part_acc + acc_floats;
+  for (int64_t t0 = 0; t0 < n; t0 += tg) {
+    const int64_t nt = std::min(tg, n - t0);
+    attention_split_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256,
+                             smem, ctx.stream>>>(
+        part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.f32(), cap_w, op.comp ? op.comp.f32() : nullptr,
+        op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr, n_sel, op.pos.i32() + t0,
+        static_cast<int>(H), HG, d, op.window, op.ratio, op.scale);
+    CUDA_CHECK_LAUNCH();
+    attention_combine_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(
+        op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), static_cast<int>(H), S, d);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,490 @@
+// CudaBackend: device selection, one stream, device memory, weight upload
+// (pinned double-buffered staging, measured rate), host transfers, and the
+// op dispatch to the kernel launchers of the cuda_*.cu files.
+//
+// Ordering: everything (memsets, copies, kernels) runs on one stream, so ops
+// see each other's results in call order without host synchronisation;
+// read() and synchronize() are the only calls that wait for the device.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_compress.cuh"
+#include "backend/cuda/cuda_dense.cuh"
+#include "backend/cuda/cuda_indexer.cuh"
+#include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/cuda_mhc.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "core/log.h"
+#include "quant/quant.h"
+
+namespace dsv4 {
+
+namespace cuda {
+
+void cuda_fatal(cudaError_t err, const char* stmt, const char* file, int line) {
+  std::fprintf(stderr, "dsv4: fatal CUDA error %s: %s\n  statement: %s\n  at %s:%d\n", cudaGetErrorName(err),
+               cudaGetErrorString(err), stmt, file, line);
+  std::fflush(stderr);
+  std::abort();
+}
+
+DeviceScratch::~DeviceScratch() {
+  if (ptr_) CUDA_CHECK(cudaFree(ptr_));
+}
+
+void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_ && ptr_) return ptr_;
+  if (ptr_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // kernels queued earlier may still read the old buffer
+    CUDA_CHECK(cudaFree(ptr_));
+    ptr_ = nullptr;
+  }
+  const size_t mib = size_t{1} << 20;
+  const size_t want = (std::max({bytes, bytes_ + bytes_ / 2, mib}) + mib - 1) / mib * mib;
+  const cudaError_t e = cudaMalloc(&ptr_, want);
+  if (e == cudaErrorMemoryAllocation) {
+    size_t free_b = 0, total_b = 0;
+    (void)cudaGetLastError();
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    DSV4_ASSERT(false, "CUDA backend: out of device memory for %zu bytes of scratch (%.2f GiB free of %.2f GiB)", want,
+                static_cast<double>(free_b) / (1u << 30), static_cast<double>(total_b) / (1u << 30));
+  }
+  CUDA_CHECK(e);
+  bytes_ = want;
+  return ptr_;
+}
+
+namespace {
+
+__global__ void probe_kernel(int* p) {
+  if (p) *p = 1;
+}
+
+}  // namespace
+
+}  // namespace cuda
+
+namespace {
+
+using namespace cuda;
+
+constexpr size_t k_staging_bytes = size_t{64} << 20;  // per pinned staging buffer (two of them)
+
+double gib(size_t b) { return static_cast<double>(b) / static_cast<double>(size_t{1} << 30); }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const cudaDeviceProp& prop, const CudaBackendOptions& opts) : device_(device), opts_(opts) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // IQ2_XXS tables.
+    CUDA_CHECK(cudaMalloc(&tables_mem_, 256 * sizeof(uint64_t) + 128));
+    // On the op stream (a non-blocking stream does not wait for legacy-stream copies).
+    CUDA_CHECK(cudaMemcpyAsync(tables_mem_, quant::iq2xxs_grid(), 256 * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(tables_mem_) + 256 * sizeof(uint64_t), quant::iq2xxs_signs(), 128,
+                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ctx_.stream = stream_;
+    ctx_.tables.iq2_grid = static_cast<const uint64_t*>(tables_mem_);
+    ctx_.tables.iq2_signs = static_cast<const uint8_t*>(tables_mem_) + 256 * sizeof(uint64_t);
+    ctx_.scratch = &scratch_;
+    ctx_.sm_count = prop.multiProcessorCount;
+    name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB)", device_, prop.name, prop.major, prop.minor,
+                   prop.multiProcessorCount, gib(prop.totalGlobalMem));
+    if (opts_.print_properties) {
+      size_t free_b = 0, total_b = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
+               "%zu KiB shared memory per block (opt-in)",
+               device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
+               static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024);
+    }
+  }
+
+  ~CudaBackend() override {
+    use_device();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& [p, n] : allocs_) CUDA_CHECK(cudaFree(p));
+    allocs_.clear();
+    for (int i = 0; i < 2; ++i) {
+      if (staging_[i]) CUDA_CHECK(cudaFreeHost(staging_[i]));
+      if (staged_[i]) CUDA_CHECK(cudaEventDestroy(staged_[i]));
+    }
+    CUDA_CHECK(cudaFree(tables_mem_));
+    for (auto& r : records_) {
+      CUDA_CHECK(cudaEventDestroy(r.start));
+      CUDA_CHECK(cudaEventDestroy(r.stop));
+    }
+    for (cudaEvent_t e : free_events_) CUDA_CHECK(cudaEventDestroy(e));
+    CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+
+  BackendKind kind() const override { return BackendKind::CUDA; }
+
+  void set_profiling(bool on) override { profiling_ = on; }
+  std::vector<OpTiming> take_profile() override {
+    use_device();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::map<std::string, OpTiming> sum;
+    for (auto& r : records_) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
+      OpTiming& t = sum[r.key];
+      t.key = r.key;
+      t.calls++;
+      t.seconds += ms / 1e3;
+      free_events_.push_back(r.start);
+      free_events_.push_back(r.stop);
+    }
+    records_.clear();
+    std::vector<OpTiming> out;
+    for (auto& [k, t] : sum) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](const OpTiming& a, const OpTiming& b) { return a.seconds > b.seconds; });
+    return out;
+  }
+  std::string name() const override { return name_; }
+
+  Tensor alloc(GgmlType type, int64_t n0, int64_t n1, int64_t n2, int64_t n3) override {
+    use_device();
+    Tensor t = make_tensor(nullptr, type, n0, n1, n2, n3);
+    const size_t bytes = (std::max<size_t>(t.n_bytes(), 1) + 255) / 256 * 256;
+    t.data = device_malloc(bytes, "an activation/state buffer");
+    CUDA_CHECK(cudaMemsetAsync(t.data, 0, bytes, stream_));
+    return t;
+  }
+
+  void free(Tensor& t) override {
+    if (!t.data) return;
+    use_device();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = allocs_.find(t.data);
+      DSV4_ASSERT(it != allocs_.end(), "free of a tensor this backend did not allocate");
+      allocs_.erase(it);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use it
+    CUDA_CHECK(cudaFree(t.data));
+    t.data = nullptr;
+  }
+
+  expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
+    use_device();
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor t = make_tensor(nullptr, type, ne[0], ne[1], ne[2], ne[3]);
+    const size_t bytes = t.n_bytes();
+    const size_t padded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, padded);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      return make_error("out of GPU memory uploading a %s weight of %.3f GiB (%.2f GiB of weights already uploaded, "
+                        "%.2f GiB free of %.2f GiB): the model does not fit on this GPU",
+                        ggml_type_name(type), gib(bytes), gib(stats_.bytes), gib(free_b), gib(total_b));
+    }
+    CUDA_CHECK(e);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      allocs_[p] = padded;
+    }
+    copy_to_device(p, host, bytes);
+    t.data = p;
+    stats_.bytes += bytes;
+    stats_.tensors += 1;
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (opts_.upload_progress) opts_.upload_progress(stats_.bytes);
+    return t;
+  }
+
+  CudaUploadStats upload_stats() {
+    use_device();
+    const auto t0 = std::chrono::steady_clock::now();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return stats_;
+  }
+
+  // The host buffer may be reused as soon as write returns (pageable memory is
+  // staged by the driver before cudaMemcpyAsync returns).
+  void write(const Tensor& dst, const void* host, size_t bytes, size_t offset) override {
+    DSV4_ASSERT(offset + bytes <= dst.n_bytes(), "write past the end of a tensor");
+    if (bytes == 0) return;
+    use_device();
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + offset, host, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
+  void read(const Tensor& src, void* host, size_t bytes, size_t offset) override {
+    DSV4_ASSERT(offset + bytes <= src.n_bytes(), "read past the end of a tensor");
+    if (bytes == 0) return;
+    use_device();
+    CUDA_CHECK(cudaMemcpyAsync(host, static_cast<const uint8_t*>(src.data) + offset, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void fill(const Tensor& dst, float value) override {
+    use_device();
+    launch_fill(ctx_, dst.f32(), dst.n_elements(), value);
+  }
+
+  void copy(const Tensor& dst, const Tensor& src) override {
+    DSV4_ASSERT(dst.n_bytes() == src.n_bytes(), "copy between tensors of different sizes");
+    if (src.n_bytes() == 0) return;
+    use_device();
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.n_bytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void synchronize() override {
+    use_device();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void embed(const EmbedOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("embed") : std::string());
+    launch_embed(ctx_, op);
+  }
+  void hc_pre(const HcPreOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("hc_pre") : std::string());
+    launch_hc_pre(ctx_, op);
+  }
+  void hc_post(const HcPostOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("hc_post") : std::string());
+    launch_hc_post(ctx_, op);
+  }
+  void hc_head(const HcHeadOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("hc_head") : std::string());
+    launch_hc_head(ctx_, op);
+  }
+  void rms_norm(const RmsNormOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("rms_norm") : std::string());
+    launch_rms_norm(ctx_, op);
+  }
+  void matmul(const MatmulOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("matmul", &op) : std::string());
+    launch_matmul(ctx_, op);
+  }
+  void rope(const RopeOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("rope") : std::string());
+    launch_rope(ctx_, op);
+  }
+  void quant_sim(const QuantSimOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("quant_sim") : std::string());
+    launch_quant_sim(ctx_, op);
+  }
+  void store_rows(const StoreRowsOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());
+    launch_store_rows(ctx_, op);
+  }
+  void compress(const CompressOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("compress") : std::string());
+    launch_compress(ctx_, op);
+  }
+  void indexer_scores(const IndexerScoresOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("indexer_scores") : std::string());
+    launch_indexer_scores(ctx_, op);
+  }
+  void topk(const TopKOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("topk") : std::string());
+    launch_topk(ctx_, op);
+  }
+  void attention(const AttentionOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("attention") : std::string());
+    launch_attention(ctx_, op);
+  }
+  void moe_route(const MoeRouteOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("moe_route") : std::string());
+    launch_moe_route(ctx_, op);
+  }
+  void moe_experts(const MoeExpertsOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("moe_experts") : std::string());
+    launch_moe_experts(ctx_, op);
+  }
+  void swiglu(const SwigluOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("swiglu") : std::string());
+    launch_swiglu(ctx_, op);
+  }
+  void add(const AddOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("add") : std::string());
+    launch_add(ctx_, op);
+  }
+  void scale(const ScaleOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("scale") : std::string());
+    launch_scale(ctx_, op);
+  }
+
+ private:
+  // Brackets one op with a pair of events on the stream (bench --profile);
+  // take_profile() turns them into device times.
+  struct Timed {
+    CudaBackend* be;
+    std::string key;
+    cudaEvent_t start = nullptr;
+    Timed(CudaBackend* b, std::string k) : be(b), key(std::move(k)) {
+      if (key.empty()) return;
+      start = be->event();
+      CUDA_CHECK(cudaEventRecord(start, be->stream_));
+    }
+    ~Timed() {
+      if (key.empty()) return;
+      cudaEvent_t stop = be->event();
+      CUDA_CHECK(cudaEventRecord(stop, be->stream_));
+      be->records_.push_back({std::move(key), start, stop});
+    }
+  };
+  struct Record {
+    std::string key;
+    cudaEvent_t start, stop;
+  };
+  cudaEvent_t event() {
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  bool profiling_ = false;
+  std::vector<Record> records_;
+  std::vector<cudaEvent_t> free_events_;
+
+  // The CUDA current device is per host thread; the engine may be driven from another thread than the one that made it.
+  void use_device() const { CUDA_CHECK(cudaSetDevice(device_)); }
+
+  void* device_malloc(size_t bytes, const char* what) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      DSV4_ASSERT(false, "CUDA backend: out of device memory allocating %s of %zu bytes (%.2f GiB free of %.2f GiB)", what,
+                  bytes, gib(free_b), gib(total_b));
+    }
+    CUDA_CHECK(e);
+    std::lock_guard<std::mutex> lock(mu_);
+    allocs_[p] = bytes;
+    return p;
+  }
+
+  // Host -> device through two pinned staging buffers: the memcpy into one
+  // buffer overlaps the DMA out of the other. Falls back to plain copies when
+  // pinned memory is unavailable.
+  void copy_to_device(void* dst, const void* host, size_t bytes) {
+    if (bytes == 0) return;
+    if (!staging_ready_) {
+      staging_ready_ = true;
+      for (int i = 0; i < 2; ++i) {
+        if (cudaMallocHost(&staging_[i], k_staging_bytes) != cudaSuccess) {
+          (void)cudaGetLastError();
+          staging_[i] = nullptr;
+        }
+        CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
+      }
+      if (!staging_[0] || !staging_[1]) log_warn("cuda: no pinned staging memory; weight uploads use pageable copies");
+    }
+    if (!staging_[0] || !staging_[1]) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    for (size_t off = 0; off < bytes; off += k_staging_bytes) {
+      const size_t len = std::min(k_staging_bytes, bytes - off);
+      const int i = next_staging_;
+      next_staging_ ^= 1;
+      CUDA_CHECK(cudaEventSynchronize(staged_[i]));  // the DMA out of this buffer has finished
+      std::memcpy(staging_[i], static_cast<const uint8_t*>(host) + off, len);
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, staging_[i], len, cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaEventRecord(staged_[i], stream_));
+    }
+  }
+
+  int device_;
+  CudaBackendOptions opts_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  void* tables_mem_ = nullptr;
+  DeviceScratch scratch_;
+  CudaContext ctx_;
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> allocs_;
+  bool staging_ready_ = false;
+  void* staging_[2] = {nullptr, nullptr};
+  cudaEvent_t staged_[2] = {nullptr, nullptr};
+  int next_staging_ = 0;
+  CudaUploadStats stats_;
+};
+
+}  // namespace
+
+bool cuda_device_present() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error("no usable CUDA device: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  if (count == 0) return make_error("no CUDA device found");
+  if (device < 0 || device >= count) return make_error("CUDA device %d does not exist (%d device(s) found)", device, count);
+  e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error("cannot use CUDA device %d: %s (%s)", device, cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  // Kernels for this device's architecture must be in the binary (CMAKE_CUDA_ARCHITECTURES).
+  cudaFuncAttributes attr;
+  e = cudaFuncGetAttributes(&attr, cuda::probe_kernel);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error("this build of dsv4 has no kernels for CUDA device %d (%s, compute capability %d.%d): %s; rebuild "
+                      "with -DCMAKE_CUDA_ARCHITECTURES=%d%d",
+                      device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor);
+  }
+  return std::unique_ptr<Backend>(new CudaBackend(device, prop, options));
+}
+
+CudaUploadStats cuda_upload_stats(Backend& backend) {
+  DSV4_ASSERT(backend.kind() == BackendKind::CUDA, "cuda_upload_stats on a %s backend", backend.name().c_str());
+  return static_cast<CudaBackend&>(backend).upload_stats();
+}
+
+}  // namespace dsv4

@@ -1,0 +1,257 @@
+// Shared pieces of the CUDA kernels: error checking, the per-backend launch
+// context (stream, IQ2 tables, scratch memory), warp/block reductions, and
+// device versions of the scalar conversions of core/float_conv.h.
+//
+// Numerics: the device conversions below repeat the host formulas operation
+// for operation (IEEE division and square root, no fast math, no contraction
+// where the host has none), so quant_sim and the bf16/fp8/fp4 round trips are
+// bit-identical to the CPU backend for identical inputs.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/ops.h"
+
+namespace dsv4::cuda {
+
+// Fatal on any CUDA error: a failed call means bad device state (or a kernel
+// that trapped on a broken invariant), which dsv4 cannot recover from.
+[[noreturn]] void cuda_fatal(cudaError_t err, const char* stmt, const char* file, int line);
+
+#define CUDA_CHECK(stmt)                                                    \
+  do {                                                                      \
+    cudaError_t dsv4_cuda_err_ = (stmt);                                    \
+    if (dsv4_cuda_err_ != cudaSuccess) ::dsv4::cuda::cuda_fatal(dsv4_cuda_err_, #stmt, __FILE__, __LINE__); \
+  } while (0)
+
+// After every kernel launch: reports bad launch configurations at the launch site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// Device-side invariant: prints the condition and traps, which makes the next
+// checked CUDA call fail (fatal, with the kernel's message on stdout above it).
+#define DEVICE_CHECK(cond)                                                                     \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      printf("dsv4 CUDA kernel invariant failed: %s at %s:%d\n", #cond, __FILE__, __LINE__);  \
+      __trap();                                                                                \
+    }                                                                                          \
+  } while (0)
+
+// IQ2_XXS lookup tables in device memory (quant::iq2xxs_grid / iq2xxs_signs).
+struct QuantTables {
+  const uint64_t* iq2_grid = nullptr;  // [256]
+  const uint8_t* iq2_signs = nullptr;  // [128]
+};
+
+// Device scratch memory of one backend, grown on demand. The pointer stays the
+// same until a larger request arrives; growing synchronises the stream first
+// (never on the steady decode path, whose sizes repeat).
+class DeviceScratch {
+ public:
+  DeviceScratch() = default;
+  ~DeviceScratch();
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  void* get(size_t bytes, cudaStream_t stream);
+  size_t capacity() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Everything a launcher needs besides the op itself.
+struct CudaContext {
+  cudaStream_t stream = nullptr;
+  QuantTables tables;
+  DeviceScratch* scratch = nullptr;
+  int sm_count = 0;
+};
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB.
+template <class Kernel>
+void allow_smem(Kernel k, size_t bytes) {
+  if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// ---------------------------------------------------------------------------
+// Reductions. All are fixed-order for a fixed block size, so results never
+// depend on the batch size or on scheduling.
+
+constexpr unsigned k_full_mask = 0xffffffffu;
+
+// Sum over the warp; the result is valid in lane 0 (tree: 16, 8, 4, 2, 1).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(k_full_mask, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(k_full_mask, v, o);
+  return v;
+}
+// Max over the warp, NaN-ignoring like std::max(a, b) with a non-NaN a; result in every lane.
+__device__ __forceinline__ float warp_max_all(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(k_full_mask, v, o));
+  return v;
+}
+
+// Block-wide double sum, result broadcast to every thread. `red` holds >= 33
+// doubles of shared memory; blockDim.x must be a multiple of 32. Contains
+// __syncthreads: every thread of the block must call it.
+__device__ __forceinline__ double block_sum_double(double v, double* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum_double(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double s = lane < n_warps ? red[lane] : 0.0;
+    s = warp_sum_double(s);
+    if (lane == 0) red[32] = s;
+  }
+  __syncthreads();
+  double r = red[32];
+  __syncthreads();  // red may be reused right after
+  return r;
+}
+
+// Block-wide float sum, result broadcast (same structure as block_sum_double).
+__device__ __forceinline__ float block_sum_float(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < n_warps ? red[lane] : 0.0f;
+    s = warp_sum(s);
+    if (lane == 0) red[32] = s;
+  }
+  __syncthreads();
+  float r = red[32];
+  __syncthreads();
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Scalar conversions (device twins of core/float_conv.h). They are also
+// host-callable so that tests/cuda/test_cuda_decode can check them bit for
+// bit against the CPU code on a machine without a GPU.
+
+#define DSV4_HD __host__ __device__ __forceinline__
+// `#pragma unroll` for code that is also compiled for the host (GCC does not know the pragma).
+#ifdef __CUDA_ARCH__
+#define DSV4_UNROLL _Pragma("unroll")
+#else
+#define DSV4_UNROLL
+#endif
+
+DSV4_HD uint32_t bits_of(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+DSV4_HD float float_of(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+// a * b and a - b, each rounded to nearest: never fused into an FMA by nvcc
+// (the host compiler targets x86-64 without FMA, so plain operators suffice there).
+DSV4_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DSV4_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+DSV4_HD float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+DSV4_HD float bf16_bits_to_f32(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+
+// Round to bf16 (nearest even) and back; NaN becomes a quiet NaN, as on the host.
+DSV4_HD float bf16_round_dev(float f) {
+  uint32_t x = bits_of(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return float_of(((x >> 16) | 0x40u) << 16);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return float_of((x >> 16) << 16);
+}
+
+// 2^ceil(log2(x)) for finite x > 0.
+DSV4_HD float pow2_ceil_dev(float x) {
+  int e;
+  float m = frexpf(x, &e);
+  return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+}
+
+// std::clamp(v, lo, hi) exactly (NaN passes through).
+DSV4_HD float clamp_dev(float v, float lo, float hi) { return v < lo ? lo : (hi < v ? hi : v); }
+
+constexpr float k_fp8_max_dev = 448.0f;
+constexpr float k_fp4_max_dev = 6.0f;
+
+// Nearest E4M3FN value (ties to even), saturating at +-448.
+DSV4_HD float fp8_e4m3_round_dev(float v) {
+  float a = fabsf(v);
+  if (!(a > 0.0f)) return v != v ? v : 0.0f * v;
+  if (a >= k_fp8_max_dev) return copysignf(k_fp8_max_dev, v);
+  int e;
+  frexpf(a, &e);
+  int q_exp = (e - 1 < -6) ? -9 : e - 1 - 3;
+  float q = ldexpf(1.0f, q_exp);
+  float r = rintf(a / q) * q;  // a / q is exact (q is a power of two); rint: ties to even
+  if (r > k_fp8_max_dev) r = k_fp8_max_dev;
+  return copysignf(r, v);
+}
+
+// Nearest E2M1 value, ties to the even code; saturates at +-6.
+DSV4_HD float fp4_e2m1_round_dev(float v) {
+  float a = fabsf(v);
+  float r;
+  if (a <= 0.25f) r = 0.0f;
+  else if (a < 0.75f) r = 0.5f;
+  else if (a <= 1.25f) r = 1.0f;
+  else if (a < 1.75f) r = 1.5f;
+  else if (a <= 2.5f) r = 2.0f;
+  else if (a < 3.5f) r = 3.0f;
+  else if (a <= 5.0f) r = 4.0f;
+  else r = 6.0f;
+  return copysignf(r, v);
+}
+
+// Order-preserving key of a float: a > b <=> float_key(a) > float_key(b) for
+// non-NaN floats; -0 maps to the key of +0 (they compare equal).
+DSV4_HD uint32_t float_key(float f) {
+  uint32_t u = bits_of(f);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// 1 / (1 + e^-x), as cpu::sigmoid.
+__device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,172 @@
+// Dense element/row kernels: RMSNorm, RoPE, quantisation simulations, ring
+// stores, SwiGLU, add, scale, fill.
+//
+//   rms_norm    one block per row (128 threads, 256 for rows >= 2048):
+//               double sum of squares, fixed-order block tree, then x*r*w.
+//               CPU reference: cpu::rms_norm / rms_norm_row (cpu_dense.cpp).
+//   rope        one thread per rotated pair; pos[t] read from device memory.
+//               CPU reference: cpu::rope / rope_row.
+//   quant_sim   one block per row (FP8: a warp per 64-block; Hadamard: in-place
+//               butterflies with barriers, then a warp per 32-block). Bit-exact
+//               with cpu::quant_sim_row.
+//   store_rows  one block per token: ring[pos[t] % cap] = rows[t]; a later
+//               token of the batch with the same slot wins (sequential
+//               semantics of cpu::store_rows).
+//   swiglu/add/scale/fill: grid-stride element loops (cpu::swiglu, CpuBackend::add/scale/fill).
+#include <algorithm>
+
+#include "backend/cuda/cuda_dense.cuh"
+#include "backend/cuda/cuda_rowops.cuh"
+
+namespace dsv4::cuda {
+
+RopeTable make_rope_table(const RopeParams& p) {
+  DSV4_ASSERT(p.n_rot >= 0 && p.n_rot % 2 == 0 && p.n_rot / 2 <= RopeTable::k_max_pairs, "rope: n_rot %d unsupported", p.n_rot);
+  RopeTable t;
+  t.n_rot = p.n_rot;
+  rope_frequencies(p, t.omega);
+  return t;
+}
+
+namespace {
+
+unsigned grid_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((n + threads - 1) / threads, 1), 65536));
+}
+
+__global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps) {
+  __shared__ double red[33];
+  const int64_t r = blockIdx.x;
+  block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red);
+}
+
+__global__ void rope_kernel(float* x, const int32_t* pos, int64_t d, int64_t per_tok, int64_t n_pairs_total, RopeTable rt,
+                            bool inverse) {
+  const int half = rt.n_rot / 2;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_pairs_total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / half;
+    const int j = static_cast<int>(i % half);
+    rope_pair(x + r * d + (d - rt.n_rot), j, rt.omega[j], pos[r / per_tok], inverse);
+  }
+}
+
+__global__ void quant_sim_kernel(float* x, int64_t d, KvQuantSim sim, int n_quant) {
+  block_quant_sim_row(x + static_cast<int64_t>(blockIdx.x) * d, d, sim, n_quant);
+}
+
+__global__ void store_rows_kernel(float* ring, const float* rows, const int32_t* pos, int64_t n, int64_t d, int64_t cap) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = pos[t] % cap;
+  // Sequential semantics: skip when a later token of the batch writes the same slot.
+  int later = 0;
+  for (int64_t u = t + 1 + threadIdx.x; u < n; u += blockDim.x) later |= (pos[u] % cap) == slot;
+  if (__syncthreads_or(later)) return;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ring[slot * d + i] = rows[t * d + i];
+}
+
+__global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_t n, float c) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gt = c < g[i] ? c : g[i];  // std::min(g, c)
+    const float up = clamp_dev(u[i], -c, c);
+    out[i] = __fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up);
+  }
+}
+
+__global__ void add_kernel(float* out, const float* x, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] += x[i];
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
+__global__ void fill_kernel(float* x, int64_t n, float v) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = v;
+}
+
+}  // namespace
+
+void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
+  const int64_t d = op.x.ne[0], rows = op.x.n_rows();
+  DSV4_ASSERT(op.out.ne[0] == d && op.out.n_rows() == rows, "rms_norm: shape mismatch");
+  DSV4_ASSERT(!op.w || op.w.ne[0] == d, "rms_norm: weight length %lld != %lld", static_cast<long long>(op.w.ne[0]),
+              static_cast<long long>(d));
+  DSV4_ASSERT(rows <= 0x7fffffff, "rms_norm: too many rows");
+  if (rows == 0) return;
+  const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
+  rms_norm_kernel<<<static_cast<unsigned>(rows), threads, 0, ctx.stream>>>(op.out.f32(), op.x.f32(),
+                                                                          op.w ? op.w.f32() : nullptr, d, op.eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_rope(const CudaContext& ctx, const RopeOp& op) {
+  const int64_t d = op.x.ne[0], per_tok = op.x.ne[1], n = op.x.ne[2] * op.x.ne[3];
+  DSV4_ASSERT(op.pos.ne[0] == n, "rope: %lld positions for %lld tokens", static_cast<long long>(op.pos.ne[0]),
+              static_cast<long long>(n));
+  DSV4_ASSERT(op.rope.n_rot <= d && op.rope.n_rot % 2 == 0, "rope: bad n_rot");
+  const RopeTable rt = make_rope_table(op.rope);
+  const int64_t total = n * per_tok * (rt.n_rot / 2);
+  if (total == 0) return;
+  rope_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(op.x.f32(), op.pos.i32(), d, per_tok, total, rt, op.inverse);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op) {
+  if (op.sim == KvQuantSim::NONE) return;
+  const int64_t d = op.x.ne[0], rows = op.x.n_rows();
+  DSV4_ASSERT(op.sim != KvQuantSim::HADAMARD_FP4 || (d & (d - 1)) == 0, "Hadamard needs a power-of-two width");
+  DSV4_ASSERT(op.sim != KvQuantSim::FP8_BF16 || (op.n_quant >= 0 && op.n_quant <= d), "quant_sim: n_quant out of range");
+  DSV4_ASSERT(rows <= 0x7fffffff, "quant_sim: too many rows");
+  if (rows == 0) return;
+  quant_sim_kernel<<<static_cast<unsigned>(rows), d > 256 ? 256 : 128, 0, ctx.stream>>>(op.x.f32(), d, op.sim, op.n_quant);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op) {
+  const int64_t d = op.rows.ne[0], n = op.rows.n_rows(), cap = op.ring.n_rows();
+  DSV4_ASSERT(op.ring.ne[0] == d, "store_rows: width mismatch");
+  DSV4_ASSERT(op.pos.ne[0] >= n, "store_rows: %lld positions for %lld rows", static_cast<long long>(op.pos.ne[0]),
+              static_cast<long long>(n));
+  if (n == 0) return;
+  store_rows_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.ring.f32(), op.rows.f32(), op.pos.i32(), n, d, cap);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu(const CudaContext& ctx, const SwigluOp& op) {
+  const int64_t n = op.out.n_elements();
+  DSV4_ASSERT(op.gate.n_elements() == n && op.up.n_elements() == n, "swiglu: size mismatch");
+  if (n == 0) return;
+  swiglu_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(op.out.f32(), op.gate.f32(), op.up.f32(), n, op.clamp);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_add(const CudaContext& ctx, const AddOp& op) {
+  const int64_t n = op.out.n_elements();
+  DSV4_ASSERT(op.x.n_elements() == n, "add: size mismatch");
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(op.out.f32(), op.x.f32(), n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_scale(const CudaContext& ctx, const ScaleOp& op) {
+  const int64_t n = op.x.n_elements();
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(op.x.f32(), n, op.s);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_fill(const CudaContext& ctx, float* dst, int64_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(dst, n, value);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,197 @@
+// Lightning-indexer scores and top-k selection (model-spec.md §5.6).
+//
+// indexer_scores: score[t, k] = sum_h w[t, h] * relu(q[t, h, :] · rows[k, :])
+//   for k < visible = min((pos[t]+1) / ratio, cap_rows), -inf otherwise.
+//   Grid (n, ceil(cap_rows / 64)), 256 threads: a block covers 64 rows of one
+//   query. q[t] is staged in shared memory as [H_I][d_I + 1] (the pad puts
+//   the lanes' heads on distinct banks) with w[t]; each warp takes 8 rows: the
+//   row goes to a per-warp shared buffer, lane l computes the full d_I-long
+//   dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp
+//   sum. Blocks entirely past `visible` only write -inf.
+//   CPU reference: cpu::indexer_scores (cpu_attention.cpp).
+//
+// topk: per query, the min(K, visible) largest scores among rows < visible,
+//   ties to the lower index, written in ascending index order, padded with -1.
+//   One 512-thread block per query. Radix select on order-preserving 32-bit
+//   keys of the floats (-0 folded onto +0 so that equal floats have equal
+//   keys): 4 passes of 8 bits find the K-th largest key T and how many keys
+//   equal to T are needed; a final pass in ascending index order (block-wide
+//   exclusive scans) takes every key > T and the first `need` keys == T.
+//   Exactly the CPU's selection for any input without NaN.
+//   CPU reference: cpu::topk (cpu_attention.cpp).
+#include "backend/cuda/cuda_indexer.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int k_ix_warps = 8;
+constexpr int k_ix_rows_per_warp = 8;
+constexpr int k_ix_rows = k_ix_warps * k_ix_rows_per_warp;
+constexpr int k_topk_threads = 512;
+
+__global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w,
+                                                             const float* rows, const int32_t* pos, int ratio, int HI,
+                                                             int dI) {
+  extern __shared__ float sm[];
+  float* qs = sm;                        // [HI][dI + 1]
+  float* ws = qs + HI * (dI + 1);        // [HI]
+  float* rb = ws + HI;                   // [warps][dI]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * k_ix_rows;
+  const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), cap);
+  const float neg_inf = -__int_as_float(0x7f800000);
+  float* out = scores + t * cap;
+  if (k0 >= visible) {
+    for (int64_t i = threadIdx.x; i < k_ix_rows && k0 + i < cap; i += blockDim.x) out[k0 + i] = neg_inf;
+    return;
+  }
+  const float* qt = q + t * HI * dI;
+  for (int i = threadIdx.x; i < HI * dI; i += blockDim.x) qs[(i / dI) * (dI + 1) + i % dI] = qt[i];
+  for (int i = threadIdx.x; i < HI; i += blockDim.x) ws[i] = w[t * HI + i];
+  __syncthreads();
+  float* row = rb + warp * dI;
+  for (int r = 0; r < k_ix_rows_per_warp; ++r) {
+    const int64_t k = k0 + warp * k_ix_rows_per_warp + r;
+    if (k >= cap) break;
+    if (k >= visible) {
+      if (lane == 0) out[k] = neg_inf;
+      continue;
+    }
+    for (int e = lane; e < dI; e += 32) row[e] = rows[k * dI + e];
+    __syncwarp();
+    float acc = 0.0f;
+    for (int h = lane; h < HI; h += 32) {
+      const float* qh = qs + h * (dI + 1);
+      float dot = 0.0f;
+      for (int e = 0; e < dI; ++e) dot = fmaf(qh[e], row[e], dot);
+      acc = fmaf(ws[h], fmaxf(0.0f, dot), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[k] = acc;
+    __syncwarp();  // the row buffer is rewritten next
+  }
+}
+
+// Exclusive prefix sum over the block (blockDim.x a multiple of 32, <= 1024);
+// *total receives the block sum. `buf`: 32 ints of shared memory. Block-uniform.
+__device__ int block_exclusive_scan(int v, int* buf, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(k_full_mask, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) buf[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < n_warps ? buf[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(k_full_mask, s, o);
+      if (lane >= o) s += y;
+    }
+    buf[lane] = s;  // inclusive warp totals
+  }
+  __syncthreads();
+  const int offset = warp > 0 ? buf[warp - 1] : 0;
+  *total = buf[n_warps - 1];
+  __syncthreads();
+  return offset + incl - v;
+}
+
+__global__ void __launch_bounds__(k_topk_threads) topk_kernel(int32_t* sel, int64_t K, const float* scores, int64_t cap,
+                                                              const int32_t* pos, int ratio) {
+  __shared__ unsigned hist[256];
+  __shared__ unsigned s_digit, s_remaining;
+  __shared__ int scan_buf[32];
+  const int64_t t = blockIdx.x;
+  const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), cap);
+  int32_t* out = sel + t * K;
+  const float* s = scores + t * cap;
+  if (visible <= K) {
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[i] = i < visible ? static_cast<int32_t>(i) : -1;
+    return;
+  }
+  uint32_t prefix = 0, mask = 0;
+  unsigned remaining = static_cast<unsigned>(K);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < visible; i += blockDim.x) {
+      const uint32_t key = float_key(s[i]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned cum = 0;
+      for (int b = 255; b >= 0; --b) {
+        if (cum + hist[b] >= remaining) {
+          s_digit = static_cast<unsigned>(b);
+          s_remaining = remaining - cum;
+          break;
+        }
+        cum += hist[b];
+      }
+    }
+    __syncthreads();
+    prefix |= s_digit << shift;
+    mask |= 255u << shift;
+    remaining = s_remaining;
+    __syncthreads();
+  }
+  // prefix = the K-th largest key; take all larger keys and the first `remaining` equal ones.
+  const int need = static_cast<int>(remaining);
+  int base_eq = 0, base_take = 0;
+  for (int64_t c0 = 0; c0 < visible; c0 += blockDim.x) {
+    const int64_t i = c0 + threadIdx.x;
+    const uint32_t key = i < visible ? float_key(s[i]) : 0u;
+    const bool valid = i < visible;
+    const int gt = valid && key > prefix;
+    const int eq = valid && key == prefix;
+    int tot_eq, tot_take;
+    const int eq_rank = base_eq + block_exclusive_scan(eq, scan_buf, &tot_eq);
+    const int take = gt || (eq && eq_rank < need);
+    const int at = base_take + block_exclusive_scan(take, scan_buf, &tot_take);
+    if (take) out[at] = static_cast<int32_t>(i);
+    base_eq += tot_eq;
+    base_take += tot_take;
+  }
+}
+
+}  // namespace
+
+void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
+  const int64_t dI = op.q.ne[0], HI = op.q.ne[1], n = op.q.ne[2];
+  const int64_t cap = op.rows.n_rows();
+  DSV4_ASSERT(op.scores.ne[0] == cap && op.scores.n_rows() == n, "indexer_scores: shape");
+  DSV4_ASSERT(op.rows.ne[0] == dI && op.w.ne[0] == HI, "indexer_scores: row/weight widths");
+  DSV4_ASSERT(op.ratio >= 1, "indexer_scores: ratio %d", op.ratio);
+  if (n == 0 || cap == 0) return;
+  DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld x %lld scores too many",
+              static_cast<long long>(n), static_cast<long long>(cap));
+  const size_t smem = (static_cast<size_t>(HI) * (dI + 1) + HI + static_cast<size_t>(k_ix_warps) * dI) * sizeof(float);
+  DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory", static_cast<long long>(HI),
+              static_cast<long long>(dI));
+  allow_smem(indexer_scores_kernel, smem);
+  indexer_scores_kernel<<<dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream>>>(
+      op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.f32(), op.pos.i32(), op.ratio, static_cast<int>(HI),
+      static_cast<int>(dI));
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_topk(const CudaContext& ctx, const TopKOp& op) {
+  const int64_t K = op.sel.ne[0], n = op.sel.n_rows(), cap = op.scores.ne[0];
+  DSV4_ASSERT(op.scores.n_rows() >= n, "topk: scores hold fewer rows than the selection");
+  DSV4_ASSERT(op.ratio >= 1, "topk: ratio %d", op.ratio);
+  DSV4_ASSERT(cap < 0x7fffffff, "topk: too many rows");
+  if (n == 0 || K == 0) return;
+  DSV4_ASSERT(n <= 0x7fffffff, "topk: too many queries");
+  topk_kernel<<<static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream>>>(op.sel.i32(), K, op.scores.f32(), cap,
+                                                                          op.pos.i32(), op.ratio);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda

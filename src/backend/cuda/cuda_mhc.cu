@@ -1,0 +1,374 @@
+// Embedding + mHC expansion, hc_pre (with Sinkhorn), hc_post, hc_head
+// (model-spec.md §4).
+//
+// embed     out[t, s, :] = table[ids[t], :] for each stream s. One block per
+//           token; ids read from device memory (range-checked in the kernel).
+// hc_pre /  per token, over the flattened state x̄ = X[t] (hc*D floats):
+// hc_head   rho = 1/sqrt(mean(x̄^2) + eps), mix[m] = rho * (fn[m] · x̄).
+//           Two kernels:
+//           1. partials: grid (n tokens, S slices of 256 elements, groups of
+//              8 mix rows), 128 threads. Each block forms up to 8 of the n_mix
+//              dot products over its slice (fn decoded in units,
+//              cuda_quant.cuh) and, in group 0, the slice's sum of x̄^2
+//              (double), block-reduced in a fixed tree, into scratch
+//              [n][S][n_mix] + [n][S]. A decode step (n = 1, Flash: hc*D =
+//              16384, n_mix = 24) runs 64 x 3 blocks, so the 1.5 MiB of fn
+//              streams at a useful fraction of the bandwidth (1024-element
+//              slices, one block per slice, measured 84 us per call).
+//           2. finalize: one block per token; thread m combines mix row m's S
+//              partials in slice order, thread 0 the sum of squares; then
+//              thread 0 computes pre/post/comb (Sinkhorn on the hc x hc
+//              matrix, exactly as cpu::sinkhorn) or the head weights, and all
+//              threads form u = sum_i pre_i X_i (or h = sum_i w_i X_i).
+//           S depends only on hc*D, so results never depend on the batch size.
+// hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round);
+//           one thread per (token, d), in place.
+//
+// Float operations outside the dot products repeat the CPU's (rounded
+// products and sums in the CPU's order, no contraction).
+// CPU reference: cpu::embed, cpu::hc_pre, cpu::hc_post, cpu::hc_head (cpu_mhc.cpp).
+#include <algorithm>
+
+#include "backend/cuda/cuda_mhc.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int k_hc_slice = 256;   // state elements per partial block (a multiple of every unit size)
+constexpr int k_mix_pass = 8;     // mix rows accumulated per pass over a slice
+constexpr int k_max_hc = 8;
+
+template <GgmlType T>
+__global__ void embed_kernel(float* out, const uint8_t* table, size_t row_bytes, int64_t n_rows, const int32_t* ids,
+                             int64_t hc, int64_t D, QuantTables tab) {
+  constexpr int U = WeightUnit<T>::U;
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  DEVICE_CHECK(id >= 0 && id < n_rows);
+  const uint8_t* row = table + static_cast<int64_t>(id) * row_bytes;
+  float* o = out + t * hc * D;
+  for (int64_t u = threadIdx.x; u < D / U; u += blockDim.x) {
+    float w[U];
+    WeightUnit<T>::decode(row, u, w, tab);
+    for (int64_t s = 0; s < hc; ++s)
+#pragma unroll
+      for (int j = 0; j < U; ++j) o[s * D + u * U + j] = w[j];
+  }
+}
+
+// Partial sums of one slice: part[(t*S + s) * (n_mix + 1) + m] (float dot m), and ss[t*S + s] (double).
+template <GgmlType T>
+__global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t len, const uint8_t* fn,
+                                                             size_t fn_row_bytes, int n_mix, int S, float* part_dot,
+                                                             double* part_ss, QuantTables tab) {
+  constexpr int U = WeightUnit<T>::U;
+  __shared__ double red_d[33];
+  __shared__ float red_f[33];
+  const int64_t t = blockIdx.x, s = blockIdx.y;
+  const float* X = state + t * len;
+  const int64_t e0 = s * k_hc_slice, e1 = min(len, e0 + k_hc_slice);
+  if (blockIdx.z == 0) {  // uniform across the block
+    double ss = 0.0;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+      const double v = static_cast<double>(X[e]);
+      ss += v * v;
+    }
+    ss = block_sum_double(ss, red_d);
+    if (threadIdx.x == 0) part_ss[t * S + s] = ss;
+  }
+  const int64_t u0 = e0 / U, u1 = e1 / U;
+  {
+    const int mg = static_cast<int>(blockIdx.z) * k_mix_pass;
+    float acc[k_mix_pass];
+#pragma unroll
+    for (int k = 0; k < k_mix_pass; ++k) acc[k] = 0.0f;
+    for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
+      const float4* xp = reinterpret_cast<const float4*>(X + u * U);
+      float xv[U];
+#pragma unroll
+      for (int i = 0; i < U / 4; ++i) {
+        const float4 v = xp[i];
+        xv[4 * i] = v.x;
+        xv[4 * i + 1] = v.y;
+        xv[4 * i + 2] = v.z;
+        xv[4 * i + 3] = v.w;
+      }
+#pragma unroll
+      for (int k = 0; k < k_mix_pass; ++k) {
+        if (mg + k < n_mix) {
+          float w[U];
+          WeightUnit<T>::decode(fn + static_cast<int64_t>(mg + k) * fn_row_bytes, u, w, tab);
+#pragma unroll
+          for (int j = 0; j < U; ++j) acc[k] = fmaf(w[j], xv[j], acc[k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < k_mix_pass; ++k) {
+      if (mg + k >= n_mix) break;  // uniform across the block
+      const float v = block_sum_float(acc[k], red_f);
+      if (threadIdx.x == 0) part_dot[(t * S + s) * n_mix + mg + k] = v;
+    }
+  }
+}
+
+// mix[m] = rho * (sum over slices of the dot partials), slice order; rho from
+// the double partials. Called by every thread of the block (thread m sums row
+// m; needs blockDim.x >= n_mix); ends with the block synchronised.
+__device__ void combine_mix(const float* part_dot, const double* part_ss, int64_t t, int S, int n_mix, int64_t len,
+                            float norm_eps, float* mix, float* rho_shared) {
+  if (threadIdx.x == 0) {
+    double ss = 0.0;
+    for (int s = 0; s < S; ++s) ss += part_ss[t * S + s];
+    *rho_shared = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(len) + static_cast<double>(norm_eps)));
+  }
+  float d = 0.0f;
+  const int m = static_cast<int>(threadIdx.x);
+  if (m < n_mix)
+    for (int s = 0; s < S; ++s) d = __fadd_rn(d, part_dot[(t * S + s) * n_mix + m]);
+  __syncthreads();
+  if (m < n_mix) mix[m] = __fmul_rn(*rho_shared, d);
+  __syncthreads();
+}
+
+// Sinkhorn projection of an hc x hc matrix in place (cpu::sinkhorn).
+__device__ void sinkhorn_dev(float* c, int hc, float eps, int iters) {
+  for (int i = 0; i < hc; ++i) {
+    float* row = c + i * hc;
+    float mx = row[0];
+    for (int j = 1; j < hc; ++j) mx = mx < row[j] ? row[j] : mx;
+    float sum = 0.0f;
+    for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, (row[j] = expf(__fsub_rn(row[j], mx))));
+    for (int j = 0; j < hc; ++j) row[j] = __fadd_rn(row[j] / sum, eps);
+  }
+  auto col_norm = [&] {
+    for (int j = 0; j < hc; ++j) {
+      float s = 0.0f;
+      for (int i = 0; i < hc; ++i) s = __fadd_rn(s, c[i * hc + j]);
+      for (int i = 0; i < hc; ++i) c[i * hc + j] /= __fadd_rn(s, eps);
+    }
+  };
+  auto row_norm = [&] {
+    for (int i = 0; i < hc; ++i) {
+      float s = 0.0f;
+      for (int j = 0; j < hc; ++j) s = __fadd_rn(s, c[i * hc + j]);
+      for (int j = 0; j < hc; ++j) c[i * hc + j] /= __fadd_rn(s, eps);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+// The same projection for a compile-time HC with the matrix in registers
+// (every loop unrolled): the same operations in the same order, so the same
+// bits, without the dependent shared-memory round trips that made the
+// shared-memory version the bulk of hc_pre at hc = 4 (~50 us of a 70 us call
+// in the Flash decode profile).
+template <int HC>
+__device__ void sinkhorn_reg(float (&c)[HC * HC], float eps, int iters) {
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    float mx = c[i * HC];
+#pragma unroll
+    for (int j = 1; j < HC; ++j) mx = mx < c[i * HC + j] ? c[i * HC + j] : mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) sum = __fadd_rn(sum, (c[i * HC + j] = expf(__fsub_rn(c[i * HC + j], mx))));
+#pragma unroll
+    for (int j = 0; j < HC; ++j) c[i * HC + j] = __fadd_rn(c[i * HC + j] / sum, eps);
+  }
+  const int n_it = iters > 1 ? iters : 1;  // one column pass even for iters <= 1, as sinkhorn_dev
+  for (int it = 0; it < n_it; ++it) {
+    if (it > 0) {  // row normalisation (iterations 2..iters start with it)
+#pragma unroll
+      for (int i = 0; i < HC; ++i) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) s = __fadd_rn(s, c[i * HC + j]);
+#pragma unroll
+        for (int j = 0; j < HC; ++j) c[i * HC + j] /= __fadd_rn(s, eps);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < HC; ++i) s = __fadd_rn(s, c[i * HC + j]);
+#pragma unroll
+      for (int i = 0; i < HC; ++i) c[i * HC + j] /= __fadd_rn(s, eps);
+    }
+  }
+}
+
+__global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
+                                       const double* part_ss, const float* scale, const float* base, float norm_eps,
+                                       float hc_eps, int iters, float* u, float* post, float* comb) {
+  __shared__ float mix[(2 + k_max_hc) * k_max_hc];
+  __shared__ float pre[k_max_hc];
+  __shared__ float rho;
+  const int64_t t = blockIdx.x;
+  const int n_mix = (2 + hc) * hc;
+  combine_mix(part_dot, part_ss, t, S, n_mix, hc * D, norm_eps, mix, &rho);
+  if (threadIdx.x == 0) {
+    float* po = post + t * hc;
+    float* co = comb + t * hc * hc;
+    for (int i = 0; i < hc; ++i) {
+      pre[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
+      po[i] = __fmul_rn(2.0f, sigmoid_dev(__fadd_rn(__fmul_rn(scale[1], mix[hc + i]), base[hc + i])));
+    }
+    float* cm = mix + 2 * hc;  // reuse the comb slots of mix in place
+    for (int k = 0; k < hc * hc; ++k) cm[k] = __fadd_rn(__fmul_rn(scale[2], cm[k]), base[2 * hc + k]);
+    if (hc == 4) {  // DeepSeek V4's n_hc
+      float c[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) c[k] = cm[k];
+      sinkhorn_reg<4>(c, hc_eps, iters);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) co[k] = c[k];
+    } else {
+      sinkhorn_dev(cm, hc, hc_eps, iters);
+      for (int k = 0; k < hc * hc; ++k) co[k] = cm[k];
+    }
+  }
+  __syncthreads();
+  const float* X = state + t * hc * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float s = 0.0f;
+    for (int i = 0; i < hc; ++i) s = __fadd_rn(s, __fmul_rn(pre[i], X[i * D + d]));
+    u[t * D + d] = s;
+  }
+}
+
+__global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
+                                        const double* part_ss, const float* scale, const float* base, float norm_eps,
+                                        float hc_eps, float* h) {
+  __shared__ float mix[k_max_hc];
+  __shared__ float rho;
+  const int64_t t = blockIdx.x;
+  combine_mix(part_dot, part_ss, t, S, hc, hc * D, norm_eps, mix, &rho);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < hc; ++i) mix[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
+  }
+  __syncthreads();
+  const float* X = state + t * hc * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < hc; ++i) acc = __fadd_rn(acc, __fmul_rn(mix[i], X[i * D + d]));
+    h[t * D + d] = acc;
+  }
+}
+
+__global__ void hc_post_kernel(float* state, const float* y, const float* post, const float* comb, int64_t D, int hc,
+                               int64_t n, bool round_bf16) {
+  const int64_t total = n * D;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    float* X = state + t * hc * D;
+    float xi[k_max_hc];
+#pragma unroll
+    for (int k = 0; k < k_max_hc; ++k) xi[k] = k < hc ? X[k * D + d] : 0.0f;
+    const float yv = y[t * D + d];
+    const float* po = post + t * hc;
+    const float* co = comb + t * hc * hc;
+#pragma unroll
+    for (int j = 0; j < k_max_hc; ++j) {
+      if (j >= hc) break;
+      float s = __fmul_rn(po[j], yv);
+#pragma unroll
+      for (int k = 0; k < k_max_hc; ++k)
+        if (k < hc) s = __fadd_rn(s, __fmul_rn(co[k * hc + j], xi[k]));
+      X[j * D + d] = round_bf16 ? bf16_round_dev(s) : s;
+    }
+  }
+}
+
+// Runs the partial kernel for n tokens and returns the number of slices; the
+// partials land in ctx scratch: [n][S][n_mix] floats, then [n][S] doubles.
+int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& fn, int n_mix, float** part_dot,
+                     double** part_ss) {
+  const int64_t D = state.ne[0], hc = state.ne[1], n = state.ne[2];
+  const int64_t len = hc * D;
+  const int S = static_cast<int>((len + k_hc_slice - 1) / k_hc_slice);
+  const int G = (n_mix + k_mix_pass - 1) / k_mix_pass;
+  DSV4_ASSERT(S <= 65535 && G <= 64 && n <= 0x7fffffff, "hc: state of %lld x %lld too large", static_cast<long long>(n),
+              static_cast<long long>(len));
+  const size_t dot_bytes = (static_cast<size_t>(n) * S * n_mix * sizeof(float) + 255) / 256 * 256;
+  auto* base = static_cast<uint8_t*>(ctx.scratch->get(dot_bytes + static_cast<size_t>(n) * S * sizeof(double), ctx.stream));
+  *part_dot = reinterpret_cast<float*>(base);
+  *part_ss = reinterpret_cast<double*>(base + dot_bytes);
+  DSV4_ASSERT(reinterpret_cast<uintptr_t>(state.data) % 16 == 0, "hc: state not 16-byte aligned");
+  dispatch_weight_type(fn.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    DSV4_ASSERT(len % WeightUnit<T>::U == 0 && len % 4 == 0, "hc: state width %lld", static_cast<long long>(len));
+    hc_mix_partial_kernel<T><<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(S), static_cast<unsigned>(G)), 128, 0,
+                                     ctx.stream>>>(
+        state.f32(), len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(), n_mix, S, *part_dot, *part_ss, ctx.tables);
+    CUDA_CHECK_LAUNCH();
+  });
+  return S;
+}
+
+}  // namespace
+
+void launch_embed(const CudaContext& ctx, const EmbedOp& op) {
+  const int64_t n = op.ids.ne[0], hc = op.out.ne[1], D = op.out.ne[0];
+  DSV4_ASSERT(op.table.ne[0] == D, "embed: width mismatch");
+  DSV4_ASSERT(op.out.ne[2] >= n, "embed: output holds fewer tokens than ids");
+  if (n == 0) return;
+  dispatch_weight_type(op.table.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    DSV4_ASSERT(D % WeightUnit<T>::U == 0, "embed: width %lld", static_cast<long long>(D));
+    embed_kernel<T><<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.out.f32(), static_cast<const uint8_t*>(op.table.data),
+                                                                     op.table.row_bytes(), op.table.n_rows(), op.ids.i32(),
+                                                                     hc, D, ctx.tables);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
+  const int64_t D = op.state.ne[0], hc = op.state.ne[1], n = op.state.ne[2];
+  const int n_mix = static_cast<int>((2 + hc) * hc);
+  DSV4_ASSERT(hc >= 1 && hc <= k_max_hc, "hc_pre: %lld streams (at most %d)", static_cast<long long>(hc), k_max_hc);
+  DSV4_ASSERT(op.fn.ne[0] == hc * D && op.fn.ne[1] == n_mix, "hc_pre: fn shape");
+  if (n == 0) return;
+  float* part_dot;
+  double* part_ss;
+  const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);
+  hc_pre_finalize_kernel<<<static_cast<unsigned>(n), 256, 0, ctx.stream>>>(
+      op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
+      op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32());
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_hc_head(const CudaContext& ctx, const HcHeadOp& op) {
+  const int64_t D = op.state.ne[0], hc = op.state.ne[1], n = op.state.ne[2];
+  DSV4_ASSERT(hc >= 1 && hc <= k_max_hc, "hc_head: %lld streams (at most %d)", static_cast<long long>(hc), k_max_hc);
+  DSV4_ASSERT(op.fn.ne[0] == hc * D && op.fn.ne[1] == hc, "hc_head: fn shape");
+  if (n == 0) return;
+  float* part_dot;
+  double* part_ss;
+  const int S = run_mix_partials(ctx, op.state, op.fn, static_cast<int>(hc), &part_dot, &part_ss);
+  hc_head_finalize_kernel<<<static_cast<unsigned>(n), 256, 0, ctx.stream>>>(op.state.f32(), D, static_cast<int>(hc), S,
+                                                                           part_dot, part_ss, op.scale.f32(), op.base.f32(),
+                                                                           op.norm_eps, op.hc_eps, op.h.f32());
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_hc_post(const CudaContext& ctx, const HcPostOp& op) {
+  const int64_t D = op.state.ne[0], hc = op.state.ne[1], n = op.state.ne[2];
+  DSV4_ASSERT(hc >= 1 && hc <= k_max_hc, "hc_post: %lld streams (at most %d)", static_cast<long long>(hc), k_max_hc);
+  const int64_t total = n * D;
+  if (total == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
+  hc_post_kernel<<<blocks, 256, 0, ctx.stream>>>(op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D,
+                                                 static_cast<int>(hc), n, op.round_bf16);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda

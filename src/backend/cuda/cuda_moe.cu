@@ -1,0 +1,245 @@
+// MoE router (model-spec.md §6.1–§6.3) and routed experts (§6.4).
+//
+// moe_route: one 256-thread block per token. s_e = sqrt(softplus(z_e)) into
+//   shared memory; experts = the hash-table row of ids[t] (hash layers, read
+//   on the device, range-checked) or k rounds of a block arg-max of s_e + b_e
+//   (largest value, ties to the lower index, excluding taken experts) — the
+//   CPU's partial_sort order; weights = s[sel_i] / sum_i s[sel_i] * alpha with
+//   the sum in slot order. The float chain is the CPU's (expf/log1pf/sqrtf),
+//   so the selection matches the CPU's except where two biased scores differ
+//   by less than the libm discrepancy (never for equal inputs: exact ties are
+//   broken identically).
+//   CPU reference: cpu::moe_route (cpu_moe.cpp).
+//
+// moe_experts: every (token t, slot i) assignment a = t*k + i is independent:
+//   1. gate rows:  g[a, f] = W_gate[e_a, f, :] · x[t]   (expert id read on the device)
+//   2. up rows:    u[a, f] = W_up[e_a, f, :] · x[t]
+//   3. mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a   (weight before the down projection)
+//   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
+//   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
+//   Steps 1, 2, 4 are the matvec of cuda_matmul.cu (one warp per expert row,
+//   8 rows per block, staged wide loads for Q8_0/Q2_K/IQ2_XXS, grid
+//   (assignments, row blocks)), so each assignment
+//   costs one pass over its expert's weights. Simple and batch-invariant;
+//   prefill re-reads an expert's weights once per assignment (grouping tokens
+//   by expert is part 2 of issue #5). Scratch: [n*k][2F + D] floats.
+//   CPU reference: cpu::moe_experts (cpu_moe.cpp).
+#include <algorithm>
+
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int k_route_threads = 256;
+constexpr int k_max_route_k = 64;
+
+__device__ __forceinline__ float softplus_dev(float z) {
+  if (z > 20.0f) return z;
+  if (z < -20.0f) return expf(z);
+  return log1pf(expf(z));
+}
+
+// (v, i) beats (bv, bi): larger value, ties to the lower index; i < 0 is "none".
+__device__ __forceinline__ bool route_better(float v, int i, float bv, int bi) {
+  if (i < 0) return false;
+  if (bi < 0) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* experts, float* weights, const float* logits,
+                                                                    const float* bias, const int32_t* hash,
+                                                                    int64_t hash_rows, int64_t hash_w, const int32_t* ids,
+                                                                    int E, int k, float alpha, bool normalize) {
+  extern __shared__ float sm[];
+  float* s = sm;                                          // [E] scores
+  unsigned char* taken = reinterpret_cast<unsigned char*>(s + E);  // [E]
+  __shared__ int sel[k_max_route_k];
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  const int64_t t = blockIdx.x;
+  const float* z = logits + t * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    s[e] = sqrtf(softplus_dev(z[e]));
+    taken[e] = 0;
+  }
+  __syncthreads();
+  if (hash) {
+    if (threadIdx.x == 0) {
+      const int32_t id = ids[t];
+      DEVICE_CHECK(id >= 0 && id < hash_rows);
+      for (int i = 0; i < k; ++i) sel[i] = hash[static_cast<int64_t>(id) * hash_w + i];
+    }
+  } else {
+    for (int i = 0; i < k; ++i) {
+      float bv = 0.0f;
+      int bi = -1;
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        if (taken[e]) continue;
+        const float v = bias ? s[e] + bias[e] : s[e];
+        if (route_better(v, e, bv, bi)) {
+          bv = v;
+          bi = e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_down_sync(k_full_mask, bv, o);
+        const int oi = __shfl_down_sync(k_full_mask, bi, o);
+        if (route_better(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        red_v[warp] = bv;
+        red_i[warp] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float v = red_v[0];
+        int b = red_i[0];
+        for (int w = 1; w < n_warps; ++w)
+          if (route_better(red_v[w], red_i[w], v, b)) {
+            v = red_v[w];
+            b = red_i[w];
+          }
+        sel[i] = b;
+        taken[b] = 1;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) {
+      DEVICE_CHECK(sel[i] >= 0 && sel[i] < E);
+      sum += s[sel[i]];
+    }
+    for (int i = 0; i < k; ++i) {
+      const float v = s[sel[i]];
+      experts[t * k + i] = sel[i];
+      weights[t * k + i] = (normalize ? v / fmaxf(sum, 1e-30f) : v) * alpha;
+    }
+  }
+}
+
+// out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8)), one warp per row.
+template <GgmlType T, bool Staged>
+__global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, size_t row_bytes,
+                                                            int64_t n_units, int64_t E, const int32_t* experts,
+                                                            const float* x, int64_t x_stride, int x_div, QuantTables tab) {
+  __shared__ typename UnitStaging<T>::Vec stage[8][Staged ? stage_vecs<T>() : 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t a = blockIdx.x;
+  const int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + warp;
+  if (r >= R) return;  // whole warps
+  const int32_t ex = experts[a];
+  DEVICE_CHECK(ex >= 0 && ex < E);
+  const uint8_t* row = w + (static_cast<int64_t>(ex) * R + r) * row_bytes;
+  const float* xr = x + (a / x_div) * x_stride;
+  float s;
+  if constexpr (Staged) s = warp_row_dot_staged<T>(row, n_units, xr, lane, tab, stage[warp]);
+  else s = warp_row_dot<T>(row, n_units, xr, lane, tab);
+  if (lane == 0) out[a * R + r] = s;
+}
+
+// mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
+__global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total, float c) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gt = c < g[i] ? c : g[i];
+    const float up = clamp_dev(u[i], -c, c);
+    g[i] = __fmul_rn(__fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up), weights[i / F]);
+  }
+}
+
+// out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order.
+__global__ void expert_sum_kernel(float* out, const float* y, int64_t D, int k, int64_t total, bool accumulate) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    float s = accumulate ? out[i] : 0.0f;
+    for (int j = 0; j < k; ++j) s = __fadd_rn(s, y[(t * k + j) * D + d]);
+    out[i] = s;
+  }
+}
+
+unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
+
+void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const int32_t* experts, int64_t n_assign,
+                   const float* x, int64_t x_stride, int x_div) {
+  const int64_t cols = w.ne[0], E = w.ne[2];
+  DSV4_ASSERT((R + 7) / 8 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
+  DSV4_ASSERT(n_assign <= 0x7fffffff, "moe_experts: too many assignments");
+  dispatch_weight_type(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    constexpr int U = WeightUnit<T>::U;
+    DSV4_ASSERT(cols % U == 0 && cols % 4 == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T),
+                static_cast<long long>(cols));
+    const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8));
+    const auto* wp = static_cast<const uint8_t*>(w.data);
+    bool staged = false;
+    if constexpr (UnitStaging<T>::chunk_bytes > 0) {
+      if (can_stage<T>(wp, w.row_bytes())) {
+        staged = true;
+        expert_matvec_kernel<T, true><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
+                                                                    x_stride, x_div, ctx.tables);
+      }
+    }
+    if (!staged)
+      expert_matvec_kernel<T, false><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
+                                                                   x_stride, x_div, ctx.tables);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void launch_moe_route(const CudaContext& ctx, const MoeRouteOp& op) {
+  const int64_t E = op.logits.ne[0], n = op.logits.n_rows(), k = op.experts.ne[0];
+  DSV4_ASSERT(k <= E && k <= k_max_route_k, "moe_route: k = %lld (E = %lld)", static_cast<long long>(k), static_cast<long long>(E));
+  DSV4_ASSERT(op.experts.n_rows() == n && op.weights.ne[0] == k && op.weights.n_rows() == n, "moe_route: output shapes");
+  DSV4_ASSERT(!op.bias || op.bias.ne[0] == E, "moe_route: bias length");
+  DSV4_ASSERT(!op.hash || (op.hash.ne[0] >= k && op.ids.ne[0] >= n), "moe_route: hash table / ids shape");
+  if (n == 0 || k == 0) return;
+  DSV4_ASSERT(n <= 0x7fffffff, "moe_route: too many tokens");
+  const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
+  allow_smem(moe_route_kernel, smem);
+  moe_route_kernel<<<static_cast<unsigned>(n), k_route_threads, smem, ctx.stream>>>(
+      op.experts.i32(), op.weights.f32(), op.logits.f32(), op.bias ? op.bias.f32() : nullptr,
+      op.hash ? op.hash.i32() : nullptr, op.hash ? op.hash.n_rows() : 0, op.hash ? op.hash.ne[0] : 0,
+      op.hash ? op.ids.i32() : nullptr, static_cast<int>(E), static_cast<int>(k), op.alpha, op.normalize);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
+  const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
+  const int64_t F = op.gate.ne[1];
+  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D, "moe_experts: shapes");
+  DSV4_ASSERT(op.up.ne[1] == F && op.up.ne[2] == op.gate.ne[2] && op.down.ne[2] == op.gate.ne[2], "moe_experts: expert counts");
+  DSV4_ASSERT(op.experts.n_rows() == n && op.weights.ne[0] == k && op.out.ne[0] == D && op.out.n_rows() == n,
+              "moe_experts: routing/output shapes");
+  DSV4_ASSERT(reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0, "moe_experts: x not 16-byte aligned");
+  if (n == 0) return;
+  const int64_t n_assign = n * k;
+  float* g = static_cast<float*>(ctx.scratch->get(static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float), ctx.stream));
+  float* u = g + n_assign * F;
+  float* y = u + n_assign * F;
+  if (k > 0) {
+    const int32_t* ex = op.experts.i32();
+    expert_matvec(ctx, g, F, op.gate, ex, n_assign, op.x.f32(), D, static_cast<int>(k));
+    expert_matvec(ctx, u, F, op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k));
+    expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, op.weights.f32(), F, n_assign * F, op.clamp);
+    CUDA_CHECK_LAUNCH();
+    expert_matvec(ctx, y, D, op.down, ex, n_assign, g, F, 1);
+  }
+  expert_sum_kernel<<<elem_grid(n * D), 256, 0, ctx.stream>>>(op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda

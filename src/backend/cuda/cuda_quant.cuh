@@ -1,0 +1,310 @@
+// Weight decoding on the device: every weight type dsv4 computes with is read
+// in "units" of U consecutive elements of a row, decoded into registers with
+// exactly the float operations of src/quant/block_decode.h (so the decoded
+// weights are bit-identical to dequantize_row's), and consumed by the matvec,
+// tiled matmul, embedding, mHC and MoE kernels.
+//
+//   type      U   unit                                   loads (weights stay in GGUF layout)
+//                                                        (decode matvec: Q8_0/Q2_K/IQ2_XXS staged, see UnitStaging)
+//   F32       4   4 floats                               one 16-byte load (row must be 16-byte aligned)
+//   F16/BF16  8   8 halves                               one 16-byte load
+//   Q8_0     32   one 34-byte block                      d + 16 two-byte loads (blocks are 2-byte aligned)
+//   Q2_K     32   two 16-element sub-blocks of a 256-blk 8 four-byte qs loads, scales, d/dmin
+//   Q4_K     32   one 32-element sub-block of a 256-blk  2 sixteen-byte qs loads, 12 scale bytes, d/dmin
+//   IQ2_XXS  32   one 32-element group of a 256-blk      d + 4 two-byte loads, table look-ups
+//
+// A row of `cols` elements has cols / U units; lane l of a warp handles units
+// l, l + 32, l + 64, ... in that order (the canonical accumulation order that
+// makes the matvec and the batched matmul give bit-identical results).
+#pragma once
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace dsv4::cuda {
+
+// Plain load through a generic pointer: the decoders read global memory (the
+// weights) or a shared-memory copy of it (staged matvec chunks).
+template <class V>
+DSV4_HD V ld(const V* p) {
+  return *p;
+}
+
+template <GgmlType T>
+struct WeightUnit;
+
+template <>
+struct WeightUnit<GgmlType::F32> {
+  static constexpr int U = 4;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const float4 v = ld(reinterpret_cast<const float4*>(row) + u);
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+  }
+};
+
+template <>
+struct WeightUnit<GgmlType::F16> {
+  static constexpr int U = 8;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const uint4 v = ld(reinterpret_cast<const uint4*>(row) + u);
+    const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+DSV4_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      w[2 * i] = f16_bits_to_f32(static_cast<uint16_t>(p[i] & 0xffffu));
+      w[2 * i + 1] = f16_bits_to_f32(static_cast<uint16_t>(p[i] >> 16));
+    }
+  }
+};
+
+template <>
+struct WeightUnit<GgmlType::BF16> {
+  static constexpr int U = 8;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const uint4 v = ld(reinterpret_cast<const uint4*>(row) + u);
+    const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+DSV4_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      w[2 * i] = float_of(p[i] << 16);
+      w[2 * i + 1] = float_of(p[i] & 0xffff0000u);
+    }
+  }
+};
+
+// Q8_0: w[i] = fp16(d) * qs[i].
+template <>
+struct WeightUnit<GgmlType::Q8_0> {
+  static constexpr int U = 32;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(row + u * 34);
+    const float d = f16_bits_to_f32(ld(b));
+DSV4_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      const uint16_t q2 = ld(b + 1 + i);
+      w[2 * i] = d * static_cast<float>(static_cast<int8_t>(q2 & 0xff));
+      w[2 * i + 1] = d * static_cast<float>(static_cast<int8_t>(q2 >> 8));
+    }
+  }
+};
+
+// Q2_K: unit v (0..7) of block b covers elements [32v, 32v+32) = sub-blocks
+// g = 2v, 2v+1 (16 each); h = v / 4, s = v % 4; element l reads bits 2s..2s+1 of
+// qs[32h + l]; w = (d*sc_g) * q - (dmin*m_g), the product rounded before the subtraction.
+template <>
+struct WeightUnit<GgmlType::Q2_K> {
+  static constexpr int U = 32;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const uint8_t* blk = row + (u >> 3) * 84;
+    const int v = static_cast<int>(u & 7), h = v >> 2, s = v & 3;
+    const uint32_t dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+    const uint16_t sc = ld(reinterpret_cast<const uint16_t*>(blk + 2 * v));  // scales[2v], scales[2v+1]
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * h);
+DSV4_UNROLL
+    for (int k = 0; k < 2; ++k) {
+      const uint8_t scb = static_cast<uint8_t>(k == 0 ? (sc & 0xff) : (sc >> 8));
+      const float dl = d * static_cast<float>(scb & 0x0F);
+      const float ml = dmin * static_cast<float>(scb >> 4);
+DSV4_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t q4 = ld(q + 4 * k + i);
+DSV4_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const float qv = static_cast<float>((q4 >> (8 * j + 2 * s)) & 3u);
+          w[16 * k + 4 * i + j] = sub_rn(mul_rn(dl, qv), ml);
+        }
+      }
+    }
+  }
+};
+
+// Q4_K: unit j (0..7) of block b covers elements [32j, 32j+32): nibble (j odd:
+// high, even: low) of qs[32(j/2) + l]; scale/min j from the packed 6-bit table.
+template <>
+struct WeightUnit<GgmlType::Q4_K> {
+  static constexpr int U = 32;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const uint8_t* blk = row + (u >> 3) * 144;
+    const int j = static_cast<int>(u & 7), c = j >> 1;
+    const uint32_t dd = ld(reinterpret_cast<const uint32_t*>(blk));
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+    const uint32_t* sw = reinterpret_cast<const uint32_t*>(blk + 4);  // the 12 scale bytes as 3 words
+    const uint32_t s0 = ld(sw), s1 = ld(sw + 1), s2 = ld(sw + 2);
+    // Byte k of the scale table, selected without a run-time-indexed local array.
+    auto sb = [&](int k) -> int {
+      const uint32_t word = k < 4 ? s0 : (k < 8 ? s1 : s2);
+      return static_cast<int>((word >> (8 * (k & 3))) & 0xFFu);
+    };
+    int sc, m;
+    if (j < 4) {
+      sc = sb(j) & 63;
+      m = sb(j + 4) & 63;
+    } else {
+      sc = (sb(j + 4) & 0x0F) | ((sb(j - 4) >> 6) << 4);
+      m = (sb(j + 4) >> 4) | ((sb(j) >> 6) << 4);
+    }
+    const float d1 = d * static_cast<float>(sc);
+    const float m1 = dmin * static_cast<float>(m);
+    const uint4* q = reinterpret_cast<const uint4*>(blk + 16 + 32 * c);
+    const int shift = (j & 1) * 4;
+DSV4_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const uint4 v = ld(q + half);
+      const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+DSV4_UNROLL
+      for (int i = 0; i < 4; ++i)
+DSV4_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const float qv = static_cast<float>((p[i] >> (8 * k + shift)) & 0x0Fu);
+          w[16 * half + 4 * i + k] = sub_rn(mul_rn(d1, qv), m1);
+        }
+    }
+  }
+};
+
+// IQ2_XXS: unit ib (0..7) of block b = group of 32: words wa (4 grid indices)
+// and wb (4 seven-bit sign indices, 4-bit scale ls); db = d*(0.5+ls)*0.25;
+// w = +-(db * grid byte), the sign from bit j of the sign table entry.
+template <>
+struct WeightUnit<GgmlType::IQ2_XXS> {
+  static constexpr int U = 32;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables& t) {
+    const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + (u >> 3) * 66);
+    const int ib = static_cast<int>(u & 7);
+    const float d = f16_bits_to_f32(ld(blk));
+    const uint16_t* g = blk + 1 + 4 * ib;
+    const uint32_t wa = static_cast<uint32_t>(ld(g)) | (static_cast<uint32_t>(ld(g + 1)) << 16);
+    const uint32_t wb = static_cast<uint32_t>(ld(g + 2)) | (static_cast<uint32_t>(ld(g + 3)) << 16);
+    const float db = mul_rn(mul_rn(d, 0.5f + static_cast<float>(wb >> 28)), 0.25f);
+DSV4_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t grid = ld(t.iq2_grid + ((wa >> (8 * k)) & 0xFFu));
+      const uint32_t sg = ld(t.iq2_signs + ((wb >> (7 * k)) & 127u));
+DSV4_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const float v = mul_rn(db, static_cast<float>((grid >> (8 * j)) & 0xFFu));
+        w[8 * k + j] = ((sg >> j) & 1u) ? -v : v;
+      }
+    }
+  }
+};
+
+// Wide staging of the 32 units a warp consumes per step (one per lane), for
+// the types whose blocks are not 16-byte aligned in the GGUF layout: the warp
+// copies the chunk's contiguous bytes to shared memory with 16-byte (IQ2_XXS:
+// 8-byte) coalesced loads, then each lane decodes its unit from there. Usable
+// when every chunk starts aligned, i.e. row_bytes % sizeof(Vec) == 0 (Q8_0:
+// cols % 256 == 0; Q2_K, IQ2_XXS: cols % 1024 == 0); chunk_bytes = 0: no staging.
+template <GgmlType T>
+struct UnitStaging {
+  using Vec = uint4;
+  static constexpr int chunk_bytes = 0;
+};
+template <>
+struct UnitStaging<GgmlType::Q8_0> {
+  using Vec = uint4;
+  static constexpr int chunk_bytes = 32 * 34;  // 32 blocks = 68 x 16 bytes
+};
+template <>
+struct UnitStaging<GgmlType::Q2_K> {
+  using Vec = uint4;
+  static constexpr int chunk_bytes = 4 * 84;  // 4 blocks = 21 x 16 bytes
+};
+template <>
+struct UnitStaging<GgmlType::IQ2_XXS> {
+  using Vec = uint2;
+  static constexpr int chunk_bytes = 4 * 66;  // 4 blocks = 33 x 8 bytes
+};
+template <GgmlType T>
+__host__ __device__ constexpr int stage_vecs() {
+  return UnitStaging<T>::chunk_bytes / static_cast<int>(sizeof(typename UnitStaging<T>::Vec));
+}
+template <GgmlType T>
+inline bool can_stage(const void* w, size_t row_bytes) {
+  using Vec = typename UnitStaging<T>::Vec;
+  return UnitStaging<T>::chunk_bytes > 0 && row_bytes % sizeof(Vec) == 0 && reinterpret_cast<uintptr_t>(w) % sizeof(Vec) == 0;
+}
+
+// Calls f(std::integral_constant<GgmlType, T>{}) for the weight type t; aborts
+// for a type that is not a weight type (a programmer error: the model loader
+// validates types).
+template <class F>
+void dispatch_weight_type(GgmlType t, F&& f) {
+  if (t == GgmlType::F32) return f(std::integral_constant<GgmlType, GgmlType::F32>{});
+  if (t == GgmlType::F16) return f(std::integral_constant<GgmlType, GgmlType::F16>{});
+  if (t == GgmlType::BF16) return f(std::integral_constant<GgmlType, GgmlType::BF16>{});
+  if (t == GgmlType::Q8_0) return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{});
+  if (t == GgmlType::Q2_K) return f(std::integral_constant<GgmlType, GgmlType::Q2_K>{});
+  if (t == GgmlType::Q4_K) return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{});
+  if (t == GgmlType::IQ2_XXS) return f(std::integral_constant<GgmlType, GgmlType::IQ2_XXS>{});
+  DSV4_ASSERT(false, "CUDA backend: %s is not a weight type", ggml_type_name(t));
+}
+
+// Elements per unit of a weight type (host side).
+int weight_unit_elems(GgmlType t);
+
+// Lane-strided dot product of one weight row with an f32 vector x (16-byte
+// aligned, n_units * U floats); the sum is valid in lane 0. Every lane of the
+// warp must call it. Per lane: units lane, lane+32, ... each element j in
+// order, acc = fma(w, x, acc); then warp_sum.
+template <GgmlType T>
+__device__ __forceinline__ float warp_row_dot(const uint8_t* row, int64_t n_units, const float* x, int lane,
+                                              const QuantTables& tab) {
+  constexpr int U = WeightUnit<T>::U;
+  float acc = 0.0f;
+  for (int64_t u = lane; u < n_units; u += 32) {
+    float w[U];
+    WeightUnit<T>::decode(row, u, w, tab);
+    const float4* xp = reinterpret_cast<const float4*>(x + u * U);
+#pragma unroll
+    for (int i = 0; i < U / 4; ++i) {
+      const float4 xv = xp[i];
+      acc = fmaf(w[4 * i + 0], xv.x, acc);
+      acc = fmaf(w[4 * i + 1], xv.y, acc);
+      acc = fmaf(w[4 * i + 2], xv.z, acc);
+      acc = fmaf(w[4 * i + 3], xv.w, acc);
+    }
+  }
+  return warp_sum(acc);
+}
+
+// warp_row_dot with the unit bytes staged through `stage` (this warp's shared
+// buffer of stage_vecs<T>() vectors; requires can_stage). Same units per lane,
+// same element order, same tree: bit-identical to warp_row_dot.
+template <GgmlType T>
+__device__ __forceinline__ float warp_row_dot_staged(const uint8_t* row, int64_t n_units, const float* x, int lane,
+                                                     const QuantTables& tab, typename UnitStaging<T>::Vec* stage) {
+  using Vec = typename UnitStaging<T>::Vec;
+  constexpr int U = WeightUnit<T>::U;
+  constexpr int CB = UnitStaging<T>::chunk_bytes;
+  static_assert(CB > 0, "no staging for this type");
+  float acc = 0.0f;
+  for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
+    // k units in this chunk; with can_stage, k*CB/32 is a whole number of vectors.
+    const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
+    const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
+    const Vec* src = reinterpret_cast<const Vec*>(row + (c0 / 32) * CB);
+    for (int i = lane; i < nv; i += 32) stage[i] = src[i];
+    __syncwarp();
+    if (lane < k) {
+      float w[U];
+      WeightUnit<T>::decode(reinterpret_cast<const uint8_t*>(stage), lane, w, tab);
+      const float4* xp = reinterpret_cast<const float4*>(x + (c0 + lane) * U);
+#pragma unroll
+      for (int i = 0; i < U / 4; ++i) {
+        const float4 xv = xp[i];
+        acc = fmaf(w[4 * i + 0], xv.x, acc);
+        acc = fmaf(w[4 * i + 1], xv.y, acc);
+        acc = fmaf(w[4 * i + 2], xv.z, acc);
+        acc = fmaf(w[4 * i + 3], xv.w, acc);
+      }
+    }
+    __syncwarp();  // the buffer is refilled next step
+  }
+  return warp_sum(acc);
+}
+
+}  // namespace dsv4::cuda

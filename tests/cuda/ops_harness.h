@@ -1,0 +1,147 @@
+// The op harness of test_backend_ops: both backends, the RNG of this run, the
+// reporter, and `Bufs`, which makes each tensor of a case in both backends
+// (same bytes), poisons outputs with NaN before each run and frees everything
+// when the case ends.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+namespace dsv4::cudatest {
+
+// Thresholds (normalised MSE against the CPU backend) and why:
+//  * k_thr_f32 = 1e-10: ops that differ from the CPU only in the order of f32
+//    additions (dot products of up to 16K terms, softmax sums): the relative
+//    error per output is ~1e-7 (NMSE ~1e-14); 1e-10 leaves room for
+//    cancellation and still catches any indexing or decoding mistake
+//    (a single wrong weight block gives NMSE >> 1e-6).
+//  * k_thr_elem = 1e-12: element-wise ops that repeat the CPU's operations and
+//    differ at most through libm (expf/sinf/cosf ulps) or a double sum of
+//    squares.
+//  * k_thr_sim = 1e-6: rows that go through FP8/FP4/bf16 simulation after
+//    f32 work (compressor rows): a 1-ulp difference before the rounding can
+//    move a value by one FP8/bf16 quantum (1/16 or 1/256 of it); expected
+//    NMSE is ~0 with rare flips at ~1e-8.
+//  * exact: selections (top-k, router experts), simulations on identical
+//    inputs (quant_sim), copies (embed, store_rows), hc_post (the CPU's exact
+//    operation sequence), compressor frontiers, and CUDA n-token vs 1-token
+//    runs (the kernels use one summation order for any batch size).
+constexpr double k_thr_f32 = 1e-10;
+constexpr double k_thr_elem = 1e-12;
+constexpr double k_thr_sim = 1e-6;
+
+struct Harness {
+  Backend& cpu;
+  Backend& gpu;
+  Rng rng;
+  Report report;
+  bool flash = true;   // include DeepSeek V4 Flash shapes (GBs of weights)
+  std::string filter;  // run only ops whose name contains this
+  bool want(const char* op) const { return filter.empty() || std::string(op).find(filter) != std::string::npos; }
+};
+
+struct Shape {
+  int64_t ne[4] = {1, 1, 1, 1};
+  Shape(int64_t a, int64_t b = 1, int64_t c = 1, int64_t d = 1) : ne{a, b, c, d} {}
+  int64_t n() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+};
+
+// One tensor in both backends.
+struct Pair {
+  Tensor c, g;
+};
+
+class Bufs {
+ public:
+  explicit Bufs(Harness& h) : h_(h) {}
+  ~Bufs() {
+    h_.gpu.synchronize();
+    for (auto& t : cpu_allocs_) h_.cpu.free(t);
+    for (auto& t : gpu_allocs_) h_.gpu.free(t);
+  }
+  Bufs(const Bufs&) = delete;
+  Bufs& operator=(const Bufs&) = delete;
+
+  Pair alloc(GgmlType type, Shape s) {
+    Pair p{h_.cpu.alloc(type, s.ne[0], s.ne[1], s.ne[2], s.ne[3]), h_.gpu.alloc(type, s.ne[0], s.ne[1], s.ne[2], s.ne[3])};
+    cpu_allocs_.push_back(p.c);
+    gpu_allocs_.push_back(p.g);
+    return p;
+  }
+  Pair f32(const std::vector<float>& v, Shape s) {
+    DSV4_ASSERT(static_cast<int64_t>(v.size()) == s.n(), "Bufs::f32: %zu values for %lld elements", v.size(),
+                static_cast<long long>(s.n()));
+    Pair p = alloc(GgmlType::F32, s);
+    set(p, v.data());
+    return p;
+  }
+  Pair i32(const std::vector<int32_t>& v, Shape s) {
+    DSV4_ASSERT(static_cast<int64_t>(v.size()) == s.n(), "Bufs::i32: size");
+    Pair p = alloc(GgmlType::I32, s);
+    set(p, v.data());
+    return p;
+  }
+  // An output: NaN-poisoned in both backends (I32: the NaN bit pattern, never a valid id).
+  Pair out(GgmlType type, Shape s) {
+    Pair p = alloc(type, s);
+    poison(p);
+    return p;
+  }
+  void poison(const Pair& p) {
+    std::vector<uint32_t> pat(p.c.n_bytes() / 4, 0x7fc00000u);
+    h_.cpu.write(p.c, pat.data(), pat.size() * 4);
+    h_.gpu.write(p.g, pat.data(), pat.size() * 4);
+  }
+  void set(const Pair& p, const void* host) {
+    h_.cpu.write(p.c, host, p.c.n_bytes());
+    h_.gpu.write(p.g, host, p.g.n_bytes());
+  }
+  // A weight uploaded to both backends from these bytes (kept alive for the CPU's view).
+  Pair weight(GgmlType type, std::vector<uint8_t> bytes, Shape s) {
+    host_.push_back(std::move(bytes));
+    const auto& b = host_.back();
+    Pair p{*h_.cpu.upload_weight(b.data(), type, s.ne), *h_.gpu.upload_weight(b.data(), type, s.ne)};
+    DSV4_ASSERT(p.c.n_bytes() == b.size(), "Bufs::weight: %zu bytes for a %zu-byte tensor", b.size(), p.c.n_bytes());
+    gpu_allocs_.push_back(p.g);
+    return p;
+  }
+  Pair weight_f32(const std::vector<float>& v, Shape s) {
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return weight(GgmlType::F32, std::move(b), s);
+  }
+  Pair random_weight(GgmlType type, Shape s) { return weight(type, cudatest::random_weight(h_.rng, type, s.ne[0], s.n() / s.ne[0]), s); }
+
+  std::vector<float> get_f32(const Tensor& t, Backend& b) {
+    std::vector<float> v(static_cast<size_t>(t.n_elements()));
+    b.read(t, v.data(), v.size() * 4);
+    return v;
+  }
+  std::vector<int32_t> get_i32(const Tensor& t, Backend& b) {
+    std::vector<int32_t> v(static_cast<size_t>(t.n_elements()));
+    b.read(t, v.data(), v.size() * 4);
+    return v;
+  }
+  Diff diff(const Pair& p) { return diff_f32(get_f32(p.g, h_.gpu), get_f32(p.c, h_.cpu)); }
+  Diff diff_ids(const Pair& p) { return diff_i32(get_i32(p.g, h_.gpu), get_i32(p.c, h_.cpu)); }
+
+ private:
+  Harness& h_;
+  std::vector<Tensor> cpu_allocs_, gpu_allocs_;
+  std::deque<std::vector<uint8_t>> host_;
+};
+
+// Case groups (one file each).
+void cases_memory(Harness& h);
+void cases_dense(Harness& h);
+void cases_mhc(Harness& h);
+void cases_matmul(Harness& h);
+void cases_compress(Harness& h);
+void cases_indexer(Harness& h);
+void cases_attention(Harness& h);
+void cases_moe(Harness& h);
+
+}  // namespace dsv4::cudatest

@@ -1,0 +1,156 @@
+// Cases: embedding, mHC (hc_pre, hc_post, hc_head) and matmul (every weight
+// type, grouped, batch invariance), tiny-model and Flash shapes.
+#include "ops_harness.h"
+
+namespace dsv4::cudatest {
+
+void cases_mhc(Harness& h) {
+  Rng& r = h.rng;
+  if (h.want("embed")) {
+    struct C {
+      GgmlType t;
+      int64_t V, D, hc, n;
+      bool flash;
+    };
+    for (C c : {C{GgmlType::F16, 512, 256, 4, 1, false}, C{GgmlType::F16, 512, 256, 4, 37, false},
+                C{GgmlType::F32, 512, 256, 4, 8, false}, C{GgmlType::BF16, 300, 128, 1, 5, false},
+                C{GgmlType::Q8_0, 100, 256, 2, 3, false}, C{GgmlType::F16, 129280, 4096, 4, 6, true}}) {
+      if (c.flash && !h.flash) continue;
+      Bufs b(h);
+      Pair table = b.random_weight(c.t, Shape(c.D, c.V));
+      std::vector<int32_t> ids(static_cast<size_t>(c.n));
+      for (auto& id : ids) id = static_cast<int32_t>(r.below(c.V));
+      ids[0] = static_cast<int32_t>(c.V - 1);
+      if (c.n > 1) ids[1] = 0;
+      Pair id = b.i32(ids, Shape(c.n));
+      Pair out = b.out(GgmlType::F32, Shape(c.D, c.hc, c.n));
+      h.cpu.embed({out.c, table.c, id.c});
+      h.gpu.embed({out.g, table.g, id.g});
+      h.report.exact("embed", strfmt("%s[%lld,%lld] -> [%lld,%lld,%lld]", ggml_type_name(c.t), (long long)c.V, (long long)c.D,
+                                     (long long)c.n, (long long)c.hc, (long long)c.D),
+                     b.diff(out));
+    }
+  }
+  struct C {
+    int64_t D, hc, n;
+    GgmlType fn;
+    bool flash;
+  };
+  const C shapes[] = {{256, 4, 1, GgmlType::F16, false},  {256, 4, 5, GgmlType::F16, false}, {256, 4, 33, GgmlType::F32, false},
+                      {128, 2, 3, GgmlType::BF16, false}, {4096, 4, 1, GgmlType::F16, true}, {4096, 4, 3, GgmlType::F16, true}};
+  if (h.want("hc_pre")) {
+    for (const C& c : shapes) {
+      if (c.flash && !h.flash) continue;
+      const int64_t mix = (2 + c.hc) * c.hc;
+      Bufs b(h);
+      Pair state = b.f32(random_normal(r, static_cast<size_t>(c.n * c.hc * c.D)), Shape(c.D, c.hc, c.n));
+      Pair fn = b.random_weight(c.fn, Shape(c.hc * c.D, mix));
+      Pair scale = b.weight_f32(random_uniform(r, 3, 0.5f, 2.0f), Shape(3));
+      Pair base = b.weight_f32(random_normal(r, static_cast<size_t>(mix), 0.5f), Shape(mix));
+      Pair u = b.out(GgmlType::F32, Shape(c.D, c.n));
+      Pair post = b.out(GgmlType::F32, Shape(c.hc, c.n));
+      Pair comb = b.out(GgmlType::F32, Shape(c.hc, c.hc, c.n));
+      h.cpu.hc_pre({u.c, post.c, comb.c, state.c, fn.c, scale.c, base.c, 1e-6f, 1e-6f, 20});
+      h.gpu.hc_pre({u.g, post.g, comb.g, state.g, fn.g, scale.g, base.g, 1e-6f, 1e-6f, 20});
+      const std::string s = strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
+      h.report.nmse("hc_pre u", s, b.diff(u), k_thr_f32);
+      h.report.nmse("hc_pre post", s, b.diff(post), k_thr_f32);
+      h.report.nmse("hc_pre comb", s, b.diff(comb), k_thr_f32);
+    }
+  }
+  if (h.want("hc_post")) {
+    for (const C& c : shapes) {
+      if (c.flash && !h.flash) continue;
+      for (bool round : {false, true}) {
+        Bufs b(h);
+        Pair state = b.f32(random_normal(r, static_cast<size_t>(c.n * c.hc * c.D)), Shape(c.D, c.hc, c.n));
+        Pair y = b.f32(random_normal(r, static_cast<size_t>(c.n * c.D)), Shape(c.D, c.n));
+        Pair post = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc), 0.0f, 2.0f), Shape(c.hc, c.n));
+        Pair comb = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc * c.hc), 0.0f, 1.0f), Shape(c.hc, c.hc, c.n));
+        h.cpu.hc_post({state.c, y.c, post.c, comb.c, round});
+        h.gpu.hc_post({state.g, y.g, post.g, comb.g, round});
+        h.report.exact("hc_post", strfmt("[%lld,%lld,%lld]%s", (long long)c.n, (long long)c.hc, (long long)c.D, round ? " bf16" : ""),
+                       b.diff(state));
+      }
+    }
+  }
+  if (h.want("hc_head")) {
+    for (const C& c : shapes) {
+      if (c.flash && !h.flash) continue;
+      Bufs b(h);
+      Pair state = b.f32(random_normal(r, static_cast<size_t>(c.n * c.hc * c.D)), Shape(c.D, c.hc, c.n));
+      Pair fn = b.random_weight(c.fn, Shape(c.hc * c.D, c.hc));
+      Pair scale = b.weight_f32(random_uniform(r, 1, 0.5f, 2.0f), Shape(1));
+      Pair base = b.weight_f32(random_normal(r, static_cast<size_t>(c.hc), 0.5f), Shape(c.hc));
+      Pair out = b.out(GgmlType::F32, Shape(c.D, c.n));
+      h.cpu.hc_head({out.c, state.c, fn.c, scale.c, base.c, 1e-6f, 1e-6f});
+      h.gpu.hc_head({out.g, state.g, fn.g, scale.g, base.g, 1e-6f, 1e-6f});
+      h.report.nmse("hc_head", strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn)),
+                    b.diff(out), k_thr_f32);
+    }
+  }
+}
+
+void cases_matmul(Harness& h) {
+  if (!h.want("matmul")) return;
+  Rng& r = h.rng;
+  using G = GgmlType;
+  struct C {
+    G t;
+    int64_t rows, cols;
+    int groups;
+    std::vector<int64_t> ns;
+    bool flash;
+    const char* what;
+  };
+  const std::vector<C> cases = {
+      // tiny model shapes (D = 256, q_lora 64, H*hd = 512, o_groups 2 x 64, vocab 512)
+      {G::Q8_0, 64, 256, 1, {1, 2, 9, 37}, false, "tiny attn_q_a"},
+      {G::Q8_0, 512, 64, 1, {1, 8}, false, "tiny attn_q_b"},
+      {G::Q8_0, 128, 256, 2, {1, 9}, false, "tiny attn_output_a (grouped)"},
+      {G::Q8_0, 512, 256, 1, {1, 3, 16}, false, "tiny output head"},
+      {G::F16, 256, 256, 1, {1, 5}, false, "tiny compressor kv"},
+      {G::F16, 4, 256, 1, {1, 7}, false, "tiny indexer proj"},
+      {G::F32, 24, 1024, 1, {1, 10}, false, "f32 rows"},
+      {G::BF16, 100, 264, 1, {1, 9}, false, "bf16, rows % 8 != 0"},
+      {G::IQ2_XXS, 256, 256, 1, {1, 9}, false, "iq2_xxs expert-like"},
+      {G::Q2_K, 300, 768, 1, {1, 9}, false, "q2_k, 24 units < 32 lanes"},
+      {G::Q4_K, 256, 512, 1, {1, 17}, false, "q4_k"},
+      {G::Q4_K, 96, 256, 3, {2}, false, "q4_k grouped x3"},
+      {G::F16, 33, 8, 1, {1, 4}, false, "one unit per row"},
+      // DeepSeek V4 Flash shapes
+      {G::Q8_0, 1024, 4096, 1, {1, 3}, true, "flash attn_q_a"},
+      {G::Q8_0, 32768, 1024, 1, {1, 2}, true, "flash attn_q_b"},
+      {G::Q8_0, 8192, 4096, 8, {1, 2}, true, "flash attn_output_a (8 groups)"},
+      {G::Q8_0, 4096, 8192, 1, {1}, true, "flash attn_output_b"},
+      {G::Q8_0, 129280, 4096, 1, {1, 2}, true, "flash output head"},
+      {G::F16, 1024, 4096, 1, {1, 9}, true, "flash compressor kv"},
+      {G::F16, 256, 4096, 1, {1, 4}, true, "flash router"},
+      {G::IQ2_XXS, 2048, 4096, 1, {1, 3}, true, "flash expert gate (one expert)"},
+      {G::Q2_K, 4096, 2048, 1, {1, 3}, true, "flash expert down (one expert)"},
+      {G::Q4_K, 2048, 4096, 1, {1}, true, "flash q4 expert gate"},
+  };
+  for (const C& c : cases) {
+    if (c.flash && !h.flash) continue;
+    Bufs b(h);
+    Pair w = b.random_weight(c.t, Shape(c.cols, c.rows));
+    for (int64_t n : c.ns) {
+      const int64_t xw = c.cols * c.groups;
+      Pair x = b.f32(random_normal(r, static_cast<size_t>(n * xw)), Shape(xw, n));
+      Pair out = b.out(GgmlType::F32, Shape(c.rows, n));
+      h.cpu.matmul({out.c, w.c, x.c, c.groups});
+      h.gpu.matmul({out.g, w.g, x.g, c.groups});
+      const std::string s = strfmt("%s [%lld,%lld]%s n=%lld (%s)", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
+                                   c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)n, c.what);
+      h.report.nmse("matmul", s, b.diff(out), k_thr_f32);
+      if (n > 1) {
+        // Batch invariance: each token alone (the decode kernel) gives the same bits as the batched kernel.
+        Pair one = b.out(GgmlType::F32, Shape(c.rows, n));
+        for (int64_t t = 0; t < n; ++t) h.gpu.matmul({one.g.rows(t, 1), w.g, x.g.rows(t, 1), c.groups});
+        h.report.exact("matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
+      }
+    }
+  }
+}
+
+}  // namespace dsv4::cudatest

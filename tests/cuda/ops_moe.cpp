@@ -1,0 +1,105 @@
+// Cases: MoE router (hash and biased top-k, ties) and routed experts (every
+// expert weight type, accumulate, batch invariance), tiny and Flash shapes.
+#include "ops_harness.h"
+
+namespace dsv4::cudatest {
+
+void cases_moe(Harness& h) {
+  Rng& r = h.rng;
+  if (h.want("moe_route")) {
+    struct C {
+      int64_t E, k, n, V;
+      bool hash, ties, normalize;
+      float alpha;
+      bool flash;
+    };
+    const std::vector<C> cases = {
+        {8, 2, 7, 512, false, false, true, 1.5f, false},  {8, 2, 9, 512, true, false, true, 1.5f, false},
+        {8, 2, 12, 512, false, true, true, 1.5f, false},  {16, 4, 5, 512, false, false, false, 2.5f, false},
+        {256, 6, 5, 129280, false, false, true, 1.5f, true}, {256, 6, 64, 129280, false, true, true, 1.5f, true},
+        {256, 6, 5, 129280, true, false, true, 1.5f, true},
+    };
+    for (const C& c : cases) {
+      if (c.flash && !h.flash) continue;
+      Bufs b(h);
+      std::vector<float> z = random_normal(r, static_cast<size_t>(c.n * c.E), 2.0f);
+      if (c.ties)
+        for (auto& v : z) v = static_cast<float>(r.below(4)) - 1.5f;  // few distinct scores: ties everywhere
+      Pair logits = b.f32(z, Shape(c.E, c.n));
+      Pair bias = c.hash ? Pair{} : b.weight_f32(c.ties ? std::vector<float>(static_cast<size_t>(c.E), 0.0f)
+                                                        : random_normal(r, static_cast<size_t>(c.E), 0.1f),
+                                                 Shape(c.E));
+      Pair table{}, ids{};
+      if (c.hash) {
+        std::vector<int32_t> t(static_cast<size_t>(c.V * c.k));
+        for (auto& v : t) v = static_cast<int32_t>(r.below(c.E));
+        std::vector<uint8_t> bytes(t.size() * 4);
+        std::memcpy(bytes.data(), t.data(), bytes.size());
+        table = b.weight(GgmlType::I32, std::move(bytes), Shape(c.k, c.V));
+        std::vector<int32_t> id(static_cast<size_t>(c.n));
+        for (auto& v : id) v = static_cast<int32_t>(r.below(c.V));
+        id[0] = static_cast<int32_t>(c.V - 1);
+        ids = b.i32(id, Shape(c.n));
+      }
+      Pair ex = b.out(GgmlType::I32, Shape(c.k, c.n));
+      Pair wt = b.out(GgmlType::F32, Shape(c.k, c.n));
+      h.cpu.moe_route({ex.c, wt.c, logits.c, bias.c, table.c, ids.c, c.alpha, c.normalize});
+      h.gpu.moe_route({ex.g, wt.g, logits.g, bias.g, table.g, ids.g, c.alpha, c.normalize});
+      const std::string s = strfmt("E=%lld k=%lld n=%lld %s%s%s", (long long)c.E, (long long)c.k, (long long)c.n,
+                                   c.hash ? "hash" : "biased top-k", c.ties ? " ties" : "", c.normalize ? "" : " unnormalised");
+      h.report.exact("moe_route ids", s, b.diff_ids(ex));
+      h.report.nmse("moe_route w", s, b.diff(wt), k_thr_elem);
+    }
+  }
+  if (h.want("moe_experts")) {
+    using G = GgmlType;
+    struct C {
+      G gate_up, down;
+      int64_t E, F, D, k;
+      std::vector<int64_t> ns;
+      bool flash;
+    };
+    const std::vector<C> cases = {
+        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5}, false},
+        {G::Q4_K, G::Q4_K, 8, 256, 256, 2, {1, 3}, false},
+        {G::Q8_0, G::Q8_0, 8, 256, 256, 2, {4}, false},
+        {G::F16, G::F16, 4, 64, 128, 3, {1, 2}, false},
+        {G::F32, G::BF16, 4, 64, 128, 2, {3}, false},
+        {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3}, true},
+        {G::Q4_K, G::Q4_K, 256, 2048, 4096, 6, {1}, true},
+    };
+    for (const C& c : cases) {
+      if (c.flash && !h.flash) continue;
+      Bufs b(h);
+      Pair gate = b.random_weight(c.gate_up, Shape(c.D, c.F, c.E));
+      Pair up = b.random_weight(c.gate_up, Shape(c.D, c.F, c.E));
+      Pair down = b.random_weight(c.down, Shape(c.F, c.D, c.E));
+      for (int64_t n : c.ns) {
+        for (bool accumulate : {false, true}) {
+          Pair x = b.f32(random_normal(r, static_cast<size_t>(n * c.D)), Shape(c.D, n));
+          std::vector<int32_t> e(static_cast<size_t>(n * c.k));
+          for (auto& v : e) v = static_cast<int32_t>(r.below(c.E));
+          e[0] = static_cast<int32_t>(c.E - 1);
+          if (e.size() > 1) e[1] = 0;
+          Pair ex = b.i32(e, Shape(c.k, n));
+          Pair wt = b.f32(random_uniform(r, static_cast<size_t>(n * c.k), 0.1f, 1.0f), Shape(c.k, n));
+          Pair out = accumulate ? b.f32(random_normal(r, static_cast<size_t>(n * c.D)), Shape(c.D, n)) : b.out(GgmlType::F32, Shape(c.D, n));
+          h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, 10.0f, accumulate});
+          h.gpu.moe_experts({out.g, x.g, gate.g, up.g, down.g, ex.g, wt.g, 10.0f, accumulate});
+          const std::string s = strfmt("%s/%s E=%lld F=%lld D=%lld k=%lld n=%lld%s", ggml_type_name(c.gate_up), ggml_type_name(c.down),
+                                       (long long)c.E, (long long)c.F, (long long)c.D, (long long)c.k, (long long)n,
+                                       accumulate ? " accumulate" : "");
+          h.report.nmse("moe_experts", s, b.diff(out), k_thr_f32);
+          if (n > 1 && !accumulate) {
+            Pair one = b.out(GgmlType::F32, Shape(c.D, n));
+            for (int64_t t = 0; t < n; ++t)
+              h.gpu.moe_experts({one.g.rows(t, 1), x.g.rows(t, 1), gate.g, up.g, down.g, ex.g.rows(t, 1), wt.g.rows(t, 1), 10.0f, false});
+            h.report.exact("moe_experts n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dsv4::cudatest

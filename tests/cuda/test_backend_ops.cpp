@@ -1,0 +1,270 @@
+// test_backend_ops: every op of the CUDA backend against the CPU backend
+// (the oracle), on fresh random inputs each run (the seed is printed; --seed
+// repeats a run), with outputs poisoned with NaN before each run. One line per
+// case (op, shape, NMSE or exact-match count, ok/FAIL), a summary last; the
+// exit code is non-zero on any failure (77 when there is no CUDA device).
+//
+//   test_cuda_ops [--seed N] [--filter OP] [--no-flash]
+//
+// --no-flash skips the DeepSeek V4 Flash shapes (several GiB of weights).
+// Thresholds and their reasons: ops_harness.h.
+#include <chrono>
+#include <cstdlib>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "ops_harness.h"
+
+namespace dsv4::cudatest {
+
+// ---------------------------------------------------------------------------
+// Backend memory: zero-initialised allocations, write/read at offsets, fill, copy.
+void cases_memory(Harness& h) {
+  if (!h.want("memory")) return;
+  Backend& g = h.gpu;
+  Tensor a = g.alloc(GgmlType::F32, 1000, 3);
+  Tensor b = g.alloc(GgmlType::I32, 77);
+  std::vector<float> va(3000, 1.0f);
+  std::vector<int32_t> vb(77, 5);
+  g.read(a, va.data(), va.size() * 4);
+  g.read(b, vb.data(), vb.size() * 4);
+  bool zero = true;
+  for (float v : va) zero &= v == 0.0f && !std::signbit(v);
+  for (int32_t v : vb) zero &= v == 0;
+  h.report.check("memory", "alloc F32[3,1000] + I32[77] zero-initialised", zero, zero ? "all zero" : "non-zero bytes");
+
+  std::vector<float> src = random_normal(h.rng, 3000);
+  g.write(a, src.data(), 400 * 4, 100 * 4);  // elements [100, 500)
+  std::vector<float> back(3000);
+  g.read(a, back.data(), back.size() * 4);
+  bool ok = true;
+  for (int i = 0; i < 3000; ++i) ok &= (i >= 100 && i < 500) ? back[i] == src[i - 100] : back[i] == 0.0f;
+  std::vector<float> part(50);
+  g.read(a, part.data(), 50 * 4, 120 * 4);
+  for (int i = 0; i < 50; ++i) ok &= part[i] == src[20 + i];
+  h.report.check("memory", "write/read at byte offsets", ok, ok ? "round trip exact" : "mismatch");
+
+  g.fill(a, -3.25f);
+  g.read(a, back.data(), back.size() * 4);
+  ok = true;
+  for (float v : back) ok &= v == -3.25f;
+  h.report.check("memory", "fill F32[3,1000]", ok, ok ? "all -3.25" : "mismatch");
+
+  Tensor c = g.alloc(GgmlType::F32, 1000, 3);
+  g.write(a, src.data(), src.size() * 4);
+  g.copy(c, a);
+  g.read(c, back.data(), back.size() * 4);
+  h.report.check("memory", "copy device to device", back == src, back == src ? "exact" : "mismatch");
+  g.free(a);
+  g.free(b);
+  g.free(c);
+  h.report.check("memory", "free", a.data == nullptr && b.data == nullptr, "pointers cleared");
+}
+
+// ---------------------------------------------------------------------------
+namespace {
+
+RopeParams rope_main() {
+  RopeParams p;
+  p.n_rot = 64;
+  p.theta = 10000.0f;
+  return p;
+}
+RopeParams rope_compress() {
+  RopeParams p;
+  p.n_rot = 64;
+  p.theta = 160000.0f;
+  p.yarn = true;
+  p.factor = 16.0f;
+  p.orig_ctx = 65536;
+  p.beta_fast = 32.0f;
+  p.beta_slow = 1.0f;
+  return p;
+}
+
+// Rows with a wide spread of magnitudes, exact zeros, outliers and FP8/FP4 rounding ties.
+std::vector<float> sim_rows(Rng& r, int64_t d, int64_t rows) {
+  std::vector<float> v(static_cast<size_t>(d * rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    float* x = v.data() + i * d;
+    const int kind = static_cast<int>(i % 6);
+    const float scale = std::ldexp(1.0f, static_cast<int>(r.below(40)) - 20);
+    for (int64_t j = 0; j < d; ++j) x[j] = r.normal() * scale;
+    if (kind == 1)
+      for (int64_t j = 0; j < d; j += 3) x[j] = 0.0f;
+    if (kind == 2) x[r.below(d)] *= 1000.0f;
+    if (kind == 3)  // halfway cases: k/16 + 1/32 between e4m3 steps once scaled (ties to even)
+      for (int64_t j = 0; j < d; ++j) x[j] = (static_cast<float>(r.below(64)) / 16.0f + 1.0f / 32.0f) * (j % 2 ? -1.0f : 1.0f);
+    if (kind == 4)  // e2m1 ties: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 times a power of two
+      for (int64_t j = 0; j < d; ++j) {
+        static const float ties[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+        x[j] = ties[r.below(7)] * (j % 3 ? 1.0f : -1.0f);
+      }
+    if (kind == 5)
+      for (int64_t j = 0; j < d; ++j) x[j] = 0.0f;
+  }
+  return v;
+}
+
+}  // namespace
+
+void cases_dense(Harness& h) {
+  Rng& r = h.rng;
+  if (h.want("rms_norm")) {
+    struct C {
+      int64_t d, rows;
+      bool w, alias;
+    };
+    for (C c : {C{256, 1, true, false}, C{256, 37, true, false}, C{512, 64 * 3, false, true}, C{64, 5, true, true},
+                C{4096, 7, true, false}, C{1024, 3, true, false}, C{1000, 2, true, false}, C{128, 9, true, true},
+                C{2048, 4, false, false}}) {
+      Bufs b(h);
+      Pair x = b.f32(random_normal(r, static_cast<size_t>(c.d * c.rows), r.uniform(0.01f, 10.0f)), Shape(c.d, c.rows));
+      Pair w = c.w ? b.weight_f32(random_normal(r, static_cast<size_t>(c.d)), Shape(c.d)) : Pair{};
+      Pair out = c.alias ? x : b.out(GgmlType::F32, Shape(c.d, c.rows));
+      h.cpu.rms_norm({out.c, x.c, w.c, 1e-6f});
+      h.gpu.rms_norm({out.g, x.g, w.g, 1e-6f});
+      h.report.nmse("rms_norm", strfmt("[%lld,%lld]%s%s", (long long)c.rows, (long long)c.d, c.w ? " w" : "", c.alias ? " in-place" : ""),
+                    b.diff(out), k_thr_elem);
+    }
+  }
+  if (h.want("rope")) {
+    struct C {
+      int64_t d, per_tok, n;
+      bool compress, inverse, large_pos;
+    };
+    for (C c : {C{128, 4, 5, true, false, false}, C{128, 1, 9, false, false, true}, C{128, 4, 3, true, true, true},
+                C{512, 64, 3, true, false, true}, C{512, 64, 2, false, true, false}, C{128, 64, 4, true, false, true},
+                C{512, 1, 1, true, false, true}}) {
+      Bufs b(h);
+      Pair x = b.f32(random_normal(r, static_cast<size_t>(c.d * c.per_tok * c.n)), Shape(c.d, c.per_tok, c.n));
+      std::vector<int32_t> pos(static_cast<size_t>(c.n));
+      for (int64_t i = 0; i < c.n; ++i) pos[i] = static_cast<int32_t>(c.large_pos ? r.below(1 << 20) : i);
+      Pair p = b.i32(pos, Shape(c.n));
+      const RopeParams rp = c.compress ? rope_compress() : rope_main();
+      h.cpu.rope({x.c, p.c, rp, c.inverse});
+      h.gpu.rope({x.g, p.g, rp, c.inverse});
+      h.report.nmse("rope", strfmt("[%lld,%lld,%lld] %s%s%s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
+                                   c.compress ? "yarn" : "plain", c.inverse ? " inverse" : "", c.large_pos ? " pos<2^20" : " pos 0.."),
+                    b.diff(x), k_thr_elem);
+    }
+  }
+  if (h.want("quant_sim")) {
+    struct C {
+      KvQuantSim sim;
+      int64_t d, rows;
+      int n_quant;
+    };
+    for (C c : {C{KvQuantSim::FP8_BF16, 512, 24, 448}, C{KvQuantSim::FP8_BF16, 128, 33, 64}, C{KvQuantSim::FP8_BF16, 160, 12, 96},
+                C{KvQuantSim::FP8_BF16, 512, 7, 512}, C{KvQuantSim::HADAMARD_FP4, 128, 128, 0},
+                C{KvQuantSim::HADAMARD_FP4, 64, 12, 0}, C{KvQuantSim::HADAMARD_FP4, 256, 18, 0},
+                C{KvQuantSim::HADAMARD_FP4, 512, 6, 0}}) {
+      Bufs b(h);
+      Pair x = b.f32(sim_rows(r, c.d, c.rows), Shape(c.d, c.rows));
+      h.cpu.quant_sim({x.c, c.sim, c.n_quant});
+      h.gpu.quant_sim({x.g, c.sim, c.n_quant});
+      h.report.exact("quant_sim", strfmt("[%lld,%lld] %s n_quant %d", (long long)c.rows, (long long)c.d,
+                                         c.sim == KvQuantSim::FP8_BF16 ? "fp8+bf16" : "hadamard+fp4", c.n_quant),
+                     b.diff(x));
+    }
+  }
+  if (h.want("store_rows")) {
+    struct C {
+      int64_t cap, d;
+      std::vector<int32_t> pos;
+    };
+    for (const C& c : {C{136, 128, {135}}, C{136, 128, {130, 131, 132, 133, 134, 135, 136, 137}},
+                       C{136, 128, {3, 139, 3 + 272, 7, 143}}, C{640, 512, {1000, 1001, 1002}},
+                       C{192, 128, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}}}) {
+      Bufs b(h);
+      const int64_t n = static_cast<int64_t>(c.pos.size());
+      Pair ring = b.f32(random_normal(r, static_cast<size_t>(c.cap * c.d)), Shape(c.d, c.cap));
+      Pair rows = b.f32(random_normal(r, static_cast<size_t>(n * c.d)), Shape(c.d, n));
+      Pair p = b.i32(c.pos, Shape(n));
+      h.cpu.store_rows({ring.c, rows.c, p.c});
+      h.gpu.store_rows({ring.g, rows.g, p.g});
+      h.report.exact("store_rows", strfmt("ring[%lld,%lld] n=%lld from pos %d", (long long)c.cap, (long long)c.d, (long long)n, c.pos[0]),
+                     b.diff(ring));
+    }
+  }
+  if (h.want("swiglu")) {
+    for (int64_t n : {int64_t{256 * 3}, int64_t{2048 * 5 + 3}, int64_t{1}}) {
+      Bufs b(h);
+      Pair g = b.f32(random_normal(r, static_cast<size_t>(n), 8.0f), Shape(n));
+      Pair u = b.f32(random_normal(r, static_cast<size_t>(n), 8.0f), Shape(n));
+      Pair o = b.out(GgmlType::F32, Shape(n));
+      h.cpu.swiglu({o.c, g.c, u.c, 10.0f});
+      h.gpu.swiglu({o.g, g.g, u.g, 10.0f});
+      h.report.nmse("swiglu", strfmt("[%lld] clamp 10", (long long)n), b.diff(o), k_thr_elem);
+    }
+  }
+  if (h.want("add") || h.want("scale")) {
+    for (int64_t n : {int64_t{4096}, int64_t{4096 * 3 + 17}}) {
+      Bufs b(h);
+      Pair o = b.f32(random_normal(r, static_cast<size_t>(n)), Shape(n));
+      Pair x = b.f32(random_normal(r, static_cast<size_t>(n)), Shape(n));
+      h.cpu.add({o.c, x.c});
+      h.gpu.add({o.g, x.g});
+      h.report.exact("add", strfmt("[%lld]", (long long)n), b.diff(o));
+      h.cpu.scale({x.c, 0.0883883f});
+      h.gpu.scale({x.g, 0.0883883f});
+      h.report.exact("scale", strfmt("[%lld]", (long long)n), b.diff(x));
+    }
+  }
+}
+
+}  // namespace dsv4::cudatest
+
+int main(int argc, char** argv) {
+  using namespace dsv4;
+  using namespace dsv4::cudatest;
+  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  bool flash = true;
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else if (a == "--no-flash") flash = false;
+    else if (a == "--help") {
+      std::printf("usage: %s [--seed N] [--filter OP] [--no-flash]\n", argv[0]);
+      return 0;
+    } else {
+      std::fprintf(stderr, "usage: %s [--seed N] [--filter OP] [--no-flash]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("test_backend_ops: seed %llu (repeat with --seed %llu)%s\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed), flash ? "" : ", Flash shapes skipped");
+  if (!cuda_device_present()) {
+    std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
+    return 77;
+  }
+  auto gpu = make_cuda_backend(0);
+  if (!gpu) {
+    std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());
+    return 1;
+  }
+  auto cpu = make_cpu_backend(0);
+  std::printf("cpu: %s\ngpu: %s\n", cpu->name().c_str(), (*gpu)->name().c_str());
+  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter};
+  struct Group {
+    const char* name;
+    void (*fn)(Harness&);
+  };
+  const Group groups[] = {{"memory", cases_memory}, {"dense", cases_dense},     {"mhc", cases_mhc},
+                          {"matmul", cases_matmul}, {"compress", cases_compress}, {"indexer", cases_indexer},
+                          {"attention", cases_attention}, {"moe", cases_moe}};
+  for (const Group& g : groups) {
+    const auto t0 = std::chrono::steady_clock::now();
+    g.fn(h);
+    (*gpu)->synchronize();
+    std::printf("-- %s: %.1f s\n", g.name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  for (const auto& f : h.report.failures()) std::printf("FAILED: %s\n", f.c_str());
+  std::printf("SUMMARY test_backend_ops: %d passed, %d failed (seed %llu)\n", h.report.passed(), h.report.failed(),
+              static_cast<unsigned long long>(seed));
+  return h.report.failed() == 0 ? 0 : 1;
+}

@@ -1,0 +1,161 @@
+// test_cuda_decode: the CUDA backend's weight decoders (cuda_quant.cuh) and
+// scalar conversions (cuda_common.cuh) are __host__ __device__; this program
+// runs them on the host — no GPU needed — and checks them bit for bit against
+// the CPU code: every unit of random rows of every weight type against
+// quant::dequantize_row (directly and through the staged-chunk path of the
+// decode matvec), f16 decoding of all 65536 codes, and the bf16 / FP8 e4m3 /
+// FP4 e2m1 / power-of-two roundings and the top-k float keys on many values.
+// Everything here must be exact (0 differences).
+//
+//   test_cuda_decode [--seed N]
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <random>
+
+#include "backend/cuda/cuda_quant.cuh"
+#include "cuda_test_util.h"
+
+using namespace dsv4;
+using namespace dsv4::cuda;
+using namespace dsv4::cudatest;
+
+namespace {
+
+bool same_bits(float a, float b) { return bits_of(a) == bits_of(b) || (a != a && b != b); }
+
+// Decodes every unit of `rows` random rows of type T; compares with dequantize_row.
+template <GgmlType T>
+void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows) {
+  constexpr int U = WeightUnit<T>::U;
+  const QuantTables tab{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
+  const std::vector<uint8_t> bytes = random_weight(r, T, cols, rows);
+  const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
+  // 16-byte aligned copy (cudaMalloc alignment), as the kernels see it.
+  std::vector<uint4> aligned((bytes.size() + 15) / 16 + 1);
+  std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  const auto* base = reinterpret_cast<const uint8_t*>(aligned.data());
+  std::vector<float> ref(static_cast<size_t>(cols)), got(static_cast<size_t>(cols)), staged(static_cast<size_t>(cols));
+  Diff d, ds;
+  const bool stage = can_stage<T>(base, rb);
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* p = base + row * rb;
+    quant::dequantize_row(T, p, ref.data(), cols);
+    for (int64_t u = 0; u < cols / U; ++u) WeightUnit<T>::decode(p, u, got.data() + u * U, tab);
+    const Diff dr = diff_f32(got, ref);
+    d.n += dr.n;
+    d.n_diff += dr.n_diff;
+    if constexpr (UnitStaging<T>::chunk_bytes > 0) {
+      if (stage) {
+        // The staged matvec: chunk c0 (k units) copied to a shared-memory-like buffer, lane l decodes unit l of it.
+        using Vec = typename UnitStaging<T>::Vec;
+        constexpr int CB = UnitStaging<T>::chunk_bytes;
+        std::vector<Vec> buf(static_cast<size_t>(stage_vecs<T>()));
+        const int64_t n_units = cols / U;
+        for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
+          const int k = static_cast<int>(std::min<int64_t>(32, n_units - c0));
+          const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
+          std::memcpy(buf.data(), p + (c0 / 32) * CB, static_cast<size_t>(nv) * sizeof(Vec));
+          for (int lane = 0; lane < k; ++lane)
+            WeightUnit<T>::decode(reinterpret_cast<const uint8_t*>(buf.data()), lane, staged.data() + (c0 + lane) * U, tab);
+        }
+        const Diff dz = diff_f32(staged, ref);
+        ds.n += dz.n;
+        ds.n_diff += dz.n_diff;
+      }
+    }
+  }
+  rep.exact("decode", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
+  if (stage) rep.exact("decode staged", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), ds);
+}
+
+// A float with a random sign, exponent in [lo, hi] and random mantissa.
+float random_float(Rng& r, int lo, int hi) {
+  const float m = 1.0f + r.uniform();
+  const float v = std::ldexp(m, lo + static_cast<int>(r.below(hi - lo + 1)));
+  return r.below(2) ? v : -v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--help") {
+      std::printf("usage: %s [--seed N]\n", argv[0]);
+      return 0;
+    } else {
+      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("test_cuda_decode (host): seed %llu (repeat with --seed %llu)\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  Rng r(seed);
+  Report rep;
+  using G = GgmlType;
+  for (int64_t cols : {int64_t{256}, int64_t{768}, int64_t{1024}, int64_t{4096}}) {
+    check_type<G::F32>(r, rep, cols, 5);
+    check_type<G::F16>(r, rep, cols, 5);
+    check_type<G::BF16>(r, rep, cols, 5);
+    check_type<G::Q8_0>(r, rep, cols, 7);
+    check_type<G::Q2_K>(r, rep, cols, 7);
+    check_type<G::Q4_K>(r, rep, cols, 7);
+    check_type<G::IQ2_XXS>(r, rep, cols, 7);
+  }
+  check_type<G::Q8_0>(r, rep, 64, 9);   // 2 units: no staging
+  check_type<G::Q8_0>(r, rep, 2080, 3);  // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
+  check_type<G::Q8_0>(r, rep, 2304, 3);  // 72 units: staged with a partial chunk of 8
+
+  {  // f16 codes
+    Diff d;
+    for (uint32_t h = 0; h < 65536; ++h) {
+      ++d.n;
+      d.n_diff += !same_bits(f16_bits_to_f32(static_cast<uint16_t>(h)), f16_to_f32(static_cast<uint16_t>(h)));
+    }
+    rep.exact("f16 decode", "all 65536 codes", d);
+  }
+  // Roundings on values across the whole range, plus special values.
+  std::vector<float> vals = {0.0f, -0.0f, 1.0f, -1.0f, 448.0f, 449.0f, 464.0f, 480.0f, -480.0f, 6.0f, 5.0f, 0.25f, 0.75f,
+                             1e-30f, 0x1p-9f, 0x1p-10f, 3.0f * 0x1p-11f, 1.0625f, 1.1875f, INFINITY, -INFINITY, NAN};
+  for (int i = 0; i < 400000; ++i) vals.push_back(random_float(r, -20, 12));
+  for (int i = 0; i < 100000; ++i) vals.push_back(static_cast<float>(r.below(1 << 12)) / 64.0f * (r.below(2) ? 1.0f : -1.0f));
+  {
+    Diff bf, f8, f4, p2, cl;
+    for (float v : vals) {
+      ++bf.n, ++f8.n, ++f4.n, ++cl.n;
+      bf.n_diff += !same_bits(bf16_round_dev(v), bf16_round(v));
+      f8.n_diff += !same_bits(fp8_e4m3_round_dev(v), fp8_e4m3_round(v));
+      f4.n_diff += !same_bits(fp4_e2m1_round_dev(v), fp4_e2m1_round(v));
+      cl.n_diff += !same_bits(clamp_dev(v, -448.0f, 448.0f), std::clamp(v, -448.0f, 448.0f));
+      const float a = std::fabs(v);
+      if (std::isfinite(a) && a > 0x1p-120f) {
+        ++p2.n;
+        p2.n_diff += !same_bits(pow2_ceil_dev(a), pow2_ceil(a));
+      }
+    }
+    rep.exact("bf16 round", strfmt("%zu values", vals.size()), bf);
+    rep.exact("fp8 e4m3 round", strfmt("%zu values", vals.size()), f8);
+    rep.exact("fp4 e2m1 round", strfmt("%zu values", vals.size()), f4);
+    rep.exact("pow2_ceil", strfmt("%lld values", (long long)p2.n), p2);
+    rep.exact("clamp", strfmt("%zu values", vals.size()), cl);
+  }
+  {  // top-k keys preserve the float order (NaN excluded), -0 == +0
+    Diff d;
+    for (size_t i = 0; i + 1 < vals.size(); ++i) {
+      const float a = vals[i], b = vals[(i * 7919 + 13) % vals.size()];
+      if (a != a || b != b) continue;
+      ++d.n;
+      d.n_diff += ((a > b) != (float_key(a) > float_key(b))) || ((a == b) != (float_key(a) == float_key(b)));
+    }
+    d.n_diff += float_key(0.0f) != float_key(-0.0f);
+    rep.exact("topk float_key", strfmt("%lld pairs", (long long)d.n), d);
+  }
+  for (const auto& f : rep.failures()) std::printf("FAILED: %s\n", f.c_str());
+  std::printf("SUMMARY test_cuda_decode: %d passed, %d failed (seed %llu)\n", rep.passed(), rep.failed(),
+              static_cast<unsigned long long>(seed));
+  return rep.failed() == 0 ? 0 : 1;
+}
