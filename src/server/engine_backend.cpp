@@ -127,9 +127,11 @@ expected<PromptChoice> EngineBackend::begin_job(const JobInput& in) {
     q.tokens = in.prompt;
     q.rendered = in.rendered.empty() ? nullptr : &in.rendered;
     q.min_tokens = choice.reused + 1;
+    const auto t_restore = std::chrono::steady_clock::now();
     if (auto hit = cache_restore(*disk_, tok, s, q)) {
-      log_info("KV disk cache: restored %zu of %zu prompt tokens from %s (%s, %s match; %zu were resident)",
-               hit->cached_tokens, hit->prompt.size(), hit->file.c_str(), save_reason_name(hit->reason),
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_restore).count();
+      log_info("KV disk cache: restored %zu of %zu prompt tokens from %s in %.0f ms (%s, %s match; %zu were resident)",
+               hit->cached_tokens, hit->prompt.size(), hit->file.c_str(), ms, save_reason_name(hit->reason),
                hit->by_tokens ? "token" : "text", choice.reused);
       restored = hit->cached_tokens;
       choice.tokens = std::move(hit->prompt);
