@@ -11,9 +11,7 @@
 #include "dsv4/engine.h"
 #include "tokenizer/tokenizer.h"
 
-#ifndef DSV4_GIT_COMMIT
-#define DSV4_GIT_COMMIT "unknown"
-#endif
+#include "dsv4_git_version.h"  // DSV4_GIT_COMMIT, generated at build time
 
 namespace dsv4::tools {
 
