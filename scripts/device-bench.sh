@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Benchmarks dsv4 on the GPU machine with a full-size synthetic DeepSeek V4
-# Flash (q2 preset, 80.76 GiB, made in /dev/shm: the machine's disk is 64 GiB)
-# and prints a short table last. Run after scripts/device-check.sh in the same
+# Flash (q2 preset, 80.76 GiB: generated in memory by `dsv4 bench --synthetic`,
+# or, if that fails or SYNTH_FILE=1, a synth file in /dev/shm: the machine's
+# disk is 64 GiB) and prints a short table last. Run after scripts/device-check.sh in the same
 # call (it unpacks the carried binaries into build-device-run/):
 #
 #   device tool: command "scripts/device-check.sh --quick; scripts/device-bench.sh", carry ["build-device"]
 #
 # Steps (logs and CSVs under $OUT, else ./out):
-#   synth     dsv4 synth --preset flash-q2 -o /dev/shm/flash-q2.gguf (skipped if present)
+#   synth     (file mode only) dsv4 synth --preset flash-q2 -o /dev/shm/flash-q2.gguf (skipped if present)
 #   bench     dsv4 bench --backend cuda, frontiers $CTX_START .. $CTX_MAX doubling
 #             (default 2048 .. 4096; one process, each frontier prefills only
 #             the tokens after the last), $GEN greedy tokens each (default 16):
 #             prefill and decode tokens/s
 #   profile   dsv4 bench --profile at $CTX_START: per-op decode time table
-# Options: env CTX_START, CTX_MAX, GEN, PRESET (flash-q2), KEEP=1 (keep the model in /dev/shm).
+# Options: env CTX_START, CTX_MAX, GEN, PRESET (flash-q2), SYNTH_FILE=1, KEEP=1 (keep the /dev/shm file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-$PWD/out}
@@ -28,21 +29,32 @@ if [ ! -x "$DSV4" ]; then
   echo "device-bench: $DSV4 missing: run scripts/device-check.sh first (it unpacks build-device/)" >&2
   exit 2
 fi
-MODEL=/dev/shm/$PRESET.gguf
 ROWS=()
 t0=$(date +%s)
-if [ ! -f "$MODEL" ]; then
-  "$DSV4" synth --preset "$PRESET" -o "$MODEL" >"$LOG/bench-synth.log" 2>&1 || {
-    echo "device-bench: synth failed (see bench-synth.log)" >&2; tail -5 "$LOG/bench-synth.log"; exit 1; }
-fi
-ROWS+=("synth $PRESET: $(($(date +%s) - t0)) s")
-args=(bench -m "$MODEL" --backend cuda --gen-tokens "$GEN" --ctx-start "$CTX_START")
 CSV="$LOG/bench-$PRESET-cuda.csv"
-"$DSV4" "${args[@]}" --ctx-max "$CTX_MAX" --csv "$CSV" >"$LOG/bench.log" 2>&1 || {
-  echo "device-bench: bench failed" >&2; tail -5 "$LOG/bench.log"; }
-ROWS+=("bench: $(($(date +%s) - t0)) s since start")
-"$DSV4" "${args[@]}" --profile >"$LOG/bench-profile.log" 2>&1 || echo "device-bench: profile failed" >&2
-[ "${KEEP:-0}" -eq 1 ] || rm -f "$MODEL"
+common=(--backend cuda --gen-tokens "$GEN" --ctx-start "$CTX_START")
+# Preferred: --synthetic (weights generated in memory, no file). If that fails,
+# fall back to a synth file in /dev/shm (the path every earlier run used).
+MODEL=""
+if [ "${SYNTH_FILE:-0}" -eq 0 ] && "$DSV4" bench --synthetic "$PRESET" "${common[@]}" --ctx-max "$CTX_MAX" --csv "$CSV" \
+    >"$LOG/bench.log" 2>&1; then
+  src=(--synthetic "$PRESET")
+  ROWS+=("bench --synthetic $PRESET: $(($(date +%s) - t0)) s ($(grep -o 'generated in memory in [0-9.]* s' "$LOG/bench.log"))")
+else
+  [ "${SYNTH_FILE:-0}" -eq 0 ] && { echo "device-bench: --synthetic failed; using a synth file:" >&2; tail -3 "$LOG/bench.log" >&2; }
+  MODEL=/dev/shm/$PRESET.gguf
+  if [ ! -f "$MODEL" ]; then
+    "$DSV4" synth --preset "$PRESET" -o "$MODEL" >"$LOG/bench-synth.log" 2>&1 || {
+      echo "device-bench: synth failed (see bench-synth.log)" >&2; tail -5 "$LOG/bench-synth.log"; exit 1; }
+  fi
+  ROWS+=("synth $PRESET: $(($(date +%s) - t0)) s")
+  src=(-m "$MODEL")
+  "$DSV4" bench "${src[@]}" "${common[@]}" --ctx-max "$CTX_MAX" --csv "$CSV" >"$LOG/bench.log" 2>&1 || {
+    echo "device-bench: bench failed" >&2; tail -5 "$LOG/bench.log"; }
+  ROWS+=("bench: $(($(date +%s) - t0)) s since start")
+fi
+"$DSV4" bench "${src[@]}" "${common[@]}" --profile >"$LOG/bench-profile.log" 2>&1 || echo "device-bench: profile failed" >&2
+[ -n "$MODEL" ] && [ "${KEEP:-0}" -ne 1 ] && rm -f "$MODEL"
 echo
 echo "== dsv4 device-bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 grep -h "uploaded" "$LOG"/bench*.log | head -1

@@ -18,7 +18,8 @@ namespace dsv4::tools {
 namespace {
 
 struct BenchArgs {
-  std::string model, prompt_file, csv, backend = "auto", numerics = "reference";
+  std::string model, prompt_file, csv, backend = "auto", numerics = "reference", synthetic;
+  uint64_t seed = 1;
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
   int gen_tokens = 32, threads = 0, batch = 512;
@@ -30,11 +31,14 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr, "dsv4 bench: error: %s\n", m.c_str());
     return 1;
   };
+  if (a.model.empty() == a.synthetic.empty()) return fail("give either -m FILE or --synthetic PRESET");
   const uint32_t ctx_max = a.ctx_max ? a.ctx_max : a.ctx_start;
   if (a.ctx_start == 0 || ctx_max < a.ctx_start) return fail("need 0 < --ctx-start <= --ctx-max");
   if (a.step_incr == 0 && !(a.step_mul > 1.0)) return fail("--step-mul must be > 1 (or use --step-incr)");
   EngineOptions o;
   o.model_path = a.model;
+  o.synthetic = a.synthetic;
+  o.synthetic_seed = a.seed;
   o.backend = a.backend;
   o.numerics = a.numerics;
   o.threads = a.threads;
@@ -136,7 +140,11 @@ int run_bench(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed at context frontiers (CSV)");
-  cmd->add_option("-m,--model", a->model, "Model GGUF")->required();
+  cmd->add_option("-m,--model", a->model, "Model GGUF");
+  cmd->add_option("--synthetic", a->synthetic,
+                  "Instead of -m: generate this `dsv4 synth` preset's weights in memory (the same bytes as the "
+                  "file; needs RAM for the whole model)");
+  cmd->add_option("--seed", a->seed, "Seed of --synthetic (as dsv4 synth --seed)")->capture_default_str();
   cmd->add_option("--ctx-start", a->ctx_start, "First frontier")->capture_default_str();
   cmd->add_option("--ctx-max", a->ctx_max, "Last frontier (default: --ctx-start)");
   cmd->add_option("--step-mul", a->step_mul, "Next frontier = frontier * F")->capture_default_str();

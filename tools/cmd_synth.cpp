@@ -48,7 +48,7 @@ int run_synth(const SynthArgs& a) {
     return 2;
   }
   Progress progress("synth " + preset->name, writer.file_bytes());
-  auto st = writer.write(a.out, [&](uint64_t done, uint64_t) { progress.update(done); });
+  auto st = writer.write_mapped(a.out, [&](uint64_t done, uint64_t) { progress.update(done); });
   progress.finish();
   if (!st) {
     std::fprintf(stderr, "dsv4 synth: error: %s\n", st.error().message.c_str());

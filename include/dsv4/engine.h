@@ -30,6 +30,11 @@ struct EngineOptions {
   int threads = 0;                   // CPU threads (0 = all cores)
   int prefill_batch = 512;           // tokens per forward batch
   bool show_progress = true;         // progress bar while loading
+  // Instead of model_path: the weights of this `dsv4 synth` preset (with this
+  // seed), generated into memory (the exact bytes `dsv4 synth` writes; the
+  // model file is never on disk). Needs RAM for the whole model.
+  std::string synthetic;
+  uint64_t synthetic_seed = 1;
 
   std::string describe() const;  // one line, printed at start
 };

@@ -1,6 +1,8 @@
 // Engine and Session: the public API over ModelFile + Backend + Model + KvState.
 #include "dsv4/engine.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -16,12 +18,15 @@
 #include "core/progress.h"
 #include "kv/snapshot.h"
 #include "model/model_file.h"
+#include "synth/synth.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4 {
 
 std::string EngineOptions::describe() const {
-  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%d", model_path.c_str(),
+  const std::string model = synthetic.empty() ? model_path : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
+                                                                     static_cast<unsigned long long>(synthetic_seed));
+  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%d", model.c_str(),
                 mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
                 prefill_batch);
 }
@@ -48,6 +53,28 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
   if (o.backend == "cuda") return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
 #endif
   return make_cpu_backend(o.threads);
+}
+
+// The `dsv4 synth` model of o.synthetic built in a memfd and opened from there
+// (the mapping keeps the memory once the descriptor is closed).
+expected<std::unique_ptr<ModelFile>> open_synthetic(const EngineOptions& o) {
+  DSV4_TRY_ASSIGN(Preset preset, find_preset(o.synthetic));
+  const SynthPlan plan = synth_plan(preset, o.synthetic_seed);
+  std::unique_ptr<Progress> bar;
+  const auto t0 = std::chrono::steady_clock::now();
+  DSV4_TRY_ASSIGN(int fd, synth_memfd(plan, o.threads, [&](uint64_t done, uint64_t total) {
+                    if (!o.show_progress) return;
+                    if (!bar) bar = std::make_unique<Progress>("generating " + preset.name, total);
+                    bar->update(done);
+                  }));
+  if (bar) bar->finish();
+  auto file = open_model("/proc/self/fd/" + std::to_string(fd));
+  ::close(fd);
+  if (!file) return file.error().with_context("the synthetic " + preset.name + " model");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_info("synthetic %s (seed %llu): %.2f GiB generated in memory in %.1f s", preset.name.c_str(),
+           static_cast<unsigned long long>(o.synthetic_seed), static_cast<double>(plan.tensor_bytes) / (1ull << 30), s);
+  return file;
 }
 
 }  // namespace
@@ -130,7 +157,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   impl->opts = o;
   DSV4_TRY_ASSIGN(Numerics numerics, numerics_from_name(o.numerics));
   if (o.prefill_batch < 1 || o.prefill_batch > 65536) return make_error("prefill batch %d out of range [1, 65536]", o.prefill_batch);
-  DSV4_TRY_ASSIGN(impl->file, open_model(o.model_path));
+  if (o.synthetic.empty()) {
+    DSV4_TRY_ASSIGN(impl->file, open_model(o.model_path));
+  } else {
+    DSV4_TRY_ASSIGN(impl->file, open_synthetic(o));
+  }
   const ModelSpec& spec = impl->file->spec();
   if (!o.mtp_path.empty()) {
     DSV4_TRY_ASSIGN(impl->mtp_file, GgufFile::open(o.mtp_path));
@@ -167,7 +198,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
 
   EngineInfo& info = impl->info;
   info.model_name = spec.recognise();
-  info.model_path = o.model_path;
+  info.model_path = o.synthetic.empty() ? o.model_path : "synthetic:" + o.synthetic;
   info.quant = impl->file->weights.mix.describe();
   info.expert_gate_up_type = static_cast<uint32_t>(impl->file->weights.mix.expert_gate_up);
   info.expert_down_type = static_cast<uint32_t>(impl->file->weights.mix.expert_down);

@@ -161,6 +161,17 @@ class GgufWriter {
   // progress(bytes_written, total_bytes) is called now and then.
   Status write(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress = {},
                size_t chunk_bytes = 64ull << 20) const;
+  // The same bytes written through a shared mapping of `fd` (an empty file
+  // opened read-write; `what` names it in errors): the space is reserved first
+  // (posix_fallocate: a full disk is an error here, never a fault later), then
+  // each tensor's fill writes straight into the mapping, so fills that run in
+  // parallel (synth) are not serialised behind write(). Used for in-memory
+  // models (memfd) and by synth_write. The caller syncs and closes `fd`.
+  Status write_mapped(int fd, const std::string& what,
+                      const std::function<void(uint64_t, uint64_t)>& progress = {}) const;
+  // write()'s contract (temp file, fsync, rename; nothing left behind on
+  // failure) over write_mapped.
+  Status write_mapped(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress = {}) const;
 
  private:
   struct Kv {

@@ -1,10 +1,12 @@
 // Streaming GGUF v3 writer (see gguf.h).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -217,6 +219,51 @@ Status GgufWriter::write(const std::string& path, const std::function<void(uint6
     return make_error("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(e));
   }
   return {};
+}
+
+Status GgufWriter::write_mapped(int fd, const std::string& what,
+                                const std::function<void(uint64_t, uint64_t)>& progress) const {
+  const std::vector<uint8_t> header = header_bytes();
+  const uint64_t total = file_bytes();
+  if (total > static_cast<uint64_t>(std::numeric_limits<off_t>::max()))
+    return make_error("'%s': %llu bytes is too large", what.c_str(), static_cast<unsigned long long>(total));
+  if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); e != 0)
+    return make_error("cannot reserve %.2f GiB for '%s': %s", static_cast<double>(total) / (1ull << 30), what.c_str(),
+                      std::strerror(e));
+  void* map = ::mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return make_error("cannot map '%s': %s", what.c_str(), std::strerror(errno));
+  auto* base = static_cast<uint8_t*>(map);
+  // posix_fallocate leaves the reserved range reading as zeros: padding needs no writes.
+  std::memcpy(base, header.data(), header.size());
+  uint64_t done = header.size();
+  if (progress) progress(done, total);
+  Status st;
+  for (const auto& t : tensors_) {
+    const uint64_t row_bytes = ggml_row_bytes(t.type, t.ne[0]);
+    const uint64_t n_rows = t.n_bytes / row_bytes;
+    if (n_rows) st = t.fill(0, n_rows, base + header.size() + t.rel_offset);
+    if (!st) {
+      st = st.error().with_context("tensor " + t.name);
+      break;
+    }
+    done += align_up(t.n_bytes, alignment_);
+    if (progress) progress(done, total);
+  }
+  ::munmap(map, static_cast<size_t>(total));
+  return st;
+}
+
+Status GgufWriter::write_mapped(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) const {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return make_error("cannot create '%s': %s", tmp.c_str(), std::strerror(errno));
+  Status st = write_mapped(fd, tmp, progress);
+  if (st && ::fsync(fd) != 0) st = make_error("fsync '%s' failed: %s", tmp.c_str(), std::strerror(errno));
+  if (::close(fd) != 0 && st) st = make_error("closing '%s' failed: %s", tmp.c_str(), std::strerror(errno));
+  if (st && ::rename(tmp.c_str(), path.c_str()) != 0)
+    st = make_error("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(errno));
+  if (!st) ::unlink(tmp.c_str());
+  return st;
 }
 
 }  // namespace dsv4

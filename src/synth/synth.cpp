@@ -1,6 +1,10 @@
 #include "synth/synth.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -268,7 +272,20 @@ Status synth_write(const SynthPlan& plan, const std::string& path, int n_threads
                    const std::function<void(uint64_t, uint64_t)>& progress) {
   ThreadPool pool(n_threads);
   GgufWriter w = synth_writer(plan, pool);
-  return w.write(path, progress);
+  return w.write_mapped(path, progress);
+}
+
+expected<int> synth_memfd(const SynthPlan& plan, int n_threads, const std::function<void(uint64_t, uint64_t)>& progress) {
+  const std::string name = "dsv4-synthetic-" + plan.preset.name;
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return make_error("memfd_create failed: %s", std::strerror(errno));
+  ThreadPool pool(n_threads);
+  GgufWriter w = synth_writer(plan, pool);
+  if (auto st = w.write_mapped(fd, name, progress); !st) {
+    ::close(fd);
+    return st.error().with_context("the synthetic " + plan.preset.name + " model in memory");
+  }
+  return fd;
 }
 
 }  // namespace dsv4

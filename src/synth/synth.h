@@ -1,6 +1,5 @@
 // `dsv4 synth`: random-weight models of any preset, written as GGUF files in
-// the exact published tensor layout (or filled straight into memory by a
-// backend), deterministic for a seed.
+// the exact published tensor layout (or into memory), deterministic for a seed.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +53,17 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
 // `pool` runs the generators and must outlive the writer.
 GgufWriter synth_writer(const SynthPlan& plan, ThreadPool& pool);
 
-// Streams the whole model to `path`. progress(bytes_done, bytes_total) is called now and then.
+// Writes the whole model to `path` (temp file, fsync, rename), every tensor
+// generated in parallel straight into a mapping of the file.
+// progress(bytes_done, bytes_total) is called after each tensor.
 Status synth_write(const SynthPlan& plan, const std::string& path, int n_threads,
                    const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+// The same bytes in an anonymous in-memory file (memfd; `dsv4 bench
+// --synthetic`): returns its descriptor, which the caller closes once it has
+// opened "/proc/self/fd/<fd>" (the mapping keeps the memory). Needs RAM for the
+// whole model.
+expected<int> synth_memfd(const SynthPlan& plan, int n_threads,
+                          const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace dsv4

@@ -250,3 +250,38 @@ TEST_F(EngineTest, MtpBlockRuns) {
   ASSERT_TRUE((*s2)->prefill(tokens(5)).has_value());
   EXPECT_FALSE((*s2)->mtp_logits(1).has_value());
 }
+
+// --synthetic: the preset generated in memory is the same model as the file
+// `dsv4 synth` writes (same identity, bitwise the same logits); a bad preset
+// is a clear error.
+TEST_F(EngineTest, SyntheticInMemoryEqualsTheSynthFile) {
+  auto file = load();
+  EngineOptions o;
+  o.synthetic = "tiny";
+  o.synthetic_seed = 11;  // the seed SetUpTestSuite wrote g_model with
+  o.backend = "cpu";
+  o.ctx = 4096;
+  o.show_progress = false;
+  auto mem = Engine::load(o);
+  ASSERT_TRUE(mem.has_value()) << mem.error().message;
+  EXPECT_EQ((*mem)->info().identity, file->info().identity);
+  EXPECT_EQ((*mem)->info().model_path, "synthetic:tiny");
+  auto a = file->new_session(), b = (*mem)->new_session();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  const auto t = tokens(300, 5);
+  ASSERT_TRUE((*a)->prefill(t).has_value());
+  ASSERT_TRUE((*b)->prefill(t).has_value());
+  EXPECT_TRUE(bitwise_equal((*a)->logits(), (*b)->logits()));
+  ASSERT_TRUE((*a)->decode(7).has_value());
+  ASSERT_TRUE((*b)->decode(7).has_value());
+  EXPECT_TRUE(bitwise_equal((*a)->logits(), (*b)->logits()));
+
+  o.synthetic_seed = 12;
+  auto other = Engine::load(o);
+  ASSERT_TRUE(other.has_value());
+  EXPECT_NE((*other)->info().identity, file->info().identity);
+  o.synthetic = "no-such-preset";
+  auto bad = Engine::load(o);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("no-such-preset"), std::string::npos) << bad.error().message;
+}

@@ -1,10 +1,13 @@
 // GGUF reader/writer: round trip of every value type, and a table of
 // handcrafted corrupt files that must each be rejected with a clear error.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "gguf/gguf.h"
 
@@ -192,6 +195,60 @@ TEST(Gguf, WriterReportsFillErrorsAndLeavesNoFile) {
   EXPECT_NE(st.error().message.find("boom"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+namespace {
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// write_mapped: the same bytes as write() (padding, alignment, rows split across
+// write()'s chunks), through a file and through a memfd; a failing fill leaves nothing.
+TEST(Gguf, MappedWriterWritesTheSameBytes) {
+  GgufWriter w(64);
+  w.set_string("general.name", "mapped");
+  w.set_array_string("list", {"a", "bc", ""});
+  std::vector<float> v(3 * 7);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  w.add_tensor("a", GgmlType::F32, {7, 3}, [&](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
+    std::memcpy(dst, v.data() + r0 * 7, nr * 7 * sizeof(float));
+    return {};
+  });
+  w.add_tensor("b", GgmlType::F32, {5}, [&](uint64_t, uint64_t, uint8_t* dst) -> Status {
+    std::memcpy(dst, v.data(), 5 * sizeof(float));
+    return {};
+  });
+  const std::string p1 = temp_path("streamed.gguf"), p2 = temp_path("mapped.gguf");
+  ASSERT_TRUE(w.write(p1, {}, 28).has_value());  // one row per chunk
+  uint64_t last = 0;
+  ASSERT_TRUE(w.write_mapped(p2, [&](uint64_t done, uint64_t total) { last = done; EXPECT_LE(done, total); }).has_value());
+  EXPECT_EQ(last, w.file_bytes());
+  const std::string a = read_all(p1), b = read_all(p2);
+  EXPECT_EQ(a.size(), w.file_bytes());
+  EXPECT_TRUE(a == b);
+  EXPECT_FALSE(std::filesystem::exists(p2 + ".tmp"));
+
+  const int fd = ::memfd_create("dsv4-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(w.write_mapped(fd, "memfd").has_value());
+  auto f = GgufFile::open("/proc/self/fd/" + std::to_string(fd));
+  ::close(fd);
+  ASSERT_TRUE(f.has_value()) << f.error().message;
+  ASSERT_NE((*f)->find_tensor("a"), nullptr);
+  EXPECT_EQ(std::memcmp((*f)->tensor_data(*(*f)->find_tensor("a")), v.data(), v.size() * sizeof(float)), 0);
+  std::filesystem::remove(p1);
+  std::filesystem::remove(p2);
+
+  GgufWriter bad;
+  bad.add_tensor("x", GgmlType::F32, {4}, [](uint64_t, uint64_t, uint8_t*) -> Status { return make_error("boom"); });
+  const std::string p3 = temp_path("mapped-fail.gguf");
+  auto st = bad.write_mapped(p3);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("boom"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(p3));
+  EXPECT_FALSE(std::filesystem::exists(p3 + ".tmp"));
 }
 
 TEST(Gguf, WriterReportsUnwritableDirectory) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -184,6 +186,25 @@ TEST(TensorTable, PublishedQ2AndQ4Layouts) {
   EXPECT_FALSE(mnames.count("mtp.0.ffn_gate_tid2eid.weight"));
   EXPECT_FALSE(mnames.count("mtp.0.attn_compressor_kv.weight"));
   EXPECT_EQ(mtp.size(), 8u + 24u);
+}
+
+// synth_write generates into a mapping of the file: the bytes are those of the
+// streaming writer.
+TEST(Weights, SynthWriteEqualsTheStreamingWriter) {
+  const SynthPlan plan = synth_plan(*find_preset("tiny"), 5);
+  const std::string p1 = temp_path("tiny-mapped.gguf"), p2 = temp_path("tiny-streamed.gguf");
+  ASSERT_TRUE(synth_write(plan, p1, 2).has_value());
+  ThreadPool pool(2);
+  ASSERT_TRUE(synth_writer(plan, pool).write(p2, {}, 1u << 20).has_value());
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string a = slurp(p1), b = slurp(p2);
+  EXPECT_GT(a.size(), 1000000u);
+  EXPECT_TRUE(a == b);
+  std::filesystem::remove(p1);
+  std::filesystem::remove(p2);
 }
 
 TEST(Weights, SynthTinyLoads) {
