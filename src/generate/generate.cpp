@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "tokenizer/stream_decoder.h"
+#include "generate/reply_stream.h"
 
 namespace dsv4 {
 
@@ -52,22 +52,7 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
 
   auto t1 = clock::now();
   Sampler sampler(o.sampling, static_cast<uint32_t>(session.logits().size()));
-  StreamDecoder decoder(tok);
-  StopMatcher stops(o.stop);
-  DsmlParser parser(o.thinking);
-  std::vector<DsmlEvent> events;
-  auto deliver = [&](std::string_view text) {
-    if (text.empty()) return;
-    if (o.parse_chat) {
-      events.clear();
-      parser.feed(text, events);
-      if (cb.on_event)
-        for (const auto& e : events) cb.on_event(e);
-    } else {
-      r.message.content.append(text);
-      if (cb.on_event) cb.on_event(DsmlEvent{DsmlEventKind::CONTENT, 0, std::string(text)});
-    }
-  };
+  ReplyStream reply(tok, o, cb, r);
 
   const int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(session.ctx());
   r.finish = FinishReason::LENGTH;
@@ -83,7 +68,7 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
       pending = false;
     }
     const auto& logits = session.logits();
-    const bool greedy = o.parse_chat && parser.in_dsml_structure();
+    const bool greedy = reply.in_dsml_structure();
     const int32_t t = sampler.sample(logits, r.tokens, greedy);
     if (o.logprobs >= 0) {
       TokenLogprob lp;
@@ -99,44 +84,13 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
       r.finish = FinishReason::STOP;
       break;
     }
-    std::string piece = decoder.push(t);
-    r.text += piece;
-    auto sr = stops.push(piece);
-    deliver(sr.emit);
-    if (sr.stopped) {
-      r.finish = FinishReason::STOP;
-      r.stop_string = sr.stop;
-      break;
-    }
-    if (o.parse_chat && o.stop_at_tool_calls && parser.block_closed()) {
-      r.finish = FinishReason::TOOL_CALLS;
-      break;
-    }
+    if (reply.push(t)) break;
   }
   // Feed the final token so the session ends exactly at the completion (the next
   // request of a conversation starts with it), unless generation was cancelled.
   if (pending && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx()) DSV4_TRY(session.decode(r.tokens.back()));
 
-  if (r.stop_string.empty()) {
-    std::string tail = decoder.flush();
-    r.text += tail;
-    auto sr = stops.push(tail);
-    deliver(sr.emit);
-    if (sr.stopped) {
-      r.finish = FinishReason::STOP;
-      r.stop_string = sr.stop;
-    } else {
-      deliver(stops.flush());
-    }
-  }
-  if (o.parse_chat) {
-    events.clear();
-    parser.finish(events);
-    if (cb.on_event)
-      for (const auto& e : events) cb.on_event(e);
-    r.message = parser.message();
-    if (!r.message.tool_calls.empty() && r.finish != FinishReason::CANCELLED) r.finish = FinishReason::TOOL_CALLS;
-  }
+  reply.finish();
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   return r;
 }

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "generate/reply_stream.h"
 #include "server/json_util.h"
-#include "tokenizer/stream_decoder.h"
 
 namespace dsv4::server {
 
@@ -109,22 +109,7 @@ expected<GenerateResult> ScriptedBackend::generate(std::span<const int32_t> prom
 
   auto t1 = clock::now();
   const std::vector<int32_t> script = tok_->encode_with_specials(reply->text);
-  StreamDecoder decoder(*tok_);
-  StopMatcher stops(o.stop);
-  DsmlParser parser(o.thinking);
-  std::vector<DsmlEvent> events;
-  auto deliver = [&](std::string_view text) {
-    if (text.empty()) return;
-    if (o.parse_chat) {
-      events.clear();
-      parser.feed(text, events);
-      if (cb.on_event)
-        for (const auto& e : events) cb.on_event(e);
-    } else {
-      r.message.content.append(text);
-      if (cb.on_event) cb.on_event(DsmlEvent{DsmlEventKind::CONTENT, 0, std::string(text)});
-    }
-  };
+  ReplyStream stream(*tok_, o, cb, r);
 
   const int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(ctx_);
   r.finish = FinishReason::LENGTH;
@@ -162,45 +147,14 @@ expected<GenerateResult> ScriptedBackend::generate(std::span<const int32_t> prom
       r.finish = FinishReason::STOP;
       break;
     }
-    std::string piece = decoder.push(t);
-    r.text += piece;
-    auto sr = stops.push(piece);
-    deliver(sr.emit);
-    if (sr.stopped) {
-      r.finish = FinishReason::STOP;
-      r.stop_string = sr.stop;
-      break;
-    }
-    if (o.parse_chat && o.stop_at_tool_calls && parser.block_closed()) {
-      r.finish = FinishReason::TOOL_CALLS;
-      break;
-    }
+    if (stream.push(t)) break;
   }
   if (r.finish == FinishReason::CANCELLED && !r.tokens.empty()) {  // as generate(): the last token is not fed
     session_.pop_back();
     if (!last_done_) --last_pos_;
     last_done_ = false;
   }
-  if (r.stop_string.empty()) {
-    std::string tail = decoder.flush();
-    r.text += tail;
-    auto sr = stops.push(tail);
-    deliver(sr.emit);
-    if (sr.stopped) {
-      r.finish = FinishReason::STOP;
-      r.stop_string = sr.stop;
-    } else {
-      deliver(stops.flush());
-    }
-  }
-  if (o.parse_chat) {
-    events.clear();
-    parser.finish(events);
-    if (cb.on_event)
-      for (const auto& e : events) cb.on_event(e);
-    r.message = parser.message();
-    if (!r.message.tool_calls.empty() && r.finish != FinishReason::CANCELLED) r.finish = FinishReason::TOOL_CALLS;
-  }
+  stream.finish();
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   return r;
 }

@@ -1,0 +1,61 @@
+#include "generate/reply_stream.h"
+
+namespace dsv4 {
+
+ReplyStream::ReplyStream(const Tokenizer& tok, const GenerateOptions& o, const GenerateCallbacks& cb, GenerateResult& r)
+    : o_(o), cb_(cb), r_(r), decoder_(tok), stops_(o.stop), parser_(o.thinking) {}
+
+void ReplyStream::deliver(std::string_view text) {
+  if (text.empty()) return;
+  if (o_.parse_chat) {
+    events_.clear();
+    parser_.feed(text, events_);
+    if (cb_.on_event)
+      for (const auto& e : events_) cb_.on_event(e);
+  } else {
+    r_.message.content.append(text);
+    if (cb_.on_event) cb_.on_event(DsmlEvent{DsmlEventKind::CONTENT, 0, std::string(text)});
+  }
+}
+
+bool ReplyStream::push(int32_t token) {
+  std::string piece = decoder_.push(token);
+  r_.text += piece;
+  auto sr = stops_.push(piece);
+  deliver(sr.emit);
+  if (sr.stopped) {
+    r_.finish = FinishReason::STOP;
+    r_.stop_string = sr.stop;
+    return true;
+  }
+  if (o_.parse_chat && o_.stop_at_tool_calls && parser_.block_closed()) {
+    r_.finish = FinishReason::TOOL_CALLS;
+    return true;
+  }
+  return false;
+}
+
+void ReplyStream::finish() {
+  if (r_.stop_string.empty()) {
+    std::string tail = decoder_.flush();
+    r_.text += tail;
+    auto sr = stops_.push(tail);
+    deliver(sr.emit);
+    if (sr.stopped) {
+      r_.finish = FinishReason::STOP;
+      r_.stop_string = sr.stop;
+    } else {
+      deliver(stops_.flush());
+    }
+  }
+  if (o_.parse_chat) {
+    events_.clear();
+    parser_.finish(events_);
+    if (cb_.on_event)
+      for (const auto& e : events_) cb_.on_event(e);
+    r_.message = parser_.message();
+    if (!r_.message.tool_calls.empty() && r_.finish != FinishReason::CANCELLED) r_.finish = FinishReason::TOOL_CALLS;
+  }
+}
+
+}  // namespace dsv4
