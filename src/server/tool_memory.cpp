@@ -139,20 +139,20 @@ size_t ToolMemory::bytes() const {
 
 size_t recover_tool_calls(const std::vector<ChatMessage>& messages, ToolMemory& memory, const ToolCallFinder& find) {
   if (!find) return 0;
-  std::vector<const ChatMessage*> todo;
+  std::vector<const ChatMessage*> unresolved;
   std::set<std::string> wanted;
   for (const auto& m : messages) {
     if (m.role != ChatRole::ASSISTANT || m.tool_calls.empty() || m.raw_dsml) continue;
     bool known = true;
     for (const auto& c : m.tool_calls) known = known && memory.knows(c.id);
     if (known) continue;
-    todo.push_back(&m);
+    unresolved.push_back(&m);
     for (const auto& c : m.tool_calls) wanted.insert(c.id);
   }
-  if (todo.empty()) return 0;
+  if (unresolved.empty()) return 0;
   const ToolDsmlMap found = find(std::vector<std::string>(wanted.begin(), wanted.end()));
   size_t recovered = 0;
-  for (const ChatMessage* m : todo) {
+  for (const ChatMessage* m : unresolved) {
     auto first = found.find(m->tool_calls.front().id);
     if (first == found.end()) continue;
     const std::string& dsml = first->second;
