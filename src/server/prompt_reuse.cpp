@@ -2,28 +2,15 @@
 
 #include <algorithm>
 
+#include "cache/session_cache.h"
 #include "core/assert.h"
 
 namespace dsv4::server {
 
 RenderedPrompt rendered_suffix(const RenderedPrompt& p, size_t offset) {
-  RenderedPrompt out;
-  size_t at = 0;
-  for (const auto& piece : p) {
-    const size_t end = at + piece.text.size();
-    if (end <= offset) {
-      at = end;
-      continue;
-    }
-    if (at >= offset) {
-      out.push_back(piece);
-    } else {
-      DSV4_ASSERT(!piece.control, "cut inside a control piece");
-      out.push_back(TextPiece{piece.text.substr(offset - at), false});
-    }
-    at = end;
-  }
-  return out;
+  auto r = rendered_from(p, offset);  // cache/session_cache.h
+  DSV4_ASSERT(r.has_value(), "%s", r ? "" : r.error().message.c_str());
+  return std::move(*r);
 }
 
 RenderedPrompt rendered_prefix(const RenderedPrompt& p, size_t offset) {
