@@ -1,5 +1,6 @@
 // Cases: MoE router (hash and biased top-k, ties) and routed experts (every
-// expert weight type, accumulate, batch invariance), tiny and Flash shapes.
+// expert weight type, accumulate, batch invariance — n >= 16 takes the
+// expert-grouped path, bit-identical to n = 1), tiny and Flash shapes.
 #include "ops_harness.h"
 
 namespace dsv4::cudatest {
@@ -60,12 +61,12 @@ void cases_moe(Harness& h) {
       bool flash;
     };
     const std::vector<C> cases = {
-        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5}, false},
+        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5, 40}, false},
         {G::Q4_K, G::Q4_K, 8, 256, 256, 2, {1, 3}, false},
-        {G::Q8_0, G::Q8_0, 8, 256, 256, 2, {4}, false},
-        {G::F16, G::F16, 4, 64, 128, 3, {1, 2}, false},
+        {G::Q8_0, G::Q8_0, 8, 256, 256, 2, {4, 33}, false},
+        {G::F16, G::F16, 4, 64, 128, 3, {1, 2, 17}, false},
         {G::F32, G::BF16, 4, 64, 128, 2, {3}, false},
-        {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3}, true},
+        {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3, 64}, true},
         {G::Q4_K, G::Q4_K, 256, 2048, 4096, 6, {1}, true},
     };
     for (const C& c : cases) {

@@ -11,19 +11,18 @@
 //   per lane l: units u = l, l+32, ... (cuda_quant.cuh), elements in order,
 //   acc = fma(w, x, acc); then the warp tree sum (16, 8, 4, 2, 1).
 //
-// * matvec (n == 1, decode): memory-bound. One warp per weight row, 8 rows per
-//   256-thread block; the warp streams 32 units per step (one per lane) with
+// * matvec (n == 1, decode): memory-bound. One warp per R weight rows (R = 4,
+//   2 or 1: the largest that still gives every SM a block), 8 warps per
+//   256-thread block; the warp streams 32 units per row per step (one per lane) with
 //   coalesced 16-byte loads — straight into registers for F32/F16/BF16/Q4_K,
 //   through a per-warp shared-memory chunk for Q8_0/Q2_K (16-byte) and IQ2_XXS
 //   (8-byte), whose blocks are not 16-byte aligned — decodes in registers, and
 //   reads x straight from global memory (16-byte loads, L1-resident).
-//   Grid: ceil(rows / 8) blocks.
-// * tiled (n > 1, prefill): each 256-thread block computes 32 rows (4 per
-//   warp) x 8 tokens. x is staged per chunk of 32 units in shared memory
-//   ([8][32][U+1] floats, the +1 pad keeps lanes on distinct banks); each
-//   decoded weight unit is reused for 8 tokens and each staged x value for 4
-//   rows. Plain FFMA, no tensor cores: correct and batch-invariant, about an
-//   order of magnitude below a tensor-core GEMM (part 2 of issue #5).
+//   Grid: ceil(rows / 8R) blocks.
+// * tiled (n > 1, prefill): weight_tile of cuda_tile.cuh, 32 rows x 8 tokens
+//   per 256-thread block, x staged in shared memory; each decoded weight unit
+//   is reused for 8 tokens. Plain FFMA, no tensor cores: correct and
+//   batch-invariant, about an order of magnitude below a tensor-core GEMM.
 //   Grid: (ceil(rows_per_group / 32), G, ceil(n / 8)).
 //
 // Also: dequantize_rows (one block per row, units decoded to f32), used for
@@ -32,48 +31,64 @@
 // CPU reference: cpu::matmul (src/backend/cpu/cpu_dense.cpp), quant::dequantize_row.
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/cuda_tile.cuh"
 
 namespace dsv4::cuda {
 
 namespace {
 
-constexpr int k_mv_warps = 8;      // rows per matvec block
-constexpr int k_tile_tokens = 8;   // tokens per tiled block
-constexpr int k_tile_rpw = 4;      // rows per warp in the tiled kernel
-constexpr int k_tile_rows = 8 * k_tile_rpw;
+constexpr int k_mv_warps = 8;  // rows per matvec block
 
-template <GgmlType T, bool Staged>
+template <GgmlType T, int R, bool Staged>
 __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
                                                      int64_t rows_per_group, int64_t n_units, int64_t cols,
-                                                     const float* __restrict__ x, int64_t x_stride,
-                                                     float* __restrict__ out, QuantTables tab) {
-  __shared__ typename UnitStaging<T>::Vec stage[k_mv_warps][Staged ? stage_vecs<T>() : 1];
+                                                     const float* __restrict__ x, float* __restrict__ out,
+                                                     QuantTables tab) {
+  __shared__ typename UnitStaging<T>::Vec stage[k_mv_warps][Staged ? R * stage_vecs<T>() : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * k_mv_warps + warp;
-  const int64_t t = blockIdx.y;
-  if (r >= rows) return;  // whole warps only: the shuffles below need all 32 lanes
-  const int64_t g = r / rows_per_group;
-  const float* xr = x + t * x_stride + g * cols;
-  float s;
-  if constexpr (Staged) s = warp_row_dot_staged<T>(w + r * row_bytes, n_units, xr, lane, tab, stage[warp]);
-  else s = warp_row_dot<T>(w + r * row_bytes, n_units, xr, lane, tab);
-  if (lane == 0) out[t * rows + r] = s;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * k_mv_warps + warp) * R;
+  if (r0 >= rows) return;  // whole warps only: the shuffles below need all 32 lanes
+  const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
+  // The R rows share one group (the launcher requires rows_per_group % R == 0).
+  const int64_t g = r0 / rows_per_group;
+  const float* xr = x + g * cols;
+  const uint8_t* rp[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
+  float s[R];
+  warp_rows_dot<T, R, Staged>(rp, n_units, xr, lane, tab, stage[warp], s);
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < nr) out[r0 + i] = s[i];
 }
 
-// The matvec launch for one weight type, staged when the layout allows it.
-template <GgmlType T>
-void launch_matvec(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                   int64_t n_units, int64_t cols, const float* x, int64_t x_stride, float* out) {
-  const dim3 grid(ceil_div(rows, k_mv_warps), 1);
+// The matvec launch for one weight type: R rows per warp (more loads in flight,
+// x reused) when the matrix still fills every SM with blocks; staged when the
+// layout allows it.
+template <GgmlType T, int R>
+void launch_matvec_r(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
+                     int64_t n_units, int64_t cols, const float* x, float* out) {
+  const dim3 grid(ceil_div(rows, k_mv_warps * R), 1);
   if constexpr (UnitStaging<T>::chunk_bytes > 0) {
     if (can_stage<T>(w, row_bytes)) {
-      matvec_kernel<T, true><<<grid, 256, 0, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, x_stride,
-                                                           out, ctx.tables);
+      matvec_kernel<T, R, true><<<grid, 256, 0, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
+                                                              ctx.tables);
       return;
     }
   }
-  matvec_kernel<T, false><<<grid, 256, 0, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, x_stride, out,
-                                                        ctx.tables);
+  matvec_kernel<T, R, false><<<grid, 256, 0, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
+                                                           ctx.tables);
+}
+
+template <GgmlType T>
+void launch_matvec(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
+                   int64_t n_units, int64_t cols, const float* x, float* out) {
+  const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
+  auto fits = [&](int64_t r) { return rows_per_group % r == 0 && ceil_div(rows, k_mv_warps * r) >= sms; };
+  if (fits(4)) launch_matvec_r<T, 4>(ctx, w, row_bytes, rows, rows_per_group, n_units, cols, x, out);
+  else if (fits(2)) launch_matvec_r<T, 2>(ctx, w, row_bytes, rows, rows_per_group, n_units, cols, x, out);
+  else launch_matvec_r<T, 1>(ctx, w, row_bytes, rows, rows_per_group, n_units, cols, x, out);
 }
 
 template <GgmlType T>
@@ -81,61 +96,17 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
                                                           int64_t rows_per_group, int64_t n_units, int64_t cols,
                                                           const float* __restrict__ x, int64_t x_stride, int64_t n,
                                                           float* __restrict__ out, QuantTables tab) {
-  constexpr int U = WeightUnit<T>::U;
-  constexpr int UP = U + 1;
-  constexpr int NT = k_tile_tokens, RW = k_tile_rpw;
-  constexpr int CH = 32 * U;  // elements per chunk (one unit per lane)
-  __shared__ float xs[NT][32 * UP];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ TileSmem<T> sm;
+  __shared__ const float* xrow[k_tile_tokens];
+  const int warp = threadIdx.x >> 5;
   const int64_t g = blockIdx.y;
-  const int64_t g_end = (g + 1) * rows_per_group;
-  const int64_t r0 = g * rows_per_group + static_cast<int64_t>(blockIdx.x) * k_tile_rows + warp * RW;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * NT;
-  const float* xg = x + g * cols;
-
-  float acc[RW][NT];
-#pragma unroll
-  for (int a = 0; a < RW; ++a)
-#pragma unroll
-    for (int b = 0; b < NT; ++b) acc[a][b] = 0.0f;
-
-  const int64_t n_chunks = (n_units + 31) / 32;
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int64_t e0 = c * CH;
-    for (int i = threadIdx.x; i < NT * CH; i += blockDim.x) {
-      const int tt = i / CH, e = i % CH;
-      float v = 0.0f;
-      if (t0 + tt < n && e0 + e < cols) v = xg[(t0 + tt) * x_stride + e0 + e];
-      xs[tt][(e / U) * UP + e % U] = v;
-    }
-    __syncthreads();
-    const int64_t u = c * 32 + lane;
-    if (u < n_units) {
-#pragma unroll
-      for (int rr = 0; rr < RW; ++rr) {
-        const int64_t r = r0 + rr;
-        if (r < g_end) {
-          float wv[U];
-          WeightUnit<T>::decode(w + r * row_bytes, u, wv, tab);
-#pragma unroll
-          for (int tt = 0; tt < NT; ++tt) {
-            const float* xp = &xs[tt][lane * UP];
-#pragma unroll
-            for (int j = 0; j < U; ++j) acc[rr][tt] = fmaf(wv[j], xp[j], acc[rr][tt]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int rr = 0; rr < RW; ++rr)
-#pragma unroll
-    for (int tt = 0; tt < NT; ++tt) {
-      const float s = warp_sum(acc[rr][tt]);
-      const int64_t r = r0 + rr, t = t0 + tt;
-      if (lane == 0 && r < g_end && t < n) out[t * rows + r] = s;
-    }
+  const int64_t r0 = g * rows_per_group + static_cast<int64_t>(blockIdx.x) * k_tile_rows + warp * k_tile_rpw;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * k_tile_tokens;
+  const int nt = static_cast<int>(n - t0 < k_tile_tokens ? n - t0 : k_tile_tokens);
+  if (threadIdx.x < k_tile_tokens) xrow[threadIdx.x] = x + (t0 + threadIdx.x) * x_stride + g * cols;
+  __syncthreads();
+  weight_tile<T>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, cols, xrow, nt, sm, tab,
+                 [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
 }
 
 template <GgmlType T>
@@ -197,7 +168,7 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     const float* x = op.x.f32();
     float* out = op.out.f32();
     if (n == 1 && x_aligned) {
-      launch_matvec<T>(ctx, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, x_stride, out);
+      launch_matvec<T>(ctx, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, out);
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",
                   static_cast<long long>(n));

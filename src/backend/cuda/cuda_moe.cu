@@ -17,17 +17,25 @@
 //   3. mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a   (weight before the down projection)
 //   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
-//   Steps 1, 2, 4 are the matvec of cuda_matmul.cu (one warp per expert row,
-//   8 rows per block, staged wide loads for Q8_0/Q2_K/IQ2_XXS, grid
-//   (assignments, row blocks)), so each assignment
-//   costs one pass over its expert's weights. Simple and batch-invariant;
-//   prefill re-reads an expert's weights once per assignment (grouping tokens
-//   by expert is part 2 of issue #5). Scratch: [n*k][2F + D] floats.
+//   Steps 1, 2, 4, decode (n < k_group_min_tokens): the matvec of cuda_matmul.cu
+//   per assignment (4 expert rows per warp, 32 rows per block, staged wide
+//   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)).
+//   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
+//   block, one thread per expert) lists the assignments sorted by (expert,
+//   assignment) and cuts each expert's run into tiles of <= 8; the tile
+//   kernel (weight_tile of cuda_tile.cuh) then reads each expert's weights
+//   once per 8 of its assignments instead of once per assignment. The tile
+//   count is only known on the device: the grid is sized for the worst case
+//   (ceil(n*k / 8) + E tiles) and surplus blocks exit, so the host never waits.
+//   Both paths give each output element the same float operations (the
+//   matvec's lane/unit order and warp tree), so results are bit-identical
+//   whichever path runs. Scratch: [n*k][2F + D] floats (+ the plan).
 //   CPU reference: cpu::moe_experts (cpu_moe.cpp).
 #include <algorithm>
 
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/cuda_tile.cuh"
 
 namespace dsv4::cuda {
 
@@ -35,6 +43,7 @@ namespace {
 
 constexpr int k_route_threads = 256;
 constexpr int k_max_route_k = 64;
+constexpr int64_t k_group_min_tokens = 16;  // prefill batches from this size group assignments by expert
 
 __device__ __forceinline__ float softplus_dev(float z) {
   if (z > 20.0f) return z;
@@ -128,24 +137,90 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
   }
 }
 
-// out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8)), one warp per row.
-template <GgmlType T, bool Staged>
+// out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
+template <GgmlType T, int RW, bool Staged>
 __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, size_t row_bytes,
                                                             int64_t n_units, int64_t E, const int32_t* experts,
                                                             const float* x, int64_t x_stride, int x_div, QuantTables tab) {
-  __shared__ typename UnitStaging<T>::Vec stage[8][Staged ? stage_vecs<T>() : 1];
+  __shared__ typename UnitStaging<T>::Vec stage[8][Staged ? RW * stage_vecs<T>() : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t a = blockIdx.x;
-  const int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + warp;
-  if (r >= R) return;  // whole warps
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
+  if (r0 >= R) return;  // whole warps
+  const int nr = static_cast<int>(R - r0 < RW ? R - r0 : RW);
   const int32_t ex = experts[a];
   DEVICE_CHECK(ex >= 0 && ex < E);
-  const uint8_t* row = w + (static_cast<int64_t>(ex) * R + r) * row_bytes;
+  const uint8_t* rp[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) rp[i] = w + (static_cast<int64_t>(ex) * R + r0 + (i < nr ? i : 0)) * row_bytes;
   const float* xr = x + (a / x_div) * x_stride;
-  float s;
-  if constexpr (Staged) s = warp_row_dot_staged<T>(row, n_units, xr, lane, tab, stage[warp]);
-  else s = warp_row_dot<T>(row, n_units, xr, lane, tab);
-  if (lane == 0) out[a * R + r] = s;
+  float s[RW];
+  warp_rows_dot<T, RW, Staged>(rp, n_units, xr, lane, tab, stage[warp], s);
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < RW; ++i)
+      if (i < nr) out[a * R + r0 + i] = s[i];
+}
+
+// Expert grouping for prefill. list[] = the assignment ids in (expert, id)
+// order; tiles[z] = {expert, first list index, count <= 8, 0} for z < *n_tiles.
+// One block, thread e owns expert e (blockDim >= E); each thread scans the
+// expert ids twice (count, then fill), reading them as warp-wide broadcasts.
+__global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E, int32_t* __restrict__ list,
+                                int4* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+  extern __shared__ int plan_sm[];
+  int* cnt = plan_sm;      // [E] assignments per expert
+  int* off = cnt + E;      // [E] first list index
+  int* toff = off + E;     // [E] first tile index
+  const int e = threadIdx.x;
+  for (int64_t a = threadIdx.x; a < n_assign; a += blockDim.x) DEVICE_CHECK(experts[a] >= 0 && experts[a] < E);
+  int c = 0;
+  for (int64_t a = 0; a < n_assign; ++a) c += experts[a] == e;
+  if (e < E) cnt[e] = c;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int o = 0, t = 0;
+    for (int i = 0; i < E; ++i) {
+      off[i] = o;
+      toff[i] = t;
+      o += cnt[i];
+      t += (cnt[i] + k_tile_tokens - 1) / k_tile_tokens;
+    }
+    *n_tiles = t;
+  }
+  __syncthreads();
+  if (e >= E) return;
+  int pos = off[e];
+  for (int64_t a = 0; a < n_assign; ++a)
+    if (experts[a] == e) list[pos++] = static_cast<int32_t>(a);
+  for (int j = 0; j * k_tile_tokens < c; ++j)
+    tiles[toff[e] + j] = make_int4(e, off[e] + j * k_tile_tokens, min(k_tile_tokens, c - j * k_tile_tokens), 0);
+}
+
+// out[a, r] = W[e, r, :] · x[a / x_div] for the assignments a of tile blockIdx.y
+// (expert e); grid (ceil(R / 32), max tiles), blocks past *n_tiles exit.
+template <GgmlType T>
+__global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
+                                                          size_t row_bytes, int64_t n_units, int64_t cols,
+                                                          const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+                                                          const int32_t* __restrict__ n_tiles, const float* __restrict__ x,
+                                                          int64_t x_stride, int x_div, QuantTables tab) {
+  __shared__ TileSmem<T> sm;
+  __shared__ const float* xrow[k_tile_tokens];
+  __shared__ int64_t arow[k_tile_tokens];
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;  // the whole block leaves together
+  const int4 td = tiles[blockIdx.y];
+  if (static_cast<int>(threadIdx.x) < td.z) {
+    const int64_t a = list[td.y + threadIdx.x];
+    arow[threadIdx.x] = a;
+    xrow[threadIdx.x] = x + (a / x_div) * x_stride;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5;
+  const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
+  const int64_t r_warp = static_cast<int64_t>(blockIdx.x) * k_tile_rows + warp * k_tile_rpw;
+  weight_tile<T>(we, row_bytes, r_warp, R, n_units, cols, xrow, td.z, sm, tab,
+                 [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
@@ -174,26 +249,69 @@ unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((
 void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const int32_t* experts, int64_t n_assign,
                    const float* x, int64_t x_stride, int x_div) {
   const int64_t cols = w.ne[0], E = w.ne[2];
-  DSV4_ASSERT((R + 7) / 8 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
+  DSV4_ASSERT((R + 31) / 32 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
   DSV4_ASSERT(n_assign <= 0x7fffffff, "moe_experts: too many assignments");
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     constexpr int U = WeightUnit<T>::U;
     DSV4_ASSERT(cols % U == 0 && cols % 4 == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T),
                 static_cast<long long>(cols));
-    const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8));
+    // 4 rows per warp (loads in flight, x reused): an expert matrix has >= 2048 rows
+    // and a decode step 6 assignments, so the grid still covers the SMs.
+    constexpr int RW = 4;
+    const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
     const auto* wp = static_cast<const uint8_t*>(w.data);
     bool staged = false;
     if constexpr (UnitStaging<T>::chunk_bytes > 0) {
       if (can_stage<T>(wp, w.row_bytes())) {
         staged = true;
-        expert_matvec_kernel<T, true><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
-                                                                    x_stride, x_div, ctx.tables);
+        expert_matvec_kernel<T, RW, true><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
+                                                                        x_stride, x_div, ctx.tables);
       }
     }
     if (!staged)
-      expert_matvec_kernel<T, false><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
-                                                                   x_stride, x_div, ctx.tables);
+      expert_matvec_kernel<T, RW, false><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
+                                                                       x_stride, x_div, ctx.tables);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+// The expert plan for n_assign assignments, in scratch after `base`.
+struct ExpertPlan {
+  int32_t* list;
+  int4* tiles;
+  int32_t* n_tiles;
+  int64_t max_tiles;
+};
+int64_t plan_max_tiles(int64_t n_assign, int64_t E) { return ceil_div(n_assign, k_tile_tokens) + E; }
+size_t plan_bytes(int64_t n_assign, int64_t E) {
+  return static_cast<size_t>(plan_max_tiles(n_assign, E)) * sizeof(int4) + static_cast<size_t>(n_assign) * 4 + 16;
+}
+ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts, int64_t n_assign, int64_t E) {
+  DSV4_ASSERT(E <= 1024, "moe_experts: %lld experts (grouping supports up to 1024)", static_cast<long long>(E));
+  ExpertPlan p;
+  p.max_tiles = plan_max_tiles(n_assign, E);
+  DSV4_ASSERT(p.max_tiles <= 65535, "moe_experts: batch of %lld assignments too large", static_cast<long long>(n_assign));
+  p.tiles = static_cast<int4*>(base);  // 16-byte aligned: scratch is, and base follows float arrays of 16-byte multiples
+  p.list = reinterpret_cast<int32_t*>(p.tiles + p.max_tiles);
+  p.n_tiles = p.list + n_assign;
+  const int threads = static_cast<int>(ceil_div(E, 32) * 32);
+  moe_plan_kernel<<<1, threads, 3 * static_cast<size_t>(E) * sizeof(int), ctx.stream>>>(experts, n_assign, static_cast<int>(E),
+                                                                                         p.list, p.tiles, p.n_tiles);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const float* x,
+                  int64_t x_stride, int x_div) {
+  const int64_t cols = w.ne[0];
+  dispatch_weight_type(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    constexpr int U = WeightUnit<T>::U;
+    DSV4_ASSERT(cols % U == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T), static_cast<long long>(cols));
+    const dim3 grid(ceil_div(R, k_tile_rows), static_cast<unsigned>(p.max_tiles));
+    expert_tile_kernel<T><<<grid, 256, 0, ctx.stream>>>(out, R, static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / U,
+                                                        cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -227,16 +345,27 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   DSV4_ASSERT(reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0, "moe_experts: x not 16-byte aligned");
   if (n == 0) return;
   const int64_t n_assign = n * k;
-  float* g = static_cast<float*>(ctx.scratch->get(static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float), ctx.stream));
+  const int64_t E = op.gate.ne[2];
+  const bool grouped = n >= k_group_min_tokens && k > 0;
+  const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
+  const size_t bytes = (act_bytes + 15) / 16 * 16 + (grouped ? plan_bytes(n_assign, E) : 0);
+  float* g = static_cast<float*>(ctx.scratch->get(bytes, ctx.stream));
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
   if (k > 0) {
     const int32_t* ex = op.experts.i32();
-    expert_matvec(ctx, g, F, op.gate, ex, n_assign, op.x.f32(), D, static_cast<int>(k));
-    expert_matvec(ctx, u, F, op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k));
+    ExpertPlan plan{};
+    if (grouped) plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + (act_bytes + 15) / 16 * 16, ex, n_assign, E);
+    // out[a, :R] = W[e_a] · x[a / x_div], grouped by expert or one matvec per assignment.
+    auto project = [&](float* out, int64_t R, const Tensor& w, const float* x, int64_t x_stride, int x_div) {
+      if (grouped) expert_tiles(ctx, out, R, w, plan, x, x_stride, x_div);
+      else expert_matvec(ctx, out, R, w, ex, n_assign, x, x_stride, x_div);
+    };
+    project(g, F, op.gate, op.x.f32(), D, static_cast<int>(k));
+    project(u, F, op.up, op.x.f32(), D, static_cast<int>(k));
     expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, op.weights.f32(), F, n_assign * F, op.clamp);
     CUDA_CHECK_LAUNCH();
-    expert_matvec(ctx, y, D, op.down, ex, n_assign, g, F, 1);
+    project(y, D, op.down, g, F, 1);
   }
   expert_sum_kernel<<<elem_grid(n * D), 256, 0, ctx.stream>>>(op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);
   CUDA_CHECK_LAUNCH();

@@ -5,7 +5,7 @@
 // tiled matmul, embedding, mHC and MoE kernels.
 //
 //   type      U   unit                                   loads (weights stay in GGUF layout)
-//                                                        (decode matvec: Q8_0/Q2_K/IQ2_XXS staged, see UnitStaging)
+//                                                        (matvec: Q8_0/Q2_K/IQ2_XXS staged, see UnitStaging)
 //   F32       4   4 floats                               one 16-byte load (row must be 16-byte aligned)
 //   F16/BF16  8   8 halves                               one 16-byte load
 //   Q8_0     32   one 34-byte block                      d + 16 two-byte loads (blocks are 2-byte aligned)
@@ -246,65 +246,69 @@ void dispatch_weight_type(GgmlType t, F&& f) {
 // Elements per unit of a weight type (host side).
 int weight_unit_elems(GgmlType t);
 
-// Lane-strided dot product of one weight row with an f32 vector x (16-byte
-// aligned, n_units * U floats); the sum is valid in lane 0. Every lane of the
-// warp must call it. Per lane: units lane, lane+32, ... each element j in
-// order, acc = fma(w, x, acc); then warp_sum.
-template <GgmlType T>
-__device__ __forceinline__ float warp_row_dot(const uint8_t* row, int64_t n_units, const float* x, int lane,
-                                              const QuantTables& tab) {
+// Lane-strided dot products of R weight rows with one f32 vector x (16-byte
+// aligned, n_units * U floats); sums[i] is valid in lane 0 (and garbage for
+// i >= nr: those rows repeat rows[0] so that every lane runs the same code).
+// Every lane of the warp must call it. Per row and lane: units lane, lane+32,
+// ... each element j in order, acc = fma(w, x, acc); then warp_sum — the
+// canonical order, so any R and the staged/unstaged variants give bit-identical
+// results. R > 1 reuses each x unit (registers) for R rows and keeps R rows'
+// loads in flight per warp (a single row leaves the memory system idle while
+// the warp decodes and reduces).
+// Staged: the unit bytes of each 32-unit chunk are copied to `stage` (this
+// warp's shared buffer of R * stage_vecs<T>() vectors; requires can_stage) with
+// coalesced wide loads, then each lane decodes its unit from there.
+template <GgmlType T, int R, bool Staged>
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const float* x, int lane,
+                                              const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R]) {
+  using Vec = typename UnitStaging<T>::Vec;
   constexpr int U = WeightUnit<T>::U;
-  float acc = 0.0f;
-  for (int64_t u = lane; u < n_units; u += 32) {
-    float w[U];
-    WeightUnit<T>::decode(row, u, w, tab);
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+  // acc[i] += the unit's weights (decoded from `src` at unit index `ui`) times x unit u.
+  auto fma_unit = [&](int64_t u, auto&& src_of, int64_t ui) {
+    float xv[U];
     const float4* xp = reinterpret_cast<const float4*>(x + u * U);
 #pragma unroll
     for (int i = 0; i < U / 4; ++i) {
-      const float4 xv = xp[i];
-      acc = fmaf(w[4 * i + 0], xv.x, acc);
-      acc = fmaf(w[4 * i + 1], xv.y, acc);
-      acc = fmaf(w[4 * i + 2], xv.z, acc);
-      acc = fmaf(w[4 * i + 3], xv.w, acc);
+      const float4 v = xp[i];
+      xv[4 * i] = v.x;
+      xv[4 * i + 1] = v.y;
+      xv[4 * i + 2] = v.z;
+      xv[4 * i + 3] = v.w;
     }
-  }
-  return warp_sum(acc);
-}
-
-// warp_row_dot with the unit bytes staged through `stage` (this warp's shared
-// buffer of stage_vecs<T>() vectors; requires can_stage). Same units per lane,
-// same element order, same tree: bit-identical to warp_row_dot.
-template <GgmlType T>
-__device__ __forceinline__ float warp_row_dot_staged(const uint8_t* row, int64_t n_units, const float* x, int lane,
-                                                     const QuantTables& tab, typename UnitStaging<T>::Vec* stage) {
-  using Vec = typename UnitStaging<T>::Vec;
-  constexpr int U = WeightUnit<T>::U;
-  constexpr int CB = UnitStaging<T>::chunk_bytes;
-  static_assert(CB > 0, "no staging for this type");
-  float acc = 0.0f;
-  for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
-    // k units in this chunk; with can_stage, k*CB/32 is a whole number of vectors.
-    const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
-    const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
-    const Vec* src = reinterpret_cast<const Vec*>(row + (c0 / 32) * CB);
-    for (int i = lane; i < nv; i += 32) stage[i] = src[i];
-    __syncwarp();
-    if (lane < k) {
-      float w[U];
-      WeightUnit<T>::decode(reinterpret_cast<const uint8_t*>(stage), lane, w, tab);
-      const float4* xp = reinterpret_cast<const float4*>(x + (c0 + lane) * U);
 #pragma unroll
-      for (int i = 0; i < U / 4; ++i) {
-        const float4 xv = xp[i];
-        acc = fmaf(w[4 * i + 0], xv.x, acc);
-        acc = fmaf(w[4 * i + 1], xv.y, acc);
-        acc = fmaf(w[4 * i + 2], xv.z, acc);
-        acc = fmaf(w[4 * i + 3], xv.w, acc);
-      }
+    for (int i = 0; i < R; ++i) {
+      float w[U];
+      WeightUnit<T>::decode(src_of(i), ui, w, tab);
+#pragma unroll
+      for (int j = 0; j < U; ++j) acc[i] = fmaf(w[j], xv[j], acc[i]);
     }
-    __syncwarp();  // the buffer is refilled next step
+  };
+  if constexpr (Staged) {
+    constexpr int CB = UnitStaging<T>::chunk_bytes;
+    constexpr int SV = CB / static_cast<int>(sizeof(Vec));
+    static_assert(CB > 0, "no staging for this type");
+    for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
+      // k units in this chunk; with can_stage, k*CB/32 is a whole number of vectors.
+      const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
+      const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const Vec* src = reinterpret_cast<const Vec*>(rows[r] + (c0 / 32) * CB);
+        for (int i = lane; i < nv; i += 32) stage[r * SV + i] = src[i];
+      }
+      __syncwarp();
+      if (lane < k)
+        fma_unit(c0 + lane, [&](int r) { return reinterpret_cast<const uint8_t*>(stage + r * SV); }, lane);
+      __syncwarp();  // the buffer is refilled next step
+    }
+  } else {
+    for (int64_t u = lane; u < n_units; u += 32) fma_unit(u, [&](int r) { return rows[r]; }, u);
   }
-  return warp_sum(acc);
+#pragma unroll
+  for (int i = 0; i < R; ++i) sums[i] = warp_sum(acc[i]);
 }
 
 }  // namespace dsv4::cuda
