@@ -43,6 +43,7 @@ Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
     : backend_(backend), spec_(spec), options_(options), sc_(std::make_unique<Scratch>()) {}
 
 Model::~Model() {
+  if (step_graph_) backend_.drop_replay(step_graph_);
   Scratch& s = *sc_;
   for (Tensor* t : {&s.pos, &s.ids, &s.state, &s.u, &s.xn, &s.y, &s.ys, &s.post, &s.comb, &s.qa, &s.q, &s.kv, &s.o,
                     &s.la, &s.ckv, &s.cgate, &s.iq, &s.iw, &s.ikv, &s.igate, &s.scores, &s.sel, &s.router,
@@ -156,6 +157,7 @@ LayerState Model::alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w
 KvState Model::new_state(uint32_t ctx) {
   KvState s;
   s.ctx = ctx;
+  s.uid = ++next_state_uid_;
   s.cap_w = spec_.sliding_window + static_cast<uint32_t>(options_.max_batch);
   for (uint32_t il = 0; il < spec_.n_layer; ++il) s.layers.push_back(alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true));
   s.last_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
@@ -370,17 +372,51 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
 }
 
 void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
-  using LT = LayerTensor;
-  using GT = GlobalTensor;
   Scratch& s = *sc_;
-  const ModelSpec& P = spec_;
-  const bool ref = options_.numerics == Numerics::REFERENCE;
-  const int64_t D = P.n_embd, hc = P.hc_count;
-
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(p0 + i);
   backend_.write(s.pos, pos.data(), static_cast<size_t>(n) * 4);
   backend_.write(s.ids, ids, static_cast<size_t>(n) * 4);
+
+  // A single-token step is the same op sequence on the same tensors every time
+  // (positions and ids are read on the device): record it once, replay it.
+  bool done = false;
+  if (n == 1) {
+    const StepKey key{st.uid, logits != nullptr};
+    if (step_graph_ && step_key_ == key) {
+      done = backend_.replay(step_graph_);
+      if (!done) {  // stale (memory moved since the recording), or the backend wants eager ops now
+        backend_.drop_replay(step_graph_);
+        step_graph_ = 0;
+      }
+    }
+    if (!done && step_seen_ == key && backend_.capture_begin()) {
+      batch_ops(st, 1, logits != nullptr, all_logits);
+      if (step_graph_) backend_.drop_replay(step_graph_);
+      step_graph_ = backend_.capture_end();
+      step_key_ = key;
+      done = backend_.replay(step_graph_);
+      DSV4_ASSERT(done, "a decode step recorded just now cannot be replayed");
+    }
+    step_seen_ = key;
+  }
+  if (!done) batch_ops(st, n, logits != nullptr, all_logits);
+  if (logits) {
+    const int64_t cnt = all_logits ? n : 1;
+    Tensor lg = s.logits.rows(0, cnt);
+    backend_.read(lg, logits, lg.n_bytes());
+  }
+}
+
+// The ops of one batch of n tokens whose positions and ids are already in
+// s.pos / s.ids; with `logits`, the head runs for the last token (or all) into s.logits.
+void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
+  using GT = GlobalTensor;
+  using LT = LayerTensor;
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const int64_t D = P.n_embd, hc = P.hc_count;
   Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
   Tensor u = s.u.rows(0, n), xn = s.xn.rows(0, n), y = s.y.rows(0, n);
   Tensor post = s.post.rows(0, n), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, n).reshape(hc, hc, n);
@@ -411,7 +447,6 @@ void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, fl
                     P.rms_eps, P.hc_eps});
   backend_.rms_norm({hn, h, global_[static_cast<size_t>(GT::OUTPUT_NORM)], P.rms_eps});
   backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
-  backend_.read(lg, logits, lg.n_bytes());
 }
 
 Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) {

@@ -39,6 +39,7 @@ struct KvState {
   std::vector<LayerState> layers;
   Tensor last_hidden;  // [hc, D] final mHC state of the last token (MTP input)
   LayerState mtp;      // MTP block's window ring (when the model has an MTP block)
+  uint64_t uid = 0;    // unique per new_state(): names the tensors a recorded decode step uses
 };
 
 struct ModelOptions {
@@ -94,6 +95,7 @@ class Model {
   void attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block);
   void ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
   void run_batch(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
+  void batch_ops(KvState& s, int64_t n, bool logits, bool all_logits);
   LayerState alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor);
 
   Backend& backend_;
@@ -105,6 +107,17 @@ class Model {
   DeviceLayer mtp_block_;
   std::array<Tensor, static_cast<size_t>(MtpTensor::COUNT)> mtp_head_;
   std::unique_ptr<Scratch> sc_;
+  // The recorded single-token step (Backend::capture_begin): recorded on the
+  // second consecutive single-token batch with the same key (the first one
+  // sizes every buffer), replayed while the key stays the same.
+  struct StepKey {
+    uint64_t state = 0;
+    bool logits = false;
+    bool operator==(const StepKey&) const = default;
+  };
+  StepKey step_seen_, step_key_;
+  uint64_t step_graph_ = 0;
+  uint64_t next_state_uid_ = 0;
 };
 
 }  // namespace dsv4

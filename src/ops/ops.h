@@ -283,6 +283,24 @@ class Backend {
   virtual void set_profiling(bool on) = 0;
   virtual std::vector<OpTiming> take_profile() = 0;
 
+  // Replay of a repeated op sequence (the decode step: CUDA graphs). After
+  // capture_begin() returns true, ops and copies are recorded instead of run,
+  // until capture_end() returns the recording's id (> 0). replay(id) runs the
+  // recorded ops again, on the same tensors, reading whatever they hold now;
+  // it returns false when memory the recording uses may have moved since (a
+  // free, a regrown scratch buffer) or while profiling (ops must run eagerly):
+  // drop it and record again then.
+  // Never record read/write/synchronize/alloc/free. Backends that cannot
+  // record return false from capture_begin (the default) and the caller runs
+  // the ops directly.
+  virtual bool capture_begin() { return false; }
+  virtual uint64_t capture_end() { return 0; }
+  virtual bool replay(uint64_t id) {
+    (void)id;
+    return false;
+  }
+  virtual void drop_replay(uint64_t id) { (void)id; }
+
   // Ops.
   virtual void embed(const EmbedOp& op) = 0;
   virtual void hc_pre(const HcPreOp& op) = 0;

@@ -132,6 +132,37 @@ int main(int argc, char** argv) {
     check(same, "cuda: decode token by token == prefill_all_logits (bitwise, 200 tokens)");
   }
 
+  // The recorded decode step (a CUDA graph) across session switches and frees:
+  // two sessions decode in turns of 5 tokens (each switch re-records), and a
+  // third session is made and freed mid-way (every recording goes stale).
+  {
+    const size_t N = 60, off = 100;
+    auto ra = *cuda->new_session();
+    auto rb = *cuda->new_session();
+    auto wa = ra->prefill_all_logits(std::span<const int32_t>(t.data(), N));
+    auto wb = rb->prefill_all_logits(std::span<const int32_t>(t.data() + off, N));
+    auto sa = *cuda->new_session();
+    auto sb = *cuda->new_session();
+    bool same = wa.has_value() && wb.has_value();
+    size_t ia = 0, ib = 0;
+    for (size_t step = 0; same && step < 2 * N; ++step) {
+      if (step == 47) {
+        auto tmp = *cuda->new_session();
+        same = tmp->decode(t[0]).has_value();
+      }
+      const bool on_a = (step / 5) % 2 == 0;
+      auto& sess = on_a ? sa : sb;
+      size_t& i = on_a ? ia : ib;
+      const std::vector<float>& all = on_a ? *wa : *wb;
+      same = same && sess->decode(t[(on_a ? 0 : off) + i]).has_value();
+      std::vector<float> want(all.begin() + static_cast<long>(i * V), all.begin() + static_cast<long>((i + 1) * V));
+      same = same && bitwise(sess->logits(), want);
+      if (!same) std::printf("  first difference at step %zu (session %c, position %zu)\n", step, on_a ? 'a' : 'b', i);
+      ++i;
+    }
+    check(same, "cuda: decode in turns of two sessions (+ a freed third) == their prefills (bitwise)");
+  }
+
   // Save -> load -> continue == continue, bitwise, on CUDA.
   {
     auto live = *cuda->new_session();

@@ -60,6 +60,7 @@ void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
   }
   CUDA_CHECK(e);
   bytes_ = want;
+  ++generation_;
   return ptr_;
 }
 
@@ -119,6 +120,7 @@ class CudaBackend final : public Backend {
       if (staging_[i]) CUDA_CHECK(cudaFreeHost(staging_[i]));
       if (staged_[i]) CUDA_CHECK(cudaEventDestroy(staged_[i]));
     }
+    for (auto& [id, r] : recordings_) CUDA_CHECK(cudaGraphExecDestroy(r.exec));
     CUDA_CHECK(cudaFree(tables_mem_));
     for (auto& r : records_) {
       CUDA_CHECK(cudaEventDestroy(r.start));
@@ -174,6 +176,52 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use it
     CUDA_CHECK(cudaFree(t.data));
     t.data = nullptr;
+    ++frees_;  // recorded graphs may point at it: they become stale
+  }
+
+  // Decode-step graphs. A recording is valid while no tensor was freed and the
+  // scratch buffer did not move since it was made (replay checks both).
+  bool capture_begin() override {
+    if (profiling_) return false;  // per-op events need eager launches
+    use_device();
+    DSV4_ASSERT(!capturing_, "capture_begin while recording");
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+    return true;
+  }
+  uint64_t capture_end() override {
+    use_device();
+    DSV4_ASSERT(capturing_, "capture_end without capture_begin");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    Recording r;
+    CUDA_CHECK(cudaGraphInstantiate(&r.exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    r.frees = frees_;
+    r.scratch_gen = scratch_.generation();
+    const uint64_t id = ++last_recording_;
+    recordings_[id] = r;
+    return id;
+  }
+  bool replay(uint64_t id) override {
+    if (profiling_) return false;  // per-op events need eager launches
+    auto it = recordings_.find(id);
+    if (it == recordings_.end()) return false;
+    if (it->second.frees != frees_ || it->second.scratch_gen != scratch_.generation()) {
+      drop_replay(id);
+      return false;
+    }
+    use_device();
+    CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+    return true;
+  }
+  void drop_replay(uint64_t id) override {
+    auto it = recordings_.find(id);
+    if (it == recordings_.end()) return;
+    use_device();
+    CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
+    recordings_.erase(it);
   }
 
   expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
@@ -374,6 +422,13 @@ class CudaBackend final : public Backend {
   }
   bool profiling_ = false;
   std::vector<Record> records_;
+  struct Recording {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t frees = 0, scratch_gen = 0;
+  };
+  std::unordered_map<uint64_t, Recording> recordings_;
+  uint64_t last_recording_ = 0, frees_ = 0;
+  bool capturing_ = false;
   std::vector<cudaEvent_t> free_events_;
 
   // The CUDA current device is per host thread; the engine may be driven from another thread than the one that made it.

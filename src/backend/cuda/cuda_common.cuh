@@ -60,10 +60,12 @@ class DeviceScratch {
   DeviceScratch& operator=(const DeviceScratch&) = delete;
   void* get(size_t bytes, cudaStream_t stream);
   size_t capacity() const { return bytes_; }
+  uint64_t generation() const { return generation_; }  // +1 whenever the buffer moves
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  uint64_t generation_ = 0;
 };
 
 // Everything a launcher needs besides the op itself.
