@@ -14,7 +14,11 @@
 #             the tokens after the last), $GEN greedy tokens each (default 16):
 #             prefill and decode tokens/s
 #   profile   dsv4 bench --profile at $CTX_START: per-op decode time table
-# Options: env CTX_START, CTX_MAX, GEN, PRESET (flash-q2), SYNTH_FILE=1, KEEP=1 (keep the /dev/shm file).
+#   kv-cache  (KV_TOKENS=N, file mode) scripts/bench-kv-cache.py --tokens N on the synth file with
+#             --backend cuda: time to first token of an N-token prompt cold vs after a server
+#             restart, snapshot size and store/restore times (issue #7)
+# Options: env CTX_START, CTX_MAX, GEN, PRESET (flash-q2), SYNTH_FILE=1, KEEP=1 (keep the /dev/shm file),
+#          KV_TOKENS (implies SYNTH_FILE=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-$PWD/out}
@@ -23,6 +27,8 @@ CTX_START=${CTX_START:-2048}
 CTX_MAX=${CTX_MAX:-4096}
 GEN=${GEN:-16}
 PRESET=${PRESET:-flash-q2}
+KV_TOKENS=${KV_TOKENS:-0}
+[ "$KV_TOKENS" -gt 0 ] && SYNTH_FILE=1
 DSV4=build-device-run/bin/dsv4
 export LD_LIBRARY_PATH="$PWD/build-device-run/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ ! -x "$DSV4" ]; then
@@ -54,6 +60,14 @@ else
   ROWS+=("bench: $(($(date +%s) - t0)) s since start")
 fi
 "$DSV4" bench "${src[@]}" "${common[@]}" --profile >"$LOG/bench-profile.log" 2>&1 || echo "device-bench: profile failed" >&2
+if [ "$KV_TOKENS" -gt 0 ]; then
+  t1=$(date +%s)
+  python3 scripts/bench-kv-cache.py --bin "$DSV4" -m "$MODEL" --tokens "$KV_TOKENS" --csv "$LOG/kv-cache.csv" \
+    --keep-dir -- --backend cuda >"$LOG/kv-cache.log" 2>&1 || echo "device-bench: kv-cache bench failed (see kv-cache.log)" >&2
+  kept=$(sed -n 's/^kept //p' "$LOG/kv-cache.log")
+  [ -n "$kept" ] && { cat "$kept"/serve1.log "$kept"/serve2.log >"$LOG/kv-cache-serve.log" 2>/dev/null; rm -rf "$kept"; }
+  ROWS+=("kv-cache $KV_TOKENS tokens: $(($(date +%s) - t1)) s")
+fi
 [ -n "$MODEL" ] && [ "${KEEP:-0}" -ne 1 ] && rm -f "$MODEL"
 echo
 echo "== dsv4 device-bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
@@ -62,3 +76,5 @@ printf '%s\n' "${ROWS[@]}"
 grep -v "^#" "$CSV" 2>/dev/null
 grep -A12 "^op " "$LOG/bench-profile.log" 2>/dev/null
 grep "^total" "$LOG/bench-profile.log" 2>/dev/null
+[ "$KV_TOKENS" -gt 0 ] && tail -12 "$LOG/kv-cache.log"
+exit 0

@@ -121,12 +121,32 @@ int run_bench(const BenchArgs& a) {
       (*engine)->set_op_profiling(false);
       if (!d) return fail(d.error().message);
     }
+    // --profile, prefill: the first batch of this interval again, every op timed
+    // (rewind to the interval's start, prefill one batch, then the rest untimed).
+    std::string pf_profile;
+    const uint32_t pf_start = frontier - n_pf;
+    const uint32_t pf_m = std::min<uint32_t>(n_pf, static_cast<uint32_t>(std::max(1, o.prefill_batch)));
+    if (a.profile && pf_m > 1) {
+      if (auto r = (*session)->rewind(pf_start); !r) return fail(r.error().message);
+      (*engine)->set_op_profiling(true);
+      auto p1 = (*session)->prefill(std::span<const int32_t>(seq.data() + pf_start, pf_m));
+      pf_profile = (*engine)->take_op_profile_report(1.0);
+      (*engine)->set_op_profiling(false);
+      if (!p1) return fail(p1.error().message);
+      if (pf_start + pf_m < frontier) {
+        auto p2 = (*session)->prefill(std::span<const int32_t>(seq.data() + pf_start + pf_m, frontier - pf_start - pf_m));
+        if (!p2) return fail(p2.error().message);
+      }
+    }
     double gen_tps = a.gen_tokens > 0 && dt > 0 ? a.gen_tokens / dt : 0;
     both("%u,%u,%.2f,%d,%.2f,%.2f,%llu\n", frontier, n_pf, pf > 0 ? n_pf / pf : 0.0, a.gen_tokens, gen_tps,
          gen_tps * static_cast<double>(info.decode_bytes_per_token) / 1e9,
          static_cast<unsigned long long>((*engine)->session_bytes(frontier)));
     if (csv) std::fflush(csv);
     if (a.profile) std::fprintf(stderr, "# decode op profile at ctx %u (ms per token, a second decode run with every op timed; timing adds overhead)\n%s", frontier, profile.c_str());
+    if (!pf_profile.empty())
+      std::fprintf(stderr, "# prefill op profile: one batch of %u tokens at positions %u..%u (ms per batch, every op timed)\n%s",
+                   pf_m, pf_start, pf_start + pf_m - 1, pf_profile.c_str());
     if (auto r = (*session)->rewind(frontier); !r) return fail(r.error().message);
     if (frontier >= ctx_max) break;
     frontier = a.step_incr ? frontier + a.step_incr : static_cast<uint32_t>(frontier * a.step_mul);
@@ -156,7 +176,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward)")->capture_default_str();
-  cmd->add_flag("--profile", a->profile, "Time every op of the decode steps and print a per-op table (stderr)");
+  cmd->add_flag("--profile", a->profile,
+                "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");
   cmd->callback([a] { set_exit_code(run_bench(*a)); });
 }
 
