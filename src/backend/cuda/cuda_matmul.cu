@@ -15,8 +15,9 @@
 //   2 or 1: the largest that still gives every SM a block), 8 warps per
 //   256-thread block; the warp streams 32 units per row per step (one per lane) with
 //   coalesced 16-byte loads — straight into registers for F32/F16/BF16/Q4_K,
-//   through a per-warp shared-memory chunk for Q8_0/Q2_K (16-byte) and IQ2_XXS
-//   (8-byte), whose blocks are not 16-byte aligned — decodes in registers, and
+//   through per-warp double-buffered shared-memory chunks (cp.async, the next
+//   chunk in flight while this one is decoded) for Q8_0/Q2_K (16-byte) and
+//   IQ2_XXS (8-byte), whose blocks are not 16-byte aligned — decodes in registers, and
 //   reads x straight from global memory (16-byte loads, L1-resident).
 //   Grid: ceil(rows / 8R) blocks.
 // * tiled (n > 1, prefill): weight_tile of cuda_tile.cuh, 32 rows x 8 tokens
@@ -44,8 +45,9 @@ __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__
                                                      int64_t rows_per_group, int64_t n_units, int64_t cols,
                                                      const float* __restrict__ x, float* __restrict__ out,
                                                      QuantTables tab) {
-  __shared__ typename UnitStaging<T>::Vec stage[k_mv_warps][Staged ? R * stage_vecs<T>() : 1];
+  extern __shared__ __align__(16) unsigned char mv_smem[];  // Staged: k_mv_warps x stage_bytes_per_warp<T, R>()
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + (Staged ? warp * stage_bytes_per_warp<T, R>() : 0));
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * k_mv_warps + warp) * R;
   if (r0 >= rows) return;  // whole warps only: the shuffles below need all 32 lanes
   const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
@@ -56,7 +58,7 @@ __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__
 #pragma unroll
   for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
   float s[R];
-  warp_rows_dot<T, R, Staged>(rp, n_units, xr, lane, tab, stage[warp], s);
+  warp_rows_dot<T, R, Staged>(rp, n_units, xr, lane, tab, stage, s);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < R; ++i)
@@ -72,8 +74,10 @@ void launch_matvec_r(const CudaContext& ctx, const uint8_t* w, size_t row_bytes,
   const dim3 grid(ceil_div(rows, k_mv_warps * R), 1);
   if constexpr (UnitStaging<T>::chunk_bytes > 0) {
     if (can_stage<T>(w, row_bytes)) {
-      matvec_kernel<T, R, true><<<grid, 256, 0, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
-                                                              ctx.tables);
+      const size_t smem = static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R>();
+      allow_smem(matvec_kernel<T, R, true>, smem);
+      matvec_kernel<T, R, true><<<grid, 256, smem, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
+                                                                 ctx.tables);
       return;
     }
   }

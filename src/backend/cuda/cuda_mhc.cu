@@ -15,11 +15,13 @@
 //              16384, n_mix = 24) runs 64 x 3 blocks, so the 1.5 MiB of fn
 //              streams at a useful fraction of the bandwidth (1024-element
 //              slices, one block per slice, measured 84 us per call).
-//           2. finalize: one block per token; thread m combines mix row m's S
-//              partials in slice order, thread 0 the sum of squares; then
-//              thread 0 computes pre/post/comb (Sinkhorn on the hc x hc
-//              matrix, exactly as cpu::sinkhorn) or the head weights, and all
-//              threads form u = sum_i pre_i X_i (or h = sum_i w_i X_i).
+//           2. finalize: one block per token; the block copies the partials
+//              to shared memory, thread m combines mix row m's S partials in
+//              slice order, thread 0 the sum of squares; then (hc = 4) warp 0
+//              runs Sinkhorn on the hc x hc matrix with one lane per entry
+//              (exactly cpu::sinkhorn's operations) while warp 1 forms the
+//              pre/post gates (other hc: thread 0 does both), or the head
+//              weights; all threads form u = sum_i pre_i X_i (or h = sum_i w_i X_i).
 //           S depends only on hc*D, so results never depend on the batch size.
 // hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round);
 //           one thread per (token, d), in place.
@@ -116,18 +118,30 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
 
 // mix[m] = rho * (sum over slices of the dot partials), slice order; rho from
 // the double partials. Called by every thread of the block (thread m sums row
-// m; needs blockDim.x >= n_mix); ends with the block synchronised.
+// m; needs blockDim.x >= n_mix); ends with the block synchronised. `sm`:
+// dynamic shared memory of finalize_smem(S, n_mix) bytes: the partials are
+// first copied there by the whole block (coalesced, all loads in flight), so
+// the ordered per-row sums read shared memory instead of making S dependent
+// global round trips.
+__host__ __device__ constexpr size_t finalize_smem(int S, int n_mix) {
+  return static_cast<size_t>(S) * sizeof(double) + static_cast<size_t>(S) * static_cast<size_t>(n_mix) * sizeof(float);
+}
 __device__ void combine_mix(const float* part_dot, const double* part_ss, int64_t t, int S, int n_mix, int64_t len,
-                            float norm_eps, float* mix, float* rho_shared) {
+                            float norm_eps, float* mix, float* rho_shared, unsigned char* sm) {
+  double* ss_s = reinterpret_cast<double*>(sm);
+  float* dot_s = reinterpret_cast<float*>(sm + static_cast<size_t>(S) * sizeof(double));
+  for (int i = threadIdx.x; i < S; i += blockDim.x) ss_s[i] = part_ss[t * S + i];
+  for (int i = threadIdx.x; i < S * n_mix; i += blockDim.x) dot_s[i] = part_dot[t * S * n_mix + i];
+  __syncthreads();
   if (threadIdx.x == 0) {
     double ss = 0.0;
-    for (int s = 0; s < S; ++s) ss += part_ss[t * S + s];
+    for (int s = 0; s < S; ++s) ss += ss_s[s];
     *rho_shared = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(len) + static_cast<double>(norm_eps)));
   }
   float d = 0.0f;
   const int m = static_cast<int>(threadIdx.x);
   if (m < n_mix)
-    for (int s = 0; s < S; ++s) d = __fadd_rn(d, part_dot[(t * S + s) * n_mix + m]);
+    for (int s = 0; s < S; ++s) d = __fadd_rn(d, dot_s[s * n_mix + m]);
   __syncthreads();
   if (m < n_mix) mix[m] = __fmul_rn(*rho_shared, d);
   __syncthreads();
@@ -164,76 +178,70 @@ __device__ void sinkhorn_dev(float* c, int hc, float eps, int iters) {
   }
 }
 
-// The same projection for a compile-time HC with the matrix in registers
-// (every loop unrolled): the same operations in the same order, so the same
-// bits, without the dependent shared-memory round trips that made the
-// shared-memory version the bulk of hc_pre at hc = 4 (~50 us of a 70 us call
-// in the Flash decode profile).
-template <int HC>
-__device__ void sinkhorn_reg(float (&c)[HC * HC], float eps, int iters) {
-#pragma unroll
-  for (int i = 0; i < HC; ++i) {
-    float mx = c[i * HC];
-#pragma unroll
-    for (int j = 1; j < HC; ++j) mx = mx < c[i * HC + j] ? c[i * HC + j] : mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < HC; ++j) sum = __fadd_rn(sum, (c[i * HC + j] = expf(__fsub_rn(c[i * HC + j], mx))));
-#pragma unroll
-    for (int j = 0; j < HC; ++j) c[i * HC + j] = __fadd_rn(c[i * HC + j] / sum, eps);
-  }
+// sinkhorn_dev for hc = 4 spread over the 16 lanes of a half warp (lane 4i + j
+// holds c[i][j]; both half warps compute the same matrix): every row or column
+// sum gathers its four values with shuffles and adds them in the CPU's order,
+// so the bits are cpu::sinkhorn's, with the 4 rows or columns normalised in
+// parallel instead of one after another by a single thread (which, with the
+// ordered partial sums read from global memory, made hc_pre ~40 us per call). Returns c[i][j]
+// of this lane. Every lane of the warp must call it.
+__device__ float sinkhorn_warp4(float v, float eps, int iters) {
+  const int lane = threadIdx.x & 31, i = (lane >> 2) & 3, j = lane & 3;
+  auto row_at = [&](float x, int k) { return __shfl_sync(k_full_mask, x, (lane & 16) + 4 * i + k); };
+  auto col_at = [&](float x, int k) { return __shfl_sync(k_full_mask, x, (lane & 16) + 4 * k + j); };
+  // Row softmax (+ eps).
+  const float r0 = row_at(v, 0), r1 = row_at(v, 1), r2 = row_at(v, 2), r3 = row_at(v, 3);
+  float mx = r0;
+  mx = mx < r1 ? r1 : mx;
+  mx = mx < r2 ? r2 : mx;
+  mx = mx < r3 ? r3 : mx;
+  const float e = expf(__fsub_rn(v, mx));
+  const float sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, row_at(e, 0)), row_at(e, 1)), row_at(e, 2)), row_at(e, 3));
+  v = __fadd_rn(e / sum, eps);
   const int n_it = iters > 1 ? iters : 1;  // one column pass even for iters <= 1, as sinkhorn_dev
   for (int it = 0; it < n_it; ++it) {
-    if (it > 0) {  // row normalisation (iterations 2..iters start with it)
-#pragma unroll
-      for (int i = 0; i < HC; ++i) {
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HC; ++j) s = __fadd_rn(s, c[i * HC + j]);
-#pragma unroll
-        for (int j = 0; j < HC; ++j) c[i * HC + j] /= __fadd_rn(s, eps);
-      }
+    if (it > 0) {
+      const float s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, row_at(v, 0)), row_at(v, 1)), row_at(v, 2)), row_at(v, 3));
+      v /= __fadd_rn(s, eps);
     }
-#pragma unroll
-    for (int j = 0; j < HC; ++j) {
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < HC; ++i) s = __fadd_rn(s, c[i * HC + j]);
-#pragma unroll
-      for (int i = 0; i < HC; ++i) c[i * HC + j] /= __fadd_rn(s, eps);
-    }
+    const float s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, col_at(v, 0)), col_at(v, 1)), col_at(v, 2)), col_at(v, 3));
+    v /= __fadd_rn(s, eps);
   }
+  return v;
 }
 
 __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
                                        const double* part_ss, const float* scale, const float* base, float norm_eps,
                                        float hc_eps, int iters, float* u, float* post, float* comb) {
+  extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
   __shared__ float rho;
   const int64_t t = blockIdx.x;
   const int n_mix = (2 + hc) * hc;
-  combine_mix(part_dot, part_ss, t, S, n_mix, hc * D, norm_eps, mix, &rho);
-  if (threadIdx.x == 0) {
-    float* po = post + t * hc;
-    float* co = comb + t * hc * hc;
+  combine_mix(part_dot, part_ss, t, S, n_mix, hc * D, norm_eps, mix, &rho, fin_sm);
+  float* po = post + t * hc;
+  float* co = comb + t * hc * hc;
+  const float* cm = mix + 2 * hc;  // the comb logits
+  if (hc == 4) {  // DeepSeek V4's n_hc: warp 0 runs Sinkhorn, warp 1 the pre/post gates
+    if (threadIdx.x < 32) {
+      const int k = threadIdx.x & 15;
+      const float v = sinkhorn_warp4(__fadd_rn(__fmul_rn(scale[2], cm[k]), base[2 * hc + k]), hc_eps, iters);
+      if (threadIdx.x < 16) co[k] = v;
+    } else if (threadIdx.x < 32 + hc) {
+      const int i = threadIdx.x - 32;
+      pre[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
+      po[i] = __fmul_rn(2.0f, sigmoid_dev(__fadd_rn(__fmul_rn(scale[1], mix[hc + i]), base[hc + i])));
+    }
+  } else if (threadIdx.x == 0) {
     for (int i = 0; i < hc; ++i) {
       pre[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
       po[i] = __fmul_rn(2.0f, sigmoid_dev(__fadd_rn(__fmul_rn(scale[1], mix[hc + i]), base[hc + i])));
     }
-    float* cm = mix + 2 * hc;  // reuse the comb slots of mix in place
-    for (int k = 0; k < hc * hc; ++k) cm[k] = __fadd_rn(__fmul_rn(scale[2], cm[k]), base[2 * hc + k]);
-    if (hc == 4) {  // DeepSeek V4's n_hc
-      float c[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k) c[k] = cm[k];
-      sinkhorn_reg<4>(c, hc_eps, iters);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) co[k] = c[k];
-    } else {
-      sinkhorn_dev(cm, hc, hc_eps, iters);
-      for (int k = 0; k < hc * hc; ++k) co[k] = cm[k];
-    }
+    float c[k_max_hc * k_max_hc];
+    for (int k = 0; k < hc * hc; ++k) c[k] = __fadd_rn(__fmul_rn(scale[2], cm[k]), base[2 * hc + k]);
+    sinkhorn_dev(c, hc, hc_eps, iters);
+    for (int k = 0; k < hc * hc; ++k) co[k] = c[k];
   }
   __syncthreads();
   const float* X = state + t * hc * D;
@@ -247,10 +255,11 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
 __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
                                         const double* part_ss, const float* scale, const float* base, float norm_eps,
                                         float hc_eps, float* h) {
+  extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[k_max_hc];
   __shared__ float rho;
   const int64_t t = blockIdx.x;
-  combine_mix(part_dot, part_ss, t, S, hc, hc * D, norm_eps, mix, &rho);
+  combine_mix(part_dot, part_ss, t, S, hc, hc * D, norm_eps, mix, &rho, fin_sm);
   if (threadIdx.x == 0) {
     for (int i = 0; i < hc; ++i) mix[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
   }
@@ -340,7 +349,9 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   float* part_dot;
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);
-  hc_pre_finalize_kernel<<<static_cast<unsigned>(n), 256, 0, ctx.stream>>>(
+  const size_t smem = finalize_smem(S, n_mix);
+  allow_smem(hc_pre_finalize_kernel, smem);
+  hc_pre_finalize_kernel<<<static_cast<unsigned>(n), 256, smem, ctx.stream>>>(
       op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
       op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32());
   CUDA_CHECK_LAUNCH();
@@ -354,7 +365,9 @@ void launch_hc_head(const CudaContext& ctx, const HcHeadOp& op) {
   float* part_dot;
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, static_cast<int>(hc), &part_dot, &part_ss);
-  hc_head_finalize_kernel<<<static_cast<unsigned>(n), 256, 0, ctx.stream>>>(op.state.f32(), D, static_cast<int>(hc), S,
+  const size_t smem = finalize_smem(S, static_cast<int>(hc));
+  allow_smem(hc_head_finalize_kernel, smem);
+  hc_head_finalize_kernel<<<static_cast<unsigned>(n), 256, smem, ctx.stream>>>(op.state.f32(), D, static_cast<int>(hc), S,
                                                                            part_dot, part_ss, op.scale.f32(), op.base.f32(),
                                                                            op.norm_eps, op.hc_eps, op.h.f32());
   CUDA_CHECK_LAUNCH();

@@ -19,7 +19,9 @@
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
 //   Steps 1, 2, 4, decode (n < k_group_min_tokens): the matvec of cuda_matmul.cu
 //   per assignment (4 expert rows per warp, 32 rows per block, staged wide
-//   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)).
+//   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)); when gate
+//   and up share a layout, steps 1-3 are one kernel: each warp dots 4 gate
+//   and the same 4 up rows with x in one pass and writes mid directly.
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
 //   block, one thread per expert) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 8; the tile
@@ -137,29 +139,48 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
   }
 }
 
+// mid = silu(min(g, c)) * clamp(u, -c, c) * w (model-spec.md §6.4), the CPU's rounded products.
+__device__ __forceinline__ float expert_mid(float g, float u, float w, float c) {
+  const float gt = c < g ? c : g;
+  const float up = clamp_dev(u, -c, c);
+  return __fmul_rn(__fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up), w);
+}
+
 // out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
-template <GgmlType T, int RW, bool Staged>
-__global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, size_t row_bytes,
-                                                            int64_t n_units, int64_t E, const int32_t* experts,
+// Pair (decode): W = gate, W2 = up, both dotted with the same x in one pass
+// (2RW rows per warp) and out[a, r] = expert_mid(g, u, weights[a]) directly.
+template <GgmlType T, int RW, bool Staged, bool Pair>
+__global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2,
+                                                            size_t row_bytes, int64_t n_units, int64_t E,
+                                                            const int32_t* experts, const float* weights, float clamp,
                                                             const float* x, int64_t x_stride, int x_div, QuantTables tab) {
-  __shared__ typename UnitStaging<T>::Vec stage[8][Staged ? RW * stage_vecs<T>() : 1];
+  constexpr int NR = Pair ? 2 * RW : RW;
+  extern __shared__ __align__(16) unsigned char ex_smem[];  // Staged: 8 x stage_bytes_per_warp<T, NR>()
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + (Staged ? warp * stage_bytes_per_warp<T, NR>() : 0));
   const int64_t a = blockIdx.x;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
   if (r0 >= R) return;  // whole warps
   const int nr = static_cast<int>(R - r0 < RW ? R - r0 : RW);
   const int32_t ex = experts[a];
   DEVICE_CHECK(ex >= 0 && ex < E);
-  const uint8_t* rp[RW];
+  const uint8_t* rp[NR];
 #pragma unroll
-  for (int i = 0; i < RW; ++i) rp[i] = w + (static_cast<int64_t>(ex) * R + r0 + (i < nr ? i : 0)) * row_bytes;
+  for (int i = 0; i < RW; ++i) {
+    const int64_t off = (static_cast<int64_t>(ex) * R + r0 + (i < nr ? i : 0)) * static_cast<int64_t>(row_bytes);
+    rp[i] = w + off;
+    if constexpr (Pair) rp[RW + i] = w2 + off;
+  }
   const float* xr = x + (a / x_div) * x_stride;
-  float s[RW];
-  warp_rows_dot<T, RW, Staged>(rp, n_units, xr, lane, tab, stage[warp], s);
+  float s[NR];
+  warp_rows_dot<T, NR, Staged>(rp, n_units, xr, lane, tab, stage, s);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < RW; ++i)
-      if (i < nr) out[a * R + r0 + i] = s[i];
+      if (i < nr) {
+        if constexpr (Pair) out[a * R + r0 + i] = expert_mid(s[i], s[RW + i], weights[a], clamp);
+        else out[a * R + r0 + i] = s[i];
+      }
 }
 
 // Expert grouping for prefill. list[] = the assignment ids in (expert, id)
@@ -226,11 +247,8 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
 __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total, float c) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float gt = c < g[i] ? c : g[i];
-    const float up = clamp_dev(u[i], -c, c);
-    g[i] = __fmul_rn(__fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up), weights[i / F]);
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    g[i] = expert_mid(g[i], u[i], weights[i / F], c);
 }
 
 // out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order.
@@ -246,8 +264,10 @@ __global__ void expert_sum_kernel(float* out, const float* y, int64_t D, int k, 
 
 unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536)); }
 
-void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const int32_t* experts, int64_t n_assign,
-                   const float* x, int64_t x_stride, int x_div) {
+// out = W[e_a] · x per assignment; with `w2` (the up projection, same type and
+// shape as w = gate), out = expert_mid(gate, up, weights[a], clamp) instead.
+void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const Tensor* w2, const int32_t* experts,
+                   int64_t n_assign, const float* x, int64_t x_stride, int x_div, const float* weights, float clamp) {
   const int64_t cols = w.ne[0], E = w.ne[2];
   DSV4_ASSERT((R + 31) / 32 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
   DSV4_ASSERT(n_assign <= 0x7fffffff, "moe_experts: too many assignments");
@@ -261,17 +281,29 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     constexpr int RW = 4;
     const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
     const auto* wp = static_cast<const uint8_t*>(w.data);
+    const auto* wp2 = w2 ? static_cast<const uint8_t*>(w2->data) : nullptr;
+    auto run = [&](auto staged_tag, auto pair_tag) {
+      constexpr bool Staged = decltype(staged_tag)::value, Pair = decltype(pair_tag)::value;
+      constexpr int NR = Pair ? 2 * RW : RW;
+      const size_t smem = Staged ? 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR>()) : 0;
+      allow_smem(expert_matvec_kernel<T, RW, Staged, Pair>, smem);
+      expert_matvec_kernel<T, RW, Staged, Pair><<<grid, 256, smem, ctx.stream>>>(
+          out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x, x_stride, x_div, ctx.tables);
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
     bool staged = false;
     if constexpr (UnitStaging<T>::chunk_bytes > 0) {
-      if (can_stage<T>(wp, w.row_bytes())) {
+      if (can_stage<T>(wp, w.row_bytes()) && (!wp2 || can_stage<T>(wp2, w.row_bytes()))) {
         staged = true;
-        expert_matvec_kernel<T, RW, true><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
-                                                                        x_stride, x_div, ctx.tables);
+        if (wp2) run(yes{}, yes{});
+        else run(yes{}, no{});
       }
     }
-    if (!staged)
-      expert_matvec_kernel<T, RW, false><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, E, experts, x,
-                                                                       x_stride, x_div, ctx.tables);
+    if (!staged) {
+      if (wp2) run(no{}, yes{});
+      else run(no{}, no{});
+    }
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -354,18 +386,26 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   float* y = u + n_assign * F;
   if (k > 0) {
     const int32_t* ex = op.experts.i32();
-    ExpertPlan plan{};
-    if (grouped) plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + (act_bytes + 15) / 16 * 16, ex, n_assign, E);
-    // out[a, :R] = W[e_a] · x[a / x_div], grouped by expert or one matvec per assignment.
-    auto project = [&](float* out, int64_t R, const Tensor& w, const float* x, int64_t x_stride, int x_div) {
-      if (grouped) expert_tiles(ctx, out, R, w, plan, x, x_stride, x_div);
-      else expert_matvec(ctx, out, R, w, ex, n_assign, x, x_stride, x_div);
-    };
-    project(g, F, op.gate, op.x.f32(), D, static_cast<int>(k));
-    project(u, F, op.up, op.x.f32(), D, static_cast<int>(k));
-    expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, op.weights.f32(), F, n_assign * F, op.clamp);
-    CUDA_CHECK_LAUNCH();
-    project(y, D, op.down, g, F, 1);
+    const float* wts = op.weights.f32();
+    if (grouped) {
+      const ExpertPlan plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + (act_bytes + 15) / 16 * 16, ex, n_assign, E);
+      expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), D, static_cast<int>(k));
+      expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), D, static_cast<int>(k));
+      expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, wts, F, n_assign * F, op.clamp);
+      CUDA_CHECK_LAUNCH();
+      expert_tiles(ctx, y, D, op.down, plan, g, F, 1);
+    } else {
+      // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
+      if (op.gate.type == op.up.type && op.gate.row_bytes() == op.up.row_bytes()) {
+        expert_matvec(ctx, g, F, op.gate, &op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp);
+      } else {
+        expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f);
+        expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f);
+        expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, wts, F, n_assign * F, op.clamp);
+        CUDA_CHECK_LAUNCH();
+      }
+      expert_matvec(ctx, y, D, op.down, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f);
+    }
   }
   expert_sum_kernel<<<elem_grid(n * D), 256, 0, ctx.stream>>>(op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);
   CUDA_CHECK_LAUNCH();

@@ -246,6 +246,25 @@ void dispatch_weight_type(GgmlType t, F&& f) {
 // Elements per unit of a weight type (host side).
 int weight_unit_elems(GgmlType t);
 
+// Asynchronous global -> shared copies (cp.async, sm_80+): the staged matvec
+// issues the next chunk's copies before it decodes the current one.
+template <class Vec>
+__device__ __forceinline__ void cp_async_vec(Vec* smem, const Vec* gmem) {
+  static_assert(sizeof(Vec) == 16 || sizeof(Vec) == 8, "cp.async of 8 or 16 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (sizeof(Vec) == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Shared memory (bytes) of one warp's staging buffers in warp_rows_dot<T, R, true>.
+template <GgmlType T, int R>
+__host__ __device__ constexpr int stage_bytes_per_warp() {
+  return 2 * R * UnitStaging<T>::chunk_bytes;
+}
+
 // Lane-strided dot products of R weight rows with one f32 vector x (16-byte
 // aligned, n_units * U floats); sums[i] is valid in lane 0 (and garbage for
 // i >= nr: those rows repeat rows[0] so that every lane runs the same code).
@@ -256,8 +275,10 @@ int weight_unit_elems(GgmlType t);
 // loads in flight per warp (a single row leaves the memory system idle while
 // the warp decodes and reduces).
 // Staged: the unit bytes of each 32-unit chunk are copied to `stage` (this
-// warp's shared buffer of R * stage_vecs<T>() vectors; requires can_stage) with
-// coalesced wide loads, then each lane decodes its unit from there.
+// warp's two shared buffers of R * stage_vecs<T>() vectors each,
+// stage_bytes_per_warp<T, R>() bytes; requires can_stage) with coalesced wide
+// cp.async copies, double-buffered: chunk c + 1 is in flight while the lanes
+// decode chunk c from shared memory.
 template <GgmlType T, int R, bool Staged>
 __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const float* x, int lane,
                                               const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R]) {
@@ -290,19 +311,32 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
     constexpr int CB = UnitStaging<T>::chunk_bytes;
     constexpr int SV = CB / static_cast<int>(sizeof(Vec));
     static_assert(CB > 0, "no staging for this type");
-    for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
+    // Copies chunk c0's bytes of every row into buffer `buf` (one commit group).
+    auto issue = [&](int64_t c0, Vec* buf) {
       // k units in this chunk; with can_stage, k*CB/32 is a whole number of vectors.
       const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
       const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const Vec* src = reinterpret_cast<const Vec*>(rows[r] + (c0 / 32) * CB);
-        for (int i = lane; i < nv; i += 32) stage[r * SV + i] = src[i];
+        for (int i = lane; i < nv; i += 32) cp_async_vec(buf + r * SV + i, src + i);
       }
-      __syncwarp();
+      cp_async_commit();
+    };
+    issue(0, stage);
+    for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
+      Vec* cur = stage + ((c0 / 32) & 1) * R * SV;
+      if (c0 + 32 < n_units) {
+        issue(c0 + 32, stage + (((c0 / 32) + 1) & 1) * R * SV);  // the buffer every lane finished with last step
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncwarp();  // every lane's copies of this chunk are visible
+      const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
       if (lane < k)
-        fma_unit(c0 + lane, [&](int r) { return reinterpret_cast<const uint8_t*>(stage + r * SV); }, lane);
-      __syncwarp();  // the buffer is refilled next step
+        fma_unit(c0 + lane, [&](int r) { return reinterpret_cast<const uint8_t*>(cur + r * SV); }, lane);
+      __syncwarp();  // `cur` is refilled by the next step's issue
     }
   } else {
     for (int64_t u = lane; u < n_units; u += 32) fma_unit(u, [&](int r) { return rows[r]; }, u);
