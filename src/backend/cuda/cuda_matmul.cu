@@ -99,7 +99,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
                                                           int64_t rows_per_group, int64_t n_units, int64_t cols,
                                                           const float* __restrict__ x, int64_t x_stride, int64_t n,
-                                                          float* __restrict__ out, QuantTables tab) {
+                                                          bool x_vec4, float* __restrict__ out, QuantTables tab) {
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
   const int warp = threadIdx.x >> 5;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
   const int nt = static_cast<int>(n - t0 < k_tile_tokens ? n - t0 : k_tile_tokens);
   if (threadIdx.x < k_tile_tokens) xrow[threadIdx.x] = x + (t0 + threadIdx.x) * x_stride + g * cols;
   __syncthreads();
-  weight_tile<T>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, cols, xrow, nt, sm, tab,
+  weight_tile<T>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, cols, xrow, nt, x_vec4, sm, tab,
                  [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
 }
 
@@ -179,7 +179,7 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
       matmul_tile_kernel<T><<<dim3(ceil_div(rows_per_group, k_tile_rows), static_cast<unsigned>(groups),
                                    ceil_div(n, k_tile_tokens)),
                               256, 0, ctx.stream>>>(w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x,
-                                                    x_stride, n, out, ctx.tables);
+                                                    x_stride, n, x_aligned, out, ctx.tables);
     }
     CUDA_CHECK_LAUNCH();
   });

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
                                                           size_t row_bytes, int64_t n_units, int64_t cols,
                                                           const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                                                           const int32_t* __restrict__ n_tiles, const float* __restrict__ x,
-                                                          int64_t x_stride, int x_div, QuantTables tab) {
+                                                          int64_t x_stride, int x_div, bool x_vec4, QuantTables tab) {
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
   __shared__ int64_t arow[k_tile_tokens];
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
   const int warp = threadIdx.x >> 5;
   const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
   const int64_t r_warp = static_cast<int64_t>(blockIdx.x) * k_tile_rows + warp * k_tile_rpw;
-  weight_tile<T>(we, row_bytes, r_warp, R, n_units, cols, xrow, td.z, sm, tab,
+  weight_tile<T>(we, row_bytes, r_warp, R, n_units, cols, xrow, td.z, x_vec4, sm, tab,
                  [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
@@ -342,8 +342,10 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
     constexpr int U = WeightUnit<T>::U;
     DSV4_ASSERT(cols % U == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T), static_cast<long long>(cols));
     const dim3 grid(ceil_div(R, k_tile_rows), static_cast<unsigned>(p.max_tiles));
+    const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && cols % 4 == 0;
     expert_tile_kernel<T><<<grid, 256, 0, ctx.stream>>>(out, R, static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / U,
-                                                        cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, ctx.tables);
+                                                        cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4,
+                                                        ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
