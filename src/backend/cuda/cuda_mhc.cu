@@ -87,16 +87,8 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
 #pragma unroll
     for (int k = 0; k < k_mix_pass; ++k) acc[k] = 0.0f;
     for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-      const float4* xp = reinterpret_cast<const float4*>(X + u * U);
       float xv[U];
-#pragma unroll
-      for (int i = 0; i < U / 4; ++i) {
-        const float4 v = xp[i];
-        xv[4 * i] = v.x;
-        xv[4 * i + 1] = v.y;
-        xv[4 * i + 2] = v.z;
-        xv[4 * i + 3] = v.w;
-      }
+      load_f32x4s(X + u * U, xv);
 #pragma unroll
       for (int k = 0; k < k_mix_pass; ++k) {
         if (mg + k < n_mix) {

@@ -259,6 +259,21 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// v[0..N) = p[0..N) with 16-byte loads (p 16-byte aligned, N % 4 == 0).
+template <int N>
+__device__ __forceinline__ void load_f32x4s(const float* p, float (&v)[N]) {
+  static_assert(N % 4 == 0, "whole float4s");
+  const float4* q = reinterpret_cast<const float4*>(p);
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 t = q[i];
+    v[4 * i] = t.x;
+    v[4 * i + 1] = t.y;
+    v[4 * i + 2] = t.z;
+    v[4 * i + 3] = t.w;
+  }
+}
+
 // Shared memory (bytes) of one warp's staging buffers in warp_rows_dot<T, R, true>.
 template <GgmlType T, int R>
 __host__ __device__ constexpr int stage_bytes_per_warp() {
@@ -290,15 +305,7 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
   // acc[i] += the unit's weights (decoded from `src` at unit index `ui`) times x unit u.
   auto fma_unit = [&](int64_t u, auto&& src_of, int64_t ui) {
     float xv[U];
-    const float4* xp = reinterpret_cast<const float4*>(x + u * U);
-#pragma unroll
-    for (int i = 0; i < U / 4; ++i) {
-      const float4 v = xp[i];
-      xv[4 * i] = v.x;
-      xv[4 * i + 1] = v.y;
-      xv[4 * i + 2] = v.z;
-      xv[4 * i + 3] = v.w;
-    }
+    load_f32x4s(x + u * U, xv);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       float w[U];
