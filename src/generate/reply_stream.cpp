@@ -18,16 +18,18 @@ void ReplyStream::deliver(std::string_view text) {
   }
 }
 
-bool ReplyStream::push(int32_t token) {
-  std::string piece = decoder_.push(token);
+bool ReplyStream::feed(const std::string& piece) {
   r_.text += piece;
   auto sr = stops_.push(piece);
   deliver(sr.emit);
-  if (sr.stopped) {
-    r_.finish = FinishReason::STOP;
-    r_.stop_string = sr.stop;
-    return true;
-  }
+  if (!sr.stopped) return false;
+  r_.finish = FinishReason::STOP;
+  r_.stop_string = sr.stop;
+  return true;
+}
+
+bool ReplyStream::push(int32_t token) {
+  if (feed(decoder_.push(token))) return true;
   if (o_.parse_chat && o_.stop_at_tool_calls && parser_.block_closed()) {
     r_.finish = FinishReason::TOOL_CALLS;
     return true;
@@ -36,18 +38,7 @@ bool ReplyStream::push(int32_t token) {
 }
 
 void ReplyStream::finish() {
-  if (r_.stop_string.empty()) {
-    std::string tail = decoder_.flush();
-    r_.text += tail;
-    auto sr = stops_.push(tail);
-    deliver(sr.emit);
-    if (sr.stopped) {
-      r_.finish = FinishReason::STOP;
-      r_.stop_string = sr.stop;
-    } else {
-      deliver(stops_.flush());
-    }
-  }
+  if (r_.stop_string.empty() && !feed(decoder_.flush())) deliver(stops_.flush());
   if (o_.parse_chat) {
     events_.clear();
     parser_.finish(events_);

@@ -36,6 +36,9 @@ class ReplyStream {
 
  private:
   void deliver(std::string_view text);
+  // Appends decoded text to the reply, passes it through the stop-string
+  // matcher and delivers what that releases; true when a stop string ended it.
+  bool feed(const std::string& piece);
 
   const GenerateOptions& o_;
   const GenerateCallbacks& cb_;
