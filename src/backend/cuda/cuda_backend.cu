@@ -208,10 +208,7 @@ class CudaBackend final : public Backend {
     if (profiling_) return false;  // per-op events need eager launches
     auto it = recordings_.find(id);
     if (it == recordings_.end()) return false;
-    if (it->second.frees != frees_ || it->second.scratch_gen != scratch_.generation()) {
-      drop_replay(id);
-      return false;
-    }
+    if (it->second.frees != frees_ || it->second.scratch_gen != scratch_.generation()) return false;  // the caller drops it
     use_device();
     CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
     return true;
