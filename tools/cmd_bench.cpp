@@ -81,6 +81,8 @@ int run_bench(const BenchArgs& a) {
   both("# options: %s gen_tokens=%d ctx_start=%u ctx_max=%u step=%s\n", o.describe().c_str(), a.gen_tokens, a.ctx_start,
        ctx_max, a.step_incr ? ("+" + std::to_string(a.step_incr)).c_str() : ("x" + std::to_string(a.step_mul)).c_str());
   both("# decode weight bytes per token: %llu\n", static_cast<unsigned long long>(info.decode_bytes_per_token));
+  both("# kv state: %s rows, %.0f bytes per context token + %.1f MiB fixed\n", info.kv_rows.c_str(), info.kv_bytes_per_token,
+       static_cast<double>((*engine)->session_bytes(1)) / (1 << 20));
   both("ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
   if (csv) std::fflush(csv);
 

@@ -62,6 +62,8 @@ struct EngineInfo {
   uint32_t max_ctx = 0;     // largest context a session may ask for
   uint64_t weight_bytes = 0;
   uint64_t decode_bytes_per_token = 0;  // weight bytes one decoded token reads (k of E experts, one embedding row)
+  std::string kv_rows;                  // storage of the KV rows: "KV_FP8 + KV_FP4 (compact)" or "F32"
+  double kv_bytes_per_token = 0;        // session state growth per context token (average over 1M tokens)
   bool has_mtp = false;
   double load_seconds = 0;
 };

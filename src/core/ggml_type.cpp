@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "core/assert.h"
+#include "core/kv_rows.h"
 
 namespace dsv4 {
 
@@ -25,7 +26,24 @@ constexpr GgmlTypeInfo k_types[] = {
     {GgmlType::BF16, "BF16", 1, 2, true},       {GgmlType::TQ1_0, "TQ1_0", 256, 54, false},
     {GgmlType::TQ2_0, "TQ2_0", 256, 66, false}, {GgmlType::MXFP4, "MXFP4", 32, 17, false},
 };
+// Internal KV row formats (kv_rows.h). KV_FP8's size depends on the row
+// width, not on a block: block_bytes 0 marks it (ggml_row_bytes knows it).
+constexpr GgmlTypeInfo k_internal_types[] = {
+    {GgmlType::KV_FP8, "KV_FP8", 64, 0, true},
+    {GgmlType::KV_FP4, "KV_FP4", 32, 17, true},
+};
 }  // namespace
+
+uint64_t ggml_type_bytes(GgmlType t, uint64_t n_elems) {
+  DSV4_ASSERT(t != GgmlType::KV_FP8, "KV_FP8 is sized per row (ggml_row_bytes)");
+  const auto& i = ggml_type_info(t);
+  return n_elems / i.block_elems * i.block_bytes;
+}
+
+uint64_t ggml_row_bytes(GgmlType t, uint64_t ne0) {
+  if (t == GgmlType::KV_FP8) return kv_fp8_row_bytes(static_cast<int64_t>(ne0));
+  return ggml_type_bytes(t, ne0);
+}
 
 std::optional<GgmlTypeInfo> ggml_type_info(uint32_t id) {
   for (const auto& t : k_types)
@@ -35,6 +53,8 @@ std::optional<GgmlTypeInfo> ggml_type_info(uint32_t id) {
 
 const GgmlTypeInfo& ggml_type_info(GgmlType type) {
   for (const auto& t : k_types)
+    if (t.type == type) return t;
+  for (const auto& t : k_internal_types)
     if (t.type == type) return t;
   DSV4_UNREACHABLE();
 }

@@ -16,6 +16,10 @@ enum class GgmlType : uint32_t {
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
   I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
   TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+  // dsv4-internal row formats of the compact KV state (src/core/kv_rows.h).
+  // Never valid in a file: ggml_type_info(uint32_t) and ggml_type_from_name do not know them.
+  KV_FP8 = 0x10000,  // main KV rows: FP8 e4m3 non-RoPE dims (64-blocks, e8m0 scales) + bf16 RoPE tail
+  KV_FP4 = 0x10001,  // indexer rows: FP4 e2m1 (32-blocks, e8m0 scales)
 };
 
 struct GgmlTypeInfo {
@@ -33,11 +37,9 @@ inline const char* ggml_type_name(GgmlType t) { return ggml_type_info(t).name; }
 std::optional<GgmlType> ggml_type_from_name(std::string_view name);  // case-insensitive
 
 // Bytes of `n_elems` elements (n_elems must be a multiple of block_elems).
-inline uint64_t ggml_type_bytes(GgmlType t, uint64_t n_elems) {
-  const auto& i = ggml_type_info(t);
-  return n_elems / i.block_elems * i.block_bytes;
-}
+// KV_FP8 has no fixed block size: use ggml_row_bytes.
+uint64_t ggml_type_bytes(GgmlType t, uint64_t n_elems);
 // Bytes of one row of `ne0` elements.
-inline uint64_t ggml_row_bytes(GgmlType t, uint64_t ne0) { return ggml_type_bytes(t, ne0); }
+uint64_t ggml_row_bytes(GgmlType t, uint64_t ne0);
 
 }  // namespace dsv4

@@ -225,6 +225,13 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   }
   info.backend = impl->backend->name();
   info.numerics = numerics_name(numerics);
+  {
+    const GgmlType kv = kv_row_type(spec, mo), ix = indexer_row_type(spec, mo);
+    info.kv_rows = kv == GgmlType::F32 && ix == GgmlType::F32
+                       ? "F32"
+                       : strfmt("%s + %s (compact)", ggml_type_name(kv), ggml_type_name(ix));
+    info.kv_bytes_per_token = static_cast<double>(impl->model->state_bytes(1u << 20) - impl->model->state_bytes(0)) / (1u << 20);
+  }
   info.n_vocab = spec.n_vocab;
   info.n_layer = spec.n_layer;
   info.max_ctx = spec.context_length ? static_cast<uint32_t>(std::min<uint64_t>(spec.context_length, 1u << 20)) : (1u << 20);

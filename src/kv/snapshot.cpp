@@ -9,7 +9,6 @@ namespace dsv4 {
 namespace {
 
 constexpr char k_magic[8] = {'D', 'S', 'V', '4', 'S', 'N', 'A', 'P'};
-constexpr uint32_t k_version = 1;
 
 struct Writer {
   std::vector<uint8_t> b;
@@ -115,7 +114,7 @@ std::vector<uint8_t> snapshot_save(Model& model, const KvState& s, const std::st
   const uint64_t T = tokens.size();
   Writer w;
   w.bytes(k_magic, 8);
-  w.put<uint32_t>(k_version);
+  w.put<uint32_t>(k_snapshot_version);
   w.put<uint32_t>(with_rows ? 1 : 0);
   DSV4_ASSERT(fingerprint.size() == 32, "fingerprint must be 32 bytes");
   w.bytes(fingerprint.data(), 32);
@@ -142,7 +141,7 @@ expected<SnapshotHeader> snapshot_peek(std::span<const uint8_t> bytes) {
   r.pos = 8;
   SnapshotHeader h;
   DSV4_TRY_ASSIGN(h.version, r.get<uint32_t>());
-  if (h.version != k_version) return make_error("snapshot version %u is not supported (this build reads %u)", h.version, k_version);
+  if (h.version != k_snapshot_version) return make_error("snapshot version %u is not supported (this build reads %u)", h.version, k_snapshot_version);
   DSV4_TRY_ASSIGN(uint32_t flags, r.get<uint32_t>());
   h.with_rows = flags & 1;
   DSV4_TRY(r.need(32));

@@ -4,17 +4,22 @@
 // the final mHC state. Loading a snapshot and continuing gives bitwise the same
 // logits as continuing the live session (CPU).
 //
-// Layout (little-endian), version 1:
+// Layout (little-endian), version 2:
 //   u8[8]  magic "DSV4SNAP"        u32 version           u32 flags (bit0: rows included)
 //   u8[32] model fingerprint (SHA-256, see model_fingerprint)
 //   u32 numerics  u32 n_layer  u32 head_dim  u32 indexer_head_dim  u32 hc  u32 n_embd
 //   u32 n_vocab   u32 window   u32 ctx       u64 n_tokens T
 //   i32 tokens[T] (flag bit0 only)        f32 logits[V]
-//   per layer: f32 raw[min(T, W)][hd] in position order (positions T-min(T,W) .. T-1)
-//     ratio m > 0: [rows: f32 comp[T/m][hd]] f32 frontier_a[R][w] f32 frontier_g[R][w]
-//     ratio 4:     [rows: f32 idx[T/4][dI]]  f32 idx_a[8][2dI]  f32 idx_g[8][2dI]
+//   per layer: kv raw[min(T, W)] in position order (positions T-min(T,W) .. T-1)
+//     ratio m > 0: [rows: kv comp[T/m]] f32 frontier_a[R][w] f32 frontier_g[R][w]
+//     ratio 4:     [rows: ix idx[T/4]]  f32 idx_a[8][2dI]  f32 idx_g[8][2dI]
 //   f32 last_hidden[hc][D]
 //   u8[32] SHA-256 of everything above
+// where a "kv" row is one row of the state's storage format: KV_FP8
+// (kv_fp8_row_bytes(hd) bytes, core/kv_rows.h) in reference numerics, f32[hd]
+// in plain; an "ix" row is KV_FP4 (kv_fp4_row_bytes(dI)) or f32[dI]. Version 1
+// (f32 rows in both numerics) is not read: such files are refused and the
+// disk cache rebuilds them.
 // A "light" snapshot (no rows, no tokens) restores a session to an earlier
 // point of its own timeline: compressed and indexer rows are append-only, so
 // the live buffers still hold the right prefix.
@@ -29,6 +34,8 @@
 #include "model/forward.h"
 
 namespace dsv4 {
+
+constexpr uint32_t k_snapshot_version = 2;
 
 // SHA-256 over the hyperparameters and the tensor directory (names, types, dims):
 // a snapshot never loads into a different model or quantisation.

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/kv_rows.h"
+
 namespace dsv4 {
 
 const char* numerics_name(Numerics n) {
@@ -134,19 +136,49 @@ RopeParams Model::rope_for_ratio(uint32_t ratio) const {
   return p;
 }
 
+GgmlType kv_row_type(const ModelSpec& spec, const ModelOptions& options) {
+  // KV_FP8 holds the FP8_BF16 simulation's output exactly: 64-blocks over the
+  // nope dims, bf16 RoPE tail of k_kv_rope_dims.
+  const bool fits = kv_fp8_width_ok(spec.head_dim) && spec.rope_dim == static_cast<uint32_t>(k_kv_rope_dims);
+  return options.numerics == Numerics::REFERENCE && options.compact_kv && fits ? GgmlType::KV_FP8 : GgmlType::F32;
+}
+
+GgmlType indexer_row_type(const ModelSpec& spec, const ModelOptions& options) {
+  const bool fits = kv_fp4_width_ok(spec.indexer_head_dim);
+  return options.numerics == Numerics::REFERENCE && options.compact_kv && fits ? GgmlType::KV_FP4 : GgmlType::F32;
+}
+
+uint64_t kv_state_bytes(const ModelSpec& spec, const ModelOptions& options, bool mtp, uint32_t ctx) {
+  const uint64_t hd = spec.head_dim, dI = spec.indexer_head_dim;
+  const uint64_t kv_row = ggml_row_bytes(kv_row_type(spec, options), hd);
+  const uint64_t idx_row = ggml_row_bytes(indexer_row_type(spec, options), dI);
+  const uint64_t cap_w = spec.sliding_window + static_cast<uint64_t>(options.max_batch);
+  uint64_t b = static_cast<uint64_t>(spec.n_embd) * spec.hc_count * 4;  // last_hidden
+  for (uint32_t il = 0; il < spec.n_layer; ++il) {
+    uint32_t m = spec.ratio(il);
+    b += cap_w * kv_row;
+    if (m == 0) continue;
+    uint64_t c = m == 4 ? 2 : 1;
+    b += (ctx / m + 1) * kv_row + 2 * (c * m) * (c * hd) * 4;
+    if (m == 4) b += (ctx / 4 + 1) * idx_row + 2 * 8 * 2 * dI * 4;
+  }
+  if (mtp) b += cap_w * kv_row;
+  return b;
+}
+
 LayerState Model::alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor) {
   using G = GgmlType;
   LayerState L;
   const int64_t hd = spec_.head_dim;
-  L.ring = backend_.alloc(G::F32, hd, cap_w);
+  L.ring = backend_.alloc(kv_row_type(spec_, options_), hd, cap_w);
   if (with_compressor && ratio > 0) {
     const bool overlap = ratio == 4;
-    L.comp = backend_.alloc(G::F32, hd, ctx / ratio + 1);
+    L.comp = backend_.alloc(kv_row_type(spec_, options_), hd, ctx / ratio + 1);
     L.comp_a = backend_.alloc(G::F32, (overlap ? 2 : 1) * hd, (overlap ? 2 : 1) * ratio);
     L.comp_g = backend_.alloc(G::F32, (overlap ? 2 : 1) * hd, (overlap ? 2 : 1) * ratio);
     if (ratio == 4) {
       const int64_t dI = spec_.indexer_head_dim;
-      L.idx = backend_.alloc(G::F32, dI, ctx / 4 + 1);
+      L.idx = backend_.alloc(indexer_row_type(spec_, options_), dI, ctx / 4 + 1);
       L.idx_a = backend_.alloc(G::F32, 2 * dI, 8);
       L.idx_g = backend_.alloc(G::F32, 2 * dI, 8);
     }
@@ -187,21 +219,6 @@ void Model::reset_state(KvState& s) {
   for (auto& L : s.layers) reset_layer(L);
   reset_layer(s.mtp);
   backend_.fill(s.last_hidden, 0.0f);
-}
-
-uint64_t Model::state_bytes(uint32_t ctx) const {
-  const uint64_t hd = spec_.head_dim, dI = spec_.indexer_head_dim;
-  const uint64_t cap_w = spec_.sliding_window + static_cast<uint64_t>(options_.max_batch);
-  uint64_t b = 0;
-  for (uint32_t il = 0; il < spec_.n_layer; ++il) {
-    uint32_t m = spec_.ratio(il);
-    b += cap_w * hd * 4;
-    if (m == 0) continue;
-    uint64_t c = m == 4 ? 2 : 1;
-    b += (ctx / m + 1) * hd * 4 + 2 * (c * m) * (c * hd) * 4;
-    if (m == 4) b += (ctx / 4 + 1) * dI * 4 + 2 * 8 * 2 * dI * 4;
-  }
-  return b;
 }
 
 void Model::ensure_scores(int64_t rows) {

@@ -25,12 +25,16 @@ enum class Numerics { REFERENCE, PLAIN };
 const char* numerics_name(Numerics n);
 expected<Numerics> numerics_from_name(const std::string& s);
 
+// Row storage: ring and comp are KV_FP8 and idx is KV_FP4 (core/kv_rows.h) in
+// reference numerics — lossless, the stored values went through the FP8/FP4
+// simulations — and F32 in plain numerics or with ModelOptions::compact_kv off.
+// Frontiers are always F32.
 struct LayerState {
   Tensor ring;            // [cap_w, hd] raw window KV, slot = pos % cap_w
   Tensor comp;            // [ctx/m + 1, hd] compressed rows (ratio > 0)
-  Tensor comp_a, comp_g;  // compressor frontier [R, c*hd]
+  Tensor comp_a, comp_g;  // compressor frontier [R, c*hd] f32
   Tensor idx;             // [ctx/4 + 1, d_I] indexer rows (ratio 4)
-  Tensor idx_a, idx_g;    // indexer compressor frontier [8, 2*d_I]
+  Tensor idx_a, idx_g;    // indexer compressor frontier [8, 2*d_I] f32
 };
 
 struct KvState {
@@ -45,7 +49,16 @@ struct KvState {
 struct ModelOptions {
   Numerics numerics = Numerics::REFERENCE;
   int max_batch = 512;  // tokens per forward batch (prefill chunk)
+  // Compact KV rows in reference numerics (see LayerState); off = f32 rows, for
+  // tests that check the compact state changes nothing.
+  bool compact_kv = true;
 };
+
+// Storage types of a state's main KV rows (ring, comp) and indexer rows (see LayerState).
+GgmlType kv_row_type(const ModelSpec& spec, const ModelOptions& options);
+GgmlType indexer_row_type(const ModelSpec& spec, const ModelOptions& options);
+// Bytes of backend memory one state for ctx tokens takes (Model::new_state).
+uint64_t kv_state_bytes(const ModelSpec& spec, const ModelOptions& options, bool mtp, uint32_t ctx);
 
 class Model {
  public:
@@ -66,7 +79,7 @@ class Model {
   void free_state(KvState& s);
   void reset_state(KvState& s);  // back to position 0
   // Bytes of backend memory a state for ctx tokens takes.
-  uint64_t state_bytes(uint32_t ctx) const;
+  uint64_t state_bytes(uint32_t ctx) const { return kv_state_bytes(spec_, options_, has_mtp_, ctx); }
 
   // Feeds tokens ids[0..n) at positions p0..p0+n-1 (the state must hold exactly
   // p0 tokens), in batches of at most max_batch. Writes the logits of the last

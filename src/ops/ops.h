@@ -273,7 +273,8 @@ class Backend {
   virtual expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) = 0;
   virtual void write(const Tensor& dst, const void* host, size_t bytes, size_t offset = 0) = 0;
   virtual void read(const Tensor& src, void* host, size_t bytes, size_t offset = 0) = 0;
-  virtual void fill(const Tensor& dst, float value) = 0;  // F32 tensors
+  // F32 tensors; value 0 also zeroes the compact KV row formats (all-zero bytes read as zeros).
+  virtual void fill(const Tensor& dst, float value) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same byte size
   virtual void synchronize() = 0;
 

@@ -57,8 +57,9 @@ std::string EngineBackend::describe() const {
 
 std::string EngineBackend::describe_cache() const {
   const double session_mib = static_cast<double>(engine_->session_bytes(ctx_)) / (1 << 20);
-  std::string s = strfmt("up to %zu resident session%s (%.1f MiB each)", options_.sessions,
-                         options_.sessions == 1 ? "" : "s", session_mib);
+  const EngineInfo& i = engine_->info();
+  std::string s = strfmt("up to %zu resident session%s (%.1f MiB each; KV %s, %.0f bytes/token)", options_.sessions,
+                         options_.sessions == 1 ? "" : "s", session_mib, i.kv_rows.c_str(), i.kv_bytes_per_token);
   if (disk_) {
     const CacheStats st = disk_->stats();
     s += strfmt("; KV disk cache %s: %llu files, %.1f of %.0f MiB; saves from %zu tokens, frontier %zu, align %zu",

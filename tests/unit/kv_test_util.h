@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kv/kv_file.h"
+#include "kv/snapshot.h"
 
 namespace kvtest {
 
@@ -51,7 +52,7 @@ inline unsigned mode_of(const std::string& path) {
   return st.st_mode & 0777;
 }
 
-// The 92-byte header of a full session snapshot (kv/snapshot.h, version 1)
+// The 92-byte header of a full session snapshot (kv/snapshot.h, k_snapshot_version)
 // followed by `body` pattern bytes: enough for snapshot_peek, which is all the
 // store checks. Only an engine can make a loadable payload.
 inline std::vector<uint8_t> fake_snapshot(uint64_t n_tokens, uint32_t numerics = 0, size_t body = 256, uint8_t seed = 1) {
@@ -63,7 +64,7 @@ inline std::vector<uint8_t> fake_snapshot(uint64_t n_tokens, uint32_t numerics =
   };
   const char magic[8] = {'D', 'S', 'V', '4', 'S', 'N', 'A', 'P'};
   b.insert(b.end(), magic, magic + 8);
-  put(uint32_t{1});  // version
+  put(dsv4::k_snapshot_version);
   put(uint32_t{1});  // flags: full snapshot (rows included)
   b.insert(b.end(), 32, 0xab);  // layout fingerprint
   put(numerics);

@@ -34,10 +34,18 @@ void compress(const CompressOp& op) {
   std::vector<float> ape(static_cast<size_t>(m * w));
   for (int r = 0; r < m; ++r) weight_row(op.ape, r, ape.data() + r * w);
 
-  // Which tokens complete a window (row k emitted before that token's attention).
-  std::vector<int64_t> emit_tokens;
+  // Which tokens complete a window (row k emitted before that token's attention);
+  // their raw pooled rows go to `pooled` [emitted, d] in emission order.
+  std::vector<int64_t> emit_tokens, emit_index(static_cast<size_t>(n), -1);
   for (int64_t t = 0; t < n; ++t)
-    if ((pos[t] + 1) % m == 0) emit_tokens.push_back(t);
+    if ((pos[t] + 1) % m == 0) {
+      const int64_t k = pos[t] / m;
+      DSV4_ASSERT(k < op.rows.n_rows(), "compress: row %lld beyond capacity %lld", static_cast<long long>(k),
+                  static_cast<long long>(op.rows.n_rows()));
+      emit_index[static_cast<size_t>(t)] = static_cast<int64_t>(emit_tokens.size());
+      emit_tokens.push_back(t);
+    }
+  std::vector<float> pooled(emit_tokens.size() * static_cast<size_t>(d));
 
   // Pass 1, parallel over output channels c in [0, d): walk the tokens in order,
   // updating the frontier columns this channel owns (c, and c + d with overlap)
@@ -81,7 +89,7 @@ void compress(const CompressOp& op) {
           den += e;
           num += e * av;
         }
-        op.rows.f32()[(p / m) * d + c] = static_cast<float>(num / den);
+        pooled[static_cast<size_t>(emit_index[static_cast<size_t>(t)] * d + c)] = static_cast<float>(num / den);
         // Reset / shift the frontier columns of this channel.
         if (op.overlap) {
           for (int64_t r = 0; r < m; ++r) {
@@ -102,20 +110,20 @@ void compress(const CompressOp& op) {
     }
   }, 8);
 
-  // Pass 2: post-process every emitted row: (bf16) -> RMSNorm -> RoPE at k*m -> sim.
+  // Pass 2: post-process every emitted row: (bf16) -> RMSNorm -> RoPE at k*m -> sim,
+  // then store it as row k in the rows' format.
   std::vector<float> omega(static_cast<size_t>(op.rope.n_rot / 2));
   rope_frequencies(op.rope, omega.data());
   const float* nw = op.norm_w.f32();
-  for (int64_t t : emit_tokens) {
-    const int64_t k = pos[t] / m;
-    DSV4_ASSERT(k < op.rows.n_rows(), "compress: row %lld beyond capacity %lld", static_cast<long long>(k),
-                static_cast<long long>(op.rows.n_rows()));
-    float* row = op.rows.f32() + k * d;
+  for (size_t e = 0; e < emit_tokens.size(); ++e) {
+    const int64_t k = pos[emit_tokens[e]] / m;
+    float* row = pooled.data() + e * static_cast<size_t>(d);
     if (op.round_pooled_bf16)
       for (int64_t i = 0; i < d; ++i) row[i] = bf16_round(row[i]);
     rms_norm_row(row, row, nw, d, op.eps);
     rope_row(row, d, op.rope.n_rot, omega.data(), static_cast<int32_t>(k * m), false);
     quant_sim_row(row, d, op.sim, op.n_quant);
+    kv_row_store(op.rows, k, row);
   }
 }
 
@@ -124,6 +132,9 @@ void indexer_scores(const IndexerScoresOp& op) {
   const int64_t cap = op.rows.n_rows();
   DSV4_ASSERT(op.scores.ne[0] == cap && op.scores.n_rows() == n, "indexer_scores: shape");
   const int32_t* pos = op.pos.i32();
+  int64_t max_visible = 0;
+  for (int64_t t = 0; t < n; ++t) max_visible = std::max<int64_t>(max_visible, std::min<int64_t>((pos[t] + 1) / op.ratio, cap));
+  const KvRowView rows(op.rows, max_visible);
   pool().parallel_for(static_cast<size_t>(n), [&](size_t b, size_t e) {
     for (size_t tt = b; tt < e; ++tt) {
       const int64_t t = static_cast<int64_t>(tt);
@@ -136,7 +147,7 @@ void indexer_scores(const IndexerScoresOp& op) {
           s[k] = k_neg_inf;
           continue;
         }
-        const float* row = op.rows.f32() + k * dI;
+        const float* row = rows.row(k);
         float acc = 0;
         for (int64_t h = 0; h < HI; ++h) acc += wt[h] * std::max(0.0f, dot(q + h * dI, row, dI));
         s[k] = acc;
@@ -176,6 +187,14 @@ void attention(const AttentionOp& op) {
   const float* sinks = op.sinks.f32();
   const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
   DSV4_ASSERT(cap_w >= op.window, "attention: ring smaller than the window");
+  // Unpack (compact formats) the rows the batch reads: the whole ring, and the
+  // selected or all visible compressed rows.
+  int64_t max_visible = 0;
+  if (op.ratio > 0 && op.comp)
+    for (int64_t t = 0; t < n; ++t)
+      max_visible = std::max<int64_t>(max_visible, std::min<int64_t>((pos[t] + 1) / op.ratio, op.comp.n_rows()));
+  const KvRowView ring(op.ring, cap_w);
+  const KvRowView comp(op.comp, op.sel ? 0 : max_visible, op.sel ? op.sel.i32() : nullptr, op.sel ? n * n_sel : 0);
   pool().parallel_for(static_cast<size_t>(n * H), [&](size_t b, size_t e) {
     std::vector<const float*> keys;
     std::vector<float> logit;
@@ -183,15 +202,15 @@ void attention(const AttentionOp& op) {
       const int64_t t = static_cast<int64_t>(th) / H, h = static_cast<int64_t>(th) % H;
       const int64_t p = pos[t];
       keys.clear();
-      for (int64_t s = std::max<int64_t>(0, p - op.window + 1); s <= p; ++s) keys.push_back(op.ring.f32() + (s % cap_w) * d);
+      for (int64_t s = std::max<int64_t>(0, p - op.window + 1); s <= p; ++s) keys.push_back(ring.row(s % cap_w));
       if (op.ratio > 0 && op.comp) {
         const int64_t visible = std::min<int64_t>((p + 1) / op.ratio, op.comp.n_rows());
         if (op.sel) {
           const int32_t* sel = op.sel.i32() + t * n_sel;
           for (int64_t i = 0; i < n_sel; ++i)
-            if (sel[i] >= 0 && sel[i] < visible) keys.push_back(op.comp.f32() + sel[i] * d);
+            if (sel[i] >= 0 && sel[i] < visible) keys.push_back(comp.row(sel[i]));
         } else {
-          for (int64_t k = 0; k < visible; ++k) keys.push_back(op.comp.f32() + k * d);
+          for (int64_t k = 0; k < visible; ++k) keys.push_back(comp.row(k));
         }
       }
       const float* q = op.q.f32() + (t * H + h) * d;

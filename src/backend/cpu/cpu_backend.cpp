@@ -90,6 +90,10 @@ class CpuBackend final : public Backend {
     std::memcpy(host, static_cast<const uint8_t*>(src.data) + offset, bytes);
   }
   void fill(const Tensor& dst, float value) override {
+    if (dst.type != GgmlType::F32 && value == 0.0f) {  // compact KV rows: all-zero bytes read as zeros
+      std::memset(dst.data, 0, dst.n_bytes());
+      return;
+    }
     float* p = dst.f32();
     std::fill(p, p + dst.n_elements(), value);
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -48,6 +49,25 @@ void swiglu(const SwigluOp& op);
 void rms_norm_row(float* out, const float* x, const float* w, int64_t d, float eps);
 void rope_row(float* x, int64_t d, int n_rot, const float* omega, int32_t pos, bool inverse);
 void quant_sim_row(float* x, int64_t d, KvQuantSim sim, int n_quant);
+
+// KV state rows in their storage format (F32, or the compact KV_FP8 / KV_FP4
+// of core/kv_rows.h): write row r from floats, read row r as floats.
+void kv_row_store(const Tensor& t, int64_t r, const float* x);
+void kv_row_load(const Tensor& t, int64_t r, float* x);
+
+// f32 views of chosen rows of a KV state tensor: F32 rows are read in place,
+// compact rows are unpacked once (in parallel) into a private buffer.
+class KvRowView {
+ public:
+  // Rows [0, n_first) plus the listed rows (entries outside [0, rows) are ignored).
+  KvRowView(const Tensor& t, int64_t n_first, const int32_t* listed = nullptr, int64_t n_listed = 0);
+  const float* row(int64_t r) const;
+
+ private:
+  Tensor t_;
+  std::vector<int32_t> slot_;  // row -> slot in buf_ (-1: not unpacked)
+  std::vector<float> buf_;
+};
 
 }  // namespace cpu
 }  // namespace dsv4

@@ -149,10 +149,7 @@ void store_rows(const StoreRowsOp& op) {
   const int64_t d = op.rows.ne[0], n = op.rows.n_rows(), cap = op.ring.n_rows();
   DSV4_ASSERT(op.ring.ne[0] == d, "store_rows: width mismatch");
   const int32_t* pos = op.pos.i32();
-  for (int64_t t = 0; t < n; ++t) {
-    const float* src = op.rows.f32() + t * d;
-    std::copy(src, src + d, op.ring.f32() + (pos[t] % cap) * d);
-  }
+  for (int64_t t = 0; t < n; ++t) kv_row_store(op.ring, pos[t] % cap, op.rows.f32() + t * d);
 }
 
 }  // namespace dsv4::cpu
