@@ -45,15 +45,23 @@ void cases_compress(Harness& h) {
     std::vector<int64_t> chunks;
     bool flash;
     const char* what;
+    GgmlType rows_type = GgmlType::F32;
   };
+  const GgmlType FP8 = GgmlType::KV_FP8, FP4 = GgmlType::KV_FP4;
   const std::vector<C> cases = {
       {4, true, 128, KvQuantSim::FP8_BF16, 64, true, {1, 3, 4, 7, 1, 16, 30, 2}, false, "tiny main ratio 4"},
       {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain"},
       {128, false, 128, KvQuantSim::FP8_BF16, 64, true, {1, 126, 1, 130, 300}, false, "tiny main ratio 128"},
       {128, false, 128, KvQuantSim::NONE, 0, false, {255, 1, 2}, false, "tiny ratio 128, plain"},
       {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {2, 6, 40, 1, 1}, false, "tiny indexer ratio 4"},
+      {4, true, 128, KvQuantSim::FP8_BF16, 64, true, {1, 3, 4, 7, 1, 16, 30, 2}, false, "tiny main ratio 4, KV_FP8 rows", FP8},
+      {128, false, 128, KvQuantSim::FP8_BF16, 64, true, {1, 126, 1, 130, 300}, false, "tiny main ratio 128, KV_FP8 rows", FP8},
+      {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {2, 6, 40, 1, 1}, false, "tiny indexer ratio 4, KV_FP4 rows", FP4},
       {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1}, true, "flash main ratio 4"},
       {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300}, true, "flash main ratio 128"},
+      {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1}, true, "flash main ratio 4, KV_FP8 rows", FP8},
+      {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300}, true, "flash main ratio 128, KV_FP8 rows", FP8},
+      {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {511, 1, 300}, true, "flash indexer ratio 4, KV_FP4 rows", FP4},
   };
   for (const C& c : cases) {
     if (c.flash && !h.flash) continue;
@@ -65,7 +73,7 @@ void cases_compress(Harness& h) {
     const int64_t cap_rows = total / m + 1;
     Pair sa = b.f32(std::vector<float>(static_cast<size_t>(R * w), 0.0f), Shape(w, R));
     Pair sg = b.f32(std::vector<float>(static_cast<size_t>(R * w), k_neg_inf), Shape(w, R));
-    Pair rows = b.f32(random_normal(r, static_cast<size_t>(cap_rows * c.d)), Shape(c.d, cap_rows));  // earlier rows: kept
+    Pair rows = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(cap_rows * c.d)), Shape(c.d, cap_rows));  // earlier rows: kept
     Pair ape = b.random_weight(GgmlType::F16, Shape(w, m));
     Pair norm = b.weight_f32(random_uniform(r, static_cast<size_t>(c.d), 0.5f, 1.5f), Shape(c.d));
     Diff frontier, worst_rows;
@@ -89,7 +97,7 @@ void cases_compress(Harness& h) {
       og.rows = rows.g, og.state_a = sa.g, og.state_g = sg.g, og.kv = kv.g, og.gate = gate.g, og.ape = ape.g, og.norm_w = norm.g, og.pos = p.g;
       h.cpu.compress(oc);
       h.gpu.compress(og);
-      const Diff da = b.diff(sa), dg = b.diff(sg), dr = b.diff(rows);
+      const Diff da = b.diff(sa), dg = b.diff(sg), dr = b.diff_kv(rows);
       frontier.n += da.n + dg.n;
       frontier.n_diff += da.n_diff + dg.n_diff;
       frontier.bad_nonfinite += da.bad_nonfinite + dg.bad_nonfinite;
@@ -110,12 +118,15 @@ void cases_indexer(Harness& h) {
       int64_t HI, dI, cap;
       std::vector<int32_t> pos;
       bool flash;
+      GgmlType rows_type = GgmlType::F32;
     };
     const std::vector<C> cases = {
         {4, 128, 175, {0, 2, 3, 10, 699, 350}, false},
         {4, 128, 175, {699}, false},
+        {4, 128, 175, {0, 2, 3, 10, 699, 350}, false, GgmlType::KV_FP4},
         {64, 128, 4096, {16383, 100, 8000}, true},
         {64, 128, 262144, {1048575}, true},
+        {64, 128, 4096, {16383, 100, 8000}, true, GgmlType::KV_FP4},
     };
     for (const C& c : cases) {
       if (c.flash && !h.flash) continue;
@@ -123,13 +134,13 @@ void cases_indexer(Harness& h) {
       const int64_t n = static_cast<int64_t>(c.pos.size());
       Pair q = b.f32(random_normal(r, static_cast<size_t>(n * c.HI * c.dI)), Shape(c.dI, c.HI, n));
       Pair w = b.f32(random_normal(r, static_cast<size_t>(n * c.HI), 0.1f), Shape(c.HI, n));
-      Pair rows = b.f32(random_normal(r, static_cast<size_t>(c.cap * c.dI)), Shape(c.dI, c.cap));
+      Pair rows = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(c.cap * c.dI)), Shape(c.dI, c.cap));
       Pair p = b.i32(c.pos, Shape(n));
       Pair sc = b.out(GgmlType::F32, Shape(c.cap, n));
       h.cpu.indexer_scores({sc.c, q.c, w.c, rows.c, p.c, 4});
       h.gpu.indexer_scores({sc.g, q.g, w.g, rows.g, p.g, 4});
-      h.report.nmse("indexer_scores", strfmt("H_I=%lld d_I=%lld rows=%lld n=%lld pos %d..", (long long)c.HI, (long long)c.dI,
-                                             (long long)c.cap, (long long)n, c.pos[0]),
+      h.report.nmse("indexer_scores", strfmt("H_I=%lld d_I=%lld rows=%lld %s n=%lld pos %d..", (long long)c.HI, (long long)c.dI,
+                                             (long long)c.cap, ggml_type_name(c.rows_type), (long long)n, c.pos[0]),
                     b.diff(sc), k_thr_f32);
     }
   }
@@ -184,9 +195,15 @@ void cases_attention(Harness& h) {
     std::vector<int32_t> pos;
     bool flash;
     const char* what;
+    GgmlType rows_type = GgmlType::F32;  // ring and comp
   };
+  const GgmlType FP8 = GgmlType::KV_FP8;
   const std::vector<C> cases = {
       {4, 128, 192, 0, 0, 128, 0, {0, 5, 127, 128, 129, 600}, false, "tiny window only"},
+      {4, 128, 192, 176, 16, 128, 4, {0, 3, 4, 130, 600, 699}, false, "tiny ratio 4, top-16, KV_FP8 rows", FP8},
+      {4, 128, 192, 6, 0, 128, 128, {126, 127, 128, 255, 256, 699}, false, "tiny ratio 128, KV_FP8 rows", FP8},
+      {64, 512, 640, 2049, 512, 128, 4, {8191, 3000, 1500}, true, "flash ratio 4, top-512, KV_FP8 rows", FP8},
+      {64, 512, 640, 8193, 0, 128, 128, {1048575}, true, "flash ratio 128 at 1M, KV_FP8 rows", FP8},
       {4, 128, 192, 176, 16, 128, 4, {0, 3, 4, 130, 600, 699}, false, "tiny ratio 4, top-16"},
       {4, 128, 192, 6, 0, 128, 128, {126, 127, 128, 255, 256, 699}, false, "tiny ratio 128, all rows"},
       {4, 128, 129, 0, 0, 128, 0, {1000}, false, "ring = window + 1"},
@@ -200,8 +217,9 @@ void cases_attention(Harness& h) {
     Bufs b(h);
     const int64_t n = static_cast<int64_t>(c.pos.size());
     Pair q = b.f32(random_normal(r, static_cast<size_t>(n * c.H * c.d)), Shape(c.d, c.H, n));
-    Pair ring = b.f32(random_normal(r, static_cast<size_t>(c.cap_w * c.d)), Shape(c.d, c.cap_w));
-    Pair comp = c.comp_rows ? b.f32(random_normal(r, static_cast<size_t>(c.comp_rows * c.d)), Shape(c.d, c.comp_rows)) : Pair{};
+    Pair ring = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(c.cap_w * c.d)), Shape(c.d, c.cap_w));
+    Pair comp = c.comp_rows ? b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(c.comp_rows * c.d)), Shape(c.d, c.comp_rows))
+                            : Pair{};
     Pair sel{};
     if (c.n_sel) {
       std::vector<int32_t> s(static_cast<size_t>(n * c.n_sel));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_rows.h"
 #include "cuda_test_util.h"
 
 namespace dsv4::cudatest {
@@ -125,6 +126,43 @@ class Bufs {
     b.read(t, v.data(), v.size() * 4);
     return v;
   }
+  // KV state rows in `type`'s format (F32, KV_FP8, KV_FP4; core/kv_rows.h), packed on the host from v.
+  Pair kv_rows(GgmlType type, const std::vector<float>& v, Shape s) {
+    Pair p = alloc(type, s);
+    std::vector<uint8_t> bytes(p.c.n_bytes());
+    const int64_t d = s.ne[0];
+    for (int64_t r = 0; r < s.n() / d; ++r) {
+      const float* x = v.data() + r * d;
+      uint8_t* dst = bytes.data() + r * p.c.row_bytes();
+      if (type == GgmlType::KV_FP8) kv_fp8_pack_row(dst, x, d);
+      else if (type == GgmlType::KV_FP4) kv_fp4_pack_row(dst, x, d);
+      else std::memcpy(dst, x, static_cast<size_t>(d) * 4);
+    }
+    set(p, bytes.data());
+    return p;
+  }
+  // A KV state tensor's rows as f32 (unpacked on the host).
+  std::vector<float> get_kv_f32(const Tensor& t, Backend& b) {
+    std::vector<uint8_t> bytes(t.n_bytes());
+    b.read(t, bytes.data(), bytes.size());
+    const int64_t d = t.ne[0];
+    std::vector<float> v(static_cast<size_t>(t.n_elements()));
+    for (int64_t r = 0; r < t.n_rows(); ++r) {
+      const uint8_t* src = bytes.data() + r * t.row_bytes();
+      if (t.type == GgmlType::KV_FP8) kv_fp8_unpack_row(v.data() + r * d, src, d);
+      else if (t.type == GgmlType::KV_FP4) kv_fp4_unpack_row(v.data() + r * d, src, d);
+      else std::memcpy(v.data() + r * d, src, static_cast<size_t>(d) * 4);
+    }
+    return v;
+  }
+  // Byte-exact comparison (as 32-bit words; every KV row format is a multiple of 4 bytes).
+  Diff diff_bytes(const Pair& p) {
+    std::vector<int32_t> g(p.g.n_bytes() / 4), c(p.c.n_bytes() / 4);
+    h_.gpu.read(p.g, g.data(), g.size() * 4);
+    h_.cpu.read(p.c, c.data(), c.size() * 4);
+    return diff_i32(g, c);
+  }
+  Diff diff_kv(const Pair& p) { return diff_f32(get_kv_f32(p.g, h_.gpu), get_kv_f32(p.c, h_.cpu)); }
   Diff diff(const Pair& p) { return diff_f32(get_f32(p.g, h_.gpu), get_f32(p.c, h_.cpu)); }
   Diff diff_ids(const Pair& p) { return diff_i32(get_i32(p.g, h_.gpu), get_i32(p.c, h_.cpu)); }
 

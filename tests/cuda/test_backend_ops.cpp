@@ -173,19 +173,25 @@ void cases_dense(Harness& h) {
     struct C {
       int64_t cap, d;
       std::vector<int32_t> pos;
+      GgmlType type;
     };
-    for (const C& c : {C{136, 128, {135}}, C{136, 128, {130, 131, 132, 133, 134, 135, 136, 137}},
-                       C{136, 128, {3, 139, 3 + 272, 7, 143}}, C{640, 512, {1000, 1001, 1002}},
-                       C{192, 128, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}}}) {
+    const GgmlType F32 = GgmlType::F32, FP8 = GgmlType::KV_FP8;
+    for (const C& c : {C{136, 128, {135}, F32}, C{136, 128, {130, 131, 132, 133, 134, 135, 136, 137}, F32},
+                       C{136, 128, {3, 139, 3 + 272, 7, 143}, F32}, C{640, 512, {1000, 1001, 1002}, F32},
+                       C{192, 128, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}, F32},
+                       C{136, 128, {3, 139, 3 + 272, 7, 143}, FP8}, C{640, 512, {1000, 1001, 1002, 1640}, FP8}}) {
       Bufs b(h);
       const int64_t n = static_cast<int64_t>(c.pos.size());
-      Pair ring = b.f32(random_normal(r, static_cast<size_t>(c.cap * c.d)), Shape(c.d, c.cap));
-      Pair rows = b.f32(random_normal(r, static_cast<size_t>(n * c.d)), Shape(c.d, n));
+      Pair ring = b.kv_rows(c.type, random_normal(r, static_cast<size_t>(c.cap * c.d)), Shape(c.d, c.cap));
+      std::vector<float> v = random_normal(r, static_cast<size_t>(n * c.d));
+      for (size_t i = 0; i < v.size(); i += 7) v[i] *= 1e4f;  // uneven blocks: the scales must follow
+      Pair rows = b.f32(v, Shape(c.d, n));
       Pair p = b.i32(c.pos, Shape(n));
       h.cpu.store_rows({ring.c, rows.c, p.c});
       h.gpu.store_rows({ring.g, rows.g, p.g});
-      h.report.exact("store_rows", strfmt("ring[%lld,%lld] n=%lld from pos %d", (long long)c.cap, (long long)c.d, (long long)n, c.pos[0]),
-                     b.diff(ring));
+      h.report.exact("store_rows", strfmt("ring[%lld,%lld] %s n=%lld from pos %d", (long long)c.cap, (long long)c.d,
+                                          ggml_type_name(c.type), (long long)n, c.pos[0]),
+                     b.diff_bytes(ring));
     }
   }
   if (h.want("swiglu")) {

@@ -31,6 +31,7 @@
 //   CUDA chunked == CUDA whole, bitwise: batches of 1 (decode), 7, 64, 300,
 //   and ragged prefill calls (3, 1, 126, 2, 129, 255, 184 tokens) — the CUDA
 //   kernels use one summation order for any batch size.
+//   Reference numerics: f32 KV rows == compact KV_FP8/KV_FP4 rows, bitwise.
 //   MTP draft logits (window-only block): CUDA vs CPU, NMSE <= T_pos and the
 //   same near-tie rule for top-1.
 // Exit code non-zero on any failure (77 without a CUDA device).
@@ -66,10 +67,11 @@ struct Run {
 // Prefill `toks` through `pieces` calls (sizes summing to toks.size()) on a
 // fresh model with this max_batch; all logits.
 Run run_model(Backend& be, const ModelFile& mf, const MtpWeights* mtp, Numerics num, int max_batch,
-              const std::vector<int64_t>& pieces, const std::vector<int32_t>& toks) {
+              const std::vector<int64_t>& pieces, const std::vector<int32_t>& toks, bool compact_kv = true) {
   ModelOptions mo;
   mo.numerics = num;
   mo.max_batch = max_batch;
+  mo.compact_kv = compact_kv;
   auto model = Model::create(be, mf.weights, mtp, mo);
   DSV4_ASSERT(model.has_value(), "Model::create: %s", model ? "" : model.error().message.c_str());
   const int64_t n = static_cast<int64_t>(toks.size());
@@ -256,6 +258,12 @@ int main(int argc, char** argv) {
     const Run rg = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks);
     const Diff d = diff_f32(rg.logits, g.logits);
     v.add(d.n_diff == 0, strfmt("%s cuda ragged prefill calls == cuda whole (bitwise; %lld differ)", nn, static_cast<long long>(d.n_diff)));
+    if (ref) {
+      // Compact KV rows (KV_FP8/KV_FP4) hold the simulated values exactly: f32 rows give the same logits.
+      const Run rf = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks, false);
+      const Diff df = diff_f32(rf.logits, g.logits);
+      v.add(df.n_diff == 0, strfmt("%s cuda f32 KV rows == compact KV rows (bitwise; %lld differ)", nn, static_cast<long long>(df.n_diff)));
+    }
   }
   std::filesystem::remove_all(dir);
   for (const auto& f : v.failures) std::printf("FAILED: %s\n", f.c_str());

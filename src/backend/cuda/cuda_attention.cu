@@ -4,8 +4,9 @@
 // entries that are >= 0 and < visible); l_s = (q_h · K_s) * scale;
 // o_h = sum_s exp(l_s - M) K_s / (exp(sink_h - M) + sum_s exp(l_s - M)); K = V.
 //
-// Layout: q/out [n, H, d], ring [cap_w, d], comp [cap_rows, d], sel [n, k]
-// (i32), sinks [H], pos [n] (i32, read on the device).
+// Layout: q/out [n, H, d], ring [cap_w, d], comp [cap_rows, d] (F32 or
+// compact KV_FP8 rows, unpacked into shared memory as they are fetched:
+// cuda_kv_rows.cuh), sel [n, k] (i32), sinks [H], pos [n] (i32, read on the device).
 //
 // Launch plan (split over keys, "flash decoding"): tokens go in groups of
 // k_att_tok_group; for each group, kernel 1 has grid (tokens, H / HG,
@@ -20,7 +21,7 @@
 // The split geometry depends only on the token's own key count, never on the
 // batch, so batched and single-token results are bitwise equal. Shared memory: q of the group
 // [HG][d], a key tile [8][d], logits [HG][8]. Keys are walked in tiles of 8:
-//   1. warp w fetches key k0 + w (16-byte loads) into the tile and computes
+//   1. warp w fetches key k0 + w (unpacked to f32) into the tile and computes
 //      its HG logits (lane-strided partial dots + warp sums); missing or
 //      invalid keys get logit -inf and a zero row;
 //   2. every warp owns one head and a d / (8 / HG) slice of the output and
@@ -35,6 +36,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_kv_rows.cuh"
 
 namespace dsv4::cuda {
 
@@ -49,8 +51,9 @@ constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the s
 // Partial attention of one key split. Outputs (token t of the group, head h, split s):
 // part_ml[((t*H + h)*S + s)*2 + {0,1}] = {m, l}; part_acc[((t*H + h)*S + s)*d + e].
 __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
-                                                              const float* ring, int64_t cap_w, const float* comp,
-                                                              int64_t comp_rows, const int32_t* sel, int64_t n_sel,
+                                                              const void* ring, GgmlType ring_type, int64_t cap_w,
+                                                              const void* comp, GgmlType comp_type, int64_t comp_rows,
+                                                              const int32_t* sel, int64_t n_sel,
                                                               const int32_t* pos, int H, int HG, int64_t d, int window,
                                                               int ratio, float scale) {
   extern __shared__ float sm[];
@@ -91,20 +94,24 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
   for (int64_t k0 = k_begin; k0 < k_end; k0 += k_att_tile) {
     // 1. Key k0 + warp into the tile, and its logits for the group's heads.
     const int64_t i = k0 + warp;
-    const float* key = nullptr;
+    const uint8_t* key = nullptr;
+    GgmlType key_type = ring_type;
     if (i < k_end) {
       if (i < n_win) {
-        key = ring + ((p_first + i) % cap_w) * d;
-      } else if (sel) {
-        const int32_t idx = sel[t * n_sel + (i - n_win)];
-        if (idx >= 0 && idx < visible) key = comp + static_cast<int64_t>(idx) * d;
+        key = kv_row_ptr(ring, ring_type, d, (p_first + i) % cap_w);
       } else {
-        key = comp + (i - n_win) * d;
+        key_type = comp_type;
+        if (sel) {
+          const int32_t idx = sel[t * n_sel + (i - n_win)];
+          if (idx >= 0 && idx < visible) key = kv_row_ptr(comp, comp_type, d, idx);
+        } else {
+          key = kv_row_ptr(comp, comp_type, d, i - n_win);
+        }
       }
     }
     float* kr = ks + warp * d;
     if (key) {
-      for (int64_t e = 4 * lane; e < d; e += 128) *reinterpret_cast<float4*>(kr + e) = *reinterpret_cast<const float4*>(key + e);
+      warp_load_kv_row(kr, key, d, key_type);
       __syncwarp();
       for (int h = 0; h < HG; ++h) {
         const float* qh = qs + h * d;
@@ -194,6 +201,8 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   DSV4_ASSERT(op.window >= 1, "attention: window %d", op.window);
   DSV4_ASSERT(op.out.ne[0] == d && op.out.ne[1] == H && op.out.ne[2] == n, "attention: output shape");
   DSV4_ASSERT(op.ring.ne[0] == d && (!op.comp || op.comp.ne[0] == d), "attention: key width");
+  check_kv_rows(op.ring, "attention");
+  if (op.comp) check_kv_rows(op.comp, "attention");
   DSV4_ASSERT(op.sinks.ne[0] >= H, "attention: %lld sinks for %lld heads", static_cast<long long>(op.sinks.ne[0]),
               static_cast<long long>(H));
   if (n == 0) return;
@@ -217,8 +226,8 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
     const int64_t nt = std::min(tg, n - t0);
     attention_split_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256,
                              smem, ctx.stream>>>(
-        part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.f32(), cap_w, op.comp ? op.comp.f32() : nullptr,
-        op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr, n_sel, op.pos.i32() + t0,
+        part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.data, op.ring.type, cap_w, op.comp ? op.comp.data : nullptr,
+        op.comp ? op.comp.type : GgmlType::F32, op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr, n_sel, op.pos.i32() + t0,
         static_cast<int>(H), HG, d, op.window, op.ratio, op.scale);
     CUDA_CHECK_LAUNCH();
     attention_combine_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(

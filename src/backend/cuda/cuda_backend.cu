@@ -278,6 +278,10 @@ class CudaBackend final : public Backend {
 
   void fill(const Tensor& dst, float value) override {
     use_device();
+    if (dst.type != GgmlType::F32 && value == 0.0f) {  // compact KV rows: all-zero bytes read as zeros
+      CUDA_CHECK(cudaMemsetAsync(dst.data, 0, dst.n_bytes(), stream_));
+      return;
+    }
     launch_fill(ctx_, dst.f32(), dst.n_elements(), value);
   }
 

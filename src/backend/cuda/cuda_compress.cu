@@ -11,17 +11,19 @@
 //      channel, the channels are independent. For each token: store (a,
 //      g + APE[p mod m]) in slot (overlap ? m : 0) + p mod m; when (p+1) mod m
 //      == 0, softmax-pool the R candidates (lane A of rows < m, lane B of rows
-//      >= m with overlap) in double, write the raw pooled value of row p div m,
-//      then shift (overlap) or clear the frontier columns of c.
+//      >= m with overlap) in double, write the raw pooled value to scratch
+//      row t, then shift (overlap) or clear the frontier columns of c.
 //   3. post-process: one 128-thread block per token; blocks of emitting
-//      tokens take row k = p div m: optional bf16 round, RMSNorm (norm_w),
-//      RoPE at position k*m, simulation (cuda_rowops.cuh), in place.
+//      tokens take their scratch row: optional bf16 round, RMSNorm (norm_w),
+//      RoPE at position k*m, simulation (cuda_rowops.cuh), in place; then
+//      store it as row k = p div m in the rows' format (cuda_kv_rows.cuh).
 // All sums run in the CPU's order (the pooling sums exactly as cpu::compress,
 // in double), so the frontier is bit-identical to the CPU's and the rows
 // differ only through exp() and sin/cos rounding.
 //
 // CPU reference: cpu::compress (src/backend/cpu/cpu_attention.cpp).
 #include "backend/cuda/cuda_compress.cuh"
+#include "backend/cuda/cuda_kv_rows.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_rowops.cuh"
 
@@ -29,7 +31,7 @@ namespace dsv4::cuda {
 
 namespace {
 
-__global__ void compress_pool_kernel(float* rows, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
+__global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
                                      bool overlap, const float* kv, const float* gate, const float* ape,
                                      const int32_t* pos, int64_t n) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -67,7 +69,7 @@ __global__ void compress_pool_kernel(float* rows, int64_t cap_rows, int64_t d, f
     }
     const int64_t k = p / m;
     DEVICE_CHECK(k < cap_rows);
-    rows[k * d + c] = static_cast<float>(num / den);
+    pooled[t * d + c] = static_cast<float>(num / den);
     if (overlap) {
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t col = c; col <= c + d; col += d) {
@@ -86,13 +88,14 @@ __global__ void compress_pool_kernel(float* rows, int64_t cap_rows, int64_t d, f
   }
 }
 
-__global__ void compress_post_kernel(float* rows, int64_t d, const int32_t* pos, int m, const float* norm_w, float eps,
-                                     RopeTable rt, KvQuantSim sim, int n_quant, bool round_bf16) {
+__global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, int64_t d, const int32_t* pos, int m,
+                                     const float* norm_w, float eps, RopeTable rt, KvQuantSim sim, int n_quant,
+                                     bool round_bf16) {
   __shared__ double red[33];
   const int32_t p = pos[blockIdx.x];
   if ((p + 1) % m != 0) return;  // uniform over the block
   const int64_t k = p / m;
-  float* row = rows + k * d;
+  float* row = pooled + static_cast<int64_t>(blockIdx.x) * d;
   if (round_bf16)
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) row[i] = bf16_round_dev(row[i]);
   __syncthreads();
@@ -100,7 +103,8 @@ __global__ void compress_post_kernel(float* rows, int64_t d, const int32_t* pos,
   __syncthreads();
   block_rope_row(row, d, rt, static_cast<int32_t>(k * m), false);
   __syncthreads();
-  block_quant_sim_row(row, d, sim, n_quant);
+  block_quant_sim_row(row, d, sim, n_quant);  // ends with a barrier
+  block_store_kv_row(kv_row_ptr(rows, type, d, k), row, d, type);
 }
 
 }  // namespace
@@ -122,14 +126,18 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   DSV4_ASSERT(n <= 0x7fffffff, "compress: batch too large");
   const RopeTable rt = make_rope_table(op.rope);
   DSV4_ASSERT(rt.n_rot <= d, "compress: n_rot > row width");
-  auto* ape = static_cast<float*>(ctx.scratch->get(static_cast<size_t>(m) * static_cast<size_t>(w) * sizeof(float), ctx.stream));
+  check_kv_rows(op.rows, "compress");
+  // Scratch: APE rows [m, w] then the raw pooled rows [n, d] (row t: the window token t completes).
+  const size_t ape_floats = static_cast<size_t>(m) * static_cast<size_t>(w);
+  auto* ape = static_cast<float*>(ctx.scratch->get((ape_floats + static_cast<size_t>(n * d)) * sizeof(float), ctx.stream));
+  float* pooled = ape + ape_floats;
   launch_dequantize_rows(ctx, op.ape, ape);
-  compress_pool_kernel<<<ceil_div(d, 128), 128, 0, ctx.stream>>>(op.rows.f32(), op.rows.n_rows(), d, op.state_a.f32(),
+  compress_pool_kernel<<<ceil_div(d, 128), 128, 0, ctx.stream>>>(pooled, op.rows.n_rows(), d, op.state_a.f32(),
                                                                 op.state_g.f32(), w, m, op.overlap, op.kv.f32(),
                                                                 op.gate.f32(), ape, op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
-  compress_post_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.rows.f32(), d, op.pos.i32(), m, op.norm_w.f32(),
-                                                                        op.eps, rt, op.sim, op.n_quant,
+  compress_post_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.rows.data, op.rows.type, pooled, d, op.pos.i32(), m,
+                                                                        op.norm_w.f32(), op.eps, rt, op.sim, op.n_quant,
                                                                         op.round_pooled_bf16);
   CUDA_CHECK_LAUNCH();
 }

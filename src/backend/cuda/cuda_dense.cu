@@ -9,13 +9,15 @@
 //   quant_sim   one block per row (FP8: a warp per 64-block; Hadamard: in-place
 //               butterflies with barriers, then a warp per 32-block). Bit-exact
 //               with cpu::quant_sim_row.
-//   store_rows  one block per token: ring[pos[t] % cap] = rows[t]; a later
-//               token of the batch with the same slot wins (sequential
-//               semantics of cpu::store_rows).
+//   store_rows  one block per token: ring[pos[t] % cap] = rows[t], packed
+//               when the ring is compact (cuda_kv_rows.cuh); a later token of
+//               the batch with the same slot wins (sequential semantics of
+//               cpu::store_rows).
 //   swiglu/add/scale/fill: grid-stride element loops (cpu::swiglu, CpuBackend::add/scale/fill).
 #include <algorithm>
 
 #include "backend/cuda/cuda_dense.cuh"
+#include "backend/cuda/cuda_kv_rows.cuh"
 #include "backend/cuda/cuda_rowops.cuh"
 
 namespace dsv4::cuda {
@@ -55,14 +57,15 @@ __global__ void quant_sim_kernel(float* x, int64_t d, KvQuantSim sim, int n_quan
   block_quant_sim_row(x + static_cast<int64_t>(blockIdx.x) * d, d, sim, n_quant);
 }
 
-__global__ void store_rows_kernel(float* ring, const float* rows, const int32_t* pos, int64_t n, int64_t d, int64_t cap) {
+__global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, const int32_t* pos, int64_t n, int64_t d,
+                                  int64_t cap) {
   const int64_t t = blockIdx.x;
   const int64_t slot = pos[t] % cap;
   // Sequential semantics: skip when a later token of the batch writes the same slot.
   int later = 0;
   for (int64_t u = t + 1 + threadIdx.x; u < n; u += blockDim.x) later |= (pos[u] % cap) == slot;
   if (__syncthreads_or(later)) return;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ring[slot * d + i] = rows[t * d + i];
+  block_store_kv_row(kv_row_ptr(ring, type, d, slot), rows + t * d, d, type);
 }
 
 __global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_t n, float c) {
@@ -136,7 +139,9 @@ void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op) {
   DSV4_ASSERT(op.pos.ne[0] >= n, "store_rows: %lld positions for %lld rows", static_cast<long long>(op.pos.ne[0]),
               static_cast<long long>(n));
   if (n == 0) return;
-  store_rows_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.ring.f32(), op.rows.f32(), op.pos.i32(), n, d, cap);
+  check_kv_rows(op.ring, "store_rows");
+  store_rows_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.ring.data, op.ring.type, op.rows.f32(), op.pos.i32(),
+                                                                     n, d, cap);
   CUDA_CHECK_LAUNCH();
 }
 

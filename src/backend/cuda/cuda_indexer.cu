@@ -5,7 +5,8 @@
 //   Grid (n, ceil(cap_rows / 64)), 256 threads: a block covers 64 rows of one
 //   query. q[t] is staged in shared memory as [H_I][d_I + 1] (the pad puts
 //   the lanes' heads on distinct banks) with w[t]; each warp takes 8 rows: the
-//   row goes to a per-warp shared buffer, lane l computes the full d_I-long
+//   row (F32 or compact KV_FP4, unpacked by cuda_kv_rows.cuh) goes to a
+//   per-warp shared buffer, lane l computes the full d_I-long
 //   dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp
 //   sum. Blocks entirely past `visible` only write -inf.
 //   CPU reference: cpu::indexer_scores (cpu_attention.cpp).
@@ -20,6 +21,7 @@
 //   Exactly the CPU's selection for any input without NaN.
 //   CPU reference: cpu::topk (cpu_attention.cpp).
 #include "backend/cuda/cuda_indexer.cuh"
+#include "backend/cuda/cuda_kv_rows.cuh"
 
 namespace dsv4::cuda {
 
@@ -31,8 +33,8 @@ constexpr int k_ix_rows = k_ix_warps * k_ix_rows_per_warp;
 constexpr int k_topk_threads = 512;
 
 __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w,
-                                                             const float* rows, const int32_t* pos, int ratio, int HI,
-                                                             int dI) {
+                                                             const void* rows, GgmlType rows_type, const int32_t* pos,
+                                                             int ratio, int HI, int dI) {
   extern __shared__ float sm[];
   float* qs = sm;                        // [HI][dI + 1]
   float* ws = qs + HI * (dI + 1);        // [HI]
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int6
       if (lane == 0) out[k] = neg_inf;
       continue;
     }
-    for (int e = lane; e < dI; e += 32) row[e] = rows[k * dI + e];
+    warp_load_kv_row(row, kv_row_ptr(rows, rows_type, dI, k), dI, rows_type);
     __syncwarp();
     float acc = 0.0f;
     for (int h = lane; h < HI; h += 32) {
@@ -169,6 +171,8 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   DSV4_ASSERT(op.scores.ne[0] == cap && op.scores.n_rows() == n, "indexer_scores: shape");
   DSV4_ASSERT(op.rows.ne[0] == dI && op.w.ne[0] == HI, "indexer_scores: row/weight widths");
   DSV4_ASSERT(op.ratio >= 1, "indexer_scores: ratio %d", op.ratio);
+  check_kv_rows(op.rows, "indexer_scores");
+  DSV4_ASSERT(op.rows.type != GgmlType::KV_FP8, "indexer_scores: KV_FP8 rows need 16-byte aligned staging");
   if (n == 0 || cap == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld x %lld scores too many",
               static_cast<long long>(n), static_cast<long long>(cap));
@@ -177,7 +181,7 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
               static_cast<long long>(dI));
   allow_smem(indexer_scores_kernel, smem);
   indexer_scores_kernel<<<dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream>>>(
-      op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.f32(), op.pos.i32(), op.ratio, static_cast<int>(HI),
+      op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type, op.pos.i32(), op.ratio, static_cast<int>(HI),
       static_cast<int>(dI));
   CUDA_CHECK_LAUNCH();
 }
