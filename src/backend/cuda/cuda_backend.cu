@@ -1,5 +1,5 @@
 // CudaBackend: device selection, one stream, device memory, weight upload
-// (pinned double-buffered staging, measured rate), host transfers, and the
+// (pinned double-buffered staging filled by 8 copy threads, measured rate), host transfers, and the
 // op dispatch to the kernel launchers of the cuda_*.cu files.
 //
 // Ordering: everything (memsets, copies, kernels) runs on one stream, so ops
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -24,6 +25,7 @@
 #include "backend/cuda/cuda_mhc.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "quant/quant.h"
 
 namespace dsv4 {
@@ -79,6 +81,7 @@ namespace {
 using namespace cuda;
 
 constexpr size_t k_staging_bytes = size_t{64} << 20;  // per pinned staging buffer (two of them)
+constexpr int k_copy_threads = 8;                     // threads filling a staging buffer
 
 double gib(size_t b) { return static_cast<double>(b) / static_cast<double>(size_t{1} << 30); }
 
@@ -471,12 +474,20 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
       return;
     }
+    if (!copy_pool_) copy_pool_ = std::make_unique<ThreadPool>(k_copy_threads);
     for (size_t off = 0; off < bytes; off += k_staging_bytes) {
       const size_t len = std::min(k_staging_bytes, bytes - off);
       const int i = next_staging_;
       next_staging_ ^= 1;
       CUDA_CHECK(cudaEventSynchronize(staged_[i]));  // the DMA out of this buffer has finished
-      std::memcpy(staging_[i], static_cast<const uint8_t*>(host) + off, len);
+      // Page-cache reads (page faults + copy) run at ~5 GB/s on one core: split the
+      // chunk over the copy threads, 1 MiB pieces.
+      uint8_t* stage = static_cast<uint8_t*>(staging_[i]);
+      const uint8_t* src = static_cast<const uint8_t*>(host) + off;
+      const size_t piece = size_t{1} << 20, n_pieces = (len + piece - 1) / piece;
+      copy_pool_->parallel_for(n_pieces, [&](size_t b, size_t e) {
+        std::memcpy(stage + b * piece, src + b * piece, std::min(len, e * piece) - b * piece);
+      });
       CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, staging_[i], len, cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaEventRecord(staged_[i], stream_));
     }
@@ -495,6 +506,7 @@ class CudaBackend final : public Backend {
   void* staging_[2] = {nullptr, nullptr};
   cudaEvent_t staged_[2] = {nullptr, nullptr};
   int next_staging_ = 0;
+  std::unique_ptr<ThreadPool> copy_pool_;  // host-side staging copies (made on the first upload)
   CudaUploadStats stats_;
 };
 
