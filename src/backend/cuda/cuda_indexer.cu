@@ -2,9 +2,9 @@
 //
 // indexer_scores: score[t, k] = sum_h w[t, h] * relu(q[t, h, :] · rows[k, :])
 //   for k < visible = min((pos[t]+1) / ratio, cap_rows), -inf otherwise.
-//   Grid (n, ceil(cap_rows / 64)), 256 threads: a block covers 64 rows of one
-//   query. q[t] is staged in shared memory as [H_I][d_I + 1] (the pad puts
-//   the lanes' heads on distinct banks) with w[t]; each warp takes 8 rows: the
+//   Grid (n, ceil(cap_rows / (8 * rpw))), 256 threads: a block covers 8 * rpw
+//   rows of one query (rpw = 2 for one query, 8 for a batch). q[t] is staged in shared memory as [H_I][d_I + 1] (the pad puts
+//   the lanes' heads on distinct banks) with w[t]; each warp takes rpw rows: the
 //   row (F32 or compact KV_FP4, unpacked by cuda_kv_rows.cuh) goes to a
 //   per-warp shared buffer, lane l computes the full d_I-long
 //   dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp
@@ -28,19 +28,23 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int k_ix_warps = 8;
-constexpr int k_ix_rows_per_warp = 8;
-constexpr int k_ix_rows = k_ix_warps * k_ix_rows_per_warp;
+// Rows per warp: 2 for a single query (decode: its visible rows spread over
+// many SMs), 8 for batches (each block's staged q serves more rows). The
+// mapping never changes a row's arithmetic.
+constexpr int k_ix_rows_per_warp_decode = 2;
+constexpr int k_ix_rows_per_warp_batch = 8;
 constexpr int k_topk_threads = 512;
 
 __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w,
                                                              const void* rows, GgmlType rows_type, const int32_t* pos,
-                                                             int ratio, int HI, int dI) {
+                                                             int ratio, int HI, int dI, int rows_per_warp) {
   extern __shared__ float sm[];
   float* qs = sm;                        // [HI][dI + 1]
   float* ws = qs + HI * (dI + 1);        // [HI]
   float* rb = ws + HI;                   // [warps][dI]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
+  const int k_ix_rows = k_ix_warps * rows_per_warp;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * k_ix_rows;
   const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), cap);
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -54,8 +58,8 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int6
   for (int i = threadIdx.x; i < HI; i += blockDim.x) ws[i] = w[t * HI + i];
   __syncthreads();
   float* row = rb + warp * dI;
-  for (int r = 0; r < k_ix_rows_per_warp; ++r) {
-    const int64_t k = k0 + warp * k_ix_rows_per_warp + r;
+  for (int r = 0; r < rows_per_warp; ++r) {
+    const int64_t k = k0 + warp * rows_per_warp + r;
     if (k >= cap) break;
     if (k >= visible) {
       if (lane == 0) out[k] = neg_inf;
@@ -174,6 +178,7 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   check_kv_rows(op.rows, "indexer_scores");
   DSV4_ASSERT(op.rows.type != GgmlType::KV_FP8, "indexer_scores: KV_FP8 rows need 16-byte aligned staging");
   if (n == 0 || cap == 0) return;
+  const int rpw = n == 1 ? k_ix_rows_per_warp_decode : k_ix_rows_per_warp_batch, k_ix_rows = k_ix_warps * rpw;
   DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld x %lld scores too many",
               static_cast<long long>(n), static_cast<long long>(cap));
   const size_t smem = (static_cast<size_t>(HI) * (dI + 1) + HI + static_cast<size_t>(k_ix_warps) * dI) * sizeof(float);
@@ -182,7 +187,7 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   allow_smem(indexer_scores_kernel, smem);
   indexer_scores_kernel<<<dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream>>>(
       op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type, op.pos.i32(), op.ratio, static_cast<int>(HI),
-      static_cast<int>(dI));
+      static_cast<int>(dI), rpw);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -236,11 +236,28 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
     for (int k = 0; k < hc * hc; ++k) co[k] = c[k];
   }
   __syncthreads();
+  // u = sum_i pre_i X_i: four columns per thread per step, their 4 x hc loads
+  // issued together (a plain loop waits for each column's loads in turn).
   const float* X = state + t * hc * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float s = 0.0f;
-    for (int i = 0; i < hc; ++i) s = __fadd_rn(s, __fmul_rn(pre[i], X[i * D + d]));
-    u[t * D + d] = s;
+  constexpr int kCols = 4;
+  for (int64_t d0 = threadIdx.x; d0 < D; d0 += kCols * blockDim.x) {
+    float xv[kCols][k_max_hc];
+#pragma unroll
+    for (int q = 0; q < kCols; ++q) {
+      const int64_t d = d0 + q * blockDim.x;
+#pragma unroll
+      for (int i = 0; i < k_max_hc; ++i) xv[q][i] = (i < hc && d < D) ? X[i * D + d] : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < kCols; ++q) {
+      const int64_t d = d0 + q * blockDim.x;
+      if (d >= D) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < k_max_hc; ++i)
+        if (i < hc) s = __fadd_rn(s, __fmul_rn(pre[i], xv[q][i]));
+      u[t * D + d] = s;
+    }
   }
 }
 
