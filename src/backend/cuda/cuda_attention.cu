@@ -10,18 +10,14 @@
 //
 // Launch plan (split over keys, "flash decoding"): tokens go in groups of
 // k_att_tok_group; for each group, kernel 1 has grid (tokens, H / HG,
-// k_att_max_splits), 256 threads (8 warps), HG = the largest of 8, 4, 2, 1
+// k_att_splits), 256 threads (8 warps), HG = the largest of 8, 4, 2, 1
 // dividing H: one block per (token, group of HG heads, key split), so the
-// heads of a group share every key load. A token with n_keys keys uses
-// S_t = ceil(n_keys / 16) splits (at most 64; blocks of higher splits exit at
-// once): a decode step at 2K context (640 keys) keeps 8 x 40 blocks busy with
-// two tiles each, instead of a few blocks walking long key ranges with the
-// SMs mostly idle. Split s walks keys [s*c, (s+1)*c), c = n_keys / S_t
-// rounded up to the tile, and writes its running max m, denominator l and
-// unnormalised accumulator to scratch; kernel 2 (grid (tokens, H), 128
-// threads) merges the S_t splits in split order (weights e^(m_s-M) once per
-// split in shared memory): M = max m_s, o = sum_s e^(m_s-M) acc_s,
-// den = e^(sink-M) + sum_s e^(m_s-M) l_s.
+// heads of a group share every key load and a decode step keeps
+// H/HG * k_att_splits blocks busy. Split s of a token with n_keys keys walks
+// keys [s*c, (s+1)*c), c = n_keys / splits rounded up to the tile, and writes
+// its running max m, denominator l and unnormalised accumulator to scratch;
+// kernel 2 (grid (tokens, H), 128 threads) merges the splits in split order:
+// M = max m_s, o = sum_s e^(m_s-M) acc_s, den = e^(sink-M) + sum_s e^(m_s-M) l_s.
 // The split geometry depends only on the token's own key count, never on the
 // batch, so batched and single-token results are bitwise equal. Shared memory: q of the group
 // [HG][d], a key tile [8][d], logits [HG][8]. Keys are walked in tiles of 8:
@@ -49,20 +45,12 @@ namespace {
 constexpr int k_att_warps = 8;
 constexpr int k_att_tile = k_att_warps;  // keys per tile, one per warp
 constexpr int k_att_max_epl = 32;        // accumulator floats per lane
-constexpr int k_att_split_keys = 16;     // keys per split (two tiles): a token with n keys uses ceil(n / 16) splits,
-constexpr int k_att_max_splits = 64;     // at most 64 (a split then walks ceil(n / 64) rounded up to the tile)
-constexpr int k_att_tok_group = 8;       // tokens per launch pair (bounds the scratch: 8 x H x 64 x d floats)
+constexpr int k_att_splits = 16;         // key splits per (token, head group)
+constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the scratch)
 
-// Splits of a token with n_keys keys: a function of its own key count only.
-__device__ __forceinline__ int att_splits(int64_t n_keys) {
-  const int64_t s = (n_keys + k_att_split_keys - 1) / k_att_split_keys;
-  return static_cast<int>(s < 1 ? 1 : (s > k_att_max_splits ? k_att_max_splits : s));
-}
-
-// Partial attention of one key split. Outputs (token t of the group, head h, split s < S_t):
-// part_ml[((t*H + h)*S + s)*2 + {0,1}] = {m, l}; part_acc[((t*H + h)*S + s)*d + e]; part_ns[t] = S_t
-// (S = gridDim.z = k_att_max_splits is the stride; blocks of splits >= S_t exit).
-__global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, int* part_ns, const float* q,
+// Partial attention of one key split. Outputs (token t of the group, head h, split s):
+// part_ml[((t*H + h)*S + s)*2 + {0,1}] = {m, l}; part_acc[((t*H + h)*S + s)*d + e].
+__global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
                                                               const void* ring, GgmlType ring_type, int64_t cap_w,
                                                               const void* comp, GgmlType comp_type, int64_t comp_rows,
                                                               const int32_t* sel, int64_t n_sel,
@@ -86,10 +74,7 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
   }
   const int64_t n_keys = n_win + n_comp;
   const int S = static_cast<int>(gridDim.z), split = static_cast<int>(blockIdx.z);
-  const int S_t = att_splits(n_keys);
-  if (split == 0 && blockIdx.y == 0 && threadIdx.x == 0) part_ns[t] = S_t;
-  if (split >= S_t) return;  // uniform over the block
-  const int64_t chunk = ((n_keys + S_t - 1) / S_t + k_att_tile - 1) / k_att_tile * k_att_tile;
+  const int64_t chunk = ((n_keys + S - 1) / S + k_att_tile - 1) / k_att_tile * k_att_tile;
   const int64_t k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
 
   const float* qt = q + (t * H + h0) * d;
@@ -181,42 +166,28 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
     if (ii < epl) o[e_base + lane + 32 * ii] = acc[ii];
 }
 
-// Merges the S_t splits of (token t, head h) in split order and normalises with the sink.
-// The split weights e^(m_s - M) (0 for empty splits) are computed once into shared memory.
+// Merges the S splits of (token t, head h) in split order and normalises with the sink.
 __global__ void __launch_bounds__(128) attention_combine_kernel(float* out, const float* part_acc, const float* part_ml,
-                                                                const int* part_ns, const float* sinks, int H, int S,
-                                                                int64_t d) {
-  __shared__ float wgt[k_att_max_splits];
-  __shared__ bool used[k_att_max_splits];  // split s holds at least one valid key (m_s > -inf)
-  __shared__ float den_s;
+                                                                const float* sinks, int H, int S, int64_t d) {
   const float neg_inf = -__int_as_float(0x7f800000);
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
-  const int S_t = part_ns[t];
   const int64_t base = (t * H + h) * S;
-  if (threadIdx.x < 32) {
-    float M = neg_inf;
-    for (int s = 0; s < S_t; ++s) M = fmaxf(M, part_ml[2 * (base + s)]);
-    for (int s = threadIdx.x; s < S_t; s += 32) {
-      const float m = part_ml[2 * (base + s)];
-      used[s] = m != neg_inf;
-      wgt[s] = m != neg_inf ? expf(m - M) : 0.0f;
-    }
-    __syncwarp();
-    if (threadIdx.x == 0) {
-      float l = 0.0f;
-      for (int s = 0; s < S_t; ++s)
-        if (used[s]) l = fmaf(wgt[s], part_ml[2 * (base + s) + 1], l);
-      den_s = l + expf(sinks[h] - M);
-    }
+  float M = neg_inf;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (base + s)]);
+  float l = 0.0f;
+  for (int s = 0; s < S; ++s) {
+    const float m = part_ml[2 * (base + s)];
+    if (m != neg_inf) l = fmaf(expf(m - M), part_ml[2 * (base + s) + 1], l);
   }
-  __syncthreads();
-  const float den = den_s;
+  const float den = l + expf(sinks[h] - M);
   float* o = out + (t * H + h) * d;
   for (int64_t e = threadIdx.x; e < d; e += blockDim.x) {
     float a = 0.0f;
-    for (int s = 0; s < S_t; ++s)
-      if (used[s]) a = fmaf(wgt[s], part_acc[(base + s) * d + e], a);
+    for (int s = 0; s < S; ++s) {
+      const float m = part_ml[2 * (base + s)];
+      if (m != neg_inf) a = fmaf(expf(m - M), part_acc[(base + s) * d + e], a);
+    }
     o[e] = a / den;
   }
 }
@@ -246,22 +217,21 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   const size_t smem = (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) * sizeof(float);
   allow_smem(attention_split_kernel, smem);
   const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
-  const int S = k_att_max_splits;
+  const int S = k_att_splits;
   const int64_t tg = std::min<int64_t>(n, k_att_tok_group);
   const size_t acc_floats = static_cast<size_t>(tg) * H * S * d, ml_floats = static_cast<size_t>(tg) * H * S * 2;
-  float* part_acc = static_cast<float*>(ctx.scratch->get((acc_floats + ml_floats + tg) * sizeof(float), ctx.stream));
+  float* part_acc = static_cast<float*>(ctx.scratch->get((acc_floats + ml_floats) * sizeof(float), ctx.stream));
   float* part_ml = part_acc + acc_floats;
-  int* part_ns = reinterpret_cast<int*>(part_ml + ml_floats);
   for (int64_t t0 = 0; t0 < n; t0 += tg) {
     const int64_t nt = std::min(tg, n - t0);
     attention_split_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256,
                              smem, ctx.stream>>>(
-        part_acc, part_ml, part_ns, op.q.f32() + t0 * H * d, op.ring.data, op.ring.type, cap_w, op.comp ? op.comp.data : nullptr,
+        part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.data, op.ring.type, cap_w, op.comp ? op.comp.data : nullptr,
         op.comp ? op.comp.type : GgmlType::F32, op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr, n_sel, op.pos.i32() + t0,
         static_cast<int>(H), HG, d, op.window, op.ratio, op.scale);
     CUDA_CHECK_LAUNCH();
     attention_combine_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(
-        op.out.f32() + t0 * H * d, part_acc, part_ml, part_ns, op.sinks.f32(), static_cast<int>(H), S, d);
+        op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), static_cast<int>(H), S, d);
     CUDA_CHECK_LAUNCH();
   }
 }
