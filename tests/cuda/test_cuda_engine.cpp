@@ -2,9 +2,9 @@
 // model): backend selection (--backend cuda and auto), and the session
 // invariants the CPU tests assert, now on CUDA and bitwise — decode == prefill,
 // save -> load -> continue == continue, rewind — plus agreement with the CPU
-// engine at the end of a prompt (NMSE <= 1e-3 and the same top-1 unless the
-// CPU's top-2 margin is within 4x the largest logit difference; see
-// test_cuda_model for the tight per-position comparison).
+// engine at the end of a prompt in plain numerics (NMSE <= 1e-7 and the same
+// top-1 unless the CPU's top-2 margin is within 4x the largest logit
+// difference; test_cuda_model compares every position in both numerics).
 //
 //   test_cuda_engine [--seed N]
 //
@@ -99,10 +99,17 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  // CUDA vs CPU after a 300-token prompt.
-  {
-    auto sc = *cpu->new_session();
-    auto sg = *cuda->new_session();
+  // CUDA vs CPU after a 300-token prompt, in plain numerics: there the two
+  // differ only by f32 summation order, so one position is a tight check. (In
+  // reference numerics a 1-ulp difference can flip an FP8/bf16 rounding and
+  // move single positions to NMSE ~1e-3..1e-2 — seed 1424451196615418536 gave
+  // 1.2e-3 at position 300 — which test_cuda_model judges statistically over
+  // all positions instead.)
+  auto cuda_plain = load(path, "cuda", 64, "plain");
+  auto cpu_plain = load(path, "cpu", 64, "plain");
+  if (cuda_plain && cpu_plain) {
+    auto sc = *cpu_plain->new_session();
+    auto sg = *cuda_plain->new_session();
     const std::span<const int32_t> p(t.data(), 300);
     check(sc->prefill(p).has_value() && sg->prefill(p).has_value(), "prefill 300 tokens on cpu and cuda");
     const Diff d = diff_f32(sg->logits(), sc->logits());
@@ -113,8 +120,10 @@ int main(int argc, char** argv) {
     std::vector<float> s = lc;
     std::sort(s.begin(), s.end(), std::greater<float>());
     const bool top_ok = ac == ag || s[0] - s[1] <= 4.0 * d.max_abs;
-    check(d.bad_nonfinite == 0 && d.nmse <= 1e-3 && top_ok,
-          strfmt("cuda vs cpu logits after 300 tokens: NMSE %.2e, top-1 %zu vs %zu", d.nmse, ag, ac));
+    check(d.bad_nonfinite == 0 && d.nmse <= 1e-7 && top_ok,
+          strfmt("plain: cuda vs cpu logits after 300 tokens: NMSE %.2e <= 1e-7, top-1 %zu vs %zu", d.nmse, ag, ac));
+  } else {
+    check(false, "loading the plain-numerics engines");
   }
 
   // Decode == prefill, bitwise, on CUDA.
