@@ -43,24 +43,16 @@ constexpr int k_kv_rope_dims = 64;   // bf16 tail of a KV_FP8 row
 constexpr int k_kv_fp8_block = 64;   // FP8 scale block
 constexpr int k_kv_fp4_block = 32;   // FP4 scale block
 
-DSV4_HD uint32_t kvr_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
+// Bit casts usable on host and device.
+template <class To, class From>
+DSV4_HD To kvr_bitcast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "bit cast between types of different sizes");
+  To t;
+  __builtin_memcpy(&t, &v, sizeof t);
+  return t;
 }
-DSV4_HD float kvr_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+DSV4_HD uint32_t kvr_bits(float f) { return kvr_bitcast<uint32_t>(f); }
+DSV4_HD float kvr_float(uint32_t u) { return kvr_bitcast<float>(u); }
 
 // ---- geometry ----------------------------------------------------------------
 DSV4_HD bool kv_fp8_width_ok(int64_t d) { return d > k_kv_rope_dims && (d - k_kv_rope_dims) % k_kv_fp8_block == 0; }

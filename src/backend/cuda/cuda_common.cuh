@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/kv_rows.h"
 #include "ops/ops.h"
 
 namespace dsv4::cuda {
@@ -230,20 +231,9 @@ DSV4_HD float fp8_e4m3_round_dev(float v) {
   return copysignf(r, v);
 }
 
-// Nearest E2M1 value, ties to the even code; saturates at +-6.
-DSV4_HD float fp4_e2m1_round_dev(float v) {
-  float a = fabsf(v);
-  float r;
-  if (a <= 0.25f) r = 0.0f;
-  else if (a < 0.75f) r = 0.5f;
-  else if (a <= 1.25f) r = 1.0f;
-  else if (a < 1.75f) r = 1.5f;
-  else if (a <= 2.5f) r = 2.0f;
-  else if (a < 3.5f) r = 3.0f;
-  else if (a <= 5.0f) r = 4.0f;
-  else r = 6.0f;
-  return copysignf(r, v);
-}
+// Nearest E2M1 value, ties to the even code; saturates at +-6 (the storage
+// codec's rounding, core/kv_rows.h; checked against fp4_e2m1_round by test_cuda_decode).
+DSV4_HD float fp4_e2m1_round_dev(float v) { return kv_e2m1_value(kv_e2m1_code(v)); }
 
 // Order-preserving key of a float: a > b <=> float_key(a) > float_key(b) for
 // non-NaN floats; -0 maps to the key of +0 (they compare equal).
