@@ -1,5 +1,6 @@
-// dsv4 logits: raw next-token logits at every position of a token sequence,
-// for comparisons with other implementations.
+// dsv4 logits: raw next-token logits at every position of a token sequence
+// (or at chosen positions), for comparisons with other implementations and
+// between backends.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "core/progress.h"
 #include "dsv4/engine.h"
 
 namespace dsv4::tools {
@@ -14,7 +16,7 @@ namespace dsv4::tools {
 namespace {
 
 struct LogitsArgs {
-  std::string model, tokens, tokens_file, out, numerics = "reference", backend = "auto";
+  std::string model, tokens, tokens_file, out, numerics = "reference", backend = "auto", positions;
   int threads = 0, batch = 512;
   uint32_t ctx = 0;
 };
@@ -39,6 +41,19 @@ expected<std::vector<int32_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
+// --positions: strictly ascending 0-based indices < n.
+expected<std::vector<int64_t>> parse_positions(const std::string& text, size_t n) {
+  DSV4_TRY_ASSIGN(std::vector<int32_t> v, parse_ids(text));
+  std::vector<int64_t> pos(v.begin(), v.end());
+  for (size_t i = 0; i < pos.size(); ++i) {
+    if (pos[i] >= static_cast<int64_t>(n))
+      return make_error("position %lld is past the last token (%zu tokens)", static_cast<long long>(pos[i]), n);
+    if (i > 0 && pos[i] <= pos[i - 1]) return make_error("positions must be strictly ascending (%lld after %lld)",
+                                                         static_cast<long long>(pos[i]), static_cast<long long>(pos[i - 1]));
+  }
+  return pos;
+}
+
 int run_logits(const LogitsArgs& a) {
   auto fail = [](const std::string& m) {
     std::fprintf(stderr, "dsv4 logits: error: %s\n", m.c_str());
@@ -53,6 +68,12 @@ int run_logits(const LogitsArgs& a) {
   }
   auto ids = parse_ids(text);
   if (!ids) return fail(ids.error().message);
+  std::vector<int64_t> positions;
+  if (!a.positions.empty()) {
+    auto p = parse_positions(a.positions, ids->size());
+    if (!p) return fail("--positions: " + p.error().message);
+    positions = std::move(*p);
+  }
   EngineOptions o;
   o.model_path = a.model;
   o.backend = a.backend;
@@ -64,14 +85,33 @@ int run_logits(const LogitsArgs& a) {
   if (!engine) return fail(engine.error().message);
   auto session = (*engine)->new_session();
   if (!session) return fail(session.error().message);
-  auto logits = (*session)->prefill_all_logits(*ids);
-  if (!logits) return fail(logits.error().message);
+  std::vector<float> rows;
+  const uint32_t V = (*engine)->info().n_vocab;
+  if (positions.empty()) {
+    auto logits = (*session)->prefill_all_logits(*ids);
+    if (!logits) return fail(logits.error().message);
+    rows = std::move(*logits);
+  } else {
+    // Prefill up to each chosen position in turn and keep the last logits: only
+    // those positions run the output head (chunked == whole prefill, bitwise).
+    Progress bar("prefill", static_cast<uint64_t>(positions.back() + 1), "tok");
+    int64_t done = 0;
+    for (int64_t p : positions) {
+      auto st = (*session)->prefill(std::span<const int32_t>(ids->data() + done, static_cast<size_t>(p + 1 - done)));
+      if (!st) return fail(st.error().message);
+      done = p + 1;
+      bar.update(static_cast<uint64_t>(done));
+      const auto& l = (*session)->logits();
+      rows.insert(rows.end(), l.begin(), l.end());
+    }
+    bar.finish();
+  }
   std::FILE* f = std::fopen(a.out.c_str(), "wb");
   if (!f) return fail(strfmt("cannot create %s: %s", a.out.c_str(), std::strerror(errno)));
-  size_t wrote = std::fwrite(logits->data(), 4, logits->size(), f);
-  if (std::fclose(f) != 0 || wrote != logits->size()) return fail("writing " + a.out + " failed (disk full?)");
-  std::fprintf(stderr, "wrote %zu x %u float32 logits to %s (%s numerics, %s)\n", ids->size(), (*engine)->info().n_vocab,
-               a.out.c_str(), (*engine)->info().numerics.c_str(), (*engine)->info().backend.c_str());
+  size_t wrote = std::fwrite(rows.data(), 4, rows.size(), f);
+  if (std::fclose(f) != 0 || wrote != rows.size()) return fail("writing " + a.out + " failed (disk full?)");
+  std::fprintf(stderr, "wrote %zu x %u float32 logits to %s (%s numerics, %s)\n", rows.size() / V, V, a.out.c_str(),
+               (*engine)->info().numerics.c_str(), (*engine)->info().backend.c_str());
   return 0;
 }
 
@@ -79,7 +119,8 @@ int run_logits(const LogitsArgs& a) {
 
 void register_logits(CLI::App& app) {
   auto a = std::make_shared<LogitsArgs>();
-  CLI::App* cmd = app.add_subcommand("logits", "Write float32 logits [n_tokens][n_vocab] for every position of a token sequence");
+  CLI::App* cmd = app.add_subcommand(
+      "logits", "Write float32 logits [n_tokens][n_vocab] for every position of a token sequence (or [k][n_vocab] for --positions)");
   cmd->add_option("-m,--model", a->model, "Model GGUF")->required();
   cmd->add_option("--tokens", a->tokens, "Token ids, comma or space separated");
   cmd->add_option("--tokens-file", a->tokens_file, "File of token ids (comma or whitespace separated)");
@@ -89,6 +130,9 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Tokens per forward batch")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Session context (default: the number of tokens)");
+  cmd->add_option("--positions", a->positions,
+                  "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "
+                  "only they run the output head");
   cmd->callback([a] { set_exit_code(run_logits(*a)); });
 }
 
