@@ -134,14 +134,18 @@ DSV4_HD uint8_t kv_fp8_encode(float v, float scale) { return kv_e4m3_code(v / sc
 DSV4_HD uint8_t kv_fp4_encode(float v, float scale) { return kv_e2m1_code(v / scale); }
 
 // ---- whole rows (CPU reference; one thread) -------------------------------------------
+DSV4_HD float kv_block_amax(const float* v, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  return amax;
+}
+
 DSV4_HD void kv_fp8_pack_row(uint8_t* dst, const float* x, int64_t d) {
   const int64_t n = kv_fp8_nope(d);
   uint16_t tail[k_kv_rope_dims];
   for (int64_t b = 0; b < n / k_kv_fp8_block; ++b) {
     const float* v = x + b * k_kv_fp8_block;
-    float amax = 0.0f;
-    for (int i = 0; i < k_kv_fp8_block; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const uint8_t s = kv_fp8_block_scale(amax);
+    const uint8_t s = kv_fp8_block_scale(kv_block_amax(v, k_kv_fp8_block));
     const float scale = kv_scale_value(s);
     for (int i = 0; i < k_kv_fp8_block; ++i) dst[b * k_kv_fp8_block + i] = kv_fp8_encode(v[i], scale);
     dst[kv_fp8_scale_offset(d) + b] = s;
@@ -162,9 +166,7 @@ DSV4_HD void kv_fp8_unpack_row(float* x, const uint8_t* src, int64_t d) {
 DSV4_HD void kv_fp4_pack_row(uint8_t* dst, const float* x, int64_t d) {
   for (int64_t b = 0; b < d / k_kv_fp4_block; ++b) {
     const float* v = x + b * k_kv_fp4_block;
-    float amax = 0.0f;
-    for (int i = 0; i < k_kv_fp4_block; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const uint8_t s = kv_fp4_block_scale(amax);
+    const uint8_t s = kv_fp4_block_scale(kv_block_amax(v, k_kv_fp4_block));
     const float scale = kv_scale_value(s);
     for (int i = 0; i < k_kv_fp4_block; i += 2)
       dst[(b * k_kv_fp4_block + i) / 2] =
