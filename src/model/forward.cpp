@@ -289,11 +289,14 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   backend_.rope({q, pos, rope, false});
 
   // KV path (§5.2): kv = RMSNorm(W_kv x; kv_norm), RoPE, FP8 simulation, into the ring.
+  // A KV_FP8 ring applies the simulation itself while packing (core/kv_rows.h:
+  // unpack(pack(v)) == FP8_BF16 sim of v), so the separate pass only runs for f32 rows.
   Tensor kv = s.kv.rows(0, n);
   backend_.matmul({kv, L[LT::ATTN_KV], xn});
   backend_.rms_norm({kv, kv, L[LT::ATTN_KV_A_NORM], P.rms_eps});
   backend_.rope({kv.reshape(hd, 1, n), pos, rope, false});
-  backend_.quant_sim({kv, ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE, static_cast<int>(P.nope_dim())});
+  if (ref && S.ring.type != GgmlType::KV_FP8)
+    backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
   backend_.store_rows({S.ring, kv, pos});
 
   Tensor sel;
