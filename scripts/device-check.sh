@@ -10,8 +10,10 @@
 # step, summary.txt):
 #   test_cuda_decode  device weight decoders and roundings run on the host vs the CPU code (exact)
 #   test_cuda_ops     every op, CUDA vs CPU, tiny + Flash shapes (thresholds in tests/cuda/ops_harness.h)
+#   test_cuda_ops_ffma  the same on tiny shapes with --no-tensor-cores (FFMA tiles: batched == one-token, bitwise)
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
-#                     both numerics; chunked/decode == whole prefill on CUDA, bitwise
+#                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
+#                     (bitwise on FFMA tiles)
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
 #   cli smoke         dsv4 synth + dsv4 logits --backend cuda vs cpu (python3 + numpy compare), and
 #                     --backend auto picks CUDA
@@ -140,6 +142,7 @@ OPS_ARGS=()
 [ "$QUICK" -eq 1 ] && OPS_ARGS+=(--no-flash)
 run_step test_cuda_decode "$BIN/test_cuda_decode"
 run_step test_cuda_ops "$BIN/test_cuda_ops" "${OPS_ARGS[@]}"
+run_step test_cuda_ops_ffma "$BIN/test_cuda_ops" --no-flash --no-tensor-cores
 run_step test_cuda_model "$BIN/test_cuda_model"
 [ -x "$BIN/test_cuda_engine" ] && run_step test_cuda_engine "$BIN/test_cuda_engine"
 

@@ -20,6 +20,7 @@ namespace {
 struct BenchArgs {
   std::string model, prompt_file, csv, backend = "auto", numerics = "reference", synthetic;
   uint64_t seed = 1;
+  bool no_tensor_cores = false;
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
   int gen_tokens = 32, threads = 0, batch = 512;
@@ -40,6 +41,7 @@ int run_bench(const BenchArgs& a) {
   o.synthetic = a.synthetic;
   o.synthetic_seed = a.seed;
   o.backend = a.backend;
+  o.tensor_cores = !a.no_tensor_cores;
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
@@ -175,6 +177,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prompt-file", a->prompt_file, "Text whose tokens (repeated) form the sequence");
   cmd->add_option("--csv", a->csv, "Also write the CSV to this file");
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_flag("--no-tensor-cores", a->no_tensor_cores,
+                "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward)")->capture_default_str();

@@ -19,6 +19,7 @@ struct LogitsArgs {
   std::string model, tokens, tokens_file, out, numerics = "reference", backend = "auto", positions;
   int threads = 0, batch = 512;
   uint32_t ctx = 0;
+  bool no_tensor_cores = false;
 };
 
 expected<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -77,6 +78,7 @@ int run_logits(const LogitsArgs& a) {
   EngineOptions o;
   o.model_path = a.model;
   o.backend = a.backend;
+  o.tensor_cores = !a.no_tensor_cores;
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
@@ -127,6 +129,8 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_flag("--no-tensor-cores", a->no_tensor_cores,
+                "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Tokens per forward batch")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Session context (default: the number of tokens)");

@@ -30,6 +30,9 @@ struct EngineOptions {
   int threads = 0;                   // CPU threads (0 = all cores)
   int prefill_batch = 512;           // tokens per forward batch
   bool show_progress = true;         // progress bar while loading
+  // CUDA: batched matmuls of block-quantised weights on tensor cores (within f32
+  // rounding of the CPU); false: FFMA tiles, bitwise equal to the decode kernels.
+  bool tensor_cores = true;
   // Instead of model_path: the weights of this `dsv4 synth` preset (with this
   // seed), generated into memory (the exact bytes `dsv4 synth` writes; the
   // model file is never on disk). Needs RAM for the whole model.

@@ -26,9 +26,9 @@ namespace dsv4 {
 std::string EngineOptions::describe() const {
   const std::string model = synthetic.empty() ? model_path : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
                                                                      static_cast<unsigned long long>(synthetic_seed));
-  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%d", model.c_str(),
+  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%d%s", model.c_str(),
                 mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
-                prefill_batch);
+                prefill_batch, tensor_cores ? "" : " tensor_cores=off");
 }
 
 namespace {
@@ -43,6 +43,7 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
   if (o.backend == "cuda" || (o.backend == "auto" && cuda_device_present())) {
     CudaBackendOptions co;
     co.upload_progress = progress;
+    co.tensor_cores = o.tensor_cores;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
     if (o.backend == "cuda") return be.error().with_context("--backend cuda");

@@ -186,7 +186,7 @@ class Report {
   // NMSE check: passes when every non-finite value matches and nmse <= threshold.
   bool nmse(const std::string& op, const std::string& shape, const Diff& d, double threshold) {
     const bool ok = d.bad_nonfinite == 0 && d.nmse <= threshold;
-    line(op, shape, strfmt("nmse %9.2e (max %8.1e)  thr %7.1e  nonfinite-mismatch %lld", d.nmse, threshold, d.max_abs,
+    line(op, shape, strfmt("nmse %9.2e (max |d| %8.1e)  thr %7.1e  nonfinite-mismatch %lld", d.nmse, d.max_abs, threshold,
                            static_cast<long long>(d.bad_nonfinite)),
          ok);
     return ok;

@@ -29,7 +29,9 @@ namespace dsv4::cudatest {
 //  * exact: selections (top-k, router experts), simulations on identical
 //    inputs (quant_sim), copies (embed, store_rows), hc_post (the CPU's exact
 //    operation sequence), compressor frontiers, and CUDA n-token vs 1-token
-//    runs (the kernels use one summation order for any batch size).
+//    runs of matmul/moe_experts on the FFMA tiles (one summation order for any
+//    batch size; --no-tensor-cores). On tensor cores (cuda_mma.cuh) the batched
+//    kernels agree with the one-token ones to k_thr_f32.
 constexpr double k_thr_f32 = 1e-10;
 constexpr double k_thr_elem = 1e-12;
 constexpr double k_thr_sim = 1e-6;
@@ -41,8 +43,15 @@ struct Harness {
   Report report;
   bool flash = true;   // include DeepSeek V4 Flash shapes (GBs of weights)
   std::string filter;  // run only ops whose name contains this
+  bool tensor_cores = true;  // the gpu backend runs batched matmuls on tensor cores
   bool want(const char* op) const { return filter.empty() || std::string(op).find(filter) != std::string::npos; }
 };
+
+// Batched vs one-token CUDA results: bitwise on the FFMA tiles, k_thr_f32 on tensor cores.
+inline void report_batch_invariance(Harness& h, const char* op, const std::string& s, const Diff& d) {
+  if (h.tensor_cores) h.report.nmse(op, s, d, k_thr_f32);
+  else h.report.exact(op, s, d);
+}
 
 struct Shape {
   int64_t ne[4] = {1, 1, 1, 1};

@@ -4,9 +4,12 @@
 // case (op, shape, NMSE or exact-match count, ok/FAIL), a summary last; the
 // exit code is non-zero on any failure (77 when there is no CUDA device).
 //
-//   test_cuda_ops [--seed N] [--filter OP] [--no-flash]
+//   test_cuda_ops [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores]
 //
 // --no-flash skips the DeepSeek V4 Flash shapes (several GiB of weights).
+// --no-tensor-cores runs the batched matmuls on the FFMA tiles (then the
+// batched and the one-token kernels must agree bitwise; with tensor cores, to
+// k_thr_f32). scripts/device-check.sh runs both.
 // Thresholds and their reasons: ops_harness.h.
 #include <chrono>
 #include <cstdlib>
@@ -227,35 +230,39 @@ int main(int argc, char** argv) {
   using namespace dsv4::cudatest;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  bool flash = true;
+  bool flash = true, tensor_cores = true;
   std::string filter;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
     else if (a == "--no-flash") flash = false;
+    else if (a == "--no-tensor-cores") tensor_cores = false;
     else if (a == "--help") {
-      std::printf("usage: %s [--seed N] [--filter OP] [--no-flash]\n", argv[0]);
+      std::printf("usage: %s [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores]\n", argv[0]);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--seed N] [--filter OP] [--no-flash]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores]\n", argv[0]);
       return 2;
     }
   }
-  std::printf("test_backend_ops: seed %llu (repeat with --seed %llu)%s\n", static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(seed), flash ? "" : ", Flash shapes skipped");
+  std::printf("test_backend_ops: seed %llu (repeat with --seed %llu)%s%s\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed), flash ? "" : ", Flash shapes skipped",
+              tensor_cores ? "" : ", FFMA tiles (--no-tensor-cores)");
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
   }
-  auto gpu = make_cuda_backend(0);
+  CudaBackendOptions gopt;
+  gopt.tensor_cores = tensor_cores;
+  auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {
     std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());
     return 1;
   }
   auto cpu = make_cpu_backend(0);
   std::printf("cpu: %s\ngpu: %s\n", cpu->name().c_str(), (*gpu)->name().c_str());
-  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter};
+  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores};
   struct Group {
     const char* name;
     void (*fn)(Harness&);

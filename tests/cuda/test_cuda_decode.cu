@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "cuda_test_util.h"
 
@@ -69,6 +70,56 @@ void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows) {
   if (stage) rep.exact("decode staged", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), ds);
 }
 
+// The tensor-core tile's weight codes (cuda_mma.cuh): for every unit and quad
+// lane t, scale * code - min at each fragment position must rebuild
+// dequantize_row's weight of the element that position maps to, bit for bit,
+// and the positions must cover every element of the unit exactly once.
+template <GgmlType T>
+void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows) {
+  const QuantTables tab{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
+  const std::vector<uint8_t> bytes = random_weight(r, T, cols, rows);
+  const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
+  std::vector<uint4> aligned((bytes.size() + 15) / 16 + 1);
+  std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  const auto* base = reinterpret_cast<const uint8_t*>(aligned.data());
+  constexpr int NS = MmaCodes<T>::NS;
+  std::vector<float> ref(static_cast<size_t>(cols));
+  Diff d;
+  int64_t coverage_errors = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* p = base + row * rb;
+    quant::dequantize_row(T, p, ref.data(), cols);
+    for (int64_t u = 0; u < cols / 32; ++u) {
+      int seen[32] = {};
+      for (int t = 0; t < 4; ++t) {
+        uint32_t h[4];
+        float sc[NS], mn[NS];
+        for (int s = 0; s < NS; ++s) mn[s] = 0.0f;
+        MmaCodes<T>::decode(p, u, t, h, sc, mn, tab);
+        for (int k = 0; k < 8; ++k) {
+          const int pos = 8 * t + k, step = k / 4;
+          uint16_t hb = static_cast<uint16_t>(k % 2 ? h[k / 2] >> 16 : h[k / 2] & 0xffffu);
+          const float code = f16_bits_to_f32(hb);
+          const float sv = sc[NS == 2 ? step : 0], mv = mn[NS == 2 ? step : 0];
+          const float w = MmaCodes<T>::kMin ? sub_rn(mul_rn(sv, code), mv) : mul_rn(sv, code);
+          const int e = mma_elem_of_pos<T>(pos);
+          if (e < 0 || e >= 32 || mma_pos_of_elem<T>(e) != pos) {
+            ++coverage_errors;
+            continue;
+          }
+          ++seen[e];
+          ++d.n;
+          d.n_diff += !same_bits(w, ref[static_cast<size_t>(u * 32 + e)]);
+        }
+      }
+      for (int e = 0; e < 32; ++e) coverage_errors += seen[e] != 1;
+    }
+  }
+  rep.exact("mma codes", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
+  rep.check("mma positions", strfmt("%s: every element once", ggml_type_name(T)), coverage_errors == 0,
+            strfmt("%lld coverage errors", static_cast<long long>(coverage_errors)));
+}
+
 // A float with a random sign, exponent in [lo, hi] and random mantissa.
 float random_float(Rng& r, int lo, int hi) {
   const float m = 1.0f + r.uniform();
@@ -105,6 +156,12 @@ int main(int argc, char** argv) {
     check_type<G::Q2_K>(r, rep, cols, 7);
     check_type<G::Q4_K>(r, rep, cols, 7);
     check_type<G::IQ2_XXS>(r, rep, cols, 7);
+  }
+  for (int64_t cols : {int64_t{256}, int64_t{1024}}) {
+    check_mma_codes<G::Q8_0>(r, rep, cols, 6);
+    check_mma_codes<G::Q2_K>(r, rep, cols, 6);
+    check_mma_codes<G::Q4_K>(r, rep, cols, 6);
+    check_mma_codes<G::IQ2_XXS>(r, rep, cols, 6);
   }
   check_type<G::Q8_0>(r, rep, 64, 9);   // 2 units: no staging
   check_type<G::Q8_0>(r, rep, 2080, 3);  // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)

@@ -1,10 +1,14 @@
 // test_cuda_engine: the Engine/Session API on the CUDA backend (tiny synthetic
 // model): backend selection (--backend cuda and auto), and the session
 // invariants the CPU tests assert, now on CUDA and bitwise — decode == prefill,
-// save -> load -> continue == continue, rewind — plus agreement with the CPU
-// engine at the end of a prompt in plain numerics (NMSE <= 1e-7 and the same
-// top-1 unless the CPU's top-2 margin is within 4x the largest logit
-// difference; test_cuda_model compares every position in both numerics).
+// save -> load -> continue == continue, rewind — on an engine whose batched
+// matmuls run on the FFMA tiles (EngineOptions::tensor_cores = false: every
+// kernel sums in one order for any batch size); on the default engine (tensor
+// cores), decode vs prefill in plain numerics (NMSE <= 1e-7 per position);
+// plus agreement with the CPU engine at the end of a prompt in plain numerics
+// (NMSE <= 1e-7 and the same top-1 unless the CPU's top-2 margin is within 4x
+// the largest logit difference; test_cuda_model compares every position in
+// both numerics).
 //
 //   test_cuda_engine [--seed N]
 //
@@ -37,8 +41,10 @@ void check(bool good, const std::string& what) {
   (good ? g_ok : g_fail)++;
 }
 
-std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, int batch, const std::string& numerics = "reference") {
+std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, int batch, const std::string& numerics = "reference",
+                             bool tensor_cores = true) {
   EngineOptions o;
+  o.tensor_cores = tensor_cores;
   o.model_path = path;
   o.backend = backend;
   o.ctx = 2048;
@@ -94,7 +100,10 @@ int main(int argc, char** argv) {
   auto autob = load(path, "auto", 64);
   check(autob && autob->info().backend.rfind("cuda", 0) == 0, "--backend auto picks CUDA with a GPU: " + (autob ? autob->info().backend : "load failed"));
   auto cpu = load(path, "cpu", 64);
-  if (!cuda || !cpu) {
+  // The bitwise session invariants below run on FFMA tiles.
+  auto cuda_tc = std::move(cuda);
+  cuda = load(path, "cuda", 64, "reference", false);
+  if (!cuda || !cuda_tc || !cpu) {
     std::printf("SUMMARY test_cuda_engine: %d passed, %d failed (seed %llu)\n", g_ok, g_fail + 1, static_cast<unsigned long long>(seed));
     return 1;
   }
@@ -122,6 +131,21 @@ int main(int argc, char** argv) {
     const bool top_ok = ac == ag || s[0] - s[1] <= 4.0 * d.max_abs;
     check(d.bad_nonfinite == 0 && d.nmse <= 1e-7 && top_ok,
           strfmt("plain: cuda vs cpu logits after 300 tokens: NMSE %.2e <= 1e-7, top-1 %zu vs %zu", d.nmse, ag, ac));
+    // Tensor cores: decode (the one-token kernels) vs prefill (batched tensor-core matmuls).
+    auto s1 = *cuda_plain->new_session();
+    auto all = s1->prefill_all_logits(std::span<const int32_t>(t.data(), 200));
+    auto s2 = *cuda_plain->new_session();
+    bool ok = all.has_value();
+    double worst = 0;
+    for (size_t i = 0; ok && i < 200; ++i) {
+      ok = s2->decode(t[i]).has_value();
+      const Diff dd = diff_f32(s2->logits().data(), all->data() + i * V, V);
+      worst = std::max(worst, dd.nmse);
+      ok = ok && dd.bad_nonfinite == 0 && dd.nmse <= 1e-7;
+      if (!ok) std::printf("  position %zu: NMSE %.2e\n", i, dd.nmse);
+    }
+    check(ok, strfmt("plain, tensor cores: decode token by token vs prefill_all_logits: worst NMSE %.2e <= 1e-7 (200 tokens)",
+                     worst));
   } else {
     check(false, "loading the plain-numerics engines");
   }
@@ -202,6 +226,7 @@ int main(int argc, char** argv) {
   }
 
   cuda.reset();
+  cuda_tc.reset();
   autob.reset();
   cpu.reset();
   std::filesystem::remove_all(dir);

@@ -28,9 +28,13 @@
 //      top-2 margin is within 4x the largest logit difference (a near-tie).
 //   A systematic kernel bug fails the median; one confined to a few positions
 //   is the op tests' job (they cover windows, boundaries and edge positions).
-//   CUDA chunked == CUDA whole, bitwise: batches of 1 (decode), 7, 64, 300,
-//   and ragged prefill calls (3, 1, 126, 2, 129, 255, 184 tokens) — the CUDA
-//   kernels use one summation order for any batch size.
+//   The checks run on both CUDA matmul paths: tensor cores (the default) and
+//   the FFMA tiles (CudaBackendOptions::tensor_cores = false).
+//   CUDA chunked == CUDA whole: batches of 1 (decode), 7, 64, 300, and ragged
+//   prefill calls (3, 1, 126, 2, 129, 255, 184 tokens). FFMA tiles: bitwise
+//   (one summation order for any batch size). Tensor cores: the batched
+//   matmuls and grouped experts sum in another order than the one-token
+//   kernels, so the rules of the CUDA-vs-CPU comparison apply.
 //   Reference numerics: f32 KV rows == compact KV_FP8/KV_FP4 rows, bitwise.
 //   MTP draft logits (window-only block): CUDA vs CPU, NMSE <= T_pos and the
 //   same near-tie rule for top-1.
@@ -189,8 +193,12 @@ int main(int argc, char** argv) {
     return 77;
   }
   auto gpu = make_cuda_backend(0);
-  if (!gpu) {
-    std::fprintf(stderr, "test_cuda_model: %s\n", gpu.error().message.c_str());
+  CudaBackendOptions ffma_opt;
+  ffma_opt.tensor_cores = false;
+  ffma_opt.print_properties = false;
+  auto gpu_ffma = make_cuda_backend(0, ffma_opt);
+  if (!gpu || !gpu_ffma) {
+    std::fprintf(stderr, "test_cuda_model: %s\n", (!gpu ? gpu : gpu_ffma).error().message.c_str());
     return 1;
   }
   auto cpu = make_cpu_backend(0);
@@ -238,6 +246,8 @@ int main(int argc, char** argv) {
     std::printf("  prefill of %lld tokens: cpu %.2f s, cuda %.3f s (incl. weight upload)\n", static_cast<long long>(n_tokens),
                 std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
     compare_positions(v, strfmt("%s cuda vs cpu", nn).c_str(), g.logits, c.logits, V, t_med, t_pos);
+    const Run gf = run_model(**gpu_ffma, **mf, nullptr, num, 1024, whole, toks);
+    compare_positions(v, strfmt("%s cuda (FFMA tiles) vs cpu", nn).c_str(), gf.logits, c.logits, V, t_med, t_pos);
     {
       // The draft reads the last position's final state: only comparable when that position is not an outlier.
       const int64_t last = n_tokens - 1;
@@ -251,17 +261,23 @@ int main(int argc, char** argv) {
         std::printf("  mtp draft not compared: the last position is an outlier (NMSE %.1e); draft NMSE %.1e\n", dl.nmse, d.nmse);
     }
     for (int batch : {1, 7, 64, 300}) {
-      const Run b = run_model(**gpu, **mf, nullptr, num, batch, whole, toks);
-      const Diff d = diff_f32(b.logits, g.logits);
-      v.add(d.n_diff == 0, strfmt("%s cuda batch %d == cuda whole (bitwise; %lld differ)", nn, batch, static_cast<long long>(d.n_diff)));
+      const Run b = run_model(**gpu_ffma, **mf, nullptr, num, batch, whole, toks);
+      const Diff d = diff_f32(b.logits, gf.logits);
+      v.add(d.n_diff == 0, strfmt("%s cuda FFMA batch %d == cuda FFMA whole (bitwise; %lld differ)", nn, batch,
+                                  static_cast<long long>(d.n_diff)));
+      const Run bt = run_model(**gpu, **mf, nullptr, num, batch, whole, toks);
+      compare_positions(v, strfmt("%s cuda batch %d vs cuda whole", nn, batch).c_str(), bt.logits, g.logits, V, t_med, t_pos);
     }
+    const Run rf = run_model(**gpu_ffma, **mf, nullptr, num, 512, ragged, toks);
+    const Diff d = diff_f32(rf.logits, gf.logits);
+    v.add(d.n_diff == 0, strfmt("%s cuda FFMA ragged prefill calls == cuda FFMA whole (bitwise; %lld differ)", nn,
+                                static_cast<long long>(d.n_diff)));
     const Run rg = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks);
-    const Diff d = diff_f32(rg.logits, g.logits);
-    v.add(d.n_diff == 0, strfmt("%s cuda ragged prefill calls == cuda whole (bitwise; %lld differ)", nn, static_cast<long long>(d.n_diff)));
+    compare_positions(v, strfmt("%s cuda ragged prefill calls vs cuda whole", nn).c_str(), rg.logits, g.logits, V, t_med, t_pos);
     if (ref) {
       // Compact KV rows (KV_FP8/KV_FP4) hold the simulated values exactly: f32 rows give the same logits.
-      const Run rf = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks, false);
-      const Diff df = diff_f32(rf.logits, g.logits);
+      const Run rf32 = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks, false);
+      const Diff df = diff_f32(rf32.logits, rg.logits);
       v.add(df.n_diff == 0, strfmt("%s cuda f32 KV rows == compact KV rows (bitwise; %lld differ)", nn, static_cast<long long>(df.n_diff)));
     }
   }

@@ -102,15 +102,17 @@ class CudaBackend final : public Backend {
     ctx_.tables.iq2_signs = static_cast<const uint8_t*>(tables_mem_) + 256 * sizeof(uint64_t);
     ctx_.scratch = &scratch_;
     ctx_.sm_count = prop.multiProcessorCount;
-    name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB)", device_, prop.name, prop.major, prop.minor,
-                   prop.multiProcessorCount, gib(prop.totalGlobalMem));
+    ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
+    name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
+                   prop.multiProcessorCount, gib(prop.totalGlobalMem), ctx_.tensor_cores ? "" : ", FFMA prefill tiles");
     if (opts_.print_properties) {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
-               "%zu KiB shared memory per block (opt-in)",
+               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s",
                device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
-               static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024);
+               static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
+               ctx_.tensor_cores ? "tensor cores" : "FFMA tiles");
     }
   }
 

@@ -29,6 +29,11 @@ struct CudaBackendOptions {
   std::function<void(uint64_t bytes_done)> upload_progress;
   // Print the device's properties (log_info) when the backend starts.
   bool print_properties = true;
+  // Batched matmuls (prefill, grouped experts) of Q8_0/Q2_K/Q4_K/IQ2_XXS weights
+  // on tensor cores (sm_80+): within f32 rounding of the CPU, but not bitwise
+  // equal to the decode matvec. false: FFMA tiles that share the matvec's
+  // summation order, so chunked prefill, whole prefill and decode agree bitwise.
+  bool tensor_cores = true;
 };
 
 // Weight upload totals of a CUDA backend (load-rate reporting).

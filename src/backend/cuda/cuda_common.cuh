@@ -75,6 +75,9 @@ struct CudaContext {
   QuantTables tables;
   DeviceScratch* scratch = nullptr;
   int sm_count = 0;
+  // Prefill matmuls / grouped experts of block-quantised weights on tensor
+  // cores (cuda_mma.cuh); false: the FFMA tiles (bitwise equal to the matvec).
+  bool tensor_cores = false;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -31,6 +31,7 @@
 //
 // CPU reference: cpu::matmul (src/backend/cpu/cpu_dense.cpp), quant::dequantize_row.
 #include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_tile.cuh"
 
@@ -113,6 +114,32 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
                  [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
 }
 
+// The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block.
+template <GgmlType T, int BN>
+__global__ void __launch_bounds__(256) matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
+                                                         int64_t rows_per_group, int64_t n_units, int64_t cols,
+                                                         const float* __restrict__ x, int64_t x_stride, int64_t n,
+                                                         float* __restrict__ out, QuantTables tab) {
+  __shared__ __align__(16) MmaSmem<BN> sm;
+  __shared__ const float* xrow[BN];
+  const int64_t g = blockIdx.y;
+  const int64_t r0 = g * rows_per_group + static_cast<int64_t>(blockIdx.x) * k_mma_rows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * BN;
+  const int nt = static_cast<int>(n - t0 < BN ? n - t0 : BN);
+  if (threadIdx.x < BN) xrow[threadIdx.x] = x + (t0 + threadIdx.x) * x_stride + g * cols;
+  __syncthreads();
+  mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, xrow, nt, sm, tab,
+                  [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
+}
+
+template <GgmlType T, int BN>
+void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
+                       int groups, int64_t n_units, int64_t cols, const float* x, int64_t x_stride, int64_t n, float* out) {
+  DSV4_ASSERT((n + BN - 1) / BN <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
+  matmul_mma_kernel<T, BN><<<dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256, 0,
+                             ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, x_stride, n, out, ctx.tables);
+}
+
 template <GgmlType T>
 __global__ void dequantize_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_units,
                                        float* __restrict__ dst, QuantTables tab) {
@@ -173,6 +200,19 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     float* out = op.out.f32();
     if (n == 1 && x_aligned) {
       launch_matvec<T>(ctx, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, out);
+    } else if (mma_type<T>() && ctx.tensor_cores) {
+      if constexpr (mma_type<T>()) {
+        // Tokens per block: 32, unless that leaves SMs idle (then 16, 8).
+        const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
+        const int64_t row_blocks = static_cast<int64_t>(ceil_div(rows_per_group, k_mma_rows)) * groups;
+        const size_t rb = op.w.row_bytes();
+        if (n > 16 && row_blocks * ceil_div(n, 32) >= sms)
+          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units, cols, x, x_stride, n, out);
+        else if (n > 8 && row_blocks * ceil_div(n, 16) >= sms)
+          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units, cols, x, x_stride, n, out);
+        else
+          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units, cols, x, x_stride, n, out);
+      }
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",
                   static_cast<long long>(n));

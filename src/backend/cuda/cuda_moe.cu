@@ -35,6 +35,7 @@
 //   CPU reference: cpu::moe_experts (cpu_moe.cpp).
 #include <algorithm>
 
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_tile.cuh"
@@ -184,11 +185,11 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
 }
 
 // Expert grouping for prefill. list[] = the assignment ids in (expert, id)
-// order; tiles[z] = {expert, first list index, count <= 8, 0} for z < *n_tiles.
+// order; tiles[z] = {expert, first list index, count <= tile, 0} for z < *n_tiles.
 // One block, thread e owns expert e (blockDim >= E); each thread scans the
 // expert ids twice (count, then fill), reading them as warp-wide broadcasts.
-__global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E, int32_t* __restrict__ list,
-                                int4* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+__global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E, int tile,
+                                int32_t* __restrict__ list, int4* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
   extern __shared__ int plan_sm[];
   int* cnt = plan_sm;      // [E] assignments per expert
   int* off = cnt + E;      // [E] first list index
@@ -205,7 +206,7 @@ __global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_a
       off[i] = o;
       toff[i] = t;
       o += cnt[i];
-      t += (cnt[i] + k_tile_tokens - 1) / k_tile_tokens;
+      t += (cnt[i] + tile - 1) / tile;
     }
     *n_tiles = t;
   }
@@ -214,8 +215,7 @@ __global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_a
   int pos = off[e];
   for (int64_t a = 0; a < n_assign; ++a)
     if (experts[a] == e) list[pos++] = static_cast<int32_t>(a);
-  for (int j = 0; j * k_tile_tokens < c; ++j)
-    tiles[toff[e] + j] = make_int4(e, off[e] + j * k_tile_tokens, min(k_tile_tokens, c - j * k_tile_tokens), 0);
+  for (int j = 0; j * tile < c; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + j * tile, min(tile, c - j * tile), 0);
 }
 
 // out[a, r] = W[e, r, :] · x[a / x_div] for the assignments a of tile blockIdx.y
@@ -242,6 +242,30 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
   const int64_t r_warp = static_cast<int64_t>(blockIdx.x) * k_tile_rows + warp * k_tile_rpw;
   weight_tile<T>(we, row_bytes, r_warp, R, n_units, cols, xrow, td.z, x_vec4, sm, tab,
                  [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
+}
+
+// The same on tensor cores (cuda_mma.cuh): 256 rows x BN assignments per block,
+// grid (ceil(R / 256), max tiles).
+template <GgmlType T, int BN>
+__global__ void __launch_bounds__(256) expert_mma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
+                                                         size_t row_bytes, int64_t n_units, const int32_t* __restrict__ list,
+                                                         const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
+                                                         const float* __restrict__ x, int64_t x_stride, int x_div,
+                                                         QuantTables tab) {
+  __shared__ __align__(16) MmaSmem<BN> sm;
+  __shared__ const float* xrow[BN];
+  __shared__ int64_t arow[BN];
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;  // the whole block leaves together
+  const int4 td = tiles[blockIdx.y];
+  if (static_cast<int>(threadIdx.x) < td.z) {
+    const int64_t a = list[td.y + threadIdx.x];
+    arow[threadIdx.x] = a;
+    xrow[threadIdx.x] = x + (a / x_div) * x_stride;
+  }
+  __syncthreads();
+  const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
+  mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, n_units, xrow, td.z, sm, tab,
+                  [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
@@ -309,27 +333,31 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
 }
 
 // The expert plan for n_assign assignments, in scratch after `base`.
+// tile: assignments per tile (k_tile_tokens for the FFMA tile, 16 when every
+// expert matrix runs on tensor cores).
 struct ExpertPlan {
   int32_t* list;
   int4* tiles;
   int32_t* n_tiles;
   int64_t max_tiles;
+  int tile;
 };
-int64_t plan_max_tiles(int64_t n_assign, int64_t E) { return ceil_div(n_assign, k_tile_tokens) + E; }
-size_t plan_bytes(int64_t n_assign, int64_t E) {
-  return static_cast<size_t>(plan_max_tiles(n_assign, E)) * sizeof(int4) + static_cast<size_t>(n_assign) * 4 + 16;
+int64_t plan_max_tiles(int64_t n_assign, int64_t E, int tile) { return ceil_div(n_assign, tile) + E; }
+size_t plan_bytes(int64_t n_assign, int64_t E, int tile) {
+  return static_cast<size_t>(plan_max_tiles(n_assign, E, tile)) * sizeof(int4) + static_cast<size_t>(n_assign) * 4 + 16;
 }
-ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts, int64_t n_assign, int64_t E) {
+ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts, int64_t n_assign, int64_t E, int tile) {
   DSV4_ASSERT(E <= 1024, "moe_experts: %lld experts (grouping supports up to 1024)", static_cast<long long>(E));
   ExpertPlan p;
-  p.max_tiles = plan_max_tiles(n_assign, E);
+  p.tile = tile;
+  p.max_tiles = plan_max_tiles(n_assign, E, tile);
   DSV4_ASSERT(p.max_tiles <= 65535, "moe_experts: batch of %lld assignments too large", static_cast<long long>(n_assign));
   p.tiles = static_cast<int4*>(base);  // 16-byte aligned: scratch is, and base follows float arrays of 16-byte multiples
   p.list = reinterpret_cast<int32_t*>(p.tiles + p.max_tiles);
   p.n_tiles = p.list + n_assign;
   const int threads = static_cast<int>(ceil_div(E, 32) * 32);
   moe_plan_kernel<<<1, threads, 3 * static_cast<size_t>(E) * sizeof(int), ctx.stream>>>(experts, n_assign, static_cast<int>(E),
-                                                                                         p.list, p.tiles, p.n_tiles);
+                                                                                         tile, p.list, p.tiles, p.n_tiles);
   CUDA_CHECK_LAUNCH();
   return p;
 }
@@ -341,6 +369,21 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
     constexpr GgmlType T = decltype(tag)::value;
     constexpr int U = WeightUnit<T>::U;
     DSV4_ASSERT(cols % U == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T), static_cast<long long>(cols));
+    if constexpr (mma_type<T>()) {
+      if (ctx.tensor_cores) {
+        const dim3 grid(ceil_div(R, k_mma_rows), static_cast<unsigned>(p.max_tiles));
+        const auto* wp = static_cast<const uint8_t*>(w.data);
+        if (p.tile == 16)
+          expert_mma_kernel<T, 16><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+                                                                 x, x_stride, x_div, ctx.tables);
+        else
+          expert_mma_kernel<T, 8><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+                                                                x, x_stride, x_div, ctx.tables);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
+    DSV4_ASSERT(p.tile == k_tile_tokens, "moe_experts: FFMA tiles take %d assignments", k_tile_tokens);
     const dim3 grid(ceil_div(R, k_tile_rows), static_cast<unsigned>(p.max_tiles));
     const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && cols % 4 == 0;
     expert_tile_kernel<T><<<grid, 256, 0, ctx.stream>>>(out, R, static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / U,
@@ -381,8 +424,13 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t n_assign = n * k;
   const int64_t E = op.gate.ne[2];
   const bool grouped = n >= k_group_min_tokens && k > 0;
+  // 16 assignments per tile when all three matrices run on tensor cores, else the FFMA tile's 8.
+  bool all_mma = ctx.tensor_cores;
+  for (const Tensor* t : {&op.gate, &op.up, &op.down})
+    dispatch_weight_type(t->type, [&](auto tag) { all_mma = all_mma && mma_type<decltype(tag)::value>(); });
+  const int tile = all_mma ? 16 : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
-  const size_t bytes = (act_bytes + 15) / 16 * 16 + (grouped ? plan_bytes(n_assign, E) : 0);
+  const size_t bytes = (act_bytes + 15) / 16 * 16 + (grouped ? plan_bytes(n_assign, E, tile) : 0);
   float* g = static_cast<float*>(ctx.scratch->get(bytes, ctx.stream));
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
@@ -390,7 +438,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     const int32_t* ex = op.experts.i32();
     const float* wts = op.weights.f32();
     if (grouped) {
-      const ExpertPlan plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + (act_bytes + 15) / 16 * 16, ex, n_assign, E);
+      const ExpertPlan plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + (act_bytes + 15) / 16 * 16, ex, n_assign, E, tile);
       expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), D, static_cast<int>(k));
       expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), D, static_cast<int>(k));
       expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, wts, F, n_assign * F, op.clamp);
