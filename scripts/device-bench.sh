@@ -19,6 +19,7 @@
 #             --backend cuda: time to first token of an N-token prompt cold vs after a server
 #             restart, snapshot size and store/restore times (issue #7)
 # Options: env CTX_START, CTX_MAX, GEN, PRESET (flash-q2), SYNTH_FILE=1, KEEP=1 (keep the /dev/shm file),
+#          BENCH_FLAGS (more dsv4 bench flags, e.g. "--batch 2048" or "--no-tensor-cores"),
 #          KV_TOKENS (implies SYNTH_FILE=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,8 @@ CSV="$LOG/bench-$PRESET-cuda.csv"
 # --profile: per-op decode and prefill tables in the same run (stderr, into bench.log); the CSV's
 # rates come from the untimed passes, so one load serves both.
 common=(--backend cuda --gen-tokens "$GEN" --ctx-start "$CTX_START" --profile)
+# shellcheck disable=SC2206 # BENCH_FLAGS: extra dsv4 bench flags, word-split on purpose
+common+=(${BENCH_FLAGS:-})
 # Preferred: --synthetic (weights generated in memory, no file). If that fails,
 # fall back to a synth file in /dev/shm (the path every earlier run used).
 MODEL=""

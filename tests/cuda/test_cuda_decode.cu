@@ -95,7 +95,9 @@ void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows) {
         uint32_t h[4];
         float sc[NS], mn[NS];
         for (int s = 0; s < NS; ++s) mn[s] = 0.0f;
-        MmaCodes<T>::decode(p, u, t, h, sc, mn, tab);
+        typename MmaCodes<T>::Raw raw;
+        MmaCodes<T>::load(p, u, t, raw);
+        MmaCodes<T>::decode(raw, u, t, h, sc, mn, tab);
         for (int k = 0; k < 8; ++k) {
           const int pos = 8 * t + k, step = k / 4;
           uint16_t hb = static_cast<uint16_t>(k % 2 ? h[k / 2] >> 16 : h[k / 2] & 0xffffu);

@@ -5,9 +5,10 @@
 // Layout: W [rows, cols] in its GGUF block layout (row r at r * row_bytes),
 // x [n, cols * G] f32, out [n, rows] f32.
 //
-// Two kernels, one summation order. Both give every output element exactly
-// the same float operations, so results do not depend on the batch size (a
-// chunked prefill, a whole prefill and token-by-token decoding agree bitwise):
+// The matvec and the FFMA tile share one summation order: they give every output
+// element exactly the same float operations, so with them results do not depend
+// on the batch size (a chunked prefill, a whole prefill and token-by-token
+// decoding agree bitwise); the tensor-core tile trades that for speed:
 //   per lane l: units u = l, l+32, ... (cuda_quant.cuh), elements in order,
 //   acc = fma(w, x, acc); then the warp tree sum (16, 8, 4, 2, 1).
 //
@@ -20,10 +21,15 @@
 //   IQ2_XXS (8-byte), whose blocks are not 16-byte aligned — decodes in registers, and
 //   reads x straight from global memory (16-byte loads, L1-resident).
 //   Grid: ceil(rows / 8R) blocks.
-// * tiled (n > 1, prefill): weight_tile of cuda_tile.cuh, 32 rows x 8 tokens
-//   per 256-thread block, x staged in shared memory; each decoded weight unit
-//   is reused for 8 tokens. Plain FFMA, no tensor cores: correct and
-//   batch-invariant, about an order of magnitude below a tensor-core GEMM.
+// * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS, CudaBackendOptions::tensor_cores,
+//   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
+//   cuda_mma.cuh, 256 rows x 32/16/8 tokens per block (the most tokens that still
+//   give every SM a block). Within ~1e-13 NMSE of the f32 dot products, but not
+//   bitwise equal to the matvec. Grid: (ceil(rows_per_group / 256), G, ceil(n / BN)).
+// * tiled FFMA (n > 1: the other weight types, or tensor cores off): weight_tile
+//   of cuda_tile.cuh, 32 rows x 8 tokens per 256-thread block, x staged in shared
+//   memory; each decoded weight unit is reused for 8 tokens. Same summation
+//   order as the matvec (bitwise batch-invariant).
 //   Grid: (ceil(rows_per_group / 32), G, ceil(n / 8)).
 //
 // Also: dequantize_rows (one block per row, units decoded to f32), used for
@@ -114,30 +120,31 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
                  [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
 }
 
-// The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block.
+// The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block; x split
+// beforehand (mma_split_x: token t = split row t, group g = units from g * n_units).
 template <GgmlType T, int BN>
-__global__ void __launch_bounds__(256) matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
-                                                         int64_t rows_per_group, int64_t n_units, int64_t cols,
-                                                         const float* __restrict__ x, int64_t x_stride, int64_t n,
+__global__ void __launch_bounds__(256, 2) matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
+                                                         int64_t rows_per_group, int64_t n_units, MmaX xs, int64_t n,
                                                          float* __restrict__ out, QuantTables tab) {
-  __shared__ __align__(16) MmaSmem<BN> sm;
-  __shared__ const float* xrow[BN];
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
   const int64_t g = blockIdx.y;
   const int64_t r0 = g * rows_per_group + static_cast<int64_t>(blockIdx.x) * k_mma_rows;
   const int64_t t0 = static_cast<int64_t>(blockIdx.z) * BN;
   const int nt = static_cast<int>(n - t0 < BN ? n - t0 : BN);
-  if (threadIdx.x < BN) xrow[threadIdx.x] = x + (t0 + threadIdx.x) * x_stride + g * cols;
-  __syncthreads();
-  mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, xrow, nt, sm, tab,
+  if (threadIdx.x < BN) sm.xrow[threadIdx.x] = t0 + (static_cast<int>(threadIdx.x) < nt ? threadIdx.x : 0);
+  const QuantTables st = mma_smem_tables(sm, tab);
+  mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, xs, g * n_units, sm, nt, st,
                   [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
 }
 
 template <GgmlType T, int BN>
 void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                       int groups, int64_t n_units, int64_t cols, const float* x, int64_t x_stride, int64_t n, float* out) {
+                       int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out) {
   DSV4_ASSERT((n + BN - 1) / BN <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
-  matmul_mma_kernel<T, BN><<<dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256, 0,
-                             ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, x_stride, n, out, ctx.tables);
+  allow_smem(matmul_mma_kernel<T, BN>, sizeof(MmaSmem<BN>));
+  matmul_mma_kernel<T, BN><<<dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256,
+                             sizeof(MmaSmem<BN>), ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, xs, n, out, ctx.tables);
 }
 
 template <GgmlType T>
@@ -202,16 +209,21 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
       launch_matvec<T>(ctx, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, out);
     } else if (mma_type<T>() && ctx.tensor_cores) {
       if constexpr (mma_type<T>()) {
-        // Tokens per block: 32, unless that leaves SMs idle (then 16, 8).
+        // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
+        const int64_t units = x_stride / 32;
+        DSV4_ASSERT(x_stride % 32 == 0, "matmul: input width %lld", static_cast<long long>(x_stride));
+        void* buf = ctx.scratch->get(mma_split_bytes(n, units), ctx.stream);
+        const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, n, units, buf);
+        CUDA_CHECK_LAUNCH();
         const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
         const int64_t row_blocks = static_cast<int64_t>(ceil_div(rows_per_group, k_mma_rows)) * groups;
         const size_t rb = op.w.row_bytes();
         if (n > 16 && row_blocks * ceil_div(n, 32) >= sms)
-          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units, cols, x, x_stride, n, out);
+          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units, xs, n, out);
         else if (n > 8 && row_blocks * ceil_div(n, 16) >= sms)
-          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units, cols, x, x_stride, n, out);
+          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units, xs, n, out);
         else
-          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units, cols, x, x_stride, n, out);
+          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units, xs, n, out);
       }
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",

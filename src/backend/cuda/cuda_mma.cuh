@@ -50,9 +50,6 @@
 
 namespace dsv4::cuda {
 
-constexpr int k_mma_rows = 256;      // weight rows per block (8 warps x 2 m16 tiles)
-constexpr int k_mma_chunk_units = 4; // 32-element units staged per chunk
-constexpr int k_mma_xstride = 160;   // halves per staged token row (128 + 32 pad: 320 bytes)
 
 // Element (0..31 of a unit) at fragment position p = 8t + 4s + i.
 template <GgmlType T>
@@ -95,11 +92,13 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 #endif
 }
 
-// The codes of quad lane t for one weight row and unit u: h[k] = the f16 pair
-// at fragment positions (8t + 2k, 8t + 2k + 1); sc[s] / mn[s] = the scale /
-// min of MMA step s (NS = 1: one scale for the unit, sc[0] applies to both steps).
-// Host and device: test_cuda_decode checks on the host that sc * code - mn
-// rebuilds dequantize_row's weight bit for bit at every position.
+// The codes of quad lane t for one weight row and unit u, in two stages so
+// that the tile can issue the next unit's loads before it decodes this one:
+// load() reads the raw bytes (Raw, registers), decode() makes h[k] = the f16
+// pair at fragment positions (8t + 2k, 8t + 2k + 1) and sc[s] / mn[s] = the
+// scale / min of MMA step s (NS = 1: one scale for the unit, sc[0] applies to
+// both steps). Host and device: test_cuda_decode checks on the host that
+// sc * code - mn rebuilds dequantize_row's weight bit for bit at every position.
 template <GgmlType T>
 struct MmaCodes;
 
@@ -107,15 +106,20 @@ template <>
 struct MmaCodes<GgmlType::Q8_0> {
   static constexpr int NS = 1;
   static constexpr bool kMin = false;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, int t, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
-                                const QuantTables&) {
+  struct Raw {
+    uint16_t d, q[4];
+  };
+  DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row + u * 34);
-    sc[0] = f16_bits_to_f32(b[0]);
-DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      const uint16_t q2 = b[1 + 4 * t + k];
-      h[k] = pack_f16x2(static_cast<float>(static_cast<int8_t>(q2 & 0xff)), static_cast<float>(static_cast<int8_t>(q2 >> 8)));
-    }
+    r.d = b[0];
+    DSV4_UNROLL
+    for (int k = 0; k < 4; ++k) r.q[k] = b[1 + 4 * t + k];
+  }
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const QuantTables&) {
+    sc[0] = f16_bits_to_f32(r.d);
+    DSV4_UNROLL
+    for (int k = 0; k < 4; ++k)
+      h[k] = pack_f16x2(static_cast<float>(static_cast<int8_t>(r.q[k] & 0xff)), static_cast<float>(static_cast<int8_t>(r.q[k] >> 8)));
   }
 };
 
@@ -123,21 +127,29 @@ template <>
 struct MmaCodes<GgmlType::IQ2_XXS> {
   static constexpr int NS = 1;
   static constexpr bool kMin = false;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, int t, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
-                                const QuantTables& tab) {
-    const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + (u >> 3) * 66);
+  struct Raw {
+    uint16_t d;
+    uint8_t grid_idx;
+    uint32_t wb;
+  };
+  DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
+    const uint8_t* blk = row + (u >> 3) * 66;
     const int ib = static_cast<int>(u & 7);
-    const float d = f16_bits_to_f32(blk[0]);
-    const uint16_t* g = blk + 1 + 4 * ib;
-    const uint32_t wa = static_cast<uint32_t>(g[0]) | (static_cast<uint32_t>(g[1]) << 16);
-    const uint32_t wb = static_cast<uint32_t>(g[2]) | (static_cast<uint32_t>(g[3]) << 16);
-    sc[0] = mul_rn(mul_rn(d, 0.5f + static_cast<float>(wb >> 28)), 0.25f);
-    const uint64_t grid = tab.iq2_grid[(wa >> (8 * t)) & 0xFFu];
-    const uint32_t sg = tab.iq2_signs[(wb >> (7 * t)) & 127u];
-DSV4_UNROLL
+    r.d = *reinterpret_cast<const uint16_t*>(blk);
+    r.grid_idx = blk[2 + 8 * ib + t];  // byte t of the group's first word: the grid index of elements 8t..8t+7
+    const uint16_t* g = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * ib);
+    r.wb = static_cast<uint32_t>(g[2]) | (static_cast<uint32_t>(g[3]) << 16);
+  }
+  // tab may point at shared-memory copies of the tables.
+  DSV4_HD static void decode(const Raw& r, int64_t, int t, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
+                             const QuantTables& tab) {
+    sc[0] = mul_rn(mul_rn(f16_bits_to_f32(r.d), 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
+    const uint64_t grid = tab.iq2_grid[r.grid_idx];
+    const uint32_t sg = tab.iq2_signs[(r.wb >> (7 * t)) & 127u];
+    DSV4_UNROLL
     for (int k = 0; k < 4; ++k) {
       float v[2];
-DSV4_UNROLL
+      DSV4_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int e = 2 * k + j;
         const float m = static_cast<float>((grid >> (8 * e)) & 0xFFu);
@@ -152,29 +164,43 @@ template <>
 struct MmaCodes<GgmlType::Q4_K> {
   static constexpr int NS = 1;
   static constexpr bool kMin = true;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, int t, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS],
-                                const QuantTables&) {
+  struct Raw {
+    uint32_t dd, s[3];
+    uint2 q;
+  };
+  DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     const uint8_t* blk = row + (u >> 3) * 144;
-    const int j = static_cast<int>(u & 7), c = j >> 1;
-    const uint32_t dd = *reinterpret_cast<const uint32_t*>(blk);
-    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
-    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
-    const uint8_t* s = blk + 4;
+    const int c = static_cast<int>(u & 7) >> 1;
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
+    r.dd = w[0];
+    r.s[0] = w[1];
+    r.s[1] = w[2];
+    r.s[2] = w[3];
+    r.q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * t);
+  }
+  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const QuantTables&) {
+    const int j = static_cast<int>(u & 7);
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
+    // Byte k of the scale table, selected without a run-time-indexed array.
+    auto sb = [&](int k) -> int {
+      const uint32_t word = k < 4 ? r.s[0] : (k < 8 ? r.s[1] : r.s[2]);
+      return static_cast<int>((word >> (8 * (k & 3))) & 0xFFu);
+    };
     int scv, m;
     if (j < 4) {
-      scv = s[j] & 63;
-      m = s[j + 4] & 63;
+      scv = sb(j) & 63;
+      m = sb(j + 4) & 63;
     } else {
-      scv = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-      m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      scv = (sb(j + 4) & 0x0F) | ((sb(j - 4) >> 6) << 4);
+      m = (sb(j + 4) >> 4) | ((sb(j) >> 6) << 4);
     }
     sc[0] = mul_rn(d, static_cast<float>(scv));
     mn[0] = mul_rn(dmin, static_cast<float>(m));
-    const uint2 q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * t);
     const int shift = (j & 1) * 4;
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int k = 0; k < 4; ++k) {
-      const uint32_t w = k < 2 ? q.x : q.y;
+      const uint32_t w = k < 2 ? r.q.x : r.q.y;
       const int b0 = 16 * (k & 1);
       h[k] = pack_f16x2(static_cast<float>((w >> (b0 + shift)) & 0x0Fu), static_cast<float>((w >> (b0 + 8 + shift)) & 0x0Fu));
     }
@@ -185,21 +211,29 @@ template <>
 struct MmaCodes<GgmlType::Q2_K> {
   static constexpr int NS = 2;
   static constexpr bool kMin = true;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, int t, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS],
-                                const QuantTables&) {
+  struct Raw {
+    uint32_t dd, w[2];
+    uint16_t scb;
+  };
+  DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     const uint8_t* blk = row + (u >> 3) * 84;
-    const int v = static_cast<int>(u & 7), hh = v >> 2, sh = 2 * (v & 3);
-    const uint32_t dd = *reinterpret_cast<const uint32_t*>(blk + 80);
-    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
-    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
-    const uint16_t scb = *reinterpret_cast<const uint16_t*>(blk + 2 * v);  // scales[2v], scales[2v + 1]
-DSV4_UNROLL
+    const int v = static_cast<int>(u & 7), hh = v >> 2;
+    r.dd = *reinterpret_cast<const uint32_t*>(blk + 80);
+    r.scb = *reinterpret_cast<const uint16_t*>(blk + 2 * v);  // scales[2v], scales[2v + 1]
+    // Positions 8t + 4s + i = elements 16s + 4t + i = bits 2(v%4).. of qs[32hh + 16s + 4t + i].
+    r.w[0] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 4 * t);
+    r.w[1] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 16 + 4 * t);
+  }
+  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const QuantTables&) {
+    const int sh = 2 * static_cast<int>(u & 3);
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
+    DSV4_UNROLL
     for (int s = 0; s < 2; ++s) {
-      const uint32_t b = s == 0 ? (scb & 0xffu) : (scb >> 8);
+      const uint32_t b = s == 0 ? (r.scb & 0xffu) : (r.scb >> 8);
       sc[s] = mul_rn(d, static_cast<float>(b & 0x0Fu));
       mn[s] = mul_rn(dmin, static_cast<float>(b >> 4));
-      // Positions 8t + 4s + i = elements 16s + 4t + i = bits sh.. of qs[32hh + 16s + 4t + i].
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 16 * s + 4 * t);
+      const uint32_t w = r.w[s];
       h[2 * s] = pack_f16x2(static_cast<float>((w >> sh) & 3u), static_cast<float>((w >> (8 + sh)) & 3u));
       h[2 * s + 1] = pack_f16x2(static_cast<float>((w >> (16 + sh)) & 3u), static_cast<float>((w >> (24 + sh)) & 3u));
     }
@@ -211,30 +245,138 @@ constexpr bool mma_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
 }
 
-// Shared memory of one MMA tile block (BN tokens).
+// ---- x, split once per matmul (mma_split_x_kernel), read by every row block.
+// Per (row, unit): 128 bytes = hi[32] then lo[32] f16 in fragment order
+// (uint4 k of the unit: hi positions 8k..8k+7 for k < 4, lo for k >= 4), and
+// float4 {2^-s, sum of elements 0..15, sum of 16..31, sum of 0..31} (f32,
+// fixed shuffle tree; the sums of the unscaled x, for the min terms).
+struct MmaX {
+  const uint4* q = nullptr;     // [rows][units][8]
+  const float4* s = nullptr;    // [rows][units]
+  int64_t units = 0;            // units per row
+};
+// Bytes of q + s for rows x units (a 16-byte multiple). The tile indexes the
+// split with 32-bit offsets: rows * units * 8 must stay below 2^31 (checked by mma_split_x).
+inline size_t mma_split_bytes(int64_t rows, int64_t units) { return static_cast<size_t>(rows * units) * (128 + 16); }
+
+// One warp per (row, unit), lane = element: x[row * x_stride + 32 unit + lane].
+template <bool Q2K>
+__global__ void __launch_bounds__(256) mma_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows,
+                                                          int64_t units, uint4* __restrict__ q, float4* __restrict__ s) {
+  const int lane = threadIdx.x & 31;
+  const int64_t pr = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (pr >= rows * units) return;  // whole warps
+  const int64_t row = pr / units, u = pr % units;
+  const float v = x[row * x_stride + u * 32 + lane];
+  float m = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  int e = 0;
+  (void)frexpf(m, &e);  // m = f 2^e, f in [0.5, 1) (e = 0 for m = 0)
+  int sh = 15 - e;      // |x| 2^sh < 2^15
+  sh = sh < -100 ? -100 : (sh > 100 ? 100 : sh);
+  const float xs = __fmul_rn(v, __int_as_float((127 + sh) << 23));  // exact: a power of two, no overflow
+  const __half hi = __float2half_rn(xs);
+  const __half lo = __float2half_rn(__fsub_rn(xs, __half2float(hi)));
+  const int p = Q2K ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane;
+  __half* dst = reinterpret_cast<__half*>(q + pr * 8);
+  dst[p] = hi;
+  dst[32 + p] = lo;
+  float sum = v;  // 16-element halves first, then the unit
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  const float other = __shfl_xor_sync(0xffffffffu, sum, 16);
+  if (lane == 0) s[pr] = make_float4(__int_as_float((127 - sh) << 23), sum, other, __fadd_rn(sum, other));
+}
+
+// Splits rows x [rows][x_stride] (the first `units` units of each) into buffer `buf`
+// (mma_split_bytes(rows, units) bytes, 16-byte aligned) in T's fragment order.
+template <GgmlType T>
+MmaX mma_split_x(cudaStream_t stream, const float* x, int64_t x_stride, int64_t rows, int64_t units, void* buf) {
+  DSV4_ASSERT(rows * units * 8 < (int64_t{1} << 31), "MMA tile: %lld x %lld split units", static_cast<long long>(rows),
+              static_cast<long long>(units));
+  MmaX r;
+  r.units = units;
+  r.q = static_cast<const uint4*>(buf);
+  r.s = reinterpret_cast<const float4*>(static_cast<uint8_t*>(buf) + static_cast<size_t>(rows * units) * 128);
+  const int64_t pairs = rows * units;
+  if (pairs == 0) return r;
+  const unsigned blocks = static_cast<unsigned>((pairs + 7) / 8);
+  mma_split_x_kernel<T == GgmlType::Q2_K><<<blocks, 256, 0, stream>>>(x, x_stride, rows, units, const_cast<uint4*>(r.q),
+                                                                       const_cast<float4*>(r.s));
+  return r;
+}
+
+// ---- the tile
+constexpr int k_mma_rows = 256;  // weight rows per block (8 warps x 2 m16 tiles)
+constexpr int k_mma_uc = 8;      // units per staged chunk of the split x
+
+// Shared memory of one tile block: the IQ2_XXS tables, the split-x row of each
+// of the BN tokens, and two chunk buffers of the split x (cp.async ring):
+//   q[buf][n][uu][8] uint4: token n's unit u0 + uu; for odd n the hi and lo
+//     halves trade places (slot k ^ 4), so the two tokens of a quarter-warp's
+//     16-byte loads hit different banks;
+//   s[buf][uu][n] float4: unit-major, so the 4 accumulator column pairs of a
+//     quarter-warp are 32 bytes apart (distinct banks).
 template <int BN>
 struct MmaSmem {
-  __half hi[BN][k_mma_xstride];
-  __half lo[BN][k_mma_xstride];
-  float tscale[BN][k_mma_chunk_units];      // 2^-s of (token, unit)
-  float xsum[BN][2 * k_mma_chunk_units];    // sums of x per 16 elements (Q2_K) or per unit ([.][u], Q4_K)
+  uint4 q[2][BN][k_mma_uc][8];
+  float4 s[2][k_mma_uc][BN];
+  uint64_t grid[256];
+  uint8_t signs[128];
+  int64_t xrow[BN];
 };
+
+// Loads the IQ2_XXS tables into sm and returns tables pointing there. Every
+// thread must call it (it ends with __syncthreads, which also publishes xrow).
+template <int BN>
+__device__ __forceinline__ QuantTables mma_smem_tables(MmaSmem<BN>& sm, const QuantTables& tab) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.grid[i] = tab.iq2_grid[i];
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) sm.signs[i] = tab.iq2_signs[i];
+  __syncthreads();
+  QuantTables t;
+  t.iq2_grid = sm.grid;
+  t.iq2_signs = sm.signs;
+  return t;
+}
 
 // Computes the tile and calls store(r, tt, value) for every row r in
 // [r_blk, min(r_blk + 256, r_end)) and token tt < nt. w: row 0 of the weight
-// matrix (row r at r * row_bytes); xrow[tt]: token tt's input row (cols
-// floats, read for tt < nt). blockDim.x must be 256; every thread calls it.
+// matrix (row r at r * row_bytes), n_units per row; token tt's x is split row
+// sm.xrow[tt] of xs, units [u_off, u_off + n_units) (u_off: the group of a
+// grouped matmul). The block copies the split x of k_mma_uc units of its tokens
+// into shared memory with cp.async, one chunk ahead of the MMAs (two buffers, a
+// barrier per chunk); each warp streams its own 32 rows' codes from global
+// memory, the next unit's raw bytes loaded before this unit's MMAs. Every
+// thread of the block must call it (blockDim.x == 256).
 template <GgmlType T, int BN, class Store>
 __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_blk, int64_t r_end,
-                                         int64_t n_units, const float* const* xrow, int nt, MmaSmem<BN>& sm,
+                                         int64_t n_units, const MmaX& xs, int64_t u_off, MmaSmem<BN>& sm, int nt,
                                          const QuantTables& tab, Store store) {
   static_assert(mma_type<T>(), "MMA tile: block-quantised types only");
+  using C = MmaCodes<T>;
   constexpr int NJ = BN / 8;  // n8 tiles
-  constexpr int NS = MmaCodes<T>::NS;
+  constexpr int NS = C::NS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const bool live = r_blk + 32 * warp < r_end;  // dead warps still copy and meet the barriers
 
-  // This lane's 4 weight rows: m-tile mt, rows g and g + 8 (clamped to a valid row; never stored).
+  // Copies chunk c (units [c * uc, +uc) of every live token) into buffer c & 1.
+  const int64_t n_chunks = (n_units + k_mma_uc - 1) / k_mma_uc;
+  auto issue = [&](int64_t c) {
+    const int b = static_cast<int>(c & 1);
+    const int64_t u0 = c * k_mma_uc;
+    const int nu = static_cast<int>(n_units - u0 < k_mma_uc ? n_units - u0 : k_mma_uc);
+    for (int i = threadIdx.x; i < nt * k_mma_uc * 9; i += 256) {
+      const int n = i / (k_mma_uc * 9), rest = i % (k_mma_uc * 9), uu = rest / 9, k = rest % 9;
+      if (uu >= nu) continue;
+      const int64_t su = xs.units * sm.xrow[n] + u_off + u0 + uu;
+      if (k < 8) cp_async_vec(&sm.q[b][n][uu][k ^ ((n & 1) << 2)], xs.q + su * 8 + k);
+      else cp_async_vec(reinterpret_cast<uint4*>(&sm.s[b][uu][n]), reinterpret_cast<const uint4*>(xs.s + su));
+    }
+    cp_async_commit();
+  };
+
   const uint8_t* rp[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -251,45 +393,27 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
     for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.0f;
-  const bool warp_live = r_blk + 32 * warp < r_end;
+  typename C::Raw raw[2][2];
+  if (live) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) C::load(rp[mt][h], 0, t, raw[mt][h]);
+  }
 
-  for (int64_t u0 = 0; u0 < n_units; u0 += k_mma_chunk_units) {
-    // ---- stage x for units [u0, u0 + 4) of every token: (token, unit) pairs per warp, lane = element.
-    for (int pr = warp; pr < BN * k_mma_chunk_units; pr += 8) {
-      const int n = pr / k_mma_chunk_units, uu = pr % k_mma_chunk_units;
-      const int64_t u = u0 + uu;
-      float x = 0.0f;
-      if (n < nt && u < n_units) x = xrow[n][u * 32 + lane];
-      float m = fabsf(x);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      int e = 0;
-      (void)frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1) (e = 0 for m = 0)
-      int s = 15 - e;       // |x| 2^s < 2^15
-      s = s < -100 ? -100 : (s > 100 ? 100 : s);
-      const float up = __int_as_float((127 + s) << 23), down = __int_as_float((127 - s) << 23);
-      const float xs = __fmul_rn(x, up);  // exact (power of two, no overflow)
-      const __half hi = __float2half_rn(xs);
-      const __half lo = __float2half_rn(__fsub_rn(xs, __half2float(hi)));
-      const int p = uu * 32 + mma_pos_of_elem<T>(lane);
-      sm.hi[n][p] = hi;
-      sm.lo[n][p] = lo;
-      if (lane == 0) sm.tscale[n][uu] = down;
-      if constexpr (MmaCodes<T>::kMin) {
-        float sum = x;  // fixed tree: 16-element halves first (Q2_K keeps them), then the unit
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-        if constexpr (NS == 2) {
-          if ((lane & 15) == 0) sm.xsum[n][2 * uu + (lane >> 4)] = sum;
-        } else {
-          sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 16));
-          if (lane == 0) sm.xsum[n][uu] = sum;
-        }
-      }
+  issue(0);
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    if (c + 1 < n_chunks) {
+      issue(c + 1);  // into the buffer every warp finished with (barrier at the end of the last step)
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    __syncthreads();
-    if (warp_live) {
-      const int nu = static_cast<int>(n_units - u0 < k_mma_chunk_units ? n_units - u0 : k_mma_chunk_units);
+    __syncthreads();  // chunk c visible to every warp
+    const int b = static_cast<int>(c & 1);
+    const int64_t u0 = c * k_mma_uc;
+    const int nu = static_cast<int>(n_units - u0 < k_mma_uc ? n_units - u0 : k_mma_uc);
+    if (live) {
       for (int uu = 0; uu < nu; ++uu) {
         const int64_t u = u0 + uu;
         uint32_t a[2][2][4];  // [mt][row g / g + 8][pair]
@@ -297,38 +421,46 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) MmaCodes<T>::decode(rp[mt][h], u, t, a[mt][h], sc[mt][h], mn[mt][h], tab);
+          for (int h = 0; h < 2; ++h) C::decode(raw[mt][h], u, t, a[mt][h], sc[mt][h], mn[mt][h], tab);
+        if (u + 1 < n_units) {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) C::load(rp[mt][h], u + 1, t, raw[mt][h]);
+        }
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
           if (8 * j >= nt) break;  // warp-uniform
-          const int n = 8 * j + g;  // B column of this lane
-          const uint4 bh = *reinterpret_cast<const uint4*>(&sm.hi[n][uu * 32 + 8 * t]);
-          const uint4 bl = *reinterpret_cast<const uint4*>(&sm.lo[n][uu * 32 + 8 * t]);
-          const int c0 = 8 * j + 2 * t;  // accumulator columns c0, c0 + 1
-          const float ts0 = sm.tscale[c0][uu], ts1 = sm.tscale[c0 + 1][uu];
+          const int n = 8 * j + g, sw = (n & 1) << 2;
+          const uint4 bh = sm.q[b][n][uu][t ^ sw];
+          const uint4 bl = sm.q[b][n][uu][(4 + t) ^ sw];
+          const float4 s0 = sm.s[b][uu][8 * j + 2 * t], s1 = sm.s[b][uu][8 * j + 2 * t + 1];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            float c[NS][4];
+            float cc[NS][4];
 #pragma unroll
             for (int s = 0; s < NS; ++s)
 #pragma unroll
-              for (int i = 0; i < 4; ++i) c[s][i] = 0.0f;
+              for (int i = 0; i < 4; ++i) cc[s][i] = 0.0f;
             // step 0: positions 8t + 0..3 (pairs 0, 1); step 1: 8t + 4..7 (pairs 2, 3)
-            mma_16816(c[0], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], bh.x, bh.y);
-            mma_16816(c[0], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], bl.x, bl.y);
-            mma_16816(c[NS - 1], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], bh.z, bh.w);
-            mma_16816(c[NS - 1], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], bl.z, bl.w);
+            mma_16816(cc[0], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], bh.x, bh.y);
+            mma_16816(cc[0], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], bl.x, bl.y);
+            mma_16816(cc[NS - 1], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], bh.z, bh.w);
+            mma_16816(cc[NS - 1], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], bl.z, bl.w);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const int h = i >> 1;  // row g (i = 0, 1) or g + 8 (i = 2, 3)
-              const float ts = (i & 1) ? ts1 : ts0;
+              const float4& sx = (i & 1) ? s1 : s0;
               float v = acc[mt][j][i];
 #pragma unroll
-              for (int s = 0; s < NS; ++s) v = fmaf(__fmul_rn(sc[mt][h][s], ts), c[s][i], v);
-              if constexpr (MmaCodes<T>::kMin) {
-                const int col = c0 + (i & 1);
-#pragma unroll
-                for (int s = 0; s < NS; ++s) v = fmaf(-mn[mt][h][s], sm.xsum[col][NS * uu + s], v);
+              for (int s = 0; s < NS; ++s) v = fmaf(__fmul_rn(sc[mt][h][s], sx.x), cc[s][i], v);
+              if constexpr (C::kMin) {
+                if constexpr (NS == 2) {
+                  v = fmaf(-mn[mt][h][0], sx.y, v);
+                  v = fmaf(-mn[mt][h][1], sx.z, v);
+                } else {
+                  v = fmaf(-mn[mt][h][0], sx.w, v);
+                }
               }
               acc[mt][j][i] = v;
             }
@@ -336,9 +468,9 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
         }
       }
     }
-    __syncthreads();
+    __syncthreads();  // buffer b is refilled by the next step's issue
   }
-  if (!warp_live) return;
+  if (!live) return;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll

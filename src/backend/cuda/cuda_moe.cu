@@ -24,14 +24,16 @@
 //   and the same 4 up rows with x in one pass and writes mid directly.
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
 //   block, one thread per expert) lists the assignments sorted by (expert,
-//   assignment) and cuts each expert's run into tiles of <= 8; the tile
-//   kernel (weight_tile of cuda_tile.cuh) then reads each expert's weights
-//   once per 8 of its assignments instead of once per assignment. The tile
-//   count is only known on the device: the grid is sized for the worst case
-//   (ceil(n*k / 8) + E tiles) and surplus blocks exit, so the host never waits.
-//   Both paths give each output element the same float operations (the
-//   matvec's lane/unit order and warp tree), so results are bit-identical
-//   whichever path runs. Scratch: [n*k][2F + D] floats (+ the plan).
+//   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
+//   and down all run on tensor cores (mma_tile of cuda_mma.cuh, x and mid
+//   split to f16 hi/lo first), else <= 8 (weight_tile of cuda_tile.cuh for
+//   the other types); the tile kernel then reads each expert's weights once
+//   per tile instead of once per assignment. The tile count is only known on
+//   the device: the grid is sized for the worst case (ceil(n*k / tile) + E
+//   tiles) and surplus blocks exit, so the host never waits.
+//   The FFMA tile gives each output element the matvec's float operations
+//   (bit-identical whichever path runs); the tensor-core tile agrees to f32
+//   rounding. Scratch: [n*k][2F + D] floats, the plan, the split x.
 //   CPU reference: cpu::moe_experts (cpu_moe.cpp).
 #include <algorithm>
 
@@ -245,26 +247,25 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
 }
 
 // The same on tensor cores (cuda_mma.cuh): 256 rows x BN assignments per block,
-// grid (ceil(R / 256), max tiles).
+// grid (ceil(R / 256), max tiles); x split beforehand (split row = a / x_div).
 template <GgmlType T, int BN>
-__global__ void __launch_bounds__(256) expert_mma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
+__global__ void __launch_bounds__(256, 2) expert_mma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
                                                          size_t row_bytes, int64_t n_units, const int32_t* __restrict__ list,
                                                          const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
-                                                         const float* __restrict__ x, int64_t x_stride, int x_div,
-                                                         QuantTables tab) {
-  __shared__ __align__(16) MmaSmem<BN> sm;
-  __shared__ const float* xrow[BN];
+                                                         MmaX xs, int x_div, QuantTables tab) {
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
   __shared__ int64_t arow[BN];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;  // the whole block leaves together
   const int4 td = tiles[blockIdx.y];
-  if (static_cast<int>(threadIdx.x) < td.z) {
-    const int64_t a = list[td.y + threadIdx.x];
+  if (static_cast<int>(threadIdx.x) < BN) {
+    const int64_t a = list[td.y + (static_cast<int>(threadIdx.x) < td.z ? threadIdx.x : 0)];
     arow[threadIdx.x] = a;
-    xrow[threadIdx.x] = x + (a / x_div) * x_stride;
+    sm.xrow[threadIdx.x] = a / x_div;
   }
-  __syncthreads();
+  const QuantTables st = mma_smem_tables(sm, tab);
   const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
-  mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, n_units, xrow, td.z, sm, tab,
+  mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, n_units, xs, 0, sm, td.z, st,
                   [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
@@ -341,6 +342,8 @@ struct ExpertPlan {
   int32_t* n_tiles;
   int64_t max_tiles;
   int tile;
+  void* split = nullptr;      // tensor cores: the split x of one expert matrix (cuda_mma.cuh)
+  int64_t split_units = 0;    // its capacity in (row, unit) pairs
 };
 int64_t plan_max_tiles(int64_t n_assign, int64_t E, int tile) { return ceil_div(n_assign, tile) + E; }
 size_t plan_bytes(int64_t n_assign, int64_t E, int tile) {
@@ -362,8 +365,9 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
   return p;
 }
 
+// x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
 void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const float* x,
-                  int64_t x_stride, int x_div) {
+                  int64_t x_rows, int64_t x_stride, int x_div) {
   const int64_t cols = w.ne[0];
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
@@ -371,14 +375,20 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
     DSV4_ASSERT(cols % U == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T), static_cast<long long>(cols));
     if constexpr (mma_type<T>()) {
       if (ctx.tensor_cores) {
+        // x split (rows: the distinct inputs, n_assign / x_div of them) into the plan's split buffer.
+        DSV4_ASSERT(p.split && x_rows * (cols / 32) <= p.split_units, "moe_experts: split buffer");
+        const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, x_rows, cols / 32, p.split);
+        CUDA_CHECK_LAUNCH();
         const dim3 grid(ceil_div(R, k_mma_rows), static_cast<unsigned>(p.max_tiles));
         const auto* wp = static_cast<const uint8_t*>(w.data);
+        allow_smem(expert_mma_kernel<T, 16>, sizeof(MmaSmem<16>));
+        allow_smem(expert_mma_kernel<T, 8>, sizeof(MmaSmem<8>));
         if (p.tile == 16)
-          expert_mma_kernel<T, 16><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-                                                                 x, x_stride, x_div, ctx.tables);
+          expert_mma_kernel<T, 16><<<grid, 256, sizeof(MmaSmem<16>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+                                                                 xs, x_div, ctx.tables);
         else
-          expert_mma_kernel<T, 8><<<grid, 256, 0, ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-                                                                x, x_stride, x_div, ctx.tables);
+          expert_mma_kernel<T, 8><<<grid, 256, sizeof(MmaSmem<8>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+                                                                xs, x_div, ctx.tables);
         CUDA_CHECK_LAUNCH();
         return;
       }
@@ -430,7 +440,11 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     dispatch_weight_type(t->type, [&](auto tag) { all_mma = all_mma && mma_type<decltype(tag)::value>(); });
   const int tile = all_mma ? 16 : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
-  const size_t bytes = (act_bytes + 15) / 16 * 16 + (grouped ? plan_bytes(n_assign, E, tile) : 0);
+  const size_t act_pad = (act_bytes + 15) / 16 * 16;
+  const size_t plan_pad = grouped ? (plan_bytes(n_assign, E, tile) + 15) / 16 * 16 : 0;
+  // Tensor cores split x ([n][D]) and mid ([n_assign][F]) in turn into one buffer.
+  const int64_t split_units = grouped && ctx.tensor_cores ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
+  const size_t bytes = act_pad + plan_pad + mma_split_bytes(1, split_units);
   float* g = static_cast<float*>(ctx.scratch->get(bytes, ctx.stream));
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
@@ -438,12 +452,14 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     const int32_t* ex = op.experts.i32();
     const float* wts = op.weights.f32();
     if (grouped) {
-      const ExpertPlan plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + (act_bytes + 15) / 16 * 16, ex, n_assign, E, tile);
-      expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), D, static_cast<int>(k));
-      expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), D, static_cast<int>(k));
+      ExpertPlan plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + act_pad, ex, n_assign, E, tile);
+      plan.split = split_units > 0 ? reinterpret_cast<uint8_t*>(g) + act_pad + plan_pad : nullptr;
+      plan.split_units = split_units;
+      expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), n, D, static_cast<int>(k));
+      expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), n, D, static_cast<int>(k));
       expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, wts, F, n_assign * F, op.clamp);
       CUDA_CHECK_LAUNCH();
-      expert_tiles(ctx, y, D, op.down, plan, g, F, 1);
+      expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
       if (op.gate.type == op.up.type && op.gate.row_bytes() == op.up.row_bytes()) {
