@@ -15,6 +15,8 @@
 #                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
+#   test_cuda_golden  the Hugging Face golden fixture (f32, q8, q2 conversions, plain numerics): CUDA vs CPU
+#                     at every position, and vs transformers' logits
 #   cli smoke         dsv4 synth + dsv4 logits --backend cuda vs cpu (python3 + numpy compare), and
 #                     --backend auto picks CUDA
 #   memcheck          (--sanitize) compute-sanitizer memcheck of test_cuda_ops --no-flash
@@ -145,6 +147,7 @@ run_step test_cuda_ops "$BIN/test_cuda_ops" "${OPS_ARGS[@]}"
 run_step test_cuda_ops_ffma "$BIN/test_cuda_ops" --no-flash --no-tensor-cores
 run_step test_cuda_model "$BIN/test_cuda_model"
 [ -x "$BIN/test_cuda_engine" ] && run_step test_cuda_engine "$BIN/test_cuda_engine"
+[ -x "$BIN/test_cuda_golden" ] && run_step test_cuda_golden "$BIN/test_cuda_golden" --data tests/fixtures/golden/flash_tiny
 
 cli_smoke() {
   local dsv4=$BIN/dsv4 m=$WORK/tiny.gguf toks

@@ -23,10 +23,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
-#include <nlohmann/json.hpp>
-
+#include "../common/golden_fixture.h"
 #include "convert/convert.h"
 #include "dsv4/engine.h"
 
@@ -36,27 +34,12 @@ namespace {
 
 const std::string k_dir = std::string(DSV4_TEST_DATA_DIR) + "/golden/flash_tiny";
 
-struct Golden {
-  std::vector<std::vector<int32_t>> sequences;
-  std::vector<std::vector<float>> logits;  // [seq][pos * V + v]
-  uint32_t vocab = 0;
-};
+using golden::Compare;
+using golden::Golden;
 
 Golden load_golden() {
-  Golden g;
-  std::ifstream in(k_dir + "/tokens.json");
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << "missing " << k_dir << "/tokens.json (run tools/golden/make_golden.py on the GPU machine)";
-  if (j.is_discarded()) return g;
-  g.vocab = j["vocab_size"].get<uint32_t>();
-  for (const auto& s : j["sequences"]) g.sequences.push_back(s.get<std::vector<int32_t>>());
-  for (size_t i = 0; i < g.sequences.size(); ++i) {
-    std::ifstream f(k_dir + "/logits_" + std::to_string(i) + ".f32", std::ios::binary);
-    std::vector<float> v(g.sequences[i].size() * g.vocab);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-    EXPECT_TRUE(f.good()) << "logits_" << i << ".f32 is short";
-    g.logits.push_back(std::move(v));
-  }
+  Golden g = golden::load_golden(k_dir);
+  EXPECT_TRUE(g.error.empty()) << g.error;
   return g;
 }
 
@@ -70,37 +53,6 @@ std::string convert(const std::string& type) {
   auto r = convert_hf(o);
   EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
   return out;
-}
-
-struct Compare {
-  size_t positions = 0, top1_same = 0;
-  double max_rel = 0;  // max |Δ| / spread
-  double kl_sum = 0;
-};
-
-void compare(const float* ref, const float* ours, uint32_t V, Compare& c) {
-  double rmx = ref[0], rmn = ref[0], omx = ours[0];
-  uint32_t rarg = 0, oarg = 0;
-  for (uint32_t v = 1; v < V; ++v) {
-    if (ref[v] > rmx) rmx = ref[v], rarg = v;
-    if (ref[v] < rmn) rmn = ref[v];
-    if (ours[v] > omx) omx = ours[v], oarg = v;
-  }
-  double maxd = 0, zr = 0, zo = 0;
-  for (uint32_t v = 0; v < V; ++v) {
-    maxd = std::max(maxd, std::fabs(double(ref[v]) - ours[v]));
-    zr += std::exp(ref[v] - rmx);
-    zo += std::exp(ours[v] - omx);
-  }
-  double kl = 0;
-  for (uint32_t v = 0; v < V; ++v) {
-    double lp = ref[v] - rmx - std::log(zr), lq = ours[v] - omx - std::log(zo);
-    kl += std::exp(lp) * (lp - lq);
-  }
-  c.positions++;
-  c.top1_same += rarg == oarg;
-  c.max_rel = std::max(c.max_rel, maxd / std::max(rmx - rmn, 1e-6));
-  c.kl_sum += kl;
 }
 
 Compare run(const std::string& gguf, const Golden& g, const std::string& numerics) {
@@ -119,7 +71,8 @@ Compare run(const std::string& gguf, const Golden& g, const std::string& numeric
     auto lg = (*s)->prefill_all_logits(g.sequences[i]);
     EXPECT_TRUE(lg.has_value());
     if (!lg) continue;
-    for (size_t p = 0; p < g.sequences[i].size(); ++p) compare(&g.logits[i][p * g.vocab], &(*lg)[p * g.vocab], g.vocab, c);
+    for (size_t p = 0; p < g.sequences[i].size(); ++p)
+      golden::compare(&g.logits[i][p * g.vocab], &(*lg)[p * g.vocab], g.vocab, c);
   }
   return c;
 }

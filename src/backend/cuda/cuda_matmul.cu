@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(256, 2) matmul_mma_kernel(const uint8_t* __res
   const int64_t t0 = static_cast<int64_t>(blockIdx.z) * BN;
   const int nt = static_cast<int>(n - t0 < BN ? n - t0 : BN);
   if (threadIdx.x < BN) sm.xrow[threadIdx.x] = t0 + (static_cast<int>(threadIdx.x) < nt ? threadIdx.x : 0);
-  const QuantTables st = mma_smem_tables(sm, tab);
+  const MmaTables st = mma_smem_tables(sm, tab);
   mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, xs, g * n_units, sm, nt, st,
                   [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
 }

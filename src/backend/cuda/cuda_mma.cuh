@@ -79,6 +79,39 @@ DSV4_HD uint32_t pack_f16x2(float a, float b) {
   return u;
 }
 
+// prmt: byte i of the result = byte (s >> 4i) & 7 of the 8 bytes {y:x} (CUDA's __byte_perm).
+DSV4_HD uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, sel);
+#else
+  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((xy >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+#endif
+}
+// Small integers to f16 pairs without conversions: the f16 with bits 0x64nn is
+// 1024 + nn exactly, so (0x6400 | b) - 1024 = b. codes_u8: the two low bytes
+// (b0, b1) of x (the high bytes are ignored) minus `bias` (a f16 pair: 1024 for
+// unsigned codes; 1152 after flipping the sign bit of int8 codes).
+DSV4_HD uint32_t codes_u8_f16x2(uint32_t x, int lo_byte, uint32_t bias) {
+  const uint32_t v = prmt(x, 0x64646464u, lo_byte == 0 ? 0x4140u : 0x4342u);  // [b, 0x64, b', 0x64]
+#if defined(__CUDA_ARCH__)
+  __half2 a, b;
+  memcpy(&a, &v, 4);
+  memcpy(&b, &bias, 4);
+  const __half2 r = __hsub2(a, b);
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  return u;
+#else
+  auto f = [](uint32_t h) { return f16_bits_to_f32(static_cast<uint16_t>(h & 0xffffu)); };
+  return pack_f16x2(f(v) - f(bias), f(v >> 16) - f(bias >> 16));
+#endif
+}
+constexpr uint32_t k_f16x2_1024 = 0x64006400u;
+constexpr uint32_t k_f16x2_1152 = 0x64806480u;
+
 // c += A (16x16, row) * B (16x8, col), f16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                           uint32_t b1) {
@@ -99,6 +132,29 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 // scale / min of MMA step s (NS = 1: one scale for the unit, sc[0] applies to
 // both steps). Host and device: test_cuda_decode checks on the host that
 // sc * code - mn rebuilds dequantize_row's weight bit for bit at every position.
+// The IQ2_XXS tables as f16 pairs (built per block in shared memory by
+// mma_smem_tables; on the host by mma_fill_tables).
+struct MmaTables {
+  const uint4* grid_h = nullptr;  // [256]
+  const uint4* sign_m = nullptr;  // [128]
+};
+// Entry i of both tables from quant tables q (grid: i < 256, signs: i < 128).
+DSV4_HD uint4 mma_grid_entry(const QuantTables& q, int i) {
+  const uint64_t g = q.iq2_grid[i];
+  uint32_t w[4];
+  DSV4_UNROLL
+  for (int k = 0; k < 4; ++k)
+    w[k] = pack_f16x2(static_cast<float>((g >> (16 * k)) & 0xFFu), static_cast<float>((g >> (16 * k + 8)) & 0xFFu));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+DSV4_HD uint4 mma_sign_entry(const QuantTables& q, int i) {
+  const uint32_t sg = q.iq2_signs[i];
+  uint32_t w[4];
+  DSV4_UNROLL
+  for (int k = 0; k < 4; ++k) w[k] = (((sg >> (2 * k)) & 1u) << 15) | (((sg >> (2 * k + 1)) & 1u) << 31);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <GgmlType T>
 struct MmaCodes;
 
@@ -115,11 +171,10 @@ struct MmaCodes<GgmlType::Q8_0> {
     DSV4_UNROLL
     for (int k = 0; k < 4; ++k) r.q[k] = b[1 + 4 * t + k];
   }
-  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const QuantTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const MmaTables&) {
     sc[0] = f16_bits_to_f32(r.d);
     DSV4_UNROLL
-    for (int k = 0; k < 4; ++k)
-      h[k] = pack_f16x2(static_cast<float>(static_cast<int8_t>(r.q[k] & 0xff)), static_cast<float>(static_cast<int8_t>(r.q[k] >> 8)));
+    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(static_cast<uint32_t>(r.q[k]) ^ 0x8080u, 0, k_f16x2_1152);  // q + 128 - 1152
   }
 };
 
@@ -140,23 +195,17 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
     const uint16_t* g = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * ib);
     r.wb = static_cast<uint32_t>(g[2]) | (static_cast<uint32_t>(g[3]) << 16);
   }
-  // tab may point at shared-memory copies of the tables.
+  // tab: MmaTables (below) as f16 pairs: grid_h[i][k] = (grid byte 2k, 2k + 1) of
+  // entry i, sign_m[i][k] = the f16 sign bits of sign-table entry i's bits 2k, 2k + 1.
   DSV4_HD static void decode(const Raw& r, int64_t, int t, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
-                             const QuantTables& tab) {
+                             const MmaTables& tab) {
     sc[0] = mul_rn(mul_rn(f16_bits_to_f32(r.d), 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
-    const uint64_t grid = tab.iq2_grid[r.grid_idx];
-    const uint32_t sg = tab.iq2_signs[(r.wb >> (7 * t)) & 127u];
-    DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      float v[2];
-      DSV4_UNROLL
-      for (int j = 0; j < 2; ++j) {
-        const int e = 2 * k + j;
-        const float m = static_cast<float>((grid >> (8 * e)) & 0xFFu);
-        v[j] = ((sg >> e) & 1u) ? -m : m;
-      }
-      h[k] = pack_f16x2(v[0], v[1]);
-    }
+    const uint4 gh = tab.grid_h[r.grid_idx];
+    const uint4 sm = tab.sign_m[(r.wb >> (7 * t)) & 127u];
+    h[0] = gh.x ^ sm.x;
+    h[1] = gh.y ^ sm.y;
+    h[2] = gh.z ^ sm.z;
+    h[3] = gh.w ^ sm.w;
   }
 };
 
@@ -178,7 +227,7 @@ struct MmaCodes<GgmlType::Q4_K> {
     r.s[2] = w[3];
     r.q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * t);
   }
-  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const QuantTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const MmaTables&) {
     const int j = static_cast<int>(u & 7);
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
@@ -198,12 +247,11 @@ struct MmaCodes<GgmlType::Q4_K> {
     sc[0] = mul_rn(d, static_cast<float>(scv));
     mn[0] = mul_rn(dmin, static_cast<float>(m));
     const int shift = (j & 1) * 4;
-    DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t w = k < 2 ? r.q.x : r.q.y;
-      const int b0 = 16 * (k & 1);
-      h[k] = pack_f16x2(static_cast<float>((w >> (b0 + shift)) & 0x0Fu), static_cast<float>((w >> (b0 + 8 + shift)) & 0x0Fu));
-    }
+    const uint32_t q0 = (r.q.x >> shift) & 0x0F0F0F0Fu, q1 = (r.q.y >> shift) & 0x0F0F0F0Fu;
+    h[0] = codes_u8_f16x2(q0, 0, k_f16x2_1024);
+    h[1] = codes_u8_f16x2(q0, 2, k_f16x2_1024);
+    h[2] = codes_u8_f16x2(q1, 0, k_f16x2_1024);
+    h[3] = codes_u8_f16x2(q1, 2, k_f16x2_1024);
   }
 };
 
@@ -224,7 +272,7 @@ struct MmaCodes<GgmlType::Q2_K> {
     r.w[0] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 4 * t);
     r.w[1] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 16 + 4 * t);
   }
-  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const QuantTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const MmaTables&) {
     const int sh = 2 * static_cast<int>(u & 3);
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
@@ -233,9 +281,9 @@ struct MmaCodes<GgmlType::Q2_K> {
       const uint32_t b = s == 0 ? (r.scb & 0xffu) : (r.scb >> 8);
       sc[s] = mul_rn(d, static_cast<float>(b & 0x0Fu));
       mn[s] = mul_rn(dmin, static_cast<float>(b >> 4));
-      const uint32_t w = r.w[s];
-      h[2 * s] = pack_f16x2(static_cast<float>((w >> sh) & 3u), static_cast<float>((w >> (8 + sh)) & 3u));
-      h[2 * s + 1] = pack_f16x2(static_cast<float>((w >> (16 + sh)) & 3u), static_cast<float>((w >> (24 + sh)) & 3u));
+      const uint32_t q = (r.w[s] >> sh) & 0x03030303u;
+      h[2 * s] = codes_u8_f16x2(q, 0, k_f16x2_1024);
+      h[2 * s + 1] = codes_u8_f16x2(q, 2, k_f16x2_1024);
     }
   }
 };
@@ -322,21 +370,21 @@ template <int BN>
 struct MmaSmem {
   uint4 q[2][BN][k_mma_uc][8];
   float4 s[2][k_mma_uc][BN];
-  uint64_t grid[256];
-  uint8_t signs[128];
+  uint4 grid_h[256];
+  uint4 sign_m[128];
   int64_t xrow[BN];
 };
 
-// Loads the IQ2_XXS tables into sm and returns tables pointing there. Every
+// Builds the f16 IQ2_XXS tables in sm and returns tables pointing there. Every
 // thread must call it (it ends with __syncthreads, which also publishes xrow).
 template <int BN>
-__device__ __forceinline__ QuantTables mma_smem_tables(MmaSmem<BN>& sm, const QuantTables& tab) {
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.grid[i] = tab.iq2_grid[i];
-  for (int i = threadIdx.x; i < 128; i += blockDim.x) sm.signs[i] = tab.iq2_signs[i];
+__device__ __forceinline__ MmaTables mma_smem_tables(MmaSmem<BN>& sm, const QuantTables& tab) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.grid_h[i] = mma_grid_entry(tab, i);
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) sm.sign_m[i] = mma_sign_entry(tab, i);
   __syncthreads();
-  QuantTables t;
-  t.iq2_grid = sm.grid;
-  t.iq2_signs = sm.signs;
+  MmaTables t;
+  t.grid_h = sm.grid_h;
+  t.sign_m = sm.sign_m;
   return t;
 }
 
@@ -352,7 +400,7 @@ __device__ __forceinline__ QuantTables mma_smem_tables(MmaSmem<BN>& sm, const Qu
 template <GgmlType T, int BN, class Store>
 __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_blk, int64_t r_end,
                                          int64_t n_units, const MmaX& xs, int64_t u_off, MmaSmem<BN>& sm, int nt,
-                                         const QuantTables& tab, Store store) {
+                                         const MmaTables& tab, Store store) {
   static_assert(mma_type<T>(), "MMA tile: block-quantised types only");
   using C = MmaCodes<T>;
   constexpr int NJ = BN / 8;  // n8 tiles
