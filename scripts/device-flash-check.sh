@@ -10,15 +10,20 @@
 #   synth  dsv4 synth --preset flash-q2 -o /dev/shm/flash-q2.gguf (skipped if present; ~80 s)
 #   cuda   dsv4 logits --backend cuda --positions P (seconds)
 #   cpu    dsv4 logits --backend cpu --threads 16 --positions P: the CPU oracle prefills the
-#          whole prompt (~2.3 t/s at batch 64 in BENCHMARKS.md, so plan ~15 minutes for 2,000
-#          tokens, more than one device call allows: N=512 first shows the rate)
+#          whole prompt at ~4.2 t/s (476 s for 2,000 tokens on the 16-core GPU machine: run it
+#          alone in a device call, or in the background of other GPU work)
 #   compare per position: NMSE = |cuda - cpu|^2 / |cpu|^2 and the top-1 token
-# Pass rule (reference numerics, as test_cuda_model): median NMSE <= 1e-3, every position
-# <= 1e-1 (a kernel bug gives NMSE ~1; an FP8/bf16 rounding flipped by a 1-ulp difference
-# gives 1e-3..1e-2 at single positions), top-1 identical unless the CPU's top-2 margin is
-# within 4x the largest logit difference.
-# Options: env N (2000 tokens), POSITIONS (0,511,1023,1535,N-1), SEED (7), NUMERICS (reference |
-# plain; plain: median NMSE <= 1e-6, every position <= 1e-4), GPU_FLAGS (extra flags of the CUDA
+# Numerics: plain by default. There CUDA and CPU differ only in f32 summation order, and the
+# check is tight: median NMSE <= 1e-6, every position <= 1e-4, top-1 identical unless the
+# CPU's top-2 margin is within 4x the largest logit difference (measured 2026-11-30, 2,000
+# tokens: NMSE 1.3e-11..1.1e-7, tests/logs/2026-11-30-h200-flash-check-plain-n2000/).
+# Reference numerics (NUMERICS=reference: median <= 1e-3, every position <= 1e-1) are not a
+# usable gate at this size: 43 layers of bf16/FP8/FP4 roundings and top-k selections amplify
+# f32-order differences — two CUDA runs that differ only in the batched matmuls' summation
+# order (tensor cores vs FFMA tiles) differ by NMSE 0.125 at position 511, as much as CUDA
+# vs CPU (tests/logs/2026-11-30-h200-flash-reference-sensitivity/).
+# Options: env N (2000 tokens), POSITIONS (0,511,1023,1535,N-1), SEED (7), NUMERICS (plain |
+# reference), GPU_FLAGS (extra flags of the CUDA
 # run, e.g. --no-tensor-cores), CPU_LOGITS (a cpu.f32 of an earlier run with the same N, SEED,
 # POSITIONS and NUMERICS: skips the CPU oracle), TAG (log-name suffix), KEEP=1 (keep the
 # /dev/shm file), CPU_TIMEOUT (seconds for the CPU step, 540). For checking this script's
@@ -32,7 +37,7 @@ N=${N:-2000}
 POSITIONS=${POSITIONS:-$(python3 -c "import sys; n=int(sys.argv[1]); print(','.join(str(p) for p in sorted({0, min(511, n-1), min(1023, n-1), min(1535, n-1), n-1})))" "$N")}
 SEED=${SEED:-7}
 CPU_TIMEOUT=${CPU_TIMEOUT:-540}
-NUMERICS=${NUMERICS:-reference}
+NUMERICS=${NUMERICS:-plain}
 GPU_FLAGS=${GPU_FLAGS:-}
 CPU_LOGITS=${CPU_LOGITS:-}
 TAG=${TAG:-}

@@ -180,6 +180,20 @@ inline Diff diff_i32(const std::vector<int32_t>& got, const std::vector<int32_t>
   return d;
 }
 
+// Largest minus second-largest value of v[0..n) (the top-1 margin of a logit row).
+inline float margin(const float* v, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (v[i] > a) {
+      b = a;
+      a = v[i];
+    } else if (v[i] > b) {
+      b = v[i];
+    }
+  }
+  return a - b;
+}
+
 // Prints "op  shape  result  ok/FAIL" lines and keeps the tally.
 class Report {
  public:

@@ -77,19 +77,6 @@ std::vector<float> all_logits(Engine& e, const golden::Golden& g) {
   return out;
 }
 
-float margin(const float* v, uint32_t n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (uint32_t i = 0; i < n; ++i) {
-    if (v[i] > a) {
-      b = a;
-      a = v[i];
-    } else if (v[i] > b) {
-      b = v[i];
-    }
-  }
-  return a - b;
-}
-
 // CUDA vs CPU at every position, test_cuda_model's plain-numerics rule.
 void compare_backends(const char* what, const std::vector<float>& got, const std::vector<float>& want, uint32_t V) {
   if (got.size() != want.size() || want.empty()) {

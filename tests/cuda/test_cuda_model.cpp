@@ -101,20 +101,6 @@ Run run_model(Backend& be, const ModelFile& mf, const MtpWeights* mtp, Numerics 
 
 int argmax(const float* v, int64_t n) { return static_cast<int>(std::max_element(v, v + n) - v); }
 
-// CPU top-1 minus top-2.
-float margin(const float* v, int64_t n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (v[i] > a) {
-      b = a;
-      a = v[i];
-    } else if (v[i] > b) {
-      b = v[i];
-    }
-  }
-  return a - b;
-}
-
 struct Verdict {
   int ok = 0, fail = 0;
   std::vector<std::string> failures;
