@@ -33,13 +33,19 @@
 //   Q8_0, IQ2_XXS, Q4_K: 8t + 4s + i (identity: 8 consecutive elements per lane)
 //   Q2_K:                16s + 4t + i (step s = sub-block s, for its own scale)
 //
-// Staging (per chunk of 4 units = 128 columns): warp w takes (token, unit)
-// pairs, lane = element: the warp max gives 2^s, the lane writes hi/lo at its
-// fragment position (rows padded to 320 bytes: the quarter-warps' 16-byte
-// loads hit distinct banks), the unit's token scale 2^-s and, for Q2_K/Q4_K,
-// the f32 sums of x per 16/32 elements (shuffle tree, fixed order).
-// Weights are decoded straight from global memory into A fragments (each quad
-// lane reads its 8 codes and the row's scales).
+// Launch plan (per matmul / expert matrix):
+//   1. mma_split_x_kernel: one warp per (x row, unit), lane = element: the warp
+//      max gives 2^s; the lane writes hi/lo at its fragment position; lane 0
+//      writes {2^-s, f32 sums of x over elements 0..15, 16..31, 0..31} (fixed
+//      shuffle tree; the min terms of Q2_K/Q4_K). Once per matmul, read by
+//      every row block.
+//   2. the tile kernel (matmul_mma_kernel / expert_mma_kernel) calls mma_tile:
+//      the block copies 8 units of its tokens' split x per chunk into shared
+//      memory (cp.async, two buffers, one barrier per chunk); each warp decodes
+//      its 32 rows' codes straight from global memory into A fragments (each
+//      quad lane reads its 8 codes and the rows' scales; the next unit's bytes
+//      are loaded before this unit's MMAs), runs 4 MMAs (hi, lo x 2 k-steps)
+//      per 16x8 tile and unit, and adds the scaled unit sums to f32 accumulators.
 //
 // CPU reference: cpu::matmul (via quant::dequantize_row + f32 dot products).
 #pragma once
