@@ -237,19 +237,8 @@ struct MmaCodes<GgmlType::Q4_K> {
     const int j = static_cast<int>(u & 7);
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
-    // Byte k of the scale table, selected without a run-time-indexed array.
-    auto sb = [&](int k) -> int {
-      const uint32_t word = k < 4 ? r.s[0] : (k < 8 ? r.s[1] : r.s[2]);
-      return static_cast<int>((word >> (8 * (k & 3))) & 0xFFu);
-    };
     int scv, m;
-    if (j < 4) {
-      scv = sb(j) & 63;
-      m = sb(j + 4) & 63;
-    } else {
-      scv = (sb(j + 4) & 0x0F) | ((sb(j - 4) >> 6) << 4);
-      m = (sb(j + 4) >> 4) | ((sb(j) >> 6) << 4);
-    }
+    q4k_scale_min(j, r.s[0], r.s[1], r.s[2], scv, m);
     sc[0] = mul_rn(d, static_cast<float>(scv));
     mn[0] = mul_rn(dmin, static_cast<float>(m));
     const int shift = (j & 1) * 4;

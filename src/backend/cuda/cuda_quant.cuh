@@ -120,6 +120,22 @@ DSV4_UNROLL
   }
 };
 
+// Q4_K's 6-bit scale sc and min m of sub-block j (0..7) from the 12 packed
+// scale bytes as three words (bytes selected without a run-time-indexed array).
+DSV4_HD void q4k_scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& m) {
+  auto sb = [&](int k) -> int {
+    const uint32_t word = k < 4 ? s0 : (k < 8 ? s1 : s2);
+    return static_cast<int>((word >> (8 * (k & 3))) & 0xFFu);
+  };
+  if (j < 4) {
+    sc = sb(j) & 63;
+    m = sb(j + 4) & 63;
+  } else {
+    sc = (sb(j + 4) & 0x0F) | ((sb(j - 4) >> 6) << 4);
+    m = (sb(j + 4) >> 4) | ((sb(j) >> 6) << 4);
+  }
+}
+
 // Q4_K: unit j (0..7) of block b covers elements [32j, 32j+32): nibble (j odd:
 // high, even: low) of qs[32(j/2) + l]; scale/min j from the packed 6-bit table.
 template <>
@@ -132,20 +148,8 @@ struct WeightUnit<GgmlType::Q4_K> {
     const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
     const uint32_t* sw = reinterpret_cast<const uint32_t*>(blk + 4);  // the 12 scale bytes as 3 words
-    const uint32_t s0 = ld(sw), s1 = ld(sw + 1), s2 = ld(sw + 2);
-    // Byte k of the scale table, selected without a run-time-indexed local array.
-    auto sb = [&](int k) -> int {
-      const uint32_t word = k < 4 ? s0 : (k < 8 ? s1 : s2);
-      return static_cast<int>((word >> (8 * (k & 3))) & 0xFFu);
-    };
     int sc, m;
-    if (j < 4) {
-      sc = sb(j) & 63;
-      m = sb(j + 4) & 63;
-    } else {
-      sc = (sb(j + 4) & 0x0F) | ((sb(j - 4) >> 6) << 4);
-      m = (sb(j + 4) >> 4) | ((sb(j) >> 6) << 4);
-    }
+    q4k_scale_min(j, ld(sw), ld(sw + 1), ld(sw + 2), sc, m);
     const float d1 = d * static_cast<float>(sc);
     const float m1 = dmin * static_cast<float>(m);
     const uint4* q = reinterpret_cast<const uint4*>(blk + 16 + 32 * c);
