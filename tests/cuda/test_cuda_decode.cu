@@ -57,8 +57,12 @@ void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows) {
           const int k = static_cast<int>(std::min<int64_t>(32, n_units - c0));
           const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
           std::memcpy(buf.data(), p + (c0 / 32) * CB, static_cast<size_t>(nv) * sizeof(Vec));
-          for (int lane = 0; lane < k; ++lane)
-            WeightUnit<T>::decode(reinterpret_cast<const uint8_t*>(buf.data()), lane, staged.data() + (c0 + lane) * U, tab);
+          // (Q8_0: the kernel decodes staged units from aligned 4-byte words, decode_words.)
+          for (int lane = 0; lane < k; ++lane) {
+            const auto* sb = reinterpret_cast<const uint8_t*>(buf.data());
+            if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(sb, lane, staged.data() + (c0 + lane) * U);
+            else WeightUnit<T>::decode(sb, lane, staged.data() + (c0 + lane) * U, tab);
+          }
         }
         const Diff dz = diff_f32(staged, ref);
         ds.n += dz.n;
@@ -173,6 +177,14 @@ int main(int argc, char** argv) {
   check_type<G::Q8_0>(r, rep, 2080, 3);  // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
   check_type<G::Q8_0>(r, rep, 2304, 3);  // 72 units: staged with a partial chunk of 8
 
+  {  // IQ2_XXS sign bytes: computed (iq2_sign_bits) == the table
+    Diff d;
+    for (uint32_t i = 0; i < 128; ++i) {
+      ++d.n;
+      d.n_diff += iq2_sign_bits(i) != quant::iq2xxs_signs()[i];
+    }
+    rep.exact("iq2 sign bits", "all 128 indices", d);
+  }
   {  // f16 codes
     Diff d;
     for (uint32_t h = 0; h < 65536; ++h) {

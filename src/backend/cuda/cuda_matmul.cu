@@ -15,12 +15,16 @@
 // * matvec (n == 1, decode): memory-bound. One warp per R weight rows (R = 4,
 //   2 or 1: the largest that still gives every SM a block), 8 warps per
 //   256-thread block; the warp streams 32 units per row per step (one per lane) with
-//   coalesced 16-byte loads — straight into registers for F32/F16/BF16/Q4_K,
-//   through per-warp double-buffered shared-memory chunks (cp.async, the next
-//   chunk in flight while this one is decoded) for Q8_0/Q2_K (16-byte) and
-//   IQ2_XXS (8-byte), whose blocks are not 16-byte aligned — decodes in registers, and
-//   reads x straight from global memory (16-byte loads, L1-resident).
-//   Grid: ceil(rows / 8R) blocks.
+//   coalesced 16-byte loads — straight into registers for F32/F16/BF16 (8 / R
+//   units per lane in flight) and Q4_K, through per-warp double-buffered
+//   shared-memory chunks (cp.async, the next chunk in flight while this one is
+//   decoded) for Q8_0/Q2_K (16-byte) and IQ2_XXS (8-byte), whose blocks are not
+//   16-byte aligned — and decodes in registers. x: the block first copies its
+//   group's x into shared memory, units padded to U + 4 floats (XShared of
+//   cuda_quant.cuh; overlapping the first weight loads), when that fits in 64 KiB
+//   and the block's rows share one group — read from global memory, a lane's
+//   32-float unit is 128 bytes away from its neighbour's and the Q8_0 matvecs
+//   were L1-bound at ~1.3 TB/s. Grid: ceil(rows / 8R) blocks.
 // * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS, CudaBackendOptions::tensor_cores,
 //   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
 //   cuda_mma.cuh, 256 rows x 32/16/8 tokens per block (the most tokens that still
@@ -47,49 +51,80 @@ namespace {
 
 constexpr int k_mv_warps = 8;  // rows per matvec block
 
-template <GgmlType T, int R, bool Staged>
+template <GgmlType T, int R, bool Staged, bool XS>
 __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
                                                      int64_t rows_per_group, int64_t n_units, int64_t cols,
                                                      const float* __restrict__ x, float* __restrict__ out,
                                                      QuantTables tab) {
-  extern __shared__ __align__(16) unsigned char mv_smem[];  // Staged: k_mv_warps x stage_bytes_per_warp<T, R>()
+  // Dynamic shared memory: [x copy: x_shared_floats<U>(n_units) floats, XS][k_mv_warps x stage_bytes_per_warp<T, R>(), Staged]
+  extern __shared__ __align__(16) unsigned char mv_smem[];
+  constexpr int U = WeightUnit<T>::U;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + (Staged ? warp * stage_bytes_per_warp<T, R>() : 0));
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * k_mv_warps + warp) * R;
-  if (r0 >= rows) return;  // whole warps only: the shuffles below need all 32 lanes
+  const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
+  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + x_bytes + (Staged ? warp * stage_bytes_per_warp<T, R>() : 0));
+  const int64_t r_blk = static_cast<int64_t>(blockIdx.x) * k_mv_warps * R;
+  const int64_t r0 = r_blk + warp * R;
+  // XS: every row of the block is in one group (the launcher checks); else the
+  // warp's R rows share one group (rows_per_group % R == 0).
+  const float* xr = x + ((XS ? r_blk : r0) / rows_per_group) * cols;
+  QuantTables tb = tab;
+  // The block prologue (x copy, IQ2_XXS grid), overlapping the first weight loads.
+  auto prologue = [&] {
+    tb = block_tables<T>(tab);
+    if constexpr (XS) block_stage_x<U>(reinterpret_cast<float*>(mv_smem), xr, n_units);
+    if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
+  };
+  if (r0 >= rows) {  // whole warps only (the shuffles below need all 32 lanes); they still join the prologue
+    prologue();
+    return;
+  }
   const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
-  // The R rows share one group (the launcher requires rows_per_group % R == 0).
-  const int64_t g = r0 / rows_per_group;
-  const float* xr = x + g * cols;
   const uint8_t* rp[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
   float s[R];
-  warp_rows_dot<T, R, Staged>(rp, n_units, xr, lane, tab, stage, s);
+  if constexpr (XS)
+    warp_rows_dot<T, R, Staged>(rp, n_units, XShared{reinterpret_cast<const float*>(mv_smem)}, lane, tb, stage, s, prologue);
+  else
+    warp_rows_dot<T, R, Staged>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < R; ++i)
       if (i < nr) out[r0 + i] = s[i];
 }
 
+// Shared memory above which the matvec reads x from global memory instead of a copy.
+constexpr size_t k_mv_max_x_bytes = 64 * 1024;
+
 // The matvec launch for one weight type: R rows per warp (more loads in flight,
 // x reused) when the matrix still fills every SM with blocks; staged when the
-// layout allows it.
+// layout allows it; x copied to shared memory when the block's rows share one
+// group and the copy fits.
 template <GgmlType T, int R>
 void launch_matvec_r(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
                      int64_t n_units, int64_t cols, const float* x, float* out) {
+  constexpr int U = WeightUnit<T>::U;
   const dim3 grid(ceil_div(rows, k_mv_warps * R), 1);
+  const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float);
+  const bool xs = (rows_per_group == rows || rows_per_group % (k_mv_warps * R) == 0) && x_bytes <= k_mv_max_x_bytes;
+  auto run = [&](auto staged_tag, auto xs_tag) {
+    constexpr bool Staged = decltype(staged_tag)::value, XS = decltype(xs_tag)::value;
+    const size_t smem = (XS ? x_bytes : 0) + (Staged ? static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R>() : 0);
+    allow_smem(matvec_kernel<T, R, Staged, XS>, smem);
+    matvec_kernel<T, R, Staged, XS><<<grid, 256, smem, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
+                                                                     ctx.tables);
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
   if constexpr (UnitStaging<T>::chunk_bytes > 0) {
     if (can_stage<T>(w, row_bytes)) {
-      const size_t smem = static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R>();
-      allow_smem(matvec_kernel<T, R, true>, smem);
-      matvec_kernel<T, R, true><<<grid, 256, smem, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
-                                                                 ctx.tables);
+      if (xs) run(yes{}, yes{});
+      else run(yes{}, no{});
       return;
     }
   }
-  matvec_kernel<T, R, false><<<grid, 256, 0, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
-                                                           ctx.tables);
+  if (xs) run(no{}, yes{});
+  else run(no{}, no{});
 }
 
 template <GgmlType T>

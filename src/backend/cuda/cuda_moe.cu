@@ -152,18 +152,32 @@ __device__ __forceinline__ float expert_mid(float g, float u, float w, float c) 
 // out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
 // Pair (decode): W = gate, W2 = up, both dotted with the same x in one pass
 // (2RW rows per warp) and out[a, r] = expert_mid(g, u, weights[a]) directly.
-template <GgmlType T, int RW, bool Staged, bool Pair>
+// XS: the block's x row is copied to shared memory first (cuda_quant.cuh, XShared).
+template <GgmlType T, int RW, bool Staged, bool Pair, bool XS>
 __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2,
                                                             size_t row_bytes, int64_t n_units, int64_t E,
                                                             const int32_t* experts, const float* weights, float clamp,
                                                             const float* x, int64_t x_stride, int x_div, QuantTables tab) {
   constexpr int NR = Pair ? 2 * RW : RW;
-  extern __shared__ __align__(16) unsigned char ex_smem[];  // Staged: 8 x stage_bytes_per_warp<T, NR>()
+  constexpr int U = WeightUnit<T>::U;
+  // Dynamic shared memory: [x copy (XS)][8 x stage_bytes_per_warp<T, NR>() (Staged)]
+  extern __shared__ __align__(16) unsigned char ex_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + (Staged ? warp * stage_bytes_per_warp<T, NR>() : 0));
+  const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
+  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + (Staged ? warp * stage_bytes_per_warp<T, NR>() : 0));
   const int64_t a = blockIdx.x;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
-  if (r0 >= R) return;  // whole warps
+  const float* xr = x + (a / x_div) * x_stride;
+  QuantTables tb = tab;
+  auto prologue = [&] {  // overlaps the first weight loads
+    tb = block_tables<T>(tab);
+    if constexpr (XS) block_stage_x<U>(reinterpret_cast<float*>(ex_smem), xr, n_units);
+    if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
+  };
+  if (r0 >= R) {  // whole warps; they still join the prologue
+    prologue();
+    return;
+  }
   const int nr = static_cast<int>(R - r0 < RW ? R - r0 : RW);
   const int32_t ex = experts[a];
   DEVICE_CHECK(ex >= 0 && ex < E);
@@ -174,9 +188,11 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
     rp[i] = w + off;
     if constexpr (Pair) rp[RW + i] = w2 + off;
   }
-  const float* xr = x + (a / x_div) * x_stride;
   float s[NR];
-  warp_rows_dot<T, NR, Staged>(rp, n_units, xr, lane, tab, stage, s);
+  if constexpr (XS)
+    warp_rows_dot<T, NR, Staged>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s, prologue);
+  else
+    warp_rows_dot<T, NR, Staged>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < RW; ++i)
@@ -307,13 +323,20 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
     const auto* wp = static_cast<const uint8_t*>(w.data);
     const auto* wp2 = w2 ? static_cast<const uint8_t*>(w2->data) : nullptr;
+    // x copied to shared memory unless the copy would be large (no Flash shape).
+    const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(cols / U)) * sizeof(float);
+    const bool xs = x_bytes <= 64 * 1024;
     auto run = [&](auto staged_tag, auto pair_tag) {
       constexpr bool Staged = decltype(staged_tag)::value, Pair = decltype(pair_tag)::value;
       constexpr int NR = Pair ? 2 * RW : RW;
-      const size_t smem = Staged ? 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR>()) : 0;
-      allow_smem(expert_matvec_kernel<T, RW, Staged, Pair>, smem);
-      expert_matvec_kernel<T, RW, Staged, Pair><<<grid, 256, smem, ctx.stream>>>(
-          out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x, x_stride, x_div, ctx.tables);
+      const size_t stage_bytes = Staged ? 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR>()) : 0;
+      auto launch = [&](auto kernel, size_t smem) {
+        allow_smem(kernel, smem);
+        kernel<<<grid, 256, smem, ctx.stream>>>(out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
+                                                x_stride, x_div, ctx.tables);
+      };
+      if (xs) launch(expert_matvec_kernel<T, RW, Staged, Pair, true>, x_bytes + stage_bytes);
+      else launch(expert_matvec_kernel<T, RW, Staged, Pair, false>, stage_bytes);
     };
     using yes = std::true_type;
     using no = std::false_type;

@@ -8,10 +8,12 @@
 //                                                        (matvec: Q8_0/Q2_K/IQ2_XXS staged, see UnitStaging)
 //   F32       4   4 floats                               one 16-byte load (row must be 16-byte aligned)
 //   F16/BF16  8   8 halves                               one 16-byte load
-//   Q8_0     32   one 34-byte block                      d + 16 two-byte loads (blocks are 2-byte aligned)
+//   Q8_0     32   one 34-byte block                      d + 16 two-byte loads (blocks are 2-byte aligned;
+//                                                        staged copies: 9 aligned words, decode_words)
 //   Q2_K     32   two 16-element sub-blocks of a 256-blk 8 four-byte qs loads, scales, d/dmin
 //   Q4_K     32   one 32-element sub-block of a 256-blk  2 sixteen-byte qs loads, 12 scale bytes, d/dmin
-//   IQ2_XXS  32   one 32-element group of a 256-blk      d + 4 two-byte loads, table look-ups
+//   IQ2_XXS  32   one 32-element group of a 256-blk      d + 4 two-byte loads, grid look-ups (the
+//                                                        grid in shared memory: block_tables), signs computed
 //
 // A row of `cols` elements has cols / U units; lane l of a warp handles units
 // l, l + 32, l + 64, ... in that order (the canonical accumulation order that
@@ -36,11 +38,14 @@ template <>
 struct WeightUnit<GgmlType::F32> {
   static constexpr int U = 4;
   DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
-    const float4 v = ld(reinterpret_cast<const float4*>(row) + u);
-    w[0] = v.x;
-    w[1] = v.y;
-    w[2] = v.z;
-    w[3] = v.w;
+    decode_vec(ld(reinterpret_cast<const uint4*>(row) + u), w);
+  }
+  // The unit's 16 bytes, already loaded.
+  DSV4_HD static void decode_vec(uint4 v, float* w) {
+    w[0] = float_of(v.x);
+    w[1] = float_of(v.y);
+    w[2] = float_of(v.z);
+    w[3] = float_of(v.w);
   }
 };
 
@@ -48,7 +53,9 @@ template <>
 struct WeightUnit<GgmlType::F16> {
   static constexpr int U = 8;
   DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
-    const uint4 v = ld(reinterpret_cast<const uint4*>(row) + u);
+    decode_vec(ld(reinterpret_cast<const uint4*>(row) + u), w);
+  }
+  DSV4_HD static void decode_vec(uint4 v, float* w) {
     const uint32_t p[4] = {v.x, v.y, v.z, v.w};
 DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
@@ -62,7 +69,9 @@ template <>
 struct WeightUnit<GgmlType::BF16> {
   static constexpr int U = 8;
   DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
-    const uint4 v = ld(reinterpret_cast<const uint4*>(row) + u);
+    decode_vec(ld(reinterpret_cast<const uint4*>(row) + u), w);
+  }
+  DSV4_HD static void decode_vec(uint4 v, float* w) {
     const uint32_t p[4] = {v.x, v.y, v.z, v.w};
 DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
@@ -84,6 +93,26 @@ DSV4_UNROLL
       const uint16_t q2 = ld(b + 1 + i);
       w[2 * i] = d * static_cast<float>(static_cast<int8_t>(q2 & 0xff));
       w[2 * i + 1] = d * static_cast<float>(static_cast<int8_t>(q2 >> 8));
+    }
+  }
+  // The same from a 4-byte aligned copy (the staged matvec's shared memory): the
+  // unit's 34 bytes read as the 9 aligned words that hold them (half the loads of
+  // decode's 17 two-byte ones), bytes picked with funnel shifts. Same floats.
+  DSV4_HD static void decode_words(const uint8_t* base, int64_t u, float* w) {
+    const size_t off = static_cast<size_t>(u) * 34;
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(base + (off & ~size_t{3}));
+    const unsigned sh = static_cast<unsigned>(off & 2) * 8;  // 0 or 16 bits
+    uint32_t v[9];
+DSV4_UNROLL
+    for (int i = 0; i < 9; ++i) v[i] = ld(p + i);
+    // Byte k of the block is byte k + sh/8 of the word stream v.
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(v[0] >> sh));
+DSV4_UNROLL
+    for (int m = 0; m < 8; ++m) {
+      // qs[4m .. 4m+3] = block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32).
+      const uint32_t q4 = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh));
+DSV4_UNROLL
+      for (int j = 0; j < 4; ++j) w[4 * m + j] = d * static_cast<float>(static_cast<int8_t>((q4 >> (8 * j)) & 0xffu));
     }
   }
 };
@@ -169,6 +198,17 @@ DSV4_UNROLL
   }
 };
 
+// IQ2_XXS's sign byte for a 7-bit sign index i: bits 0..6 = i, bit 7 = the
+// parity of i (the sign table quant::iq2xxs_signs() holds, computed instead of
+// looked up: one table gather less per 8 weights).
+DSV4_HD uint32_t iq2_sign_bits(uint32_t i) {
+#ifdef __CUDA_ARCH__
+  return i | ((static_cast<uint32_t>(__popc(i)) & 1u) << 7);
+#else
+  return i | ((static_cast<uint32_t>(__builtin_popcount(i)) & 1u) << 7);
+#endif
+}
+
 // IQ2_XXS: unit ib (0..7) of block b = group of 32: words wa (4 grid indices)
 // and wb (4 seven-bit sign indices, 4-bit scale ls); db = d*(0.5+ls)*0.25;
 // w = +-(db * grid byte), the sign from bit j of the sign table entry.
@@ -186,7 +226,7 @@ struct WeightUnit<GgmlType::IQ2_XXS> {
 DSV4_UNROLL
     for (int k = 0; k < 4; ++k) {
       const uint64_t grid = ld(t.iq2_grid + ((wa >> (8 * k)) & 0xFFu));
-      const uint32_t sg = ld(t.iq2_signs + ((wb >> (7 * k)) & 127u));
+      const uint32_t sg = iq2_sign_bits((wb >> (7 * k)) & 127u);
 DSV4_UNROLL
       for (int j = 0; j < 8; ++j) {
         const float v = mul_rn(db, static_cast<float>((grid >> (8 * j)) & 0xFFu));
@@ -284,38 +324,98 @@ __host__ __device__ constexpr int stage_bytes_per_warp() {
   return 2 * R * UnitStaging<T>::chunk_bytes;
 }
 
-// Lane-strided dot products of R weight rows with one f32 vector x (16-byte
-// aligned, n_units * U floats); sums[i] is valid in lane 0 (and garbage for
-// i >= nr: those rows repeat rows[0] so that every lane runs the same code).
-// Every lane of the warp must call it. Per row and lane: units lane, lane+32,
-// ... each element j in order, acc = fma(w, x, acc); then warp_sum — the
-// canonical order, so any R and the staged/unstaged variants give bit-identical
-// results. R > 1 reuses each x unit (registers) for R rows and keeps R rows'
-// loads in flight per warp (a single row leaves the memory system idle while
-// the warp decodes and reduces).
+// x of a matvec as the lanes read it, one unit (U floats) at a time. Lane l
+// reads units l, l + 32, ...: straight from global memory that is a 128-byte
+// stride between lanes for 32-float units (32 L1 wavefronts per 16-byte load,
+// which made the Q8_0 matvecs L1-bound at ~1.3 TB/s); XShared reads a
+// shared-memory copy whose units are padded to U + 4 floats, so each quarter
+// warp's 16-byte loads hit 32 distinct banks (4 wavefronts per load).
+struct XGlobal {
+  const float* p;
+  template <int U>
+  __device__ __forceinline__ void unit(int64_t u, float (&v)[U]) const {
+    load_f32x4s(p + u * U, v);
+  }
+};
+struct XShared {
+  const float* p;
+  template <int U>
+  __device__ __forceinline__ void unit(int64_t u, float (&v)[U]) const {
+    load_f32x4s(p + u * (U + 4), v);
+  }
+};
+// Floats of XShared's copy of n_units units.
+template <int U>
+__host__ __device__ constexpr int64_t x_shared_floats(int64_t n_units) {
+  return n_units * (U + 4);
+}
+// The block copies x (n_units * U floats, 16-byte aligned) into dst in XShared's
+// layout. Every thread of the block calls it; the caller synchronises.
+template <int U>
+__device__ __forceinline__ void block_stage_x(float* dst, const float* x, int64_t n_units) {
+  static_assert(U % 4 == 0, "whole float4s per unit");
+  const int64_t n4 = n_units * U / 4;
+  for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+    const int64_t u = (4 * i) / U, j = (4 * i) % U;
+    *reinterpret_cast<float4*>(dst + u * (U + 4) + j) = reinterpret_cast<const float4*>(x)[i];
+  }
+}
+
+// The IQ2_XXS grid in shared memory for a block that decodes IQ2_XXS units (a
+// warp's 32 grid look-ups in global memory touch up to 16 L1 lines; in shared
+// memory a few banks conflict at most). Every thread of the block calls it; the
+// caller synchronises before decoding. Other types: the tables as given.
+template <GgmlType T>
+__device__ __forceinline__ QuantTables block_tables(const QuantTables& tab) {
+  if constexpr (T == GgmlType::IQ2_XXS) {
+    __shared__ uint64_t grid[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = tab.iq2_grid[i];
+    QuantTables t = tab;
+    t.iq2_grid = grid;
+    return t;
+  } else {
+    return tab;
+  }
+}
+
+// Lane-strided dot products of R weight rows with one f32 vector x (n_units *
+// U floats, read through the XGlobal/XShared view xv); sums[i] is valid in lane
+// 0 (and garbage for i >= nr: those rows repeat rows[0] so that every lane runs
+// the same code). Every lane of the warp must call it. Per row and lane: units
+// lane, lane+32, ... each element j in order, acc = fma(w, x, acc); then
+// warp_sum — the canonical order, so any R, x view and the staged/unstaged
+// variants give bit-identical results. R > 1 reuses each x unit (registers)
+// for R rows and keeps R rows' loads in flight per warp.
+// on_issued(): called once by every lane right after the first weight loads are
+// in flight (the block prologue — staging x, tables — overlaps them; it may
+// synchronise the block).
 // Staged: the unit bytes of each 32-unit chunk are copied to `stage` (this
 // warp's two shared buffers of R * stage_vecs<T>() vectors each,
 // stage_bytes_per_warp<T, R>() bytes; requires can_stage) with coalesced wide
 // cp.async copies, double-buffered: chunk c + 1 is in flight while the lanes
 // decode chunk c from shared memory.
-template <GgmlType T, int R, bool Staged>
-__device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const float* x, int lane,
-                                              const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R]) {
+// Unstaged F32/F16/BF16 (one 16-byte vector per unit): 8 / R units per lane are
+// loaded into registers before any is used (the matrices that take this path
+// are small: without several loads in flight per lane they are latency-bound).
+template <GgmlType T, int R, bool Staged, class XView, class OnIssued>
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const XView& xv, int lane,
+                                              const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R],
+                                              OnIssued&& on_issued) {
   using Vec = typename UnitStaging<T>::Vec;
   constexpr int U = WeightUnit<T>::U;
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-  // acc[i] += the unit's weights (decoded from `src` at unit index `ui`) times x unit u.
-  auto fma_unit = [&](int64_t u, auto&& src_of, int64_t ui) {
-    float xv[U];
-    load_f32x4s(x + u * U, xv);
+  // acc[i] += w_i (decoded by decode_i(i, w)) times x unit u.
+  auto fma_unit = [&](int64_t u, auto&& decode_i) {
+    float xu[U];
+    xv.unit(u, xu);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       float w[U];
-      WeightUnit<T>::decode(src_of(i), ui, w, tab);
+      decode_i(i, w);
 #pragma unroll
-      for (int j = 0; j < U; ++j) acc[i] = fmaf(w[j], xv[j], acc[i]);
+      for (int j = 0; j < U; ++j) acc[i] = fmaf(w[j], xu[j], acc[i]);
     }
   };
   if constexpr (Staged) {
@@ -335,6 +435,7 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
       cp_async_commit();
     };
     issue(0, stage);
+    on_issued();
     for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
       Vec* cur = stage + ((c0 / 32) & 1) * R * SV;
       if (c0 + 32 < n_units) {
@@ -346,11 +447,35 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
       __syncwarp();  // every lane's copies of this chunk are visible
       const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
       if (lane < k)
-        fma_unit(c0 + lane, [&](int r) { return reinterpret_cast<const uint8_t*>(cur + r * SV); }, lane);
+        fma_unit(c0 + lane, [&](int r, float* w) {
+          const auto* buf = reinterpret_cast<const uint8_t*>(cur + r * SV);
+          if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(buf, lane, w);
+          else WeightUnit<T>::decode(buf, lane, w, tab);
+        });
       __syncwarp();  // `cur` is refilled by the next step's issue
     }
+  } else if constexpr (T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16) {
+    constexpr int B = R >= 8 ? 1 : 8 / R;  // units per lane in flight
+    for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
+      uint4 raw[B][R];
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int64_t u = c0 + 32 * b + lane;
+        if (u < n_units)
+#pragma unroll
+          for (int i = 0; i < R; ++i) raw[b][i] = ld(reinterpret_cast<const uint4*>(rows[i]) + u);
+      }
+      if (c0 == 0) on_issued();
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int64_t u = c0 + 32 * b + lane;
+        if (u < n_units) fma_unit(u, [&](int i, float* w) { WeightUnit<T>::decode_vec(raw[b][i], w); });
+      }
+    }
   } else {
-    for (int64_t u = lane; u < n_units; u += 32) fma_unit(u, [&](int r) { return rows[r]; }, u);
+    on_issued();
+    for (int64_t u = lane; u < n_units; u += 32)
+      fma_unit(u, [&](int i, float* w) { WeightUnit<T>::decode(rows[i], u, w, tab); });
   }
 #pragma unroll
   for (int i = 0; i < R; ++i) sums[i] = warp_sum(acc[i]);

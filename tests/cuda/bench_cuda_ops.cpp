@@ -1,0 +1,234 @@
+// bench_cuda_ops: times the CUDA backend's weight-streaming ops at DeepSeek V4
+// Flash shapes, one kernel family at a time (the llm.c dev/cuda habit: each
+// kernel checked by test_cuda_ops, then timed here), in seconds instead of an
+// 80 GiB model load.
+//
+//   bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores]
+//
+// Cases: every matmul shape a Flash decode step runs (weight type, rows x cols,
+// groups; n = 1 by default, --n 512 times the prefill tiles) and the routed
+// experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token). What a case
+// measures: R ops recorded as one CUDA graph (as the decode step runs them,
+// back to back) and replayed; µs per op = wall time / (replays x R). Each op of
+// the graph reads a different copy of the weights (copies are made until they
+// exceed 256 MiB; the experts use random ids over all 256), so the weights come
+// from DRAM as in a real step, not from the 60 MiB L2. GB/s = weight bytes
+// read per op / time. Weights are random (tests/cuda/cuda_test_util.h); the
+// kernels' speed does not depend on the values.
+//
+// Output: one line per case, then nothing else; exit 0, 77 without a GPU.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+
+namespace {
+
+using namespace dsv4;
+using namespace dsv4::cudatest;
+
+struct Opts {
+  std::string filter;
+  int64_t n = 1;
+  int reps = 0;  // ops per graph; 0 = as many as there are weight copies
+  bool tensor_cores = true;
+};
+
+Tensor upload(Backend& gpu, GgmlType t, const std::vector<uint8_t>& bytes, int64_t n0, int64_t n1, int64_t n2 = 1) {
+  const int64_t ne[4] = {n0, n1, n2, 1};
+  auto w = gpu.upload_weight(bytes.data(), t, ne);
+  if (!w) {
+    std::fprintf(stderr, "bench_cuda_ops: upload: %s\n", w.error().message.c_str());
+    std::exit(1);
+  }
+  return *w;
+}
+
+Tensor f32_input(Backend& gpu, Rng& r, int64_t n0, int64_t n1) {
+  Tensor t = gpu.alloc(GgmlType::F32, n0, n1);
+  const std::vector<float> v = random_normal(r, static_cast<size_t>(n0 * n1));
+  gpu.write(t, v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+// Runs `op(i)` (op i of the sequence) once eagerly, then records `reps` of them
+// as one graph and replays it until ~0.3 s have passed; returns seconds per op.
+template <class Op>
+double time_ops(Backend& gpu, int reps, Op op) {
+  for (int i = 0; i < reps; ++i) op(i);  // sizes scratch buffers, warms up
+  gpu.synchronize();
+  if (!gpu.capture_begin()) {
+    std::fprintf(stderr, "bench_cuda_ops: the backend cannot record graphs\n");
+    std::exit(1);
+  }
+  for (int i = 0; i < reps; ++i) op(i);
+  const uint64_t id = gpu.capture_end();
+  gpu.replay(id);
+  gpu.synchronize();
+  int replays = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double s = 0;
+  while (s < 0.3) {
+    for (int j = 0; j < 4; ++j, ++replays)  // queued back to back; one wait per 4 graphs
+      if (!gpu.replay(id)) {
+        std::fprintf(stderr, "bench_cuda_ops: graph replay refused\n");
+        std::exit(1);
+      }
+    gpu.synchronize();
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  gpu.drop_replay(id);
+  return s / (static_cast<double>(replays) * reps);
+}
+
+void row(const char* what, double sec, double bytes, double flops) {
+  std::printf("%-46s %10.2f us %9.1f GB/s", what, sec * 1e6, bytes / sec / 1e9);
+  if (flops > 0) std::printf(" %8.1f TFLOP/s", flops / sec / 1e12);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
+  struct C {
+    GgmlType t;
+    int64_t rows, cols;
+    int groups;
+  };
+  using G = GgmlType;
+  // The matmuls of one Flash layer (model-spec.md §12), largest first.
+  const C cases[] = {
+      {G::Q8_0, 32768, 1024, 1}, {G::Q8_0, 4096, 8192, 1}, {G::Q8_0, 8192, 4096, 8}, {G::Q8_0, 2048, 4096, 1},
+      {G::Q8_0, 4096, 2048, 1},  {G::Q8_0, 1024, 4096, 1}, {G::Q8_0, 512, 4096, 1},  {G::F16, 8192, 1024, 1},
+      {G::F16, 1024, 4096, 1},   {G::F16, 512, 4096, 1},   {G::F16, 256, 4096, 1},   {G::F16, 64, 4096, 1},
+  };
+  for (const C& c : cases) {
+    const std::string name = strfmt("matmul %s %lldx%lld%s n=%lld", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
+                                    c.groups > 1 ? strfmt(" g%d", c.groups).c_str() : "", (long long)o.n);
+    if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+    const double wbytes = static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(c.rows);
+    const int copies = static_cast<int>(std::min<double>(64.0, std::max(2.0, std::ceil(256.0 * 1048576.0 / wbytes))));
+    const std::vector<uint8_t> bytes = random_weight(r, c.t, c.cols, c.rows);  // one random matrix, copied
+    std::vector<Tensor> ws;
+    for (int i = 0; i < copies; ++i) ws.push_back(upload(gpu, c.t, bytes, c.cols, c.rows));
+    Tensor x = f32_input(gpu, r, c.cols * c.groups, o.n);
+    Tensor out = gpu.alloc(GgmlType::F32, c.rows, o.n);
+    const int reps = o.reps > 0 ? o.reps : copies;
+    const double sec = time_ops(gpu, reps, [&](int i) { gpu.matmul({out, ws[static_cast<size_t>(i % copies)], x, c.groups}); });
+    row(name.c_str(), sec, wbytes, 2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(o.n));
+    gpu.synchronize();
+    for (auto& w : ws) gpu.free(w);
+    gpu.free(x);
+    gpu.free(out);
+  }
+}
+
+void bench_experts(Backend& gpu, Rng& r, const Opts& o) {
+  const std::string name = strfmt("moe_experts IQ2_XXS/Q2_K E=256 k=6 n=%lld", (long long)o.n);
+  if (!o.filter.empty() && name.find(o.filter) == std::string::npos) return;
+  const int64_t E = 256, F = 2048, D = 4096, k = 6, n = o.n;
+  Tensor gate = upload(gpu, GgmlType::IQ2_XXS, random_weight(r, GgmlType::IQ2_XXS, D, F * E), D, F, E);
+  Tensor up = upload(gpu, GgmlType::IQ2_XXS, random_weight(r, GgmlType::IQ2_XXS, D, F * E), D, F, E);
+  Tensor down = upload(gpu, GgmlType::Q2_K, random_weight(r, GgmlType::Q2_K, F, D * E), F, D, E);
+  const int reps = o.reps > 0 ? o.reps : 16;
+  // Per op: n tokens x k distinct experts, fresh ids each op (uniform over the 256).
+  std::vector<Tensor> ids, wts;
+  for (int i = 0; i < reps; ++i) {
+    std::vector<int32_t> e(static_cast<size_t>(n * k));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t v;
+        bool dup;
+        do {
+          v = static_cast<int32_t>(r.below(E));
+          dup = false;
+          for (int64_t jj = 0; jj < j; ++jj) dup |= e[static_cast<size_t>(t * k + jj)] == v;
+        } while (dup);
+        e[static_cast<size_t>(t * k + j)] = v;
+      }
+    Tensor ti = gpu.alloc(GgmlType::I32, k, n);
+    gpu.write(ti, e.data(), e.size() * sizeof(int32_t));
+    ids.push_back(ti);
+    const std::vector<float> w = random_uniform(r, static_cast<size_t>(n * k), 0.1f, 1.0f);
+    Tensor tw = gpu.alloc(GgmlType::F32, k, n);
+    gpu.write(tw, w.data(), w.size() * sizeof(float));
+    wts.push_back(tw);
+  }
+  Tensor x = f32_input(gpu, r, D, n);
+  Tensor out = gpu.alloc(GgmlType::F32, D, n);
+  const double sec = time_ops(gpu, reps, [&](int i) {
+    gpu.moe_experts({out, x, gate, up, down, ids[static_cast<size_t>(i)], wts[static_cast<size_t>(i)], 10.0f, false});
+  });
+  // Weight bytes: each distinct expert's three matrices once (n = 1: k experts).
+  const double per_expert = static_cast<double>(gate.row_bytes() * F * 2 + down.row_bytes() * D);
+  const double distinct = n == 1 ? static_cast<double>(k) : static_cast<double>(E) * (1.0 - std::pow(1.0 - 1.0 / E, static_cast<double>(n * k)));
+  row(name.c_str(), sec, per_expert * distinct, 2.0 * 3.0 * static_cast<double>(F * D) * static_cast<double>(n * k));
+  gpu.synchronize();
+  for (auto& t : ids) gpu.free(t);
+  for (auto& t : wts) gpu.free(t);
+  gpu.free(gate);
+  gpu.free(up);
+  gpu.free(down);
+  gpu.free(x);
+  gpu.free(out);
+}
+
+const char* k_usage =
+    "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores]\n"
+    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\")\n"
+    "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
+    "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
+    "  --no-tensor-cores   batched matmuls on the FFMA tiles\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_cuda_ops: %s needs a value\n%s", a.c_str(), k_usage);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--filter") o.filter = value();
+    else if (a == "--n") o.n = std::atoll(value());
+    else if (a == "--reps") o.reps = std::atoi(value());
+    else if (a == "--no-tensor-cores") o.tensor_cores = false;
+    else if (a == "--help" || a == "-h") {
+      std::printf("%s", k_usage);
+      return 0;
+    } else {
+      std::fprintf(stderr, "bench_cuda_ops: unknown option %s\n%s", a.c_str(), k_usage);
+      return 2;
+    }
+  }
+  if (o.n < 1 || o.n > 65536 || o.reps < 0 || o.reps > 4096) {
+    std::fprintf(stderr, "bench_cuda_ops: --n must be 1..65536 and --reps 0..4096\n");
+    return 2;
+  }
+  if (!cuda_device_present()) {
+    std::fprintf(stderr, "bench_cuda_ops: no CUDA device\n");
+    return 77;
+  }
+  CudaBackendOptions gopt;
+  gopt.tensor_cores = o.tensor_cores;
+  gopt.print_properties = false;
+  auto gpu = make_cuda_backend(0, gopt);
+  if (!gpu) {
+    std::fprintf(stderr, "bench_cuda_ops: %s\n", gpu.error().message.c_str());
+    return 1;
+  }
+  std::printf("# bench_cuda_ops on %s; n=%lld\n", (*gpu)->name().c_str(), static_cast<long long>(o.n));
+  Rng r(1);
+  bench_matmuls(**gpu, r, o);
+  bench_experts(**gpu, r, o);
+  return 0;
+}
