@@ -444,14 +444,13 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
   backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
   for (uint32_t il = 0; il < P.n_layer; ++il) {
     const DeviceLayer& L = layers_[il];
+    // hc_pre with the sublayer's input norm fused in: xn = RMSNorm(u; attn_norm).
     backend_.hc_pre({u, post, comb, state, L[LT::HC_ATTN_FN], L[LT::HC_ATTN_SCALE], L[LT::HC_ATTN_BASE], P.rms_eps,
-                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters)});
-    backend_.rms_norm({xn, u, L[LT::ATTN_NORM], P.rms_eps});
+                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::ATTN_NORM], P.rms_eps});
     attention_block(L, st.layers[il], P.ratio(il), n, false);
     backend_.hc_post({state, y, post, comb, ref});
     backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps,
-                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters)});
-    backend_.rms_norm({xn, u, L[LT::FFN_NORM], P.rms_eps});
+                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::FFN_NORM], P.rms_eps});
     ffn_block(L, n, il, P.is_hash_layer(il));
     backend_.hc_post({state, y, post, comb, ref});
   }
@@ -505,13 +504,11 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   // One block: window-only attention with plain RoPE, top-k MoE with bias.
   const DeviceLayer& L = mtp_block_;
   backend_.hc_pre({u, post, comb, state, L[LT::HC_ATTN_FN], L[LT::HC_ATTN_SCALE], L[LT::HC_ATTN_BASE], P.rms_eps, P.hc_eps,
-                   static_cast<int>(P.hc_sinkhorn_iters)});
-  backend_.rms_norm({xn, u, L[LT::ATTN_NORM], P.rms_eps});
+                   static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::ATTN_NORM], P.rms_eps});
   attention_block(L, st.mtp, 0, 1, true);
   backend_.hc_post({state, y, post, comb, ref});
   backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps, P.hc_eps,
-                   static_cast<int>(P.hc_sinkhorn_iters)});
-  backend_.rms_norm({xn, u, L[LT::FFN_NORM], P.rms_eps});
+                   static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::FFN_NORM], P.rms_eps});
   ffn_block(L, 1, P.n_layer, false);
   backend_.hc_post({state, y, post, comb, ref});
   // Head with the MTP block's own hc_head and norm, the shared output matrix.

@@ -69,6 +69,11 @@ struct HcPreOp {
   float norm_eps = 1e-6f;  // RMS epsilon of the state normalisation
   float hc_eps = 1e-6f;
   int sinkhorn_iters = 20;
+  // Optional (norm_out set): also norm_out = RMSNorm(u; norm_w, norm_rms_eps),
+  // the sublayer's input norm fused into the op (one kernel less per sublayer).
+  Tensor norm_out;  // [n, D] f32 out
+  Tensor norm_w;    // [D] f32, or empty: no weight
+  float norm_rms_eps = 1e-6f;
 };
 
 // mHC post-mix (§4.3): X'_j = post_j * y + sum_i comb[i][j] X_i; optional bf16

@@ -50,12 +50,16 @@ void cases_mhc(Harness& h) {
       Pair u = b.out(GgmlType::F32, Shape(c.D, c.n));
       Pair post = b.out(GgmlType::F32, Shape(c.hc, c.n));
       Pair comb = b.out(GgmlType::F32, Shape(c.hc, c.hc, c.n));
-      h.cpu.hc_pre({u.c, post.c, comb.c, state.c, fn.c, scale.c, base.c, 1e-6f, 1e-6f, 20});
-      h.gpu.hc_pre({u.g, post.g, comb.g, state.g, fn.g, scale.g, base.g, 1e-6f, 1e-6f, 20});
+      // With the fused input norm (as the model runs it): xn = RMSNorm(u; w).
+      Pair xn = b.out(GgmlType::F32, Shape(c.D, c.n));
+      Pair nw = b.weight_f32(random_uniform(r, static_cast<size_t>(c.D), 0.5f, 1.5f), Shape(c.D));
+      h.cpu.hc_pre({u.c, post.c, comb.c, state.c, fn.c, scale.c, base.c, 1e-6f, 1e-6f, 20, xn.c, nw.c, 1e-6f});
+      h.gpu.hc_pre({u.g, post.g, comb.g, state.g, fn.g, scale.g, base.g, 1e-6f, 1e-6f, 20, xn.g, nw.g, 1e-6f});
       const std::string s = strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
       h.report.nmse("hc_pre u", s, b.diff(u), k_thr_f32);
       h.report.nmse("hc_pre post", s, b.diff(post), k_thr_f32);
       h.report.nmse("hc_pre comb", s, b.diff(comb), k_thr_f32);
+      h.report.nmse("hc_pre norm", s, b.diff(xn), k_thr_f32);
     }
   }
   if (h.want("hc_post")) {

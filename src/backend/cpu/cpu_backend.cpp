@@ -119,6 +119,7 @@ class CpuBackend final : public Backend {
   void hc_pre(const HcPreOp& op) override {
     Timed t(this, profiling_ ? op_profile_key("hc_pre") : std::string());
     cpu::hc_pre(op);
+    if (op.norm_out) cpu::rms_norm({op.norm_out, op.u, op.norm_w, op.norm_rms_eps});
   }
   void hc_post(const HcPostOp& op) override {
     Timed t(this, profiling_ ? op_profile_key("hc_post") : std::string());

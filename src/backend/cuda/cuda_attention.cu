@@ -50,11 +50,15 @@ constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the s
 
 // Partial attention of one key split. Outputs (token t of the group, head h, split s):
 // part_ml[((t*H + h)*S + s)*2 + {0,1}] = {m, l}; part_acc[((t*H + h)*S + s)*d + e].
+// HG (heads per block) is a template argument so that the per-head loops
+// unroll: the HG logits' warp sums of a key are independent shuffle chains the
+// warp interleaves (a run-time HG serialised them: 8 x 5 dependent shuffles).
+template <int HG>
 __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
                                                               const void* ring, GgmlType ring_type, int64_t cap_w,
                                                               const void* comp, GgmlType comp_type, int64_t comp_rows,
                                                               const int32_t* sel, int64_t n_sel,
-                                                              const int32_t* pos, int H, int HG, int64_t d, int window,
+                                                              const int32_t* pos, int H, int64_t d, int window,
                                                               int ratio, float scale) {
   extern __shared__ float sm[];
   float* qs = sm;                        // [HG][d]
@@ -81,7 +85,7 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
   for (int64_t i = threadIdx.x; i < HG * d; i += blockDim.x) qs[i] = qt[i];
 
   // This warp's share of the output: head hl, elements e_base + lane + 32*i for i < epl.
-  const int wph = k_att_warps / HG;
+  constexpr int wph = k_att_warps / HG;
   const int hl = warp / wph;
   const int64_t span = d / wph, e_base = (warp % wph) * span;
   const int epl = static_cast<int>(span / 32);
@@ -113,13 +117,19 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
     if (key) {
       warp_load_kv_row(kr, key, d, key_type);
       __syncwarp();
-      for (int h = 0; h < HG; ++h) {
-        const float* qh = qs + h * d;
-        float part = 0.0f;
-        for (int64_t e = lane; e < d; e += 32) part = fmaf(qh[e], kr[e], part);
-        part = warp_sum(part);
-        if (lane == 0) lg[h * k_att_tile + warp] = part * scale;
+      float part[HG];
+#pragma unroll
+      for (int h = 0; h < HG; ++h) part[h] = 0.0f;
+      for (int64_t e = lane; e < d; e += 32) {
+        const float kv = kr[e];
+#pragma unroll
+        for (int h = 0; h < HG; ++h) part[h] = fmaf(qs[h * d + e], kv, part[h]);
       }
+#pragma unroll
+      for (int h = 0; h < HG; ++h) part[h] = warp_sum(part[h]);
+      if (lane == 0)
+#pragma unroll
+        for (int h = 0; h < HG; ++h) lg[h * k_att_tile + warp] = part[h] * scale;
     } else {
       for (int64_t e = lane; e < d; e += 32) kr[e] = 0.0f;
       if (lane < HG) lg[lane * k_att_tile + warp] = neg_inf;
@@ -166,28 +176,50 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
     if (ii < epl) o[e_base + lane + 32 * ii] = acc[ii];
 }
 
-// Merges the S splits of (token t, head h) in split order and normalises with the sink.
+// Merges the S splits of (token t, head h) in split order and normalises with
+// the sink. The split weights e^(m_s - M) and the denominator are computed once
+// per block (thread 0, in split order) and shared; each element then sums its
+// S partials in split order.
 __global__ void __launch_bounds__(128) attention_combine_kernel(float* out, const float* part_acc, const float* part_ml,
                                                                 const float* sinks, int H, int S, int64_t d) {
+  __shared__ float f[k_att_splits];  // e^(m_s - M); 0 marks a split without keys (m_s = -inf)
+  __shared__ unsigned char valid[k_att_splits];
+  __shared__ float den_s;
   const float neg_inf = -__int_as_float(0x7f800000);
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
   const int64_t base = (t * H + h) * S;
-  float M = neg_inf;
-  for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (base + s)]);
-  float l = 0.0f;
-  for (int s = 0; s < S; ++s) {
-    const float m = part_ml[2 * (base + s)];
-    if (m != neg_inf) l = fmaf(expf(m - M), part_ml[2 * (base + s) + 1], l);
+  if (threadIdx.x == 0) {
+    float m[k_att_splits], ls[k_att_splits];
+    float M = neg_inf;
+#pragma unroll
+    for (int s = 0; s < k_att_splits; ++s)
+      if (s < S) {  // all loads first (independent), then the chains
+        m[s] = part_ml[2 * (base + s)];
+        ls[s] = part_ml[2 * (base + s) + 1];
+      }
+#pragma unroll
+    for (int s = 0; s < k_att_splits; ++s)
+      if (s < S) M = fmaxf(M, m[s]);
+    float l = 0.0f;
+#pragma unroll
+    for (int s = 0; s < k_att_splits; ++s)
+      if (s < S) {
+        const bool v = m[s] != neg_inf;
+        const float fs = v ? expf(m[s] - M) : 0.0f;
+        valid[s] = v;
+        f[s] = fs;
+        if (v) l = fmaf(fs, ls[s], l);
+      }
+    den_s = l + expf(sinks[h] - M);
   }
-  const float den = l + expf(sinks[h] - M);
+  __syncthreads();
+  const float den = den_s;
   float* o = out + (t * H + h) * d;
   for (int64_t e = threadIdx.x; e < d; e += blockDim.x) {
     float a = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      const float m = part_ml[2 * (base + s)];
-      if (m != neg_inf) a = fmaf(expf(m - M), part_acc[(base + s) * d + e], a);
-    }
+    for (int s = 0; s < S; ++s)
+      if (valid[s]) a = fmaf(f[s], part_acc[(base + s) * d + e], a);
     o[e] = a / den;
   }
 }
@@ -215,7 +247,6 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   DSV4_ASSERT(n <= 0x7fffffff && H / HG <= 65535, "attention: %lld tokens x %lld heads too many", static_cast<long long>(n),
               static_cast<long long>(H));
   const size_t smem = (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) * sizeof(float);
-  allow_smem(attention_split_kernel, smem);
   const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
   const int S = k_att_splits;
   const int64_t tg = std::min<int64_t>(n, k_att_tok_group);
@@ -224,11 +255,17 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   float* part_ml = part_acc + acc_floats;
   for (int64_t t0 = 0; t0 < n; t0 += tg) {
     const int64_t nt = std::min(tg, n - t0);
-    attention_split_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256,
-                             smem, ctx.stream>>>(
-        part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.data, op.ring.type, cap_w, op.comp ? op.comp.data : nullptr,
-        op.comp ? op.comp.type : GgmlType::F32, op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr, n_sel, op.pos.i32() + t0,
-        static_cast<int>(H), HG, d, op.window, op.ratio, op.scale);
+    auto split = [&](auto kernel) {
+      allow_smem(kernel, smem);
+      kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256, smem, ctx.stream>>>(
+          part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.data, op.ring.type, cap_w, op.comp ? op.comp.data : nullptr,
+          op.comp ? op.comp.type : GgmlType::F32, op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr,
+          n_sel, op.pos.i32() + t0, static_cast<int>(H), d, op.window, op.ratio, op.scale);
+    };
+    if (HG == 8) split(attention_split_kernel<8>);
+    else if (HG == 4) split(attention_split_kernel<4>);
+    else if (HG == 2) split(attention_split_kernel<2>);
+    else split(attention_split_kernel<1>);
     CUDA_CHECK_LAUNCH();
     attention_combine_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(
         op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), static_cast<int>(H), S, d);

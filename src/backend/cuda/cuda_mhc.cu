@@ -21,7 +21,10 @@
 //              runs Sinkhorn on the hc x hc matrix with one lane per entry
 //              (exactly cpu::sinkhorn's operations) while warp 1 forms the
 //              pre/post gates (other hc: thread 0 does both), or the head
-//              weights; all threads form u = sum_i pre_i X_i (or h = sum_i w_i X_i).
+//              weights; all threads form u = sum_i pre_i X_i (or h = sum_i w_i X_i);
+//              with HcPreOp::norm_out, the same block then writes RMSNorm(u; w)
+//              with rms_norm_kernel's row code (the sublayer's input norm: one
+//              launch less per sublayer).
 //           S depends only on hc*D, so results never depend on the batch size.
 // hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round);
 //           one thread per (token, d), in place.
@@ -33,6 +36,7 @@
 
 #include "backend/cuda/cuda_mhc.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/cuda_rowops.cuh"
 
 namespace dsv4::cuda {
 
@@ -204,7 +208,8 @@ __device__ float sinkhorn_warp4(float v, float eps, int iters) {
 
 __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
                                        const double* part_ss, const float* scale, const float* base, float norm_eps,
-                                       float hc_eps, int iters, float* u, float* post, float* comb) {
+                                       float hc_eps, int iters, float* u, float* post, float* comb, float* xn,
+                                       const float* xn_w, float xn_eps) {
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -258,6 +263,11 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
         if (i < hc) s = __fadd_rn(s, __fmul_rn(pre[i], xv[q][i]));
       u[t * D + d] = s;
     }
+  }
+  if (xn) {  // the fused input norm: rms_norm_kernel's row code on the u just written
+    __shared__ double red[33];
+    __syncthreads();
+    block_rms_norm_row(xn + t * D, u + t * D, xn_w, D, xn_eps, red);
   }
 }
 
@@ -354,6 +364,8 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   const int n_mix = static_cast<int>((2 + hc) * hc);
   DSV4_ASSERT(hc >= 1 && hc <= k_max_hc, "hc_pre: %lld streams (at most %d)", static_cast<long long>(hc), k_max_hc);
   DSV4_ASSERT(op.fn.ne[0] == hc * D && op.fn.ne[1] == n_mix, "hc_pre: fn shape");
+  DSV4_ASSERT(!op.norm_out || (op.norm_out.ne[0] == D && op.norm_out.n_rows() >= n), "hc_pre: norm output shape");
+  DSV4_ASSERT(!op.norm_w || op.norm_w.ne[0] == D, "hc_pre: norm weight length");
   if (n == 0) return;
   float* part_dot;
   double* part_ss;
@@ -362,7 +374,8 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   allow_smem(hc_pre_finalize_kernel, smem);
   hc_pre_finalize_kernel<<<static_cast<unsigned>(n), 256, smem, ctx.stream>>>(
       op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
-      op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32());
+      op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
+      op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -34,6 +34,28 @@ DSV4_HD V ld(const V* p) {
 template <GgmlType T>
 struct WeightUnit;
 
+// Exact integer -> float conversions of one byte of a word, for the decoders'
+// inner loops. I2F of an 8-bit or 64-bit integer is a quarter-rate
+// conversion-unit instruction (the IQ2_XXS and Q8_0 decoders issued one per
+// weight); on the device these are one byte permute into the mantissa of 2^23
+// (bits 0x4B0000bb = 2^23 + bb) and one f32 subtraction, both exact.
+// u8_f32(w, j) = float(byte j of w); s8_f32(wx, j) = float(int8 byte j of w)
+// given wx = w ^ 0x80808080 (so byte j of wx is that int8 + 128).
+DSV4_HD float u8_f32(uint32_t w, int j) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + static_cast<unsigned>(j))) - 8388608.0f;
+#else
+  return static_cast<float>((w >> (8 * j)) & 0xFFu);
+#endif
+}
+DSV4_HD float s8_f32(uint32_t wx, int j) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(__byte_perm(wx, 0x4B000000u, 0x7540u + static_cast<unsigned>(j))) - 8388736.0f;
+#else
+  return static_cast<float>(static_cast<int>((wx >> (8 * j)) & 0xFFu) - 128);
+#endif
+}
+
 template <>
 struct WeightUnit<GgmlType::F32> {
   static constexpr int U = 4;
@@ -90,9 +112,9 @@ struct WeightUnit<GgmlType::Q8_0> {
     const float d = f16_bits_to_f32(ld(b));
 DSV4_UNROLL
     for (int i = 0; i < 16; ++i) {
-      const uint16_t q2 = ld(b + 1 + i);
-      w[2 * i] = d * static_cast<float>(static_cast<int8_t>(q2 & 0xff));
-      w[2 * i + 1] = d * static_cast<float>(static_cast<int8_t>(q2 >> 8));
+      const uint32_t q2x = static_cast<uint32_t>(ld(b + 1 + i)) ^ 0x8080u;
+      w[2 * i] = d * s8_f32(q2x, 0);
+      w[2 * i + 1] = d * s8_f32(q2x, 1);
     }
   }
   // The same from a 4-byte aligned copy (the staged matvec's shared memory): the
@@ -110,9 +132,9 @@ DSV4_UNROLL
 DSV4_UNROLL
     for (int m = 0; m < 8; ++m) {
       // qs[4m .. 4m+3] = block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32).
-      const uint32_t q4 = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh));
+      const uint32_t q4x = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh)) ^ 0x80808080u;
 DSV4_UNROLL
-      for (int j = 0; j < 4; ++j) w[4 * m + j] = d * static_cast<float>(static_cast<int8_t>((q4 >> (8 * j)) & 0xffu));
+      for (int j = 0; j < 4; ++j) w[4 * m + j] = d * s8_f32(q4x, j);
     }
   }
 };
@@ -138,12 +160,9 @@ DSV4_UNROLL
       const float ml = dmin * static_cast<float>(scb >> 4);
 DSV4_UNROLL
       for (int i = 0; i < 4; ++i) {
-        const uint32_t q4 = ld(q + 4 * k + i);
+        const uint32_t q4 = (ld(q + 4 * k + i) >> (2 * s)) & 0x03030303u;  // the 4 elements' 2-bit codes, one per byte
 DSV4_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const float qv = static_cast<float>((q4 >> (8 * j + 2 * s)) & 3u);
-          w[16 * k + 4 * i + j] = sub_rn(mul_rn(dl, qv), ml);
-        }
+        for (int j = 0; j < 4; ++j) w[16 * k + 4 * i + j] = sub_rn(mul_rn(dl, u8_f32(q4, j)), ml);
       }
     }
   }
@@ -226,11 +245,13 @@ struct WeightUnit<GgmlType::IQ2_XXS> {
 DSV4_UNROLL
     for (int k = 0; k < 4; ++k) {
       const uint64_t grid = ld(t.iq2_grid + ((wa >> (8 * k)) & 0xFFu));
+      const uint32_t g2[2] = {static_cast<uint32_t>(grid), static_cast<uint32_t>(grid >> 32)};
       const uint32_t sg = iq2_sign_bits((wb >> (7 * k)) & 127u);
 DSV4_UNROLL
       for (int j = 0; j < 8; ++j) {
-        const float v = mul_rn(db, static_cast<float>((grid >> (8 * j)) & 0xFFu));
-        w[8 * k + j] = ((sg >> j) & 1u) ? -v : v;
+        // -v for a set sign bit, as a flip of v's sign bit (one logic op, no select).
+        const float v = mul_rn(db, u8_f32(g2[j >> 2], j & 3));
+        w[8 * k + j] = float_of(bits_of(v) ^ ((sg << (31 - j)) & 0x80000000u));
       }
     }
   }
