@@ -23,7 +23,7 @@ struct BenchArgs {
   bool no_tensor_cores = false;
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
-  int gen_tokens = 32, threads = 0, batch = 512;
+  int gen_tokens = 32, threads = 0, batch = 0;  // 0: the backend's default
   bool profile = false;
 };
 
@@ -49,6 +49,7 @@ int run_bench(const BenchArgs& a) {
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
   const EngineInfo& info = (*engine)->info();
+  o.prefill_batch = info.prefill_batch;  // the header records the batch in use
 
   // The fixed token sequence: a prompt file's tokens repeated, or a deterministic
   // walk over ordinary (non-special) tokens.
@@ -181,7 +182,8 @@ void register_bench(CLI::App& app) {
                 "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward)")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 2048, CPU 512)")
+      ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");
   cmd->callback([a] { set_exit_code(run_bench(*a)); });

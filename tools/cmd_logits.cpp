@@ -17,7 +17,7 @@ namespace {
 
 struct LogitsArgs {
   std::string model, tokens, tokens_file, out, numerics = "reference", backend = "auto", positions;
-  int threads = 0, batch = 512;
+  int threads = 0, batch = 0;  // 0: the backend's default
   uint32_t ctx = 0;
   bool no_tensor_cores = false;
 };
@@ -132,7 +132,8 @@ void register_logits(CLI::App& app) {
   cmd->add_flag("--no-tensor-cores", a->no_tensor_cores,
                 "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Tokens per forward batch")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Tokens per forward batch; 0 = the backend's default (CUDA 2048, CPU 512)")
+      ->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Session context (default: the number of tokens)");
   cmd->add_option("--positions", a->positions,
                   "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "

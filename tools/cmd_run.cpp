@@ -32,7 +32,7 @@ namespace {
 // The flags as given (CLI11 fills these), before validation.
 struct RunArgs {
   std::string model, mtp, backend = "auto", numerics = "reference";
-  int threads = 0, batch = 512;
+  int threads = 0, batch = 0;  // 0: the backend's default
   uint32_t ctx = 32768;
   std::string prompt, prompt_file, system;
   bool prompt_given = false;  // -p was used (possibly with an empty text)
@@ -73,7 +73,7 @@ Status validate(const RunArgs& a) {
   if (a.max_tokens < 0) return make_error("-n must be >= 0 (0 = until the end of the reply; got %d)", a.max_tokens);
   if (a.ctx < 2) return make_error("--ctx must be at least 2 tokens (got %u)", a.ctx);
   if (a.threads < 0) return make_error("--threads must be >= 0 (0 = all cores; got %d)", a.threads);
-  if (a.batch < 1 || a.batch > 65536) return make_error("--batch must be in [1, 65536] (got %d)", a.batch);
+  if (a.batch < 0 || a.batch > 65536) return make_error("--batch must be in [1, 65536], or 0 for the default (got %d)", a.batch);
   if (a.logprobs_top_k < 0 || a.logprobs_top_k > 100)
     return make_error("--logprobs-top-k must be in [0, 100] (got %d)", a.logprobs_top_k);
   if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda")
@@ -266,7 +266,8 @@ void register_run(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prompt tokens per forward batch")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Prompt tokens per forward batch; 0 = the backend's default (CUDA 2048, CPU 512)")
+      ->capture_default_str();
   cmd->add_option("--mtp", a->mtp, "MTP block GGUF (loaded and checked; decoding does not use it yet)")->type_name("FILE");
   cmd->add_option("--dump-logprobs", a->dump_logprobs,
                   "Write the greedy continuation with per-token logprobs and top-K alternatives to this JSON file")

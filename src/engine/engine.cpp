@@ -23,12 +23,15 @@
 
 namespace dsv4 {
 
+int default_prefill_batch(bool cuda) { return cuda ? 2048 : 512; }
+
 std::string EngineOptions::describe() const {
   const std::string model = synthetic.empty() ? model_path : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
                                                                      static_cast<unsigned long long>(synthetic_seed));
-  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%d%s", model.c_str(),
+  const std::string batch = prefill_batch > 0 ? std::to_string(prefill_batch) : "auto";
+  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s", model.c_str(),
                 mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
-                prefill_batch, tensor_cores ? "" : " tensor_cores=off");
+                batch.c_str(), tensor_cores ? "" : " tensor_cores=off");
 }
 
 namespace {
@@ -157,7 +160,8 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   auto impl = std::make_unique<Impl>();
   impl->opts = o;
   DSV4_TRY_ASSIGN(Numerics numerics, numerics_from_name(o.numerics));
-  if (o.prefill_batch < 1 || o.prefill_batch > 65536) return make_error("prefill batch %d out of range [1, 65536]", o.prefill_batch);
+  if (o.prefill_batch < 0 || o.prefill_batch > 65536)
+    return make_error("prefill batch %d out of range [1, 65536] (0: the backend's default)", o.prefill_batch);
   if (o.synthetic.empty()) {
     DSV4_TRY_ASSIGN(impl->file, open_model(o.model_path));
   } else {
@@ -185,7 +189,9 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
                   }));
   ModelOptions mo;
   mo.numerics = numerics;
-  mo.max_batch = o.prefill_batch;
+  const bool on_cuda = impl->backend->kind() == BackendKind::CUDA;
+  mo.max_batch = o.prefill_batch > 0 ? o.prefill_batch : default_prefill_batch(on_cuda);
+  impl->opts.prefill_batch = mo.max_batch;
   DSV4_TRY_ASSIGN(impl->model, Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
 #ifdef DSV4_HAS_CUDA
   if (impl->backend->kind() == BackendKind::CUDA) {
@@ -225,6 +231,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     }
   }
   info.backend = impl->backend->name();
+  info.prefill_batch = mo.max_batch;
   info.numerics = numerics_name(numerics);
   {
     const GgmlType kv = kv_row_type(spec, mo), ix = indexer_row_type(spec, mo);

@@ -274,7 +274,7 @@ TEST(CliRun, BadFlagValuesAreRefused) {
       {"--repeat-penalty 0", "--repeat-penalty"},
       {"--presence-penalty 9", "--presence-penalty"},
       {"-n -1", "-n"},                  {"--ctx 1", "--ctx"},
-      {"--threads -2", "--threads"},    {"--batch 0", "--batch"},
+      {"--threads -2", "--threads"},    {"--batch -1", "--batch"},
       {"--backend tpu", "--backend"},   {"--numerics fast", "--numerics"},
       {"--logprobs-top-k 1000 --dump-logprobs x.json", "--logprobs-top-k"},
       {"--stop ''", "--stop"},          {"--no-such-flag", "no-such-flag"},

@@ -59,8 +59,9 @@ void cases_compress(Harness& h) {
       {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {2, 6, 40, 1, 1}, false, "tiny indexer ratio 4, KV_FP4 rows", FP4},
       {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1}, true, "flash main ratio 4"},
       {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300}, true, "flash main ratio 128"},
-      {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1}, true, "flash main ratio 4, KV_FP8 rows", FP8},
-      {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300}, true, "flash main ratio 128, KV_FP8 rows", FP8},
+      // (2000 / 1000: prefill-sized batches completing hundreds of windows at once)
+      {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1, 2000, 1}, true, "flash main ratio 4, KV_FP8 rows", FP8},
+      {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300, 1000, 1}, true, "flash main ratio 128, KV_FP8 rows", FP8},
       {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {511, 1, 300}, true, "flash indexer ratio 4, KV_FP4 rows", FP4},
   };
   for (const C& c : cases) {

@@ -1,7 +1,8 @@
 // Cases: MoE router (hash and biased top-k, ties) and routed experts (every
 // expert weight type, accumulate, batch invariance — n >= 16 takes the
-// expert-grouped path: tiles of 16 on tensor cores when gate, up and down are
-// all block-quantised, else 8 — vs n = 1), tiny and Flash shapes.
+// expert-grouped path: tiles of 16 (32 from 32 assignments per expert on
+// average) on tensor cores when gate, up and down are all block-quantised,
+// else 8 — vs n = 1), tiny and Flash shapes.
 #include "ops_harness.h"
 
 namespace dsv4::cudatest {
@@ -62,7 +63,7 @@ void cases_moe(Harness& h) {
       bool flash;
     };
     const std::vector<C> cases = {
-        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5, 40}, false},
+        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5, 40, 160}, false},  // 160: 40 per expert, tensor-core tiles of 32
         {G::Q4_K, G::Q4_K, 8, 256, 256, 2, {1, 3, 24}, false},
         {G::Q8_0, G::F16, 8, 256, 256, 2, {20}, false},  // mixed: tensor-core gate/up in tiles of 8, FFMA down
         {G::Q8_0, G::Q8_0, 8, 256, 256, 2, {4, 33}, false},

@@ -202,6 +202,15 @@ TEST_F(EngineTest, NumericsModesDifferButAgree) {
   EXPECT_LT(num / den, 0.05) << "simulated rounding should perturb, not replace, the logits";
 }
 
+TEST_F(EngineTest, PrefillBatchZeroIsTheBackendDefault) {
+  auto e = load(0);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->info().prefill_batch, default_prefill_batch(false));
+  EXPECT_EQ(default_prefill_batch(false), 512);
+  EXPECT_EQ(default_prefill_batch(true), 2048);
+  EXPECT_EQ(load(48)->info().prefill_batch, 48);
+}
+
 TEST_F(EngineTest, BadInputGivesClearErrors) {
   auto e = load();
   auto s = e->new_session(64);
@@ -223,6 +232,11 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   o.model_path = g_model;
   o.backend = "tpu";
   EXPECT_FALSE(Engine::load(o).has_value());
+  o.backend = "cpu";
+  o.prefill_batch = -1;
+  auto neg = Engine::load(o);
+  ASSERT_FALSE(neg.has_value());
+  EXPECT_NE(neg.error().message.find("prefill batch -1"), std::string::npos);
   // Cancellation stops between batches and keeps what was done.
   auto small = load(16);
   auto sc = small->new_session();

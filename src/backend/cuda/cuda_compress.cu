@@ -4,16 +4,24 @@
 // w = c*d), projections kv/gate [n, w], APE [m, w] (any weight type, decoded
 // to f32 scratch first), output rows [cap_rows, d].
 //
-// Launch plan (three kernels, in stream order):
+// Launch plan (four kernels, in stream order):
 //   1. dequantize the APE rows to f32 scratch (cuda_matmul.cu).
-//   2. pool: one thread per output channel c (128-thread blocks), walking the
-//      batch's tokens in order — the frontier update is sequential per
-//      channel, the channels are independent. For each token: store (a,
-//      g + APE[p mod m]) in slot (overlap ? m : 0) + p mod m; when (p+1) mod m
-//      == 0, softmax-pool the R candidates (lane A of rows < m, lane B of rows
-//      >= m with overlap) in double, write the raw pooled value to scratch
-//      row t, then shift (overlap) or clear the frontier columns of c.
-//   3. post-process: one 128-thread block per token; blocks of emitting
+//   The batch's positions are consecutive (p_t = p_0 + t; checked), so every
+//   frontier entry the sequential update would hold at any token is known up
+//   front: position q's entry is (a, g + APE[q mod m]) from token q - p_0 when
+//   q >= p_0, else the frontier row it had before the batch. Hence:
+//   2. pool: grid (channel blocks of 128, windows completing in the batch):
+//      thread (c, window k) gathers the R candidates (lane A = column c of
+//      window k - 1 and lane B = column c + d of window k with overlap; else
+//      column c of window k), softmax-pools them in double in the CPU's order
+//      and writes the raw pooled value to scratch row t (the completing token).
+//      (Batches of <= 16 tokens, i.e. decode, take one kernel instead, whose
+//      thread per channel walks the batch in order; for a 2048-token batch
+//      that walk took 3.2 ms per call.)
+//   3. frontier: one thread per (row < m, column) writes what the sequential
+//      update would leave after the last token (rows that cannot change are
+//      not written: a decode step writes one row).
+//   4. post-process: one 128-thread block per token; blocks of emitting
 //      tokens take their scratch row: optional bf16 round, RMSNorm (norm_w),
 //      RoPE at position k*m, simulation (cuda_rowops.cuh), in place; then
 //      store it as row k = p div m in the rows' format (cuda_kv_rows.cuh).
@@ -31,7 +39,11 @@ namespace dsv4::cuda {
 
 namespace {
 
-__global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
+// Small batches (decode): one thread per output channel c walks the batch's
+// tokens in order, updating the frontier columns it owns and pooling each
+// window that completes (one launch; the parallel pool + frontier kernels
+// below give the same bits and win from ~a few windows per batch).
+__global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
                                      bool overlap, const float* kv, const float* gate, const float* ape,
                                      const int32_t* pos, int64_t n) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -88,11 +100,116 @@ __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d,
   }
 }
 
+// One frontier candidate (value a, score g) for position q in column col:
+// from the batch when q >= P0 (token q - P0; score = gate + APE[q mod m]),
+// else from the frontier as it was before the batch: `old_row` (-1: empty).
+__device__ __forceinline__ void compress_cand(int64_t q, int64_t col, int64_t old_row, int64_t P0, int m, int64_t w,
+                                              const float* kv, const float* gate, const float* ape, const float* sa,
+                                              const float* sg, float& av, float& gv) {
+  if (q >= P0) {
+    const int64_t t = q - P0;
+    av = kv[t * w + col];
+    gv = __fadd_rn(gate[t * w + col], ape[(q % m) * w + col]);
+  } else if (old_row >= 0) {
+    av = sa[old_row * w + col];
+    gv = sg[old_row * w + col];
+  } else {
+    av = 0.0f;
+    gv = -__int_as_float(0x7f800000);
+  }
+}
+
+// The raw pooled value of window k = P0/m + blockIdx.y (when it completes in
+// the batch, at position p = km + m - 1), channel c. The candidates are the
+// ones the sequential frontier would hold when p arrives: the positions of
+// window k (lane B with overlap), and with overlap those of window k - 1
+// (lane A); each from the batch or the frontier before it. Softmax pooling in
+// the CPU's order, in double.
+__global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, const float* sa, const float* sg, int64_t w,
+                                     int m, bool overlap, const float* kv, const float* gate, const float* ape,
+                                     const int32_t* pos, int64_t n) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= d) return;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  const int64_t P0 = pos[0], PL = P0 + n - 1, k0 = P0 / m;
+  const int64_t k = k0 + blockIdx.y, p = k * m + m - 1;
+  if (p > PL) return;
+  const int64_t R = overlap ? 2 * m : m;
+  // Candidate r: overlap and r < m: position (k-1)m + r, column c, old frontier row r (window k0 - 1)
+  // or m + r (window k0); else position km + r', r' = r - (overlap ? m : 0), column c (+ d with
+  // overlap), old frontier row (overlap ? m : 0) + r' (window k0).
+  auto cand = [&](int64_t r, float& av, float& gv) {
+    if (overlap && r < m) {
+      const int64_t q = (k - 1) * m + r;
+      const int64_t old_row = k == 0 ? -1 : (k - 1 == k0 - 1 ? r : m + r);
+      if (k == 0) {
+        av = 0.0f;
+        gv = neg_inf;
+      } else {
+        compress_cand(q, c, old_row, P0, m, w, kv, gate, ape, sa, sg, av, gv);
+      }
+    } else {
+      const int64_t rr = overlap ? r - m : r;
+      compress_cand(k * m + rr, overlap ? c + d : c, (overlap ? m : 0) + rr, P0, m, w, kv, gate, ape, sa, sg, av, gv);
+    }
+  };
+  float mx = neg_inf;
+  for (int64_t r = 0; r < R; ++r) {
+    float av, gv;
+    cand(r, av, gv);
+    mx = mx < gv ? gv : mx;
+  }
+  double num = 0.0, den = 0.0;
+  for (int64_t r = 0; r < R; ++r) {
+    float av, gv;
+    cand(r, av, gv);
+    if (gv == neg_inf) continue;
+    const double e = exp(static_cast<double>(__fsub_rn(gv, mx)));
+    den = __dadd_rn(den, e);
+    num = __dadd_rn(num, __dmul_rn(e, static_cast<double>(av)));
+  }
+  DEVICE_CHECK(k < cap_rows);
+  pooled[(p - P0) * d + c] = static_cast<float>(num / den);
+}
+
+// The frontier after the batch, thread (column col, row r < m): what the
+// sequential update leaves. kc = the window in progress after the last token
+// (kL + 1 when the last token completes window kL). Its rows hold positions
+// kc*m + r <= PL (from the batch, or the old frontier when kc is still the
+// window k0 the batch started in), empty beyond; with overlap the previous
+// rows hold window kc - 1. Rows that cannot have changed are not written
+// (a decode step writes one row). Runs after compress_pool_kernel, which reads
+// the old frontier; each thread reads its rows before writing them.
+__global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bool overlap, const float* kv, const float* gate,
+                                      const float* ape, const int32_t* pos, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(m) * w) return;
+  const int64_t r = i / w, col = i % w;
+  const int64_t P0 = pos[0], PL = P0 + n - 1, k0 = P0 / m, kL = PL / m;
+  const int64_t kc = (PL + 1) % m == 0 ? kL + 1 : kL;
+  const int64_t cur = (overlap ? m : 0) + r;  // this thread's current-window row
+  const int64_t q = kc * m + r;
+  const bool write_cur = kc != k0 || (q >= P0 && q <= PL);
+  const bool write_prev = overlap && kc != k0;
+  float ca = 0.0f, cg = -__int_as_float(0x7f800000), pa = 0.0f, pg = 0.0f;
+  if (write_cur && q <= PL) compress_cand(q, col, cur, P0, m, w, kv, gate, ape, sa, sg, ca, cg);
+  if (write_prev) compress_cand((kc - 1) * m + r, col, cur, P0, m, w, kv, gate, ape, sa, sg, pa, pg);
+  if (write_prev) {
+    sa[r * w + col] = pa;
+    sg[r * w + col] = pg;
+  }
+  if (write_cur) {
+    sa[cur * w + col] = ca;
+    sg[cur * w + col] = cg;
+  }
+}
+
 __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, int64_t d, const int32_t* pos, int m,
                                      const float* norm_w, float eps, RopeTable rt, KvQuantSim sim, int n_quant,
                                      bool round_bf16) {
   __shared__ double red[33];
   const int32_t p = pos[blockIdx.x];
+  DEVICE_CHECK(p == pos[0] + static_cast<int32_t>(blockIdx.x));  // consecutive positions (the pool and state kernels assume them)
   if ((p + 1) % m != 0) return;  // uniform over the block
   const int64_t k = p / m;
   float* row = pooled + static_cast<int64_t>(blockIdx.x) * d;
@@ -105,6 +222,16 @@ __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, i
   __syncthreads();
   block_quant_sim_row(row, d, sim, n_quant);  // ends with a barrier
   block_store_kv_row(kv_row_ptr(rows, type, d, k), row, d, type);
+}
+
+// Batches up to this size take compress_seq_kernel.
+constexpr int64_t k_compress_seq_max = 16;
+
+void launch_compress_post(const CudaContext& ctx, const CompressOp& op, float* pooled, const RopeTable& rt, int64_t n) {
+  compress_post_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.rows.data, op.rows.type, pooled, op.norm_w.ne[0],
+                                                                        op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps, rt,
+                                                                        op.sim, op.n_quant, op.round_pooled_bf16);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -132,14 +259,24 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   auto* ape = static_cast<float*>(ctx.scratch->get((ape_floats + static_cast<size_t>(n * d)) * sizeof(float), ctx.stream));
   float* pooled = ape + ape_floats;
   launch_dequantize_rows(ctx, op.ape, ape);
-  compress_pool_kernel<<<ceil_div(d, 128), 128, 0, ctx.stream>>>(pooled, op.rows.n_rows(), d, op.state_a.f32(),
-                                                                op.state_g.f32(), w, m, op.overlap, op.kv.f32(),
-                                                                op.gate.f32(), ape, op.pos.i32(), n);
+  if (n <= k_compress_seq_max) {
+    compress_seq_kernel<<<ceil_div(d, 128), 128, 0, ctx.stream>>>(pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(),
+                                                                 w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
+    CUDA_CHECK_LAUNCH();
+    launch_compress_post(ctx, op, pooled, rt, n);
+    return;
+  }
+  // Windows completing in the batch: at most n / m + 1.
+  const int64_t n_win = n / m + 1;
+  DSV4_ASSERT(n_win <= 65535, "compress: batch of %lld tokens too large for ratio %d", static_cast<long long>(n), m);
+  compress_pool_kernel<<<dim3(ceil_div(d, 128), static_cast<unsigned>(n_win)), 128, 0, ctx.stream>>>(
+      pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape,
+      op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
-  compress_post_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.rows.data, op.rows.type, pooled, d, op.pos.i32(), m,
-                                                                        op.norm_w.f32(), op.eps, rt, op.sim, op.n_quant,
-                                                                        op.round_pooled_bf16);
+  compress_state_kernel<<<ceil_div(static_cast<int64_t>(m) * w, 256), 256, 0, ctx.stream>>>(
+      op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
+  launch_compress_post(ctx, op, pooled, rt, n);
 }
 
 }  // namespace dsv4::cuda

@@ -25,7 +25,8 @@
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
 //   block, one thread per expert) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
-//   and down all run on tensor cores (mma_tile of cuda_mma.cuh, x and mid
+//   and down all run on tensor cores (32 for batches of >= 32 assignments per
+//   expert on average; mma_tile of cuda_mma.cuh, x and mid
 //   split to f16 hi/lo first), else <= 8 (weight_tile of cuda_tile.cuh for
 //   the other types); the tile kernel then reads each expert's weights once
 //   per tile instead of once per assignment. The tile count is only known on
@@ -404,9 +405,13 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
         CUDA_CHECK_LAUNCH();
         const dim3 grid(ceil_div(R, k_mma_rows), static_cast<unsigned>(p.max_tiles));
         const auto* wp = static_cast<const uint8_t*>(w.data);
+        allow_smem(expert_mma_kernel<T, 32>, sizeof(MmaSmem<32>));
         allow_smem(expert_mma_kernel<T, 16>, sizeof(MmaSmem<16>));
         allow_smem(expert_mma_kernel<T, 8>, sizeof(MmaSmem<8>));
-        if (p.tile == 16)
+        if (p.tile == 32)
+          expert_mma_kernel<T, 32><<<grid, 256, sizeof(MmaSmem<32>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+                                                                 xs, x_div, ctx.tables);
+        else if (p.tile == 16)
           expert_mma_kernel<T, 16><<<grid, 256, sizeof(MmaSmem<16>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
                                                                  xs, x_div, ctx.tables);
         else
@@ -457,11 +462,14 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t n_assign = n * k;
   const int64_t E = op.gate.ne[2];
   const bool grouped = n >= k_group_min_tokens && k > 0;
-  // 16 assignments per tile when all three matrices run on tensor cores, else the FFMA tile's 8.
+  // Assignments per tile when all three matrices run on tensor cores: 16, or 32
+  // once the batch averages >= 32 per expert (each decoded weight unit then
+  // serves twice the tokens; smaller batches would leave 32-tiles mostly empty);
+  // else the FFMA tile's 8.
   bool all_mma = ctx.tensor_cores;
   for (const Tensor* t : {&op.gate, &op.up, &op.down})
     dispatch_weight_type(t->type, [&](auto tag) { all_mma = all_mma && mma_type<decltype(tag)::value>(); });
-  const int tile = all_mma ? 16 : k_tile_tokens;
+  const int tile = all_mma ? (n_assign >= 32 * E ? 32 : 16) : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
   const size_t act_pad = (act_bytes + 15) / 16 * 16;
   const size_t plan_pad = grouped ? (plan_bytes(n_assign, E, tile) + 15) / 16 * 16 : 0;
