@@ -139,15 +139,9 @@ __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d,
   // or m + r (window k0); else position km + r', r' = r - (overlap ? m : 0), column c (+ d with
   // overlap), old frontier row (overlap ? m : 0) + r' (window k0).
   auto cand = [&](int64_t r, float& av, float& gv) {
-    if (overlap && r < m) {
-      const int64_t q = (k - 1) * m + r;
+    if (overlap && r < m) {  // k = 0: q < 0 <= P0 and no old row: empty
       const int64_t old_row = k == 0 ? -1 : (k - 1 == k0 - 1 ? r : m + r);
-      if (k == 0) {
-        av = 0.0f;
-        gv = neg_inf;
-      } else {
-        compress_cand(q, c, old_row, P0, m, w, kv, gate, ape, sa, sg, av, gv);
-      }
+      compress_cand((k - 1) * m + r, c, old_row, P0, m, w, kv, gate, ape, sa, sg, av, gv);
     } else {
       const int64_t rr = overlap ? r - m : r;
       compress_cand(k * m + rr, overlap ? c + d : c, (overlap ? m : 0) + rr, P0, m, w, kv, gate, ape, sa, sg, av, gv);

@@ -69,11 +69,7 @@ __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__
   const float* xr = x + ((XS ? r_blk : r0) / rows_per_group) * cols;
   QuantTables tb = tab;
   // The block prologue (x copy, IQ2_XXS grid), overlapping the first weight loads.
-  auto prologue = [&] {
-    tb = block_tables<T>(tab);
-    if constexpr (XS) block_stage_x<U>(reinterpret_cast<float*>(mv_smem), xr, n_units);
-    if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
-  };
+  auto prologue = [&] { matvec_block_prologue<T, XS>(reinterpret_cast<float*>(mv_smem), xr, n_units, tab, tb); };
   if (r0 >= rows) {  // whole warps only (the shuffles below need all 32 lanes); they still join the prologue
     prologue();
     return;
@@ -93,9 +89,6 @@ __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__
       if (i < nr) out[r0 + i] = s[i];
 }
 
-// Shared memory above which the matvec reads x from global memory instead of a copy.
-constexpr size_t k_mv_max_x_bytes = 64 * 1024;
-
 // The matvec launch for one weight type: R rows per warp (more loads in flight,
 // x reused) when the matrix still fills every SM with blocks; staged when the
 // layout allows it; x copied to shared memory when the block's rows share one
@@ -106,7 +99,7 @@ void launch_matvec_r(const CudaContext& ctx, const uint8_t* w, size_t row_bytes,
   constexpr int U = WeightUnit<T>::U;
   const dim3 grid(ceil_div(rows, k_mv_warps * R), 1);
   const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float);
-  const bool xs = (rows_per_group == rows || rows_per_group % (k_mv_warps * R) == 0) && x_bytes <= k_mv_max_x_bytes;
+  const bool xs = (rows_per_group == rows || rows_per_group % (k_mv_warps * R) == 0) && x_bytes <= k_max_x_shared_bytes;
   auto run = [&](auto staged_tag, auto xs_tag) {
     constexpr bool Staged = decltype(staged_tag)::value, XS = decltype(xs_tag)::value;
     const size_t smem = (XS ? x_bytes : 0) + (Staged ? static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R>() : 0);

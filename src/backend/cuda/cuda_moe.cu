@@ -170,11 +170,7 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
   const float* xr = x + (a / x_div) * x_stride;
   QuantTables tb = tab;
-  auto prologue = [&] {  // overlaps the first weight loads
-    tb = block_tables<T>(tab);
-    if constexpr (XS) block_stage_x<U>(reinterpret_cast<float*>(ex_smem), xr, n_units);
-    if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
-  };
+  auto prologue = [&] { matvec_block_prologue<T, XS>(reinterpret_cast<float*>(ex_smem), xr, n_units, tab, tb); };
   if (r0 >= R) {  // whole warps; they still join the prologue
     prologue();
     return;
@@ -326,7 +322,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     const auto* wp2 = w2 ? static_cast<const uint8_t*>(w2->data) : nullptr;
     // x copied to shared memory unless the copy would be large (no Flash shape).
     const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(cols / U)) * sizeof(float);
-    const bool xs = x_bytes <= 64 * 1024;
+    const bool xs = x_bytes <= k_max_x_shared_bytes;
     auto run = [&](auto staged_tag, auto pair_tag) {
       constexpr bool Staged = decltype(staged_tag)::value, Pair = decltype(pair_tag)::value;
       constexpr int NR = Pair ? 2 * RW : RW;

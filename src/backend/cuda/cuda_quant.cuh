@@ -365,6 +365,9 @@ struct XShared {
     load_f32x4s(p + u * (U + 4), v);
   }
 };
+// Largest XShared copy the matvec kernels make (larger x: read through XGlobal).
+constexpr size_t k_max_x_shared_bytes = 64 * 1024;
+
 // Floats of XShared's copy of n_units units.
 template <int U>
 __host__ __device__ constexpr int64_t x_shared_floats(int64_t n_units) {
@@ -397,6 +400,18 @@ __device__ __forceinline__ QuantTables block_tables(const QuantTables& tab) {
   } else {
     return tab;
   }
+}
+
+// The prologue of a block of matvec warps (warp_rows_dot's on_issued): the
+// tables for T (block_tables) into `tb`, with XS the block's x copied into
+// `x_smem` (XShared layout), then one barrier if either needs it. Every
+// thread of the block calls it once.
+template <GgmlType T, bool XS>
+__device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float* x, int64_t n_units, const QuantTables& tab,
+                                                      QuantTables& tb) {
+  tb = block_tables<T>(tab);
+  if constexpr (XS) block_stage_x<WeightUnit<T>::U>(x_smem, x, n_units);
+  if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
 }
 
 // Lane-strided dot products of R weight rows with one f32 vector x (n_units *
