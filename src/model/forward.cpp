@@ -352,6 +352,7 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   a.window = static_cast<int>(P.sliding_window);
   a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
   backend_.attention(a);
   backend_.rope({o, pos, rope, true});
   Tensor la = s.la.rows(0, n);

@@ -204,6 +204,10 @@ struct AttentionOp {
   int window = 128;
   int ratio = 0;  // compression ratio of `comp` (0: none)
   float scale = 0;
+  // Every value of ring and comp is exactly a bf16 (reference numerics: FP8
+  // simulation of the nope dims and a bf16 RoPE tail; KV_FP8 rows always are):
+  // a backend may feed the keys to bf16 tensor cores without rounding them.
+  bool keys_bf16 = false;
 };
 
 // Router (§6.1–§6.3): s = sqrt(softplus(logits)); experts = hash table row of

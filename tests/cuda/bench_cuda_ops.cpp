@@ -7,7 +7,8 @@
 //
 // Cases: every matmul shape a Flash decode step runs (weight type, rows x cols,
 // groups; n = 1 by default, --n 512 times the prefill tiles) and the routed
-// experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token). What a case
+// experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token), and the core
+// attention of the three layer kinds (bench_attention). What a case
 // measures: R ops recorded as one CUDA graph (as the decode step runs them,
 // back to back) and replayed; µs per op = wall time / (replays x R). Each op of
 // the graph reads a different copy of the weights (copies are made until they
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/kv_rows.h"
 #include "cuda_test_util.h"
 
 namespace {
@@ -178,9 +180,64 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o) {
   gpu.free(out);
 }
 
+// Core attention of a Flash layer (H = 64, d = 512, KV_FP8 rows, window 128)
+// for n tokens at the consecutive positions ending at max(2048, n) - 1: the
+// three layer kinds (window only; ratio 4 with the top-512 selection, which
+// at these positions holds every visible row; ratio 128 with all visible rows).
+// FLOP/s: 4 H d per (token, key) (logits and output); GB/s: KV rows read once per token.
+void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
+  const int64_t H = 64, d = 512, n = o.n, window = 128, top_k = 512;
+  const int64_t end = std::max<int64_t>(2048, n), cap_w = window + n;
+  for (const int ratio : {0, 4, 128}) {
+    const std::string name = strfmt("attention %s n=%lld ctx=%lld", ratio == 0 ? "window" : ratio == 4 ? "ratio 4 top-512" : "ratio 128",
+                                    (long long)n, (long long)end);
+    if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+    const int64_t comp_rows = ratio ? end / ratio : 0;
+    auto rows = [&](int64_t count) {
+      Tensor t = gpu.alloc(GgmlType::KV_FP8, d, count);
+      std::vector<uint8_t> b(static_cast<size_t>(t.row_bytes() * count));
+      const std::vector<float> v = random_normal(r, static_cast<size_t>(d * count));
+      for (int64_t i = 0; i < count; ++i) kv_fp8_pack_row(b.data() + i * t.row_bytes(), v.data() + i * d, d);
+      gpu.write(t, b.data(), b.size());
+      return t;
+    };
+    Tensor ring = rows(cap_w), comp = ratio ? rows(comp_rows) : Tensor{};
+    std::vector<int32_t> pos(static_cast<size_t>(n)), sel;
+    double keys = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = end - n + i;
+      pos[static_cast<size_t>(i)] = static_cast<int32_t>(p);
+      const int64_t visible = ratio ? (p + 1) / ratio : 0;
+      keys += static_cast<double>(std::min<int64_t>(p + 1, window) + (ratio == 4 ? std::min(visible, top_k) : visible));
+      if (ratio == 4)
+        for (int64_t j = 0; j < top_k; ++j) sel.push_back(j < visible ? static_cast<int32_t>(j) : -1);
+    }
+    Tensor tp = gpu.alloc(GgmlType::I32, n);
+    gpu.write(tp, pos.data(), pos.size() * sizeof(int32_t));
+    Tensor ts = ratio == 4 ? gpu.alloc(GgmlType::I32, top_k, n) : Tensor{};
+    if (ratio == 4) gpu.write(ts, sel.data(), sel.size() * sizeof(int32_t));
+    Tensor q = gpu.alloc(GgmlType::F32, d, H, n), out = gpu.alloc(GgmlType::F32, d, H, n);
+    const std::vector<float> qv = random_normal(r, static_cast<size_t>(d * H * n));
+    gpu.write(q, qv.data(), qv.size() * sizeof(float));
+    Tensor sinks = f32_input(gpu, r, H, 1);
+    AttentionOp op;
+    op.out = out, op.q = q, op.ring = ring, op.comp = comp, op.sel = ts, op.sinks = sinks, op.pos = tp;
+    op.window = static_cast<int>(window);
+    op.ratio = ratio;
+    op.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    op.keys_bf16 = true;
+    const int reps = o.reps > 0 ? o.reps : 4;
+    const double sec = time_ops(gpu, reps, [&](int) { gpu.attention(op); });
+    row(name.c_str(), sec, keys * static_cast<double>(ring.row_bytes()), 4.0 * H * d * keys);
+    gpu.synchronize();
+    for (Tensor* t : {&ring, &comp, &tp, &ts, &q, &out, &sinks})
+      if (*t) gpu.free(*t);
+  }
+}
+
 const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores]\n"
-    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\")\n"
+    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
     "  --no-tensor-cores   batched matmuls on the FFMA tiles\n";
@@ -230,5 +287,6 @@ int main(int argc, char** argv) {
   Rng r(1);
   bench_matmuls(**gpu, r, o);
   bench_experts(**gpu, r, o);
+  bench_attention(**gpu, r, o);
   return 0;
 }

@@ -197,8 +197,16 @@ void cases_attention(Harness& h) {
     bool flash;
     const char* what;
     GgmlType rows_type = GgmlType::F32;  // ring and comp
+    bool keys_bf16 = false;              // F32 rows: values rounded to bf16 and AttentionOp::keys_bf16 set
   };
-  const GgmlType FP8 = GgmlType::KV_FP8;
+  const GgmlType FP8 = GgmlType::KV_FP8, F32 = GgmlType::F32;
+  // Prefill-sized batches (>= 8 tokens: the tensor-core kernel when the rows are bf16-exact).
+  auto positions = [&](int n, int32_t lo, int32_t hi) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = lo + static_cast<int32_t>(r.below(hi - lo + 1));
+    v[0] = lo;
+    return v;
+  };
   const std::vector<C> cases = {
       {4, 128, 192, 0, 0, 128, 0, {0, 5, 127, 128, 129, 600}, false, "tiny window only"},
       {4, 128, 192, 176, 16, 128, 4, {0, 3, 4, 130, 600, 699}, false, "tiny ratio 4, top-16, KV_FP8 rows", FP8},
@@ -212,15 +220,29 @@ void cases_attention(Harness& h) {
       {64, 512, 640, 2049, 512, 128, 4, {8191, 3000, 1500}, true, "flash ratio 4, top-512"},
       {64, 512, 640, 65, 0, 128, 128, {8191, 127}, true, "flash ratio 128"},
       {64, 512, 640, 8193, 0, 128, 128, {1048575}, true, "flash ratio 128 at 1M"},
+      {4, 128, 192, 176, 16, 128, 4, positions(40, 0, 699), false, "tiny batch, ratio 4, top-16, KV_FP8 rows", FP8},
+      {4, 128, 192, 6, 0, 128, 128, positions(24, 100, 699), false, "tiny batch, ratio 128, bf16 f32 rows", F32, true},
+      {4, 128, 192, 6, 0, 128, 128, positions(24, 100, 699), false, "tiny batch, ratio 128, f32 rows (FFMA)"},
+      {40, 256, 300, 40, 0, 128, 128, positions(20, 0, 5000), false, "40 heads (padded block), ratio 128, KV_FP8 rows", FP8},
+      {20, 128, 200, 60, 8, 128, 4, positions(12, 0, 239), false, "20 heads (padded block), top-8, bf16 f32 rows", F32, true},
+      {64, 512, 640, 2049, 512, 128, 4, positions(48, 0, 8191), true, "flash batch, ratio 4, top-512, KV_FP8 rows", FP8},
+      {64, 512, 640, 65, 0, 128, 128, positions(32, 0, 8191), true, "flash batch, ratio 128, KV_FP8 rows", FP8},
+      {64, 512, 640, 0, 0, 128, 0, positions(16, 0, 3000), true, "flash batch, window only, bf16 f32 rows", F32, true},
+      {64, 512, 640, 8193, 0, 128, 128, positions(8, 1040000, 1048575), true, "flash batch, ratio 128 near 1M, KV_FP8 rows", FP8},
   };
   for (const C& c : cases) {
     if (c.flash && !h.flash) continue;
     Bufs b(h);
     const int64_t n = static_cast<int64_t>(c.pos.size());
     Pair q = b.f32(random_normal(r, static_cast<size_t>(n * c.H * c.d)), Shape(c.d, c.H, n));
-    Pair ring = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(c.cap_w * c.d)), Shape(c.d, c.cap_w));
-    Pair comp = c.comp_rows ? b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(c.comp_rows * c.d)), Shape(c.d, c.comp_rows))
-                            : Pair{};
+    auto key_values = [&](int64_t rows) {
+      std::vector<float> v = random_normal(r, static_cast<size_t>(rows * c.d));
+      if (c.keys_bf16)
+        for (float& x : v) x = bf16_round(x);
+      return v;
+    };
+    Pair ring = b.kv_rows(c.rows_type, key_values(c.cap_w), Shape(c.d, c.cap_w));
+    Pair comp = c.comp_rows ? b.kv_rows(c.rows_type, key_values(c.comp_rows), Shape(c.d, c.comp_rows)) : Pair{};
     Pair sel{};
     if (c.n_sel) {
       std::vector<int32_t> s(static_cast<size_t>(n * c.n_sel));
@@ -243,6 +265,7 @@ void cases_attention(Harness& h) {
     op.window = c.window;
     op.ratio = c.ratio;
     op.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    op.keys_bf16 = c.keys_bf16;
     AttentionOp oc = op, og = op;
     oc.out = out.c, oc.q = q.c, oc.ring = ring.c, oc.comp = comp.c, oc.sel = sel.c, oc.sinks = sinks.c, oc.pos = p.c;
     og.out = out.g, og.q = q.g, og.ring = ring.g, og.comp = comp.g, og.sel = sel.g, og.sinks = sinks.g, og.pos = p.g;

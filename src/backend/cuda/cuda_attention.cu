@@ -36,7 +36,6 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_attention.cuh"
-#include "backend/cuda/cuda_kv_rows.cuh"
 
 namespace dsv4::cuda {
 
@@ -55,11 +54,8 @@ constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the s
 // warp interleaves (a run-time HG serialised them: 8 x 5 dependent shuffles).
 template <int HG>
 __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
-                                                              const void* ring, GgmlType ring_type, int64_t cap_w,
-                                                              const void* comp, GgmlType comp_type, int64_t comp_rows,
-                                                              const int32_t* sel, int64_t n_sel,
-                                                              const int32_t* pos, int H, int64_t d, int window,
-                                                              int ratio, float scale) {
+                                                              AttKeySource src, const int32_t* pos, int H, int64_t d,
+                                                              float scale) {
   extern __shared__ float sm[];
   float* qs = sm;                        // [HG][d]
   float* ks = qs + HG * d;               // [tile][d]
@@ -68,15 +64,8 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
   const float neg_inf = -__int_as_float(0x7f800000);
   const int64_t t = blockIdx.x;
   const int h0 = blockIdx.y * HG;
-  const int64_t p = pos[t];
-  const int64_t p_first = p - window + 1 > 0 ? p - window + 1 : 0;
-  const int64_t n_win = p - p_first + 1;
-  int64_t visible = 0, n_comp = 0;
-  if (ratio > 0 && comp) {
-    visible = min(static_cast<int64_t>((p + 1) / ratio), comp_rows);
-    n_comp = sel ? n_sel : visible;
-  }
-  const int64_t n_keys = n_win + n_comp;
+  const AttQueryKeys qk = att_query_keys(src, pos[t]);
+  const int64_t n_keys = qk.n_keys();
   const int S = static_cast<int>(gridDim.z), split = static_cast<int>(blockIdx.z);
   const int64_t chunk = ((n_keys + S - 1) / S + k_att_tile - 1) / k_att_tile * k_att_tile;
   const int64_t k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
@@ -98,21 +87,8 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
   for (int64_t k0 = k_begin; k0 < k_end; k0 += k_att_tile) {
     // 1. Key k0 + warp into the tile, and its logits for the group's heads.
     const int64_t i = k0 + warp;
-    const uint8_t* key = nullptr;
-    GgmlType key_type = ring_type;
-    if (i < k_end) {
-      if (i < n_win) {
-        key = kv_row_ptr(ring, ring_type, d, (p_first + i) % cap_w);
-      } else {
-        key_type = comp_type;
-        if (sel) {
-          const int32_t idx = sel[t * n_sel + (i - n_win)];
-          if (idx >= 0 && idx < visible) key = kv_row_ptr(comp, comp_type, d, idx);
-        } else {
-          key = kv_row_ptr(comp, comp_type, d, i - n_win);
-        }
-      }
-    }
+    GgmlType key_type = src.ring_type;
+    const uint8_t* key = i < k_end ? att_key_row(src, qk, t, i, d, key_type) : nullptr;
     float* kr = ks + warp * d;
     if (key) {
       warp_load_kv_row(kr, key, d, key_type);
@@ -238,6 +214,10 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   DSV4_ASSERT(op.sinks.ne[0] >= H, "attention: %lld sinks for %lld heads", static_cast<long long>(op.sinks.ne[0]),
               static_cast<long long>(H));
   if (n == 0) return;
+  if (attention_uses_mma(ctx, op)) {
+    launch_attention_mma(ctx, op);
+    return;
+  }
   int HG = 8;
   while (H % HG != 0) HG /= 2;
   const int wph = k_att_warps / HG;
@@ -247,7 +227,6 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   DSV4_ASSERT(n <= 0x7fffffff && H / HG <= 65535, "attention: %lld tokens x %lld heads too many", static_cast<long long>(n),
               static_cast<long long>(H));
   const size_t smem = (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) * sizeof(float);
-  const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
   const int S = k_att_splits;
   const int64_t tg = std::min<int64_t>(n, k_att_tok_group);
   const size_t acc_floats = static_cast<size_t>(tg) * H * S * d, ml_floats = static_cast<size_t>(tg) * H * S * 2;
@@ -258,9 +237,8 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
     auto split = [&](auto kernel) {
       allow_smem(kernel, smem);
       kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256, smem, ctx.stream>>>(
-          part_acc, part_ml, op.q.f32() + t0 * H * d, op.ring.data, op.ring.type, cap_w, op.comp ? op.comp.data : nullptr,
-          op.comp ? op.comp.type : GgmlType::F32, op.comp ? op.comp.n_rows() : 0, op.sel ? op.sel.i32() + t0 * n_sel : nullptr,
-          n_sel, op.pos.i32() + t0, static_cast<int>(H), d, op.window, op.ratio, op.scale);
+          part_acc, part_ml, op.q.f32() + t0 * H * d, att_key_source(op, t0), op.pos.i32() + t0, static_cast<int>(H), d,
+          op.scale);
     };
     if (HG == 8) split(attention_split_kernel<8>);
     else if (HG == 4) split(attention_split_kernel<4>);

@@ -1,0 +1,430 @@
+// Core attention on tensor cores, for prefill batches (model-spec.md §5.7; the
+// key set of a query and the maths are those of cuda_attention.cu).
+//
+// Why MMAs fit: the H heads of a token share its key set and its single K = V
+// head (MQA), so the token's logits are a matrix product, S = Q K^T (Q [H, d],
+// K [n_keys, d]), and so is its output, O = P K (P = the softmax rows): M =
+// heads. The FFMA kernel reads every key element from shared memory for one
+// FMA per head; here one 16x8x16 MMA does 4,096 FLOP per operand fetch.
+//
+// Exactness (the results agree with the FFMA kernel and the CPU to f32
+// rounding; test_backend_ops compares with k_thr_f32):
+//  * keys: this kernel runs only when every key value is a bf16 (KV_FP8 rows:
+//    e4m3 x 2^s nope dims, a bf16 RoPE tail; f32 rows holding the reference
+//    numerics' simulated values, AttentionOp::keys_bf16), so K converts exactly;
+//  * q and P are split into three bf16 terms, x = hi + mid + lo (each the bf16
+//    rounding of what the previous ones leave): 24 significant bits, exact for
+//    f32 values away from underflow. Each term's products are exact and the MMA
+//    accumulates in f32 (lo, mid, hi in that order).
+//
+// Launch: grid (n tokens, ceil(H / HB)), HB = 16 MT heads per block (MT = 2
+// when H >= 32, else 1; rows >= H are zero and never written), 256 threads.
+// A block walks all keys of its token in tiles of 32 (no split over keys: a
+// prefill batch fills the GPU by itself; decode keeps the split kernel). Per tile:
+//   1. load: warp w converts keys 4w..4w+3 of the tile to bf16 rows of Ks
+//      (a missing key: a zero row and logit -inf);
+//   2. S = Q K^T: warp w owns m-tile w % MT and the dims [kr DR, (kr+1) DR),
+//      kr = w / MT, DR = d MT / 8, for the 32 keys (4 n-tiles), and writes its
+//      partial sums to Sp[kr] (summed in kr order in step 3);
+//   3. softmax: 256 / HB threads per head row: logits l = scale * sum_kr Sp,
+//      running max m and denominator l_run, P = e^(l - m) as three bf16 terms
+//      into Ps, the row's rescale factor alpha = e^(m_old - m) into al;
+//   4. O = alpha O + P K: warp w owns the output dims [w d/8, (w+1) d/8) of all
+//      HB rows (accumulators in registers; B fragments by ldmatrix.trans of Ks).
+// End: o = O / (l_run + e^(sink - m)).
+// Shared memory (d = 512, MT = 2): Qs 3 x 32 x 520 bf16 (100 KB), Ks 32 x 520
+// bf16 (33 KB), Sp 4 x 32 x 40 f32 (20 KB), Ps 3 x 32 x 40 bf16 (7.5 KB):
+// 158 KB, one block per SM. Rows are padded by 16 bytes so that the 8 row
+// addresses of every ldmatrix fall in distinct bank groups.
+//
+// CPU reference: cpu::attention (src/backend/cpu/cpu_attention.cpp).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int k_am_threads = 256;
+constexpr int k_am_warps = k_am_threads / 32;
+constexpr int k_am_keys = 32;               // keys per tile
+constexpr int k_am_terms = 3;               // bf16 terms of q and P
+constexpr int k_am_pad = 8;                 // bf16 padding of Qs / Ks rows
+constexpr int k_am_sp_ld = k_am_keys + 8;   // f32 row stride of Sp
+constexpr int k_am_ps_ld = k_am_keys + 8;   // bf16 row stride of Ps
+constexpr int k_am_max_d = 512;             // accumulators: d / 64 n-tiles of 8 per warp and m-tile
+constexpr int k_am_max_nt = k_am_max_d / 64;
+constexpr int64_t k_am_min_tokens = 8;      // smaller batches: the split kernel (more blocks per token)
+
+size_t am_smem_bytes(int MT, int64_t d, int64_t stage_ld) {
+  const int64_t HB = 16 * MT, KS = k_am_warps / MT, ld = d + k_am_pad;
+  return static_cast<size_t>(2 * (k_am_terms * HB * ld + k_am_keys * ld) + k_am_keys * stage_ld + 4 * KS * HB * k_am_sp_ld +
+                             2 * k_am_terms * HB * k_am_ps_ld + 4 * HB + 2 * k_am_keys);
+}
+
+DSV4_HD uint16_t bf16_bits_rn(float x) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(x);
+  uint16_t u;
+  memcpy(&u, &b, 2);
+  return u;
+}
+
+// x = t[0] + t[1] + t[2] (bf16 bits; each term the rounding of what is left).
+__device__ __forceinline__ void split_bf16x3(float x, uint16_t (&t)[k_am_terms]) {
+#pragma unroll
+  for (int i = 0; i < k_am_terms; ++i) {
+    t[i] = bf16_bits_rn(x);
+    x -= bf16_bits_to_f32(t[i]);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  return static_cast<uint32_t>(bf16_bits_rn(a)) | (static_cast<uint32_t>(bf16_bits_rn(b)) << 16);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// c += A (16x16, row) * B (16x8, col), bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// dst[0, d) (bf16) = the key row at src; exact for bf16-valued keys. Lanes of one warp; no sync inside.
+__device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* src, int64_t d, GgmlType type) {
+  const int lane = threadIdx.x & 31;
+  if (type == GgmlType::KV_FP8) {
+    const int64_t n = kv_fp8_nope(d);
+    const uint8_t* scales = src + kv_fp8_scale_offset(d);
+    for (int64_t e = 4 * lane; e < n; e += 128) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(src + e);
+      const float s = kv_scale_value(scales[e / k_kv_fp8_block]);
+      const uint32_t lo = pack_bf16x2(kv_e4m3_value(static_cast<uint8_t>(w)) * s, kv_e4m3_value(static_cast<uint8_t>(w >> 8)) * s);
+      const uint32_t hi = pack_bf16x2(kv_e4m3_value(static_cast<uint8_t>(w >> 16)) * s, kv_e4m3_value(static_cast<uint8_t>(w >> 24)) * s);
+      *reinterpret_cast<uint2*>(dst + e) = make_uint2(lo, hi);
+    }
+    const uint32_t* tail = reinterpret_cast<const uint32_t*>(src + kv_fp8_tail_offset(d));
+    uint32_t* dt = reinterpret_cast<uint32_t*>(dst + n);
+    for (int j = lane; j < k_kv_rope_dims / 2; j += 32) dt[j] = tail[j];
+  } else {  // F32 rows with bf16 values
+    const float* s = reinterpret_cast<const float*>(src);
+    for (int64_t e = 4 * lane; e < d; e += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(s + e);
+      *reinterpret_cast<uint2*>(dst + e) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+  }
+}
+
+template <int MT>
+__global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out, const float* q, AttKeySource src,
+                                                                     const int32_t* pos, const float* sinks, int H, int d,
+                                                                     float scale, int stage_ld) {
+  constexpr int HB = 16 * MT;               // heads per block
+  constexpr int KS = k_am_warps / MT;       // dim ranges of the logits step
+  constexpr int TPR = k_am_threads / HB;    // softmax threads per head row
+  constexpr int KPT = k_am_keys / TPR;      // keys per softmax thread
+  constexpr int KPW = k_am_keys / k_am_warps;  // keys each warp fetches per tile
+  static_assert(TPR <= 32 && 32 % TPR == 0 && KPT >= 1 && KPW <= 4, "softmax rows within warps; 8 lanes per fetched key");
+  extern __shared__ __align__(16) unsigned char am_smem[];
+  const int ld = d + k_am_pad;
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(am_smem);                        // [terms][HB][ld]
+  uint16_t* Ks = Qs + k_am_terms * HB * ld;                                   // [keys][ld]
+  uint8_t* stage = reinterpret_cast<uint8_t*>(Ks + k_am_keys * ld);           // [keys][stage_ld] raw rows of the next tile
+  float* Sp = reinterpret_cast<float*>(stage + k_am_keys * stage_ld);         // [KS][HB][sp_ld]
+  uint16_t* Ps = reinterpret_cast<uint16_t*>(Sp + KS * HB * k_am_sp_ld);      // [terms][HB][ps_ld]
+  float* al = reinterpret_cast<float*>(Ps + k_am_terms * HB * k_am_ps_ld);    // [HB] alpha; at the end the denominators
+  uint8_t* kst = reinterpret_cast<uint8_t*>(al + HB);                         // [2][keys] 0 missing, 1 ring, 2 comp (tile parity)
+
+  const float neg_inf = -__int_as_float(0x7f800000);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  const int64_t t = blockIdx.x;
+  const int h0 = static_cast<int>(blockIdx.y) * HB;
+  const AttQueryKeys qk = att_query_keys(src, pos[t]);
+  const int64_t n_keys = qk.n_keys(), n_tiles = (n_keys + k_am_keys - 1) / k_am_keys;
+
+  // Key fetches: warp w copies keys w*KPW .. w*KPW + KPW-1 of a tile, 8 lanes per key. Lane j < KPW
+  // holds the row index of key w*KPW + j of the next tile to fetch, read one tile ahead of its use.
+  auto key_index = [&](int64_t tile) -> int64_t {
+    const int64_t i = tile * k_am_keys + warp * KPW + lane;
+    return lane < KPW && i < n_keys ? att_key_index(src, qk, t, i) : -1;
+  };
+  auto fetch = [&](int64_t tile, int64_t idx_lanes) {
+    const int kk = lane >> 3, j = warp * KPW + kk;
+    const int64_t i = tile * k_am_keys + j, idx = __shfl_sync(k_full_mask, idx_lanes, kk & (KPW - 1));
+    if (kk < KPW) {
+      const bool win = i < qk.n_win, ok = i < n_keys && att_key_present(qk, i, idx);
+      if ((lane & 7) == 0) kst[(tile & 1) * k_am_keys + j] = ok ? (win ? 1 : 2) : 0;
+      if (ok) {
+        const GgmlType type = win ? src.ring_type : src.comp_type;
+        const uint4* row = reinterpret_cast<const uint4*>(kv_row_ptr(win ? src.ring : src.comp, type, d, idx));
+        uint4* st = reinterpret_cast<uint4*>(stage + j * stage_ld);
+        const int chunks = static_cast<int>((type == GgmlType::F32 ? 4 * static_cast<int64_t>(d) : kv_fp8_row_bytes(d)) / 16);
+        for (int c = lane & 7; c < chunks; c += 8) cp_async_vec(st + c, row + c);
+      }
+    }
+    cp_async_commit();
+  };
+  int64_t idx_next = key_index(0);
+  fetch(0, idx_next);
+  idx_next = key_index(1);
+
+  // q rows of the block's heads as three bf16 terms (rows >= H: zero); float4 loads, 8 in flight per thread.
+  {
+    const int n4 = HB * d / 4;
+    constexpr int B = 8;
+    for (int f0 = 0; f0 < n4; f0 += B * k_am_threads) {
+      float4 v[B];
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        const int f = f0 + u * k_am_threads + static_cast<int>(threadIdx.x), r = 4 * f / d;
+        v[u] = f < n4 && h0 + r < H ? *reinterpret_cast<const float4*>(q + (t * H + h0 + r) * static_cast<int64_t>(d) + (4 * f - r * d))
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        const int f = f0 + u * k_am_threads + static_cast<int>(threadIdx.x), r = 4 * f / d, e = 4 * f - r * d;
+        if (f >= n4) continue;
+        uint16_t x0[k_am_terms], x1[k_am_terms], x2[k_am_terms], x3[k_am_terms];
+        split_bf16x3(v[u].x, x0);
+        split_bf16x3(v[u].y, x1);
+        split_bf16x3(v[u].z, x2);
+        split_bf16x3(v[u].w, x3);
+#pragma unroll
+        for (int k = 0; k < k_am_terms; ++k)
+          *reinterpret_cast<uint2*>(Qs + (k * HB + r) * ld + e) =
+              make_uint2(x0[k] | (static_cast<uint32_t>(x1[k]) << 16), x2[k] | (static_cast<uint32_t>(x3[k]) << 16));
+      }
+    }
+  }
+
+  // Step 2's warp: m-tile and dim range; step 3's thread: row and keys; step 4's warp: output dims.
+  const int mt_s = warp % MT, kr = warp / MT, dr = d / KS;
+  const int row = threadIdx.x / TPR, sub = threadIdx.x % TPR;
+  const int dw = d / k_am_warps, n_nt = dw / 8;
+  float acc[MT][k_am_max_nt][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < k_am_max_nt; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[m][j][c] = 0.0f;
+  float m_run = neg_inf, l_run = 0.0f;  // of `row` (every thread of the row holds them)
+
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    // 1. This tile's raw rows (fetched during the previous tile) -> bf16 rows of Ks; then the next tile's fetch.
+    cp_async_wait<0>();
+    __syncthreads();
+    const uint8_t* ks_state = kst + (tile & 1) * k_am_keys;
+#pragma unroll
+    for (int jj = 0; jj < KPW; ++jj) {
+      const int j = warp * KPW + jj, st = ks_state[j];
+      uint16_t* dst = Ks + j * ld;
+      if (st) {
+        warp_key_to_bf16(dst, stage + j * stage_ld, d, st == 1 ? src.ring_type : src.comp_type);
+      } else {
+        for (int e = 2 * lane; e < d; e += 64) *reinterpret_cast<uint32_t*>(dst + e) = 0u;
+      }
+    }
+    __syncthreads();
+    if (tile + 1 < n_tiles) fetch(tile + 1, idx_next);
+    idx_next = key_index(tile + 2);
+
+    // 2. Partial logits of m-tile mt_s over dims [kr dr, (kr+1) dr) for the 32 keys.
+    {
+      float s[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
+      const uint16_t* qa = Qs + (mt_s * 16 + (lane & 15)) * ld + kr * dr + (lane >> 4) * 8;
+      const uint16_t* kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * ld + kr * dr + ((lane >> 3) & 1) * 8;
+      for (int kk = 0; kk < dr; kk += 16) {
+        uint32_t a[k_am_terms][4], b[2][4];
+#pragma unroll
+        for (int k = 0; k < k_am_terms; ++k) ldsm_x4(a[k], qa + k * HB * ld + kk);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) ldsm_x4(b[np], kb + np * 16 * ld + kk);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int k = k_am_terms - 1; k >= 0; --k) mma_bf16_16816(s[nt], a[k], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+      }
+      float* sp = Sp + (kr * HB + mt_s * 16 + g) * k_am_sp_ld + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        *reinterpret_cast<float2*>(sp + 8 * nt) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2*>(sp + 8 * k_am_sp_ld + 8 * nt) = make_float2(s[nt][2], s[nt][3]);
+      }
+    }
+    __syncthreads();
+
+    // 3. Online softmax of row `row`, keys sub*KPT .. sub*KPT + KPT-1.
+    {
+      float lg[KPT];
+      float mx = neg_inf;
+#pragma unroll
+      for (int u = 0; u < KPT; ++u) {
+        const int j = sub * KPT + u;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; ++k) v += Sp[(k * HB + row) * k_am_sp_ld + j];
+        lg[u] = ks_state[j] ? v * scale : neg_inf;
+        mx = fmaxf(mx, lg[u]);
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(k_full_mask, mx, o));
+      const float m_new = fmaxf(m_run, mx);
+      const float alpha = m_run == neg_inf ? 0.0f : expf(m_run - m_new);
+      float ps = 0.0f;
+#pragma unroll
+      for (int u = 0; u < KPT; ++u) {
+        const int j = sub * KPT + u;
+        const float p = (lg[u] == neg_inf || m_new == neg_inf) ? 0.0f : expf(lg[u] - m_new);
+        ps += p;
+        uint16_t pt[k_am_terms];
+        split_bf16x3(p, pt);
+#pragma unroll
+        for (int k = 0; k < k_am_terms; ++k) Ps[(k * HB + row) * k_am_ps_ld + j] = pt[k];
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1) ps += __shfl_xor_sync(k_full_mask, ps, o);
+      l_run = l_run * alpha + ps;
+      m_run = m_new;
+      if (sub == 0) al[row] = alpha;
+    }
+    __syncthreads();
+
+    // 4. O = alpha O + P K over this warp's output dims, 4 n-tiles at a time: the tile's
+    // P K in fresh MMA accumulators (a chain of 6 MMAs), added to O with an f32 FMA (so
+    // long key sets accumulate with f32 rounding, not the MMA's).
+    {
+      float a_lo[MT], a_hi[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        a_lo[m] = al[m * 16 + g];
+        a_hi[m] = al[m * 16 + g + 8];
+      }
+#pragma unroll
+      for (int gq = 0; gq < k_am_max_nt / 4; ++gq) {
+        if (4 * gq >= n_nt) continue;
+        float ta[MT][4][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) ta[m][j][c] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < k_am_keys; kk += 16) {
+          uint32_t a[MT][k_am_terms][4];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int k = 0; k < k_am_terms; ++k)
+              ldsm_x4(a[m][k], Ps + (k * HB + m * 16 + (lane & 15)) * k_am_ps_ld + kk + (lane >> 4) * 8);
+          const uint16_t* vb = Ks + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + warp * dw + 32 * gq + (lane >> 4) * 8;
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            if (4 * gq + 2 * np >= n_nt) continue;
+            uint32_t b[4];
+            ldsm_x4_trans(b, vb + 16 * np);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+              for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int k = k_am_terms - 1; k >= 0; --k) mma_bf16_16816(ta[m][2 * np + half], a[m][k], b[2 * half], b[2 * half + 1]);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[m][4 * gq + j][c] = fmaf(acc[m][4 * gq + j][c], c < 2 ? a_lo[m] : a_hi[m], ta[m][j][c]);
+      }
+    }
+  }
+
+  __syncthreads();
+  if (sub == 0) al[row] = h0 + row < H ? l_run + expf(sinks[h0 + row] - m_run) : 1.0f;
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m * 16 + g + 8 * half;
+      if (h0 + r >= H) continue;
+      const float den = al[r];
+      float* o = out + (t * H + h0 + r) * static_cast<int64_t>(d) + warp * dw + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < k_am_max_nt; ++nt)
+        if (nt < n_nt) *reinterpret_cast<float2*>(o + 8 * nt) = make_float2(acc[m][nt][2 * half] / den, acc[m][nt][2 * half + 1] / den);
+    }
+  }
+}
+
+bool keys_exact_in_bf16(const Tensor& rows, bool keys_bf16) {
+  return rows.type == GgmlType::KV_FP8 || (rows.type == GgmlType::F32 && keys_bf16);
+}
+
+}  // namespace
+
+bool attention_uses_mma(const CudaContext& ctx, const AttentionOp& op) {
+  const int64_t d = op.q.ne[0], n = op.q.ne[2];
+  return ctx.tensor_cores && n >= k_am_min_tokens && d % 128 == 0 && d <= k_am_max_d &&
+         keys_exact_in_bf16(op.ring, op.keys_bf16) && (!op.comp || keys_exact_in_bf16(op.comp, op.keys_bf16));
+}
+
+void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
+  const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
+  DSV4_ASSERT(n <= 0x7fffffff && H <= 65535 * 16, "attention: %lld tokens x %lld heads too many", static_cast<long long>(n),
+              static_cast<long long>(H));
+  // Staging row stride: the larger of the two row formats (multiples of 16 bytes).
+  const int64_t stage_ld = std::max<int64_t>(op.ring.row_bytes(), op.comp ? op.comp.row_bytes() : 0);
+  DSV4_ASSERT(stage_ld % 16 == 0, "attention: KV rows of %lld bytes", static_cast<long long>(stage_ld));
+  auto go = [&](auto kernel, int MT) {
+    const size_t smem = am_smem_bytes(MT, d, stage_ld);
+    allow_smem(kernel, smem);
+    kernel<<<dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT)), k_am_threads, smem, ctx.stream>>>(
+        op.out.f32(), op.q.f32(), att_key_source(op, 0), op.pos.i32(), op.sinks.f32(), static_cast<int>(H),
+        static_cast<int>(d), op.scale, static_cast<int>(stage_ld));
+    CUDA_CHECK_LAUNCH();
+  };
+  if (H >= 32) go(attention_mma_kernel<2>, 2);
+  else go(attention_mma_kernel<1>, 1);
+}
+
+}  // namespace dsv4::cuda
