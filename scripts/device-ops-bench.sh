@@ -15,6 +15,8 @@
 #             first kernel matching the regex while bench_cuda_ops runs that case,
 #             e.g. NCU="Q8_0 4096x8192=matvec;moe=expert_matvec;moe=expert_matvec@3"
 #             (@N: skip N matching launches first, default 2: the warm-up runs)
+#   NCU_N     tokens per op in the Nsight Compute passes (default 1), e.g. 2048 for
+#             NCU="attention ratio 4=attention_mma"
 # Output under $OUT (else ./out): ops-bench-n<N>.txt, ncu-<i>.txt, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +50,7 @@ for p in "${pairs[@]}"; do
   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
     --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis \
     -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
-    "$BENCH" --filter "$filter" --reps 4 >"$LOG/ncu-$i.txt" 2>&1 || rc=1
+    "$BENCH" --filter "$filter" --reps 4 --n "${NCU_N:-1}" >"$LOG/ncu-$i.txt" 2>&1 || rc=1
 done
 {
   echo "== dsv4 ops bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"

@@ -274,6 +274,42 @@ void cases_attention(Harness& h) {
     h.report.nmse("attention", strfmt("H=%lld d=%lld n=%lld pos %d.. (%s)", (long long)c.H, (long long)c.d, (long long)n, c.pos[0], c.what),
                   b.diff(out), k_thr_f32);
   }
+  {
+    // The KV_FP8 key decode bit for bit, e4m3 subnormal codes included (NMSE could
+    // not see them: they are ~2^-15 of their block's largest value). Every ring
+    // and compressed row is the same row R (per 64-block one value of 300, so the
+    // scale is 1, the others within +-0.03: most codes subnormal) and q = 0: every
+    // logit is 0, p = 1 for every key, e^(sink) = 0, so o = n_keys R / n_keys = R
+    // exactly on any path (sums of <= 2^10 equal bf16 values are exact).
+    Bufs b(h);
+    const int64_t H = 32, d = 512, cap_w = 256, comp_rows = 8;
+    std::vector<int32_t> pos(16);
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(900 + i);
+    const int64_t n = static_cast<int64_t>(pos.size());
+    std::vector<float> row = random_uniform(r, static_cast<size_t>(d), -0.03f, 0.03f);
+    for (int64_t i = 0; i < d - 64; i += 64) row[static_cast<size_t>(i + r.below(64))] = 300.0f;
+    auto rows = [&](int64_t count) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < count; ++i) v.insert(v.end(), row.begin(), row.end());
+      return b.kv_rows(GgmlType::KV_FP8, v, Shape(d, count));
+    };
+    Pair ring = rows(cap_w), comp = rows(comp_rows);
+    Pair q = b.f32(std::vector<float>(static_cast<size_t>(n * H * d), 0.0f), Shape(d, H, n));
+    Pair sinks = b.weight_f32(std::vector<float>(static_cast<size_t>(H), -200.0f), Shape(H));
+    Pair p = b.i32(pos, Shape(n));
+    Pair out = b.out(GgmlType::F32, Shape(d, H, n));
+    AttentionOp op;
+    op.window = 128;
+    op.ratio = 128;
+    op.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    op.keys_bf16 = true;
+    AttentionOp oc = op, og = op;
+    oc.out = out.c, oc.q = q.c, oc.ring = ring.c, oc.comp = comp.c, oc.sinks = sinks.c, oc.pos = p.c;
+    og.out = out.g, og.q = q.g, og.ring = ring.g, og.comp = comp.g, og.sinks = sinks.g, og.pos = p.g;
+    h.cpu.attention(oc);
+    h.gpu.attention(og);
+    h.report.exact("attention", "H=32 d=512 n=16, identical KV_FP8 rows with subnormal e4m3 codes, q = 0: o = the row", b.diff(out));
+  }
 }
 
 }  // namespace dsv4::cudatest

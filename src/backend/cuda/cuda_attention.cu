@@ -202,6 +202,14 @@ __global__ void __launch_bounds__(128) attention_combine_kernel(float* out, cons
 
 }  // namespace
 
+void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml, const float* sinks,
+                              int64_t n, int H, int S, int64_t d) {
+  DSV4_ASSERT(S >= 1 && S <= k_att_splits, "attention: %d key splits (at most %d)", S, k_att_splits);
+  attention_combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(out, part_acc, part_ml,
+                                                                                                         sinks, H, S, d);
+  CUDA_CHECK_LAUNCH();
+}
+
 void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
   const int64_t cap_w = op.ring.n_rows();
@@ -245,9 +253,7 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
     else if (HG == 2) split(attention_split_kernel<2>);
     else split(attention_split_kernel<1>);
     CUDA_CHECK_LAUNCH();
-    attention_combine_kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(
-        op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), static_cast<int>(H), S, d);
-    CUDA_CHECK_LAUNCH();
+    launch_attention_combine(ctx, op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), nt, static_cast<int>(H), S, d);
   }
 }
 

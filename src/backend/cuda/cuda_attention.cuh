@@ -14,6 +14,12 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op);
 bool attention_uses_mma(const CudaContext& ctx, const AttentionOp& op);
 void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op);
 
+// out[t, h, :] for t < n from S <= 16 key splits' partial states (split s of (t, h) at
+// slot (t H + h) S + s: part_ml[2 slot + {0, 1}] = {m, l}, part_acc[slot d ..] = unnormalised O):
+// M = max m_s, o = sum_s e^(m_s - M) O_s / (e^(sink_h - M) + sum_s e^(m_s - M) l_s), splits in order.
+void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml, const float* sinks,
+                              int64_t n, int H, int S, int64_t d);
+
 // The KV state an attention call reads (device pointers; sel [n, n_sel] i32 or null).
 struct AttKeySource {
   const void* ring;

@@ -41,6 +41,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -58,7 +59,8 @@ constexpr int k_am_sp_ld = k_am_keys + 8;   // f32 row stride of Sp
 constexpr int k_am_ps_ld = k_am_keys + 8;   // bf16 row stride of Ps
 constexpr int k_am_max_d = 512;             // accumulators: d / 64 n-tiles of 8 per warp and m-tile
 constexpr int k_am_max_nt = k_am_max_d / 64;
-constexpr int64_t k_am_min_tokens = 8;      // smaller batches: the split kernel (more blocks per token)
+constexpr int64_t k_am_min_tokens = 8;      // smaller batches (decode) split each token's keys ...
+constexpr int k_am_splits = 16;             // ... over this many blocks
 
 size_t am_smem_bytes(int MT, int64_t d, int64_t stage_ld) {
   const int64_t HB = 16 * MT, KS = k_am_warps / MT, ld = d + k_am_pad;
@@ -122,6 +124,36 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
 #endif
 }
 
+// e4m3 codes to bf16 without a float conversion: the 7 magnitude bits of code
+// c = (e, m) shifted into a bf16's exponent and mantissa fields, (c & 0x7f) << 4,
+// are the bf16 of 2^-120 times c's value (for e > 0: 2^(e-127) (1 + m/8); for
+// e = 0: the bf16 subnormal m 2^-129 = 2^-120 m 2^-9), so one exact bf16 product
+// by 2^120 x the block scale 2^(s-127) = 2^(s-7) gives the key value (bf16
+// products take subnormal inputs; a factor outside bf16's range, s > 134, and
+// the zero scale s = 0 are applied as two products). Two codes per call: bytes `sel` of w (0x4140: bytes
+// 0, 1; 0x4342: bytes 2, 3) into the two halves.
+constexpr uint32_t k_bf16x2_2p120 = 0x7B807B80u;  // 2^120 = bf16 exponent field 247
+__device__ __forceinline__ uint32_t e4m3x2_bf16_bits(uint32_t w, uint32_t sel) {
+  const uint32_t x = __byte_perm(w, 0u, sel);  // [c, 0, c', 0]
+  return ((x & 0x007F007Fu) << 4) | ((x & 0x00800080u) << 8);
+}
+__device__ __forceinline__ uint32_t bf16x2_pow2(uint8_t s) {  // 2^(s-127) in both halves (a scale code)
+  return (static_cast<uint32_t>(s) << 7) * 0x00010001u;
+}
+// 2^(s-7) in both halves, or 0 when it exceeds bf16's range (or s = 0, the zero scale).
+__device__ __forceinline__ uint32_t e4m3_factor_bf16x2(uint8_t s) {
+  return s >= 1 && s <= 134 ? ((static_cast<uint32_t>(s) + 120u) << 7) * 0x00010001u : 0u;
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  const __nv_bfloat162 r = __hmul2(x, y);
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  return u;
+}
+
 // dst[0, d) (bf16) = the key row at src; exact for bf16-valued keys. Lanes of one warp; no sync inside.
 __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* src, int64_t d, GgmlType type) {
   const int lane = threadIdx.x & 31;
@@ -130,9 +162,16 @@ __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* s
     const uint8_t* scales = src + kv_fp8_scale_offset(d);
     for (int64_t e = 4 * lane; e < n; e += 128) {
       const uint32_t w = *reinterpret_cast<const uint32_t*>(src + e);
-      const float s = kv_scale_value(scales[e / k_kv_fp8_block]);
-      const uint32_t lo = pack_bf16x2(kv_e4m3_value(static_cast<uint8_t>(w)) * s, kv_e4m3_value(static_cast<uint8_t>(w >> 8)) * s);
-      const uint32_t hi = pack_bf16x2(kv_e4m3_value(static_cast<uint8_t>(w >> 16)) * s, kv_e4m3_value(static_cast<uint8_t>(w >> 24)) * s);
+      const uint8_t sc = scales[e / k_kv_fp8_block];
+      const uint32_t f = e4m3_factor_bf16x2(sc);
+      uint32_t lo = e4m3x2_bf16_bits(w, 0x4140u), hi = e4m3x2_bf16_bits(w, 0x4342u);
+      if (f) {
+        lo = bf16x2_mul(lo, f);
+        hi = bf16x2_mul(hi, f);
+      } else {  // 2^120, then the scale
+        lo = bf16x2_mul(bf16x2_mul(lo, k_bf16x2_2p120), bf16x2_pow2(sc));
+        hi = bf16x2_mul(bf16x2_mul(hi, k_bf16x2_2p120), bf16x2_pow2(sc));
+      }
       *reinterpret_cast<uint2*>(dst + e) = make_uint2(lo, hi);
     }
     const uint32_t* tail = reinterpret_cast<const uint32_t*>(src + kv_fp8_tail_offset(d));
@@ -147,10 +186,15 @@ __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* s
   }
 }
 
-template <int MT>
-__global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out, const float* q, AttKeySource src,
-                                                                     const int32_t* pos, const float* sinks, int H, int d,
-                                                                     float scale, int stage_ld) {
+// part_acc == null: o of every (token, head) (one split); else split s = blockIdx.z of
+// gridDim.z writes its running max m, denominator l and unnormalised O to
+// part_ml[2 slot + {0, 1}], part_acc[slot d + e], slot = (t H + h) S + s, the
+// layout attention_combine merges (cuda_attention.cu).
+template <int MT, int D>
+__global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q,
+                                                                     AttKeySource src, const int32_t* pos, const float* sinks,
+                                                                     int H, float scale, int stage_ld) {
+  constexpr int d = D;
   constexpr int HB = 16 * MT;               // heads per block
   constexpr int KS = k_am_warps / MT;       // dim ranges of the logits step
   constexpr int TPR = k_am_threads / HB;    // softmax threads per head row
@@ -158,7 +202,7 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
   constexpr int KPW = k_am_keys / k_am_warps;  // keys each warp fetches per tile
   static_assert(TPR <= 32 && 32 % TPR == 0 && KPT >= 1 && KPW <= 4, "softmax rows within warps; 8 lanes per fetched key");
   extern __shared__ __align__(16) unsigned char am_smem[];
-  const int ld = d + k_am_pad;
+  constexpr int ld = d + k_am_pad;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(am_smem);                        // [terms][HB][ld]
   uint16_t* Ks = Qs + k_am_terms * HB * ld;                                   // [keys][ld]
   uint8_t* stage = reinterpret_cast<uint8_t*>(Ks + k_am_keys * ld);           // [keys][stage_ld] raw rows of the next tile
@@ -172,19 +216,24 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
   const int64_t t = blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * HB;
   const AttQueryKeys qk = att_query_keys(src, pos[t]);
-  const int64_t n_keys = qk.n_keys(), n_tiles = (n_keys + k_am_keys - 1) / k_am_keys;
+  const int64_t n_keys = qk.n_keys();
+  // This split's keys [k_begin, k_end): the split kernel's geometry (chunks rounded up to the tile).
+  const int S = static_cast<int>(gridDim.z), split = static_cast<int>(blockIdx.z);
+  const int64_t chunk = ((n_keys + S - 1) / S + k_am_keys - 1) / k_am_keys * k_am_keys;
+  const int64_t k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
+  const int64_t n_tiles = (k_end - k_begin + k_am_keys - 1) / k_am_keys;
 
   // Key fetches: warp w copies keys w*KPW .. w*KPW + KPW-1 of a tile, 8 lanes per key. Lane j < KPW
   // holds the row index of key w*KPW + j of the next tile to fetch, read one tile ahead of its use.
   auto key_index = [&](int64_t tile) -> int64_t {
-    const int64_t i = tile * k_am_keys + warp * KPW + lane;
-    return lane < KPW && i < n_keys ? att_key_index(src, qk, t, i) : -1;
+    const int64_t i = k_begin + tile * k_am_keys + warp * KPW + lane;
+    return lane < KPW && i < k_end ? att_key_index(src, qk, t, i) : -1;
   };
   auto fetch = [&](int64_t tile, int64_t idx_lanes) {
     const int kk = lane >> 3, j = warp * KPW + kk;
-    const int64_t i = tile * k_am_keys + j, idx = __shfl_sync(k_full_mask, idx_lanes, kk & (KPW - 1));
+    const int64_t i = k_begin + tile * k_am_keys + j, idx = __shfl_sync(k_full_mask, idx_lanes, kk & (KPW - 1));
     if (kk < KPW) {
-      const bool win = i < qk.n_win, ok = i < n_keys && att_key_present(qk, i, idx);
+      const bool win = i < qk.n_win, ok = i < k_end && att_key_present(qk, i, idx);
       if ((lane & 7) == 0) kst[(tile & 1) * k_am_keys + j] = ok ? (win ? 1 : 2) : 0;
       if (ok) {
         const GgmlType type = win ? src.ring_type : src.comp_type;
@@ -197,7 +246,7 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
     cp_async_commit();
   };
   int64_t idx_next = key_index(0);
-  fetch(0, idx_next);
+  if (n_tiles > 0) fetch(0, idx_next);
   idx_next = key_index(1);
 
   // q rows of the block's heads as three bf16 terms (rows >= H: zero); float4 loads, 8 in flight per thread.
@@ -230,9 +279,10 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
   }
 
   // Step 2's warp: m-tile and dim range; step 3's thread: row and keys; step 4's warp: output dims.
-  const int mt_s = warp % MT, kr = warp / MT, dr = d / KS;
+  constexpr int dr = d / KS, dw = d / k_am_warps, n_nt = dw / 8;
+  static_assert(d % 128 == 0 && d <= k_am_max_d, "head width: a multiple of 128, at most 512");
+  const int mt_s = warp % MT, kr = warp / MT;
   const int row = threadIdx.x / TPR, sub = threadIdx.x % TPR;
-  const int dw = d / k_am_warps, n_nt = dw / 8;
   float acc[MT][k_am_max_nt][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
@@ -270,6 +320,7 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
         for (int c = 0; c < 4; ++c) s[nt][c] = 0.0f;
       const uint16_t* qa = Qs + (mt_s * 16 + (lane & 15)) * ld + kr * dr + (lane >> 4) * 8;
       const uint16_t* kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * ld + kr * dr + ((lane >> 3) & 1) * 8;
+#pragma unroll
       for (int kk = 0; kk < dr; kk += 16) {
         uint32_t a[k_am_terms][4], b[2][4];
 #pragma unroll
@@ -379,19 +430,29 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
   }
 
   __syncthreads();
-  if (sub == 0) al[row] = h0 + row < H ? l_run + expf(sinks[h0 + row] - m_run) : 1.0f;
-  __syncthreads();
+  if (part_acc) {  // one split of several: the running state, merged by attention_combine
+    if (sub == 0 && h0 + row < H) {
+      const int64_t slot = (t * H + h0 + row) * S + split;
+      part_ml[2 * slot] = m_run;
+      part_ml[2 * slot + 1] = l_run;
+    }
+  } else {
+    if (sub == 0) al[row] = h0 + row < H ? l_run + expf(sinks[h0 + row] - m_run) : 1.0f;
+    __syncthreads();
+  }
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = m * 16 + g + 8 * half;
       if (h0 + r >= H) continue;
-      const float den = al[r];
-      float* o = out + (t * H + h0 + r) * static_cast<int64_t>(d) + warp * dw + 2 * tq;
+      const float den = part_acc ? 1.0f : al[r];
+      float* o = (part_acc ? part_acc + ((t * H + h0 + r) * S + split) * static_cast<int64_t>(d)
+                           : out + (t * H + h0 + r) * static_cast<int64_t>(d)) + warp * dw + 2 * tq;
 #pragma unroll
-      for (int nt = 0; nt < k_am_max_nt; ++nt)
-        if (nt < n_nt) *reinterpret_cast<float2*>(o + 8 * nt) = make_float2(acc[m][nt][2 * half] / den, acc[m][nt][2 * half + 1] / den);
+      for (int nt = 0; nt < n_nt; ++nt)
+        *reinterpret_cast<float2*>(o + 8 * nt) = part_acc ? make_float2(acc[m][nt][2 * half], acc[m][nt][2 * half + 1])
+                                                          : make_float2(acc[m][nt][2 * half] / den, acc[m][nt][2 * half + 1] / den);
     }
   }
 }
@@ -403,9 +464,9 @@ bool keys_exact_in_bf16(const Tensor& rows, bool keys_bf16) {
 }  // namespace
 
 bool attention_uses_mma(const CudaContext& ctx, const AttentionOp& op) {
-  const int64_t d = op.q.ne[0], n = op.q.ne[2];
-  return ctx.tensor_cores && n >= k_am_min_tokens && d % 128 == 0 && d <= k_am_max_d &&
-         keys_exact_in_bf16(op.ring, op.keys_bf16) && (!op.comp || keys_exact_in_bf16(op.comp, op.keys_bf16));
+  const int64_t d = op.q.ne[0];
+  return ctx.tensor_cores && (d == 128 || d == 256 || d == 512) && keys_exact_in_bf16(op.ring, op.keys_bf16) &&
+         (!op.comp || keys_exact_in_bf16(op.comp, op.keys_bf16));
 }
 
 void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
@@ -415,16 +476,31 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
   // Staging row stride: the larger of the two row formats (multiples of 16 bytes).
   const int64_t stage_ld = std::max<int64_t>(op.ring.row_bytes(), op.comp ? op.comp.row_bytes() : 0);
   DSV4_ASSERT(stage_ld % 16 == 0, "attention: KV rows of %lld bytes", static_cast<long long>(stage_ld));
+  // Small batches (decode) split each token's keys over k_am_splits blocks and merge the partial states.
+  const int S = n < k_am_min_tokens ? k_am_splits : 1;
+  float *part_acc = nullptr, *part_ml = nullptr;
+  if (S > 1) {
+    const size_t acc_floats = static_cast<size_t>(n) * H * S * d, ml_floats = static_cast<size_t>(n) * H * S * 2;
+    part_acc = static_cast<float*>(ctx.scratch->get((acc_floats + ml_floats) * sizeof(float), ctx.stream));
+    part_ml = part_acc + acc_floats;
+  }
   auto go = [&](auto kernel, int MT) {
     const size_t smem = am_smem_bytes(MT, d, stage_ld);
     allow_smem(kernel, smem);
-    kernel<<<dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT)), k_am_threads, smem, ctx.stream>>>(
-        op.out.f32(), op.q.f32(), att_key_source(op, 0), op.pos.i32(), op.sinks.f32(), static_cast<int>(H),
-        static_cast<int>(d), op.scale, static_cast<int>(stage_ld));
+    kernel<<<dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads, smem, ctx.stream>>>(
+        op.out.f32(), part_acc, part_ml, op.q.f32(), att_key_source(op, 0), op.pos.i32(), op.sinks.f32(), static_cast<int>(H),
+        op.scale, static_cast<int>(stage_ld));
     CUDA_CHECK_LAUNCH();
   };
-  if (H >= 32) go(attention_mma_kernel<2>, 2);
-  else go(attention_mma_kernel<1>, 1);
+  auto by_width = [&](auto mt) {
+    constexpr int MT = decltype(mt)::value;
+    if (d == 128) go(attention_mma_kernel<MT, 128>, MT);
+    else if (d == 256) go(attention_mma_kernel<MT, 256>, MT);
+    else go(attention_mma_kernel<MT, 512>, MT);
+  };
+  if (H >= 32) by_width(std::integral_constant<int, 2>{});
+  else by_width(std::integral_constant<int, 1>{});
+  if (S > 1) launch_attention_combine(ctx, op.out.f32(), part_acc, part_ml, op.sinks.f32(), n, static_cast<int>(H), S, d);
 }
 
 }  // namespace dsv4::cuda
