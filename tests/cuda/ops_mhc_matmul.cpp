@@ -37,7 +37,8 @@ void cases_mhc(Harness& h) {
     bool flash;
   };
   const C shapes[] = {{256, 4, 1, GgmlType::F16, false},  {256, 4, 5, GgmlType::F16, false}, {256, 4, 33, GgmlType::F32, false},
-                      {128, 2, 3, GgmlType::BF16, false}, {4096, 4, 1, GgmlType::F16, true}, {4096, 4, 3, GgmlType::F16, true}};
+                      {128, 2, 3, GgmlType::BF16, false}, {4096, 4, 1, GgmlType::F16, true}, {4096, 4, 3, GgmlType::F16, true},
+                      {4096, 4, 40, GgmlType::F16, true}};
   if (h.want("hc_pre")) {
     for (const C& c : shapes) {
       if (c.flash && !h.flash) continue;

@@ -6,15 +6,15 @@
 // hc_pre /  per token, over the flattened state x̄ = X[t] (hc*D floats):
 // hc_head   rho = 1/sqrt(mean(x̄^2) + eps), mix[m] = rho * (fn[m] · x̄).
 //           Two kernels:
-//           1. partials: grid (n tokens, S slices of 256 elements, groups of
-//              8 mix rows), 128 threads. Each block forms up to 8 of the n_mix
-//              dot products over its slice (fn decoded in units,
-//              cuda_quant.cuh) and, in group 0, the slice's sum of x̄^2
-//              (double), block-reduced in a fixed tree, into scratch
-//              [n][S][n_mix] + [n][S]. A decode step (n = 1, Flash: hc*D =
-//              16384, n_mix = 24) runs 64 x 3 blocks, so the 1.5 MiB of fn
-//              streams at a useful fraction of the bandwidth (1024-element
-//              slices, one block per slice, measured 84 us per call).
+//           1. partials: one warp per (token, slice of 256 elements, group
+//              of mix rows): lane l forms its 8 products with each fn row of
+//              the group (one fmaf chain) and warp_sum adds the lane sums;
+//              the group-0 warp also sums x̄^2 (double). Into scratch
+//              [n][S][n_mix] + [n][S]. Groups of 4 rows for small batches (a
+//              decode step, Flash: hc*D = 16384, n_mix = 24, runs 64 x 6
+//              warps over the 0.75 MiB of F16 fn), all rows for large ones
+//              (each state slice read once); the partials' bits do not depend
+//              on the grouping or the batch.
 //           2. finalize: one block per token; the block copies the partials
 //              to shared memory, thread m combines mix row m's S partials in
 //              slice order, thread 0 the sum of squares; then (hc = 4) warp 0
@@ -26,6 +26,8 @@
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
 //              launch less per sublayer).
 //           S depends only on hc*D, so results never depend on the batch size.
+//           (Before 2026-11-30 a block per (token, slice, 8 rows) with block-wide
+//           reductions: 1.5 ms per prefill call of 2,048 tokens.)
 // hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round);
 //           one thread per (token, d), in place.
 //
@@ -42,7 +44,6 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int k_hc_slice = 256;   // state elements per partial block (a multiple of every unit size)
 constexpr int k_mix_pass = 8;     // mix rows accumulated per pass over a slice
 constexpr int k_max_hc = 8;
 
@@ -64,50 +65,68 @@ __global__ void embed_kernel(float* out, const uint8_t* table, size_t row_bytes,
   }
 }
 
-// Partial sums of one slice: part[(t*S + s) * (n_mix + 1) + m] (float dot m), and ss[t*S + s] (double).
+// Elements per lane (and a slice = 32 lanes) of the partial dot products for
+// the mix weight types (F32: 2 units of 4; F16, BF16: 1 unit of 8).
+constexpr int k_mix_lane = 8;
+constexpr int k_mix_slice = 32 * k_mix_lane;
+
+// Partial sums of one slice: part_dot[(t*S + s) * n_mix + m] (float dot m) and
+// part_ss[t*S + s] (double sum of squares). One warp per (token t, slice s,
+// group of up to `rows` mix rows): lane l holds the 8 elements
+// [256 s + 8 l, +8) of x̄, forms its 8 products with each fn row in element
+// order (one fmaf chain) and warp_sum adds the 32 lane sums in a fixed tree;
+// the group-0 warp also sums x̄^2 in double the same way. Every partial is the
+// same sequence of operations whatever the batch size or the grouping.
 template <GgmlType T>
-__global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t len, const uint8_t* fn,
-                                                             size_t fn_row_bytes, int n_mix, int S, float* part_dot,
-                                                             double* part_ss, QuantTables tab) {
-  constexpr int U = WeightUnit<T>::U;
-  __shared__ double red_d[33];
-  __shared__ float red_f[33];
-  const int64_t t = blockIdx.x, s = blockIdx.y;
-  const float* X = state + t * len;
-  const int64_t e0 = s * k_hc_slice, e1 = min(len, e0 + k_hc_slice);
-  if (blockIdx.z == 0) {  // uniform across the block
-    double ss = 0.0;
-    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-      const double v = static_cast<double>(X[e]);
-      ss += v * v;
-    }
-    ss = block_sum_double(ss, red_d);
-    if (threadIdx.x == 0) part_ss[t * S + s] = ss;
+__global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
+                                                             size_t fn_row_bytes, int n_mix, int S, int rows,
+                                                             float* part_dot, double* part_ss, QuantTables tab) {
+  constexpr int U = WeightUnit<T>::U, E = k_mix_lane;
+  static_assert(E % U == 0, "a lane's elements are whole units");
+  const int lane = threadIdx.x & 31;
+  const int n_groups = (n_mix + rows - 1) / rows;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (w >= n * S * n_groups) return;  // whole warps
+  const int grp = static_cast<int>(w % n_groups);
+  const int64_t s = (w / n_groups) % S, t = w / n_groups / S;
+  const int64_t e0 = s * k_mix_slice + static_cast<int64_t>(lane) * E;
+  const bool in = e0 < len;  // len % 8 == 0 (launcher)
+  float xv[E];
+  if (in) {
+    load_f32x4s(state + t * len + e0, xv);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) xv[j] = 0.0f;
   }
-  const int64_t u0 = e0 / U, u1 = e1 / U;
-  {
-    const int mg = static_cast<int>(blockIdx.z) * k_mix_pass;
+  if (grp == 0) {
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) ss += static_cast<double>(xv[j]) * static_cast<double>(xv[j]);
+    ss = warp_sum_double(ss);
+    if (lane == 0) part_ss[t * S + s] = ss;
+  }
+  const int m0 = grp * rows, m1 = min(n_mix, m0 + rows);
+  for (int mb = m0; mb < m1; mb += k_mix_pass) {
     float acc[k_mix_pass];
 #pragma unroll
-    for (int k = 0; k < k_mix_pass; ++k) acc[k] = 0.0f;
-    for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-      float xv[U];
-      load_f32x4s(X + u * U, xv);
+    for (int k = 0; k < k_mix_pass; ++k) {
+      acc[k] = 0.0f;
+      if (mb + k < m1 && in) {
+        const uint8_t* row = fn + static_cast<int64_t>(mb + k) * fn_row_bytes;
 #pragma unroll
-      for (int k = 0; k < k_mix_pass; ++k) {
-        if (mg + k < n_mix) {
-          float w[U];
-          WeightUnit<T>::decode(fn + static_cast<int64_t>(mg + k) * fn_row_bytes, u, w, tab);
+        for (int u = 0; u < E / U; ++u) {
+          float wv[U];
+          WeightUnit<T>::decode(row, e0 / U + u, wv, tab);
 #pragma unroll
-          for (int j = 0; j < U; ++j) acc[k] = fmaf(w[j], xv[j], acc[k]);
+          for (int j = 0; j < U; ++j) acc[k] = fmaf(wv[j], xv[u * U + j], acc[k]);
         }
       }
     }
 #pragma unroll
     for (int k = 0; k < k_mix_pass; ++k) {
-      if (mg + k >= n_mix) break;  // uniform across the block
-      const float v = block_sum_float(acc[k], red_f);
-      if (threadIdx.x == 0) part_dot[(t * S + s) * n_mix + mg + k] = v;
+      if (mb + k >= m1) break;  // uniform across the warp
+      const float v = warp_sum(acc[k]);
+      if (lane == 0) part_dot[(t * S + s) * n_mix + mb + k] = v;
     }
   }
 }
@@ -322,23 +341,27 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
                      double** part_ss) {
   const int64_t D = state.ne[0], hc = state.ne[1], n = state.ne[2];
   const int64_t len = hc * D;
-  const int S = static_cast<int>((len + k_hc_slice - 1) / k_hc_slice);
-  const int G = (n_mix + k_mix_pass - 1) / k_mix_pass;
-  DSV4_ASSERT(S <= 65535 && G <= 64 && n <= 0x7fffffff, "hc: state of %lld x %lld too large", static_cast<long long>(n),
+  DSV4_ASSERT(fn.type == GgmlType::F32 || fn.type == GgmlType::F16 || fn.type == GgmlType::BF16,
+              "hc: mix weights of type %s (F32, F16 or BF16)", ggml_type_name(fn.type));
+  DSV4_ASSERT(reinterpret_cast<uintptr_t>(state.data) % 16 == 0, "hc: state not 16-byte aligned");
+  DSV4_ASSERT(len % 8 == 0, "hc: state width %lld (a multiple of 8)", static_cast<long long>(len));
+  const int S = static_cast<int>((len + k_mix_slice - 1) / k_mix_slice);
+  const int rows = n <= 16 ? 4 : n_mix;  // mix rows per warp (the results do not depend on it)
+  const int64_t warps = n * S * ((n_mix + rows - 1) / rows);
+  DSV4_ASSERT(S <= 65535 && warps / 4 < 0x7fffffff, "hc: state of %lld x %lld too large", static_cast<long long>(n),
               static_cast<long long>(len));
   const size_t dot_bytes = (static_cast<size_t>(n) * S * n_mix * sizeof(float) + 255) / 256 * 256;
   auto* base = static_cast<uint8_t*>(ctx.scratch->get(dot_bytes + static_cast<size_t>(n) * S * sizeof(double), ctx.stream));
   *part_dot = reinterpret_cast<float*>(base);
   *part_ss = reinterpret_cast<double*>(base + dot_bytes);
-  DSV4_ASSERT(reinterpret_cast<uintptr_t>(state.data) % 16 == 0, "hc: state not 16-byte aligned");
-  dispatch_weight_type(fn.type, [&](auto tag) {
-    constexpr GgmlType T = decltype(tag)::value;
-    DSV4_ASSERT(len % WeightUnit<T>::U == 0 && len % 4 == 0, "hc: state width %lld", static_cast<long long>(len));
-    hc_mix_partial_kernel<T><<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(S), static_cast<unsigned>(G)), 128, 0,
-                                     ctx.stream>>>(
-        state.f32(), len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(), n_mix, S, *part_dot, *part_ss, ctx.tables);
+  auto go = [&](auto kernel) {
+    kernel<<<ceil_div(warps, 4), 128, 0, ctx.stream>>>(state.f32(), n, len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(),
+                                                       n_mix, S, rows, *part_dot, *part_ss, ctx.tables);
     CUDA_CHECK_LAUNCH();
-  });
+  };
+  if (fn.type == GgmlType::F32) go(hc_mix_partial_kernel<GgmlType::F32>);
+  else if (fn.type == GgmlType::F16) go(hc_mix_partial_kernel<GgmlType::F16>);
+  else go(hc_mix_partial_kernel<GgmlType::BF16>);
   return S;
 }
 
