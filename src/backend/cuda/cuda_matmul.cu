@@ -25,7 +25,8 @@
 //   and the block's rows share one group — read from global memory, a lane's
 //   32-float unit is 128 bytes away from its neighbour's and the Q8_0 matvecs
 //   were L1-bound at ~1.3 TB/s. Grid: ceil(rows / 8R) blocks.
-// * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS, CudaBackendOptions::tensor_cores,
+// * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS, and F16 with rows of whole
+//   32-element units; CudaBackendOptions::tensor_cores,
 //   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
 //   cuda_mma.cuh, 256 rows x 32/16/8 tokens per block (the most tokens that still
 //   give every SM a block). Within ~1e-13 NMSE of the f32 dot products, but not
@@ -235,10 +236,11 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     float* out = op.out.f32();
     if (n == 1 && x_aligned) {
       launch_matvec<T>(ctx, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, out);
-    } else if (mma_type<T>() && ctx.tensor_cores) {
-      if constexpr (mma_type<T>()) {
+    } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0) {
+      if constexpr (mma_tile_type<T>()) {
         // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
-        const int64_t units = x_stride / 32;
+        // The tile walks units of 32 elements (F16: four of its 8-element decode units).
+        const int64_t units = x_stride / 32, n_units32 = cols / 32;
         DSV4_ASSERT(x_stride % 32 == 0, "matmul: input width %lld", static_cast<long long>(x_stride));
         void* buf = ctx.scratch->get(mma_split_bytes(n, units), ctx.stream);
         const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, n, units, buf);
@@ -247,11 +249,11 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
         const int64_t row_blocks = static_cast<int64_t>(ceil_div(rows_per_group, k_mma_rows)) * groups;
         const size_t rb = op.w.row_bytes();
         if (n > 16 && row_blocks * ceil_div(n, 32) >= sms)
-          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units, xs, n, out);
+          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out);
         else if (n > 8 && row_blocks * ceil_div(n, 16) >= sms)
-          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units, xs, n, out);
+          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out);
         else
-          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units, xs, n, out);
+          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out);
       }
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",

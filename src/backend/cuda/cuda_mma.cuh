@@ -1,6 +1,6 @@
 // The tensor-core weight tile of the prefill matmul (cuda_matmul.cu) and the
 // expert-grouped MoE (cuda_moe.cu), for the block-quantised weight types
-// (Q8_0, Q2_K, Q4_K, IQ2_XXS): one 256-thread block computes 256 weight rows
+// (Q8_0, Q2_K, Q4_K, IQ2_XXS; and F16 in the matmul): one 256-thread block computes 256 weight rows
 // (32 per warp: two m16 tiles) x BN tokens (BN = 8, 16 or 32) with
 // mma.sync.m16n8k16 (f16 inputs, f32 accumulation).
 //
@@ -14,6 +14,7 @@
 //   IQ2_XXS  w = db * (+-grid)              code +-grid byte (8, 25 or 43)
 //   Q4_K     w = d1 * q - m1                code q (0..15); the min term -m1 * sum(x) per unit
 //   Q2_K     w = dl_s * q - ml_s (s = 0, 1) code q (0..3);  per 16-element sub-block
+//   F16      w = 1 * w                      the f16 weight itself (matmul only)
 // x is not f16: each (token, unit) of 32 values is scaled by a power of two
 // 2^s so that its largest magnitude lies in [2^14, 2^15), then split into
 // f16 hi = f16(x 2^s) and lo = f16(x 2^s - hi) — 22 significant bits, so the
@@ -138,13 +139,13 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 // scale / min of MMA step s (NS = 1: one scale for the unit, sc[0] applies to
 // both steps). Host and device: test_cuda_decode checks on the host that
 // sc * code - mn rebuilds dequantize_row's weight bit for bit at every position.
-// The IQ2_XXS tables as f16 pairs (built per block in shared memory by
-// mma_smem_tables; on the host by mma_fill_tables).
+// The IQ2_XXS grid as f16 pairs (built per block in shared memory by
+// mma_smem_tables; on the host by the test): grid_h[i][k] = (grid byte 2k,
+// 2k + 1) of entry i. The signs are computed (iq2_sign_bits), not looked up.
 struct MmaTables {
   const uint4* grid_h = nullptr;  // [256]
-  const uint4* sign_m = nullptr;  // [128]
 };
-// Entry i of both tables from quant tables q (grid: i < 256, signs: i < 128).
+// Entry i of the grid table from quant tables q (i < 256).
 DSV4_HD uint4 mma_grid_entry(const QuantTables& q, int i) {
   const uint64_t g = q.iq2_grid[i];
   uint32_t w[4];
@@ -153,12 +154,10 @@ DSV4_HD uint4 mma_grid_entry(const QuantTables& q, int i) {
     w[k] = pack_f16x2(static_cast<float>((g >> (16 * k)) & 0xFFu), static_cast<float>((g >> (16 * k + 8)) & 0xFFu));
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
-DSV4_HD uint4 mma_sign_entry(const QuantTables& q, int i) {
-  const uint32_t sg = q.iq2_signs[i];
-  uint32_t w[4];
-  DSV4_UNROLL
-  for (int k = 0; k < 4; ++k) w[k] = (((sg >> (2 * k)) & 1u) << 15) | (((sg >> (2 * k + 1)) & 1u) << 31);
-  return make_uint4(w[0], w[1], w[2], w[3]);
+// f16-pair sign masks of an 8-bit sign byte sg: pair k gets bit 2k of sg as
+// bit 15 and bit 2k + 1 as bit 31 (XOR flips the pair's signs).
+DSV4_HD uint32_t iq2_pair_sign_mask(uint32_t sg, int k) {
+  return (((sg >> (2 * k)) << 15) & 0x8000u) | ((sg >> (2 * k + 1)) << 31);
 }
 
 template <GgmlType T>
@@ -184,6 +183,27 @@ struct MmaCodes<GgmlType::Q8_0> {
   }
 };
 
+// F16 weights: the weights themselves (exact), scale 1; unit u = elements
+// [32u, 32u + 32), quad lane t's 8 at fragment positions 8t..8t+7 (identity order).
+template <>
+struct MmaCodes<GgmlType::F16> {
+  static constexpr int NS = 1;
+  static constexpr bool kMin = false;
+  struct Raw {
+    uint4 v;
+  };
+  DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
+    r.v = *reinterpret_cast<const uint4*>(row + u * 64 + 16 * t);
+  }
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const MmaTables&) {
+    sc[0] = 1.0f;
+    h[0] = r.v.x;
+    h[1] = r.v.y;
+    h[2] = r.v.z;
+    h[3] = r.v.w;
+  }
+};
+
 template <>
 struct MmaCodes<GgmlType::IQ2_XXS> {
   static constexpr int NS = 1;
@@ -201,17 +221,17 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
     const uint16_t* g = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * ib);
     r.wb = static_cast<uint32_t>(g[2]) | (static_cast<uint32_t>(g[3]) << 16);
   }
-  // tab: MmaTables (below) as f16 pairs: grid_h[i][k] = (grid byte 2k, 2k + 1) of
-  // entry i, sign_m[i][k] = the f16 sign bits of sign-table entry i's bits 2k, 2k + 1.
+  // tab.grid_h: the grid as f16 pairs; the sign byte of elements 8t..8t+7 is
+  // computed from its 7-bit index (one shared-memory gather per 8 weights, not two).
   DSV4_HD static void decode(const Raw& r, int64_t, int t, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
                              const MmaTables& tab) {
     sc[0] = mul_rn(mul_rn(f16_bits_to_f32(r.d), 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
     const uint4 gh = tab.grid_h[r.grid_idx];
-    const uint4 sm = tab.sign_m[(r.wb >> (7 * t)) & 127u];
-    h[0] = gh.x ^ sm.x;
-    h[1] = gh.y ^ sm.y;
-    h[2] = gh.z ^ sm.z;
-    h[3] = gh.w ^ sm.w;
+    const uint32_t sg = iq2_sign_bits((r.wb >> (7 * t)) & 127u);
+    h[0] = gh.x ^ iq2_pair_sign_mask(sg, 0);
+    h[1] = gh.y ^ iq2_pair_sign_mask(sg, 1);
+    h[2] = gh.z ^ iq2_pair_sign_mask(sg, 2);
+    h[3] = gh.w ^ iq2_pair_sign_mask(sg, 3);
   }
 };
 
@@ -286,6 +306,12 @@ struct MmaCodes<GgmlType::Q2_K> {
 template <GgmlType T>
 constexpr bool mma_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
+}
+// Types the matmul tile takes: the block-quantised ones and F16 (its own
+// codes: every f16 weight is exact in f16, scale 1; units of 32 elements).
+template <GgmlType T>
+constexpr bool mma_tile_type() {
+  return mma_type<T>() || T == GgmlType::F16;
 }
 
 // ---- x, split once per matmul (mma_split_x_kernel), read by every row block.
@@ -366,7 +392,6 @@ struct MmaSmem {
   uint4 q[2][BN][k_mma_uc][8];
   float4 s[2][k_mma_uc][BN];
   uint4 grid_h[256];
-  uint4 sign_m[128];
   int64_t xrow[BN];
 };
 
@@ -375,11 +400,9 @@ struct MmaSmem {
 template <int BN>
 __device__ __forceinline__ MmaTables mma_smem_tables(MmaSmem<BN>& sm, const QuantTables& tab) {
   for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.grid_h[i] = mma_grid_entry(tab, i);
-  for (int i = threadIdx.x; i < 128; i += blockDim.x) sm.sign_m[i] = mma_sign_entry(tab, i);
   __syncthreads();
   MmaTables t;
   t.grid_h = sm.grid_h;
-  t.sign_m = sm.sign_m;
   return t;
 }
 
@@ -396,7 +419,7 @@ template <GgmlType T, int BN, class Store>
 __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_blk, int64_t r_end,
                                          int64_t n_units, const MmaX& xs, int64_t u_off, MmaSmem<BN>& sm, int nt,
                                          const MmaTables& tab, Store store) {
-  static_assert(mma_type<T>(), "MMA tile: block-quantised types only");
+  static_assert(mma_tile_type<T>(), "MMA tile: block-quantised types and F16 only");
   using C = MmaCodes<T>;
   constexpr int NJ = BN / 8;  // n8 tiles
   constexpr int NS = C::NS;
