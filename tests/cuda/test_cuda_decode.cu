@@ -96,15 +96,15 @@ void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows) {
   for (int64_t row = 0; row < rows; ++row) {
     const uint8_t* p = base + row * rb;
     quant::dequantize_row(T, p, ref.data(), cols);
+    typename MmaCodes<T>::Raw raw[4];  // per lane, loaded for u = 0, 1, 2, ... in order (as the tile does)
     for (int64_t u = 0; u < cols / 32; ++u) {
       int seen[32] = {};
       for (int t = 0; t < 4; ++t) {
         uint32_t h[4];
         float sc[NS], mn[NS];
         for (int s = 0; s < NS; ++s) mn[s] = 0.0f;
-        typename MmaCodes<T>::Raw raw;
-        MmaCodes<T>::load(p, u, t, raw);
-        MmaCodes<T>::decode(raw, u, t, h, sc, mn, tab);
+        MmaCodes<T>::load(p, u, t, raw[t]);
+        MmaCodes<T>::decode(raw[t], u, t, h, sc, mn, tab);
         for (int k = 0; k < 8; ++k) {
           const int pos = 8 * t + k, step = k / 4;
           uint16_t hb = static_cast<uint16_t>(k % 2 ? h[k / 2] >> 16 : h[k / 2] & 0xffffu);
@@ -171,7 +171,9 @@ int main(int argc, char** argv) {
     check_mma_codes<G::Q2_K>(r, rep, cols, 6);
     check_mma_codes<G::Q4_K>(r, rep, cols, 6);
     check_mma_codes<G::IQ2_XXS>(r, rep, cols, 6);
+    check_mma_codes<G::F16>(r, rep, cols, 6);
   }
+  check_mma_codes<G::Q8_0>(r, rep, 96, 6);  // 3 blocks per row: rows start at both 4-byte phases
   check_type<G::Q8_0>(r, rep, 64, 9);   // 2 units: no staging
   check_type<G::Q8_0>(r, rep, 2080, 3);  // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
   check_type<G::Q8_0>(r, rep, 2304, 3);  // 72 units: staged with a partial chunk of 8

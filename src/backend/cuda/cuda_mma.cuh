@@ -134,7 +134,10 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 
 // The codes of quad lane t for one weight row and unit u, in two stages so
 // that the tile can issue the next unit's loads before it decodes this one:
-// load() reads the raw bytes (Raw, registers), decode() makes h[k] = the f16
+// load() reads the raw bytes (Raw, registers; it is called for u = 0, 1, 2, ...
+// in order on the same Raw, and fields shared by consecutive units — a
+// super-block's scales, Q2_K's code words — are read only when u enters a new
+// group: the tile is bound by its load count), decode() makes h[k] = the f16
 // pair at fragment positions (8t + 2k, 8t + 2k + 1) and sc[s] / mn[s] = the
 // scale / min of MMA step s (NS = 1: one scale for the unit, sc[0] applies to
 // both steps). Host and device: test_cuda_decode checks on the host that
@@ -168,18 +171,31 @@ struct MmaCodes<GgmlType::Q8_0> {
   static constexpr int NS = 1;
   static constexpr bool kMin = false;
   struct Raw {
-    uint16_t d, q[4];
+    uint16_t d;
+    uint32_t q[2];  // codes 8t..8t+7
   };
+  // The 8 codes of lane t start at an even address: two 32-bit loads when it is
+  // 4-aligned (every other block when rows hold an even number of blocks), else
+  // 16 + 32 + 16 bits (not four 16-bit loads: each load of the tile is one L1
+  // request per row, the tile's limit).
   DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
-    const uint16_t* b = reinterpret_cast<const uint16_t*>(row + u * 34);
-    r.d = b[0];
-    DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) r.q[k] = b[1 + 4 * t + k];
+    const uint8_t* blk = row + u * 34;
+    const uint8_t* q = blk + 2 + 8 * t;
+    r.d = *reinterpret_cast<const uint16_t*>(blk);
+    if ((reinterpret_cast<uintptr_t>(q) & 3u) == 0) {
+      r.q[0] = *reinterpret_cast<const uint32_t*>(q);
+      r.q[1] = *reinterpret_cast<const uint32_t*>(q + 4);
+    } else {
+      const uint32_t a = *reinterpret_cast<const uint16_t*>(q), m = *reinterpret_cast<const uint32_t*>(q + 2),
+                     b = *reinterpret_cast<const uint16_t*>(q + 6);
+      r.q[0] = a | (m << 16);
+      r.q[1] = (m >> 16) | (b << 16);
+    }
   }
   DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const MmaTables&) {
     sc[0] = f16_bits_to_f32(r.d);
     DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(static_cast<uint32_t>(r.q[k]) ^ 0x8080u, 0, k_f16x2_1152);  // q + 128 - 1152
+    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(r.q[k >> 1] ^ 0x80808080u, 2 * (k & 1), k_f16x2_1152);  // q + 128 - 1152
   }
 };
 
@@ -216,10 +232,15 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
   DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     const uint8_t* blk = row + (u >> 3) * 66;
     const int ib = static_cast<int>(u & 7);
-    r.d = *reinterpret_cast<const uint16_t*>(blk);
+    if (ib == 0) r.d = *reinterpret_cast<const uint16_t*>(blk);  // one per super-block of 8 units
     r.grid_idx = blk[2 + 8 * ib + t];  // byte t of the group's first word: the grid index of elements 8t..8t+7
-    const uint16_t* g = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * ib);
-    r.wb = static_cast<uint32_t>(g[2]) | (static_cast<uint32_t>(g[3]) << 16);
+    const uint8_t* pw = blk + 6 + 8 * ib;  // the group's second word (even address)
+    if ((reinterpret_cast<uintptr_t>(pw) & 3u) == 0) {
+      r.wb = *reinterpret_cast<const uint32_t*>(pw);
+    } else {
+      const uint16_t* g = reinterpret_cast<const uint16_t*>(pw);
+      r.wb = static_cast<uint32_t>(g[0]) | (static_cast<uint32_t>(g[1]) << 16);
+    }
   }
   // tab.grid_h: the grid as f16 pairs; the sign byte of elements 8t..8t+7 is
   // computed from its 7-bit index (one shared-memory gather per 8 weights, not two).
@@ -245,13 +266,15 @@ struct MmaCodes<GgmlType::Q4_K> {
   };
   DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     const uint8_t* blk = row + (u >> 3) * 144;
-    const int c = static_cast<int>(u & 7) >> 1;
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
-    r.dd = w[0];
-    r.s[0] = w[1];
-    r.s[1] = w[2];
-    r.s[2] = w[3];
-    r.q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * t);
+    const int j = static_cast<int>(u & 7), c = j >> 1;
+    if (j == 0) {  // d, dmin and the 12 scale bytes: once per super-block
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
+      r.dd = w[0];
+      r.s[0] = w[1];
+      r.s[1] = w[2];
+      r.s[2] = w[3];
+    }
+    if ((j & 1) == 0) r.q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * t);  // units 2c, 2c + 1
   }
   DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const MmaTables&) {
     const int j = static_cast<int>(u & 7);
@@ -281,11 +304,14 @@ struct MmaCodes<GgmlType::Q2_K> {
   DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     const uint8_t* blk = row + (u >> 3) * 84;
     const int v = static_cast<int>(u & 7), hh = v >> 2;
-    r.dd = *reinterpret_cast<const uint32_t*>(blk + 80);
+    if (v == 0) r.dd = *reinterpret_cast<const uint32_t*>(blk + 80);  // one per super-block
     r.scb = *reinterpret_cast<const uint16_t*>(blk + 2 * v);  // scales[2v], scales[2v + 1]
-    // Positions 8t + 4s + i = elements 16s + 4t + i = bits 2(v%4).. of qs[32hh + 16s + 4t + i].
-    r.w[0] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 4 * t);
-    r.w[1] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 16 + 4 * t);
+    // Positions 8t + 4s + i = elements 16s + 4t + i = bits 2(v%4).. of qs[32hh + 16s + 4t + i]:
+    // the same two words for units 4hh .. 4hh + 3.
+    if ((v & 3) == 0) {
+      r.w[0] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 4 * t);
+      r.w[1] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 16 + 4 * t);
+    }
   }
   DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const MmaTables&) {
     const int sh = 2 * static_cast<int>(u & 3);
