@@ -81,9 +81,9 @@ void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows) {
 template <GgmlType T>
 void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows) {
   const QuantTables qt{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
-  std::vector<uint4> grid_h(256);
-  for (int i = 0; i < 256; ++i) grid_h[static_cast<size_t>(i)] = mma_grid_entry(qt, i);
-  const MmaTables tab{grid_h.data()};
+  std::vector<uint2> grid(256);
+  for (int i = 0; i < 256; ++i) grid[static_cast<size_t>(i)] = make_uint2(static_cast<uint32_t>(qt.iq2_grid[i]), static_cast<uint32_t>(qt.iq2_grid[i] >> 32));
+  const MmaTables tab{grid.data()};
   const std::vector<uint8_t> bytes = random_weight(r, T, cols, rows);
   const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
   std::vector<uint4> aligned((bytes.size() + 15) / 16 + 1);

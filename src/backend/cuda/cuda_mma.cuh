@@ -142,21 +142,14 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 // scale / min of MMA step s (NS = 1: one scale for the unit, sc[0] applies to
 // both steps). Host and device: test_cuda_decode checks on the host that
 // sc * code - mn rebuilds dequantize_row's weight bit for bit at every position.
-// The IQ2_XXS grid as f16 pairs (built per block in shared memory by
-// mma_smem_tables; on the host by the test): grid_h[i][k] = (grid byte 2k,
-// 2k + 1) of entry i. The signs are computed (iq2_sign_bits), not looked up.
+// The IQ2_XXS grid (copied per block into shared memory by mma_smem_tables;
+// on the host: quant::iq2xxs_grid()): entry i = 8 bytes, as two words. A lane
+// gathers 8 bytes per 8 weights and turns them into f16 pairs itself (an
+// expanded f16-pair table would be a 16-byte gather: twice the shared-memory
+// wavefronts, the tile's limit). The signs are computed (iq2_sign_bits).
 struct MmaTables {
-  const uint4* grid_h = nullptr;  // [256]
+  const uint2* grid = nullptr;  // [256]
 };
-// Entry i of the grid table from quant tables q (i < 256).
-DSV4_HD uint4 mma_grid_entry(const QuantTables& q, int i) {
-  const uint64_t g = q.iq2_grid[i];
-  uint32_t w[4];
-  DSV4_UNROLL
-  for (int k = 0; k < 4; ++k)
-    w[k] = pack_f16x2(static_cast<float>((g >> (16 * k)) & 0xFFu), static_cast<float>((g >> (16 * k + 8)) & 0xFFu));
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 // f16-pair sign masks of an 8-bit sign byte sg: pair k gets bit 2k of sg as
 // bit 15 and bit 2k + 1 as bit 31 (XOR flips the pair's signs).
 DSV4_HD uint32_t iq2_pair_sign_mask(uint32_t sg, int k) {
@@ -242,17 +235,16 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
       r.wb = static_cast<uint32_t>(g[0]) | (static_cast<uint32_t>(g[1]) << 16);
     }
   }
-  // tab.grid_h: the grid as f16 pairs; the sign byte of elements 8t..8t+7 is
-  // computed from its 7-bit index (one shared-memory gather per 8 weights, not two).
+  // tab.grid: the grid entry's bytes (8, 25 or 43) become f16 pairs by the
+  // byte-permute trick; the sign byte of elements 8t..8t+7 is computed from its
+  // 7-bit index. One 8-byte shared-memory gather per 8 weights.
   DSV4_HD static void decode(const Raw& r, int64_t, int t, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
                              const MmaTables& tab) {
     sc[0] = mul_rn(mul_rn(f16_bits_to_f32(r.d), 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
-    const uint4 gh = tab.grid_h[r.grid_idx];
+    const uint2 g = tab.grid[r.grid_idx];
     const uint32_t sg = iq2_sign_bits((r.wb >> (7 * t)) & 127u);
-    h[0] = gh.x ^ iq2_pair_sign_mask(sg, 0);
-    h[1] = gh.y ^ iq2_pair_sign_mask(sg, 1);
-    h[2] = gh.z ^ iq2_pair_sign_mask(sg, 2);
-    h[3] = gh.w ^ iq2_pair_sign_mask(sg, 3);
+    DSV4_UNROLL
+    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(k < 2 ? g.x : g.y, 2 * (k & 1), k_f16x2_1024) ^ iq2_pair_sign_mask(sg, k);
   }
 };
 
@@ -417,7 +409,7 @@ template <int BN>
 struct MmaSmem {
   uint4 q[2][BN][k_mma_uc][8];
   float4 s[2][k_mma_uc][BN];
-  uint4 grid_h[256];
+  uint2 grid[256];
   int64_t xrow[BN];
 };
 
@@ -425,10 +417,13 @@ struct MmaSmem {
 // thread must call it (it ends with __syncthreads, which also publishes xrow).
 template <int BN>
 __device__ __forceinline__ MmaTables mma_smem_tables(MmaSmem<BN>& sm, const QuantTables& tab) {
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.grid_h[i] = mma_grid_entry(tab, i);
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    const uint64_t e = tab.iq2_grid[i];
+    sm.grid[i] = make_uint2(static_cast<uint32_t>(e), static_cast<uint32_t>(e >> 32));
+  }
   __syncthreads();
   MmaTables t;
-  t.grid_h = sm.grid_h;
+  t.grid = sm.grid;
   return t;
 }
 
@@ -526,7 +521,15 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
           const int n = 8 * j + g, sw = (n & 1) << 2;
           const uint4 bh = sm.q[b][n][uu][t ^ sw];
           const uint4 bl = sm.q[b][n][uu][(4 + t) ^ sw];
-          const float4 s0 = sm.s[b][uu][8 * j + 2 * t], s1 = sm.s[b][uu][8 * j + 2 * t + 1];
+          // The columns' {2^-s, sums}: types without a min term need only 2^-s (4-byte loads).
+          float4 s0, s1;
+          if constexpr (C::kMin) {
+            s0 = sm.s[b][uu][8 * j + 2 * t];
+            s1 = sm.s[b][uu][8 * j + 2 * t + 1];
+          } else {
+            s0.x = sm.s[b][uu][8 * j + 2 * t].x;
+            s1.x = sm.s[b][uu][8 * j + 2 * t + 1].x;
+          }
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             float cc[NS][4];
