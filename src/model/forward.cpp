@@ -333,7 +333,7 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
       const int64_t rows = S.idx.n_rows();
       ensure_scores(rows);
       Tensor scores = make_tensor(s.scores.data, GgmlType::F32, rows, n);  // [n, rows] inside the larger scratch
-      backend_.indexer_scores({scores, iq, iw, S.idx, pos, 4});
+      backend_.indexer_scores({scores, iq, iw, S.idx, pos, 4, ref});  // ref: q and rows went through the FP4 simulation
       sel = s.sel.rows(0, n);
       backend_.topk({sel, scores, pos, 4});
     }

@@ -176,6 +176,9 @@ struct IndexerScoresOp {
   Tensor rows;    // [cap_rows, d_I] f32
   Tensor pos;     // [n] i32
   int ratio = 4;
+  // q and rows hold bf16-exact values (reference numerics: the Hadamard + FP4
+  // simulation): a backend may use bf16 tensor cores without rounding them.
+  bool inputs_bf16 = false;
 };
 
 // Top-k of each row of scores among the visible rows (k < (pos[t]+1)/ratio):

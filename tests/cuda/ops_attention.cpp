@@ -120,28 +120,48 @@ void cases_indexer(Harness& h) {
       std::vector<int32_t> pos;
       bool flash;
       GgmlType rows_type = GgmlType::F32;
+      bool exact = false;  // q and rows bf16-exact, IndexerScoresOp::inputs_bf16 (the tensor-core kernel for >= 8 queries)
     };
+    auto queries = [&](int n, int32_t lo, int32_t hi) {
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      for (auto& x : v) x = lo + static_cast<int32_t>(r.below(hi - lo + 1));
+      v[0] = lo;
+      return v;
+    };
+    const GgmlType FP4 = GgmlType::KV_FP4, F32 = GgmlType::F32;
     const std::vector<C> cases = {
         {4, 128, 175, {0, 2, 3, 10, 699, 350}, false},
         {4, 128, 175, {699}, false},
-        {4, 128, 175, {0, 2, 3, 10, 699, 350}, false, GgmlType::KV_FP4},
+        {4, 128, 175, {0, 2, 3, 10, 699, 350}, false, FP4},
+        {4, 128, 175, queries(24, 0, 699), false, FP4, true},
+        {20, 128, 300, queries(12, 0, 1199), false, F32, true},
+        {4, 128, 175, queries(12, 0, 699), false, F32},
         {64, 128, 4096, {16383, 100, 8000}, true},
         {64, 128, 262144, {1048575}, true},
-        {64, 128, 4096, {16383, 100, 8000}, true, GgmlType::KV_FP4},
+        {64, 128, 4096, {16383, 100, 8000}, true, FP4},
+        {64, 128, 4096, queries(40, 0, 16383), true, FP4, true},
+        {64, 128, 5000, queries(9, 15000, 19999), true, F32, true},
     };
     for (const C& c : cases) {
       if (c.flash && !h.flash) continue;
       Bufs b(h);
       const int64_t n = static_cast<int64_t>(c.pos.size());
-      Pair q = b.f32(random_normal(r, static_cast<size_t>(n * c.HI * c.dI)), Shape(c.dI, c.HI, n));
+      auto values = [&](size_t count) {
+        std::vector<float> v = random_normal(r, count);
+        if (c.exact)
+          for (float& x : v) x = bf16_round(x);
+        return v;
+      };
+      Pair q = b.f32(values(static_cast<size_t>(n * c.HI * c.dI)), Shape(c.dI, c.HI, n));
       Pair w = b.f32(random_normal(r, static_cast<size_t>(n * c.HI), 0.1f), Shape(c.HI, n));
-      Pair rows = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(c.cap * c.dI)), Shape(c.dI, c.cap));
+      Pair rows = b.kv_rows(c.rows_type, values(static_cast<size_t>(c.cap * c.dI)), Shape(c.dI, c.cap));
       Pair p = b.i32(c.pos, Shape(n));
       Pair sc = b.out(GgmlType::F32, Shape(c.cap, n));
-      h.cpu.indexer_scores({sc.c, q.c, w.c, rows.c, p.c, 4});
-      h.gpu.indexer_scores({sc.g, q.g, w.g, rows.g, p.g, 4});
-      h.report.nmse("indexer_scores", strfmt("H_I=%lld d_I=%lld rows=%lld %s n=%lld pos %d..", (long long)c.HI, (long long)c.dI,
-                                             (long long)c.cap, ggml_type_name(c.rows_type), (long long)n, c.pos[0]),
+      h.cpu.indexer_scores({sc.c, q.c, w.c, rows.c, p.c, 4, c.exact});
+      h.gpu.indexer_scores({sc.g, q.g, w.g, rows.g, p.g, 4, c.exact});
+      h.report.nmse("indexer_scores", strfmt("H_I=%lld d_I=%lld rows=%lld %s%s n=%lld pos %d..", (long long)c.HI, (long long)c.dI,
+                                             (long long)c.cap, ggml_type_name(c.rows_type), c.exact ? " bf16-exact" : "",
+                                             (long long)n, c.pos[0]),
                     b.diff(sc), k_thr_f32);
     }
   }

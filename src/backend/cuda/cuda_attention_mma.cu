@@ -44,7 +44,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
-#include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 
 namespace dsv4::cuda {
 
@@ -68,13 +68,6 @@ size_t am_smem_bytes(int MT, int64_t d, int64_t stage_ld) {
                              2 * k_am_terms * HB * k_am_ps_ld + 4 * HB + 2 * k_am_keys);
 }
 
-DSV4_HD uint16_t bf16_bits_rn(float x) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(x);
-  uint16_t u;
-  memcpy(&u, &b, 2);
-  return u;
-}
-
 // x = t[0] + t[1] + t[2] (bf16 bits; each term the rounding of what is left).
 __device__ __forceinline__ void split_bf16x3(float x, uint16_t (&t)[k_am_terms]) {
 #pragma unroll
@@ -84,45 +77,6 @@ __device__ __forceinline__ void split_bf16x3(float x, uint16_t (&t)[k_am_terms])
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
-  return static_cast<uint32_t>(bf16_bits_rn(a)) | (static_cast<uint32_t>(bf16_bits_rn(b)) << 16);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-#else
-  __trap();
-#endif
-}
-
-// c += A (16x16, row) * B (16x8, col), bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
-}
 
 // e4m3 codes to bf16 without a float conversion: the 7 magnitude bits of code
 // c = (e, m) shifted into a bf16's exponent and mantissa fields, (c & 0x7f) << 4,

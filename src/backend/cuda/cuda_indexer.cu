@@ -9,6 +9,8 @@
 //   per-warp shared buffer, lane l computes the full d_I-long
 //   dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp
 //   sum. Blocks entirely past `visible` only write -inf.
+//   Batches of >= 8 queries with bf16-exact inputs (reference numerics) run
+//   indexer_scores_mma_kernel instead: the dots as bf16 MMAs (see there).
 //   CPU reference: cpu::indexer_scores (cpu_attention.cpp).
 //
 // topk: per query, the min(K, visible) largest scores among rows < visible,
@@ -22,6 +24,7 @@
 //   CPU reference: cpu::topk (cpu_attention.cpp).
 #include "backend/cuda/cuda_indexer.cuh"
 #include "backend/cuda/cuda_kv_rows.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 
 namespace dsv4::cuda {
 
@@ -77,6 +80,116 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int6
     acc = warp_sum(acc);
     if (lane == 0) out[k] = acc;
     __syncwarp();  // the row buffer is rewritten next
+  }
+}
+
+// ---- Tensor-core scores for prefill batches (indexer_scores_mma_kernel).
+// When q and the rows hold bf16-exact values (reference numerics: Hadamard +
+// FP4 simulation; IndexerScoresOp::inputs_bf16), a token's dots for all heads
+// are the matrix product S = Q R^T (Q [H_I, 128], R [rows, 128]) with exact
+// bf16 operands and f32 accumulation: agreement with the FFMA kernel to f32
+// rounding. Grid (n, ceil(cap / k_ixm_block_rows)), 256 threads; a block
+// stages q[t] (bf16, heads padded to 16 MT with zeros) and w[t], then walks
+// its rows in tiles of 64: warp w converts rows 8w..8w+7 to bf16 in shared
+// memory, computes their 16 MT x 8 logits (MT m16 tiles x one n8 tile, 8
+// k-steps), and forms sum_h w_h relu(S[h, row]) (the lane's heads, then a
+// shuffle tree over the 8 lanes sharing a row). Rows >= visible: -inf.
+constexpr int k_ixm_dim = 128;               // d_I (the only width this kernel takes)
+constexpr int k_ixm_ld = k_ixm_dim + 8;      // bf16 row stride: 272 bytes (an odd multiple of 16)
+constexpr int k_ixm_tile = 64;               // rows per tile (8 per warp)
+constexpr int k_ixm_block_rows = 512;        // rows per block
+constexpr int64_t k_ixm_min_tokens = 8;
+
+// dst[0, 128) (bf16) = row (F32 or KV_FP4, bf16-exact values); one warp, lane l: dims 4l..4l+3.
+__device__ __forceinline__ void warp_row_to_bf16(uint16_t* dst, const uint8_t* src, GgmlType type) {
+  const int lane = threadIdx.x & 31;
+  float v[4];
+  if (type == GgmlType::KV_FP4) {
+    const uint16_t c = reinterpret_cast<const uint16_t*>(src)[lane];  // dims 4l..4l+3 (nibbles, low first)
+    const float s = kv_scale_value(src[kv_fp4_scale_offset(k_ixm_dim) + (4 * lane) / k_kv_fp4_block]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = kv_e2m1_value(static_cast<uint8_t>((c >> (4 * i)) & 15u)) * s;
+  } else {
+    const float4 f = reinterpret_cast<const float4*>(src)[lane];
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  }
+  *reinterpret_cast<uint2*>(dst + 4 * lane) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+}
+
+template <int MT>
+__global__ void __launch_bounds__(256) indexer_scores_mma_kernel(float* scores, int64_t cap, const float* q, const float* w,
+                                                                 const void* rows, GgmlType rows_type, const int32_t* pos,
+                                                                 int ratio, int HI) {
+  constexpr int HP = 16 * MT;  // padded heads
+  __shared__ __align__(16) uint16_t qs[HP * k_ixm_ld];
+  __shared__ __align__(16) uint16_t ks[k_ixm_tile * k_ixm_ld];
+  __shared__ float ws[HP];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  const int64_t t = blockIdx.x;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * k_ixm_block_rows;
+  const int64_t k_end = min(cap, k_begin + k_ixm_block_rows);
+  const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), cap);
+  const float neg_inf = -__int_as_float(0x7f800000);
+  float* out = scores + t * cap;
+  for (int64_t k = max(k_begin, visible) + threadIdx.x; k < k_end; k += blockDim.x) out[k] = neg_inf;
+  if (k_begin >= visible) return;
+  for (int i = threadIdx.x; i < HP * k_ixm_dim / 4; i += blockDim.x) {
+    const int h = (4 * i) / k_ixm_dim, e = 4 * i - h * k_ixm_dim;
+    const float4 f = h < HI ? *reinterpret_cast<const float4*>(q + (t * HI + h) * k_ixm_dim + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<uint2*>(qs + h * k_ixm_ld + e) = make_uint2(pack_bf16x2(f.x, f.y), pack_bf16x2(f.z, f.w));
+  }
+  for (int h = threadIdx.x; h < HP; h += blockDim.x) ws[h] = h < HI ? w[t * HI + h] : 0.0f;
+  const int64_t k_stop = min(k_end, visible);
+  for (int64_t k0 = k_begin; k0 < k_stop; k0 += k_ixm_tile) {
+    __syncthreads();  // q staged / the previous tile's rows consumed
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int j = 8 * warp + r;
+      const int64_t k = k0 + j;
+      if (k < k_stop) {
+        warp_row_to_bf16(ks + j * k_ixm_ld, kv_row_ptr(rows, rows_type, k_ixm_dim, k), rows_type);
+      } else {
+        *reinterpret_cast<uint2*>(ks + j * k_ixm_ld + 4 * lane) = make_uint2(0u, 0u);
+      }
+    }
+    __syncwarp();  // a warp reads only its own 8 rows
+    float acc[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[m][c] = 0.0f;
+    const uint16_t* kb = ks + (8 * warp + (lane & 7)) * k_ixm_ld + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < k_ixm_dim; kk += 16) {
+      uint32_t b[2];
+      ldsm_x2(b, kb + kk);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        uint32_t a[4];
+        ldsm_x4(a, qs + (16 * m + (lane & 15)) * k_ixm_ld + kk + (lane >> 4) * 8);
+        mma_bf16_16816(acc[m], a, b[0], b[1]);
+      }
+    }
+    // Lane (g, tq): heads 16m + g (c0, c1) and 16m + g + 8 (c2, c3) of rows 2tq, 2tq + 1.
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const float w_lo = ws[16 * m + g], w_hi = ws[16 * m + g + 8];
+      s0 = fmaf(w_lo, fmaxf(0.0f, acc[m][0]), s0);
+      s1 = fmaf(w_lo, fmaxf(0.0f, acc[m][1]), s1);
+      s0 = fmaf(w_hi, fmaxf(0.0f, acc[m][2]), s0);
+      s1 = fmaf(w_hi, fmaxf(0.0f, acc[m][3]), s1);
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      s0 += __shfl_xor_sync(k_full_mask, s0, o);
+      s1 += __shfl_xor_sync(k_full_mask, s1, o);
+    }
+    if (g == 0) {
+      const int64_t k = k0 + 8 * warp + 2 * tq;
+      if (k < k_stop) out[k] = s0;
+      if (k + 1 < k_stop) out[k + 1] = s1;
+    }
   }
 }
 
@@ -178,6 +291,23 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   check_kv_rows(op.rows, "indexer_scores");
   DSV4_ASSERT(op.rows.type != GgmlType::KV_FP8, "indexer_scores: KV_FP8 rows need 16-byte aligned staging");
   if (n == 0 || cap == 0) return;
+  const bool exact_rows = op.rows.type == GgmlType::KV_FP4 || op.rows.type == GgmlType::F32;
+  if (ctx.tensor_cores && op.inputs_bf16 && exact_rows && n >= k_ixm_min_tokens && dI == k_ixm_dim && HI <= 64) {
+    DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ixm_block_rows - 1) / k_ixm_block_rows <= 65535,
+                "indexer_scores: %lld x %lld scores too many", static_cast<long long>(n), static_cast<long long>(cap));
+    const dim3 grid(static_cast<unsigned>(n), ceil_div(cap, k_ixm_block_rows));
+    auto go = [&](auto kernel) {
+      kernel<<<grid, 256, 0, ctx.stream>>>(op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type,
+                                           op.pos.i32(), op.ratio, static_cast<int>(HI));
+      CUDA_CHECK_LAUNCH();
+    };
+    const int64_t mt = (HI + 15) / 16;
+    if (mt == 1) go(indexer_scores_mma_kernel<1>);
+    else if (mt == 2) go(indexer_scores_mma_kernel<2>);
+    else if (mt == 3) go(indexer_scores_mma_kernel<3>);
+    else go(indexer_scores_mma_kernel<4>);
+    return;
+  }
   const int rpw = n == 1 ? k_ix_rows_per_warp_decode : k_ix_rows_per_warp_batch, k_ix_rows = k_ix_warps * rpw;
   DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld x %lld scores too many",
               static_cast<long long>(n), static_cast<long long>(cap));
