@@ -10,6 +10,9 @@
 //   test_cuda_decode [--seed N]
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
 #include <random>
 
@@ -138,6 +141,55 @@ float random_float(Rng& r, int lo, int hi) {
 
 }  // namespace
 
+// Programmatic dependent launch (cuda_launch.cuh) is only safe when every
+// kernel waits for its predecessor before touching activations, and every
+// launch goes through launch_kernel. Source check over src/backend/cuda:
+// each __global__ body calls pdl_enter() (matvec kernels: through
+// matvec_block_prologue, which calls it after the first weight loads), and no
+// file launches with <<<...>>> outside comments.
+void check_kernel_sources(Report& rep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(DSV4_SOURCE_DIR) / "src" / "backend" / "cuda";
+  int kernels = 0;
+  std::vector<std::string> bad;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".cu" && ext != ".cuh") continue;
+    std::ifstream in(entry.path());
+    std::string src((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string name = entry.path().filename().string();
+    // Launch syntax outside comments: strip // comments line by line.
+    std::istringstream lines(src);
+    std::string line;
+    int line_no = 0;
+    while (std::getline(lines, line)) {
+      ++line_no;
+      const size_t c = line.find("//");
+      if (line.substr(0, c).find("<<<") != std::string::npos) bad.push_back(strfmt("%s:%d: <<<>>> launch", name.c_str(), line_no));
+    }
+    for (size_t at = src.find("__global__"); at != std::string::npos; at = src.find("__global__", at + 1)) {
+      // The body: the first '{' after the parameter list, to its matching '}'.
+      size_t open = src.find('{', at);
+      if (open == std::string::npos) break;
+      int depth = 0;
+      size_t end = open;
+      for (; end < src.size(); ++end) {
+        if (src[end] == '{') ++depth;
+        else if (src[end] == '}' && --depth == 0) break;
+      }
+      const std::string body = src.substr(open, end - open);
+      ++kernels;
+      if (body.find("pdl_enter()") == std::string::npos && body.find("matvec_block_prologue") == std::string::npos) {
+        const size_t paren = src.find('(', at);
+        bad.push_back(strfmt("%s: kernel without pdl_enter: %s", name.c_str(), src.substr(at, paren - at).c_str()));
+      }
+    }
+  }
+  for (const auto& b : bad) std::printf("  %s\n", b.c_str());
+  rep.check("kernel sources", strfmt("%d kernels in src/backend/cuda", kernels), kernels > 20 && bad.empty(),
+            bad.empty() ? "every kernel calls pdl_enter, launches via launch_kernel" : "see the lines above");
+}
+
 int main(int argc, char** argv) {
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -156,6 +208,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(seed));
   Rng r(seed);
   Report rep;
+  check_kernel_sources(rep);
   using G = GgmlType;
   for (int64_t cols : {int64_t{256}, int64_t{768}, int64_t{1024}, int64_t{4096}}) {
     check_type<G::F32>(r, rep, cols, 5);

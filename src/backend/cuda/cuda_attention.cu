@@ -56,6 +56,7 @@ template <int HG>
 __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
                                                               AttKeySource src, const int32_t* pos, int H, int64_t d,
                                                               float scale) {
+  pdl_enter();
   extern __shared__ float sm[];
   float* qs = sm;                        // [HG][d]
   float* ks = qs + HG * d;               // [tile][d]
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, f
 // S partials in split order.
 __global__ void __launch_bounds__(128) attention_combine_kernel(float* out, const float* part_acc, const float* part_ml,
                                                                 const float* sinks, int H, int S, int64_t d) {
+  pdl_enter();
   __shared__ float f[k_att_splits];  // e^(m_s - M); 0 marks a split without keys (m_s = -inf)
   __shared__ unsigned char valid[k_att_splits];
   __shared__ float den_s;
@@ -205,8 +207,8 @@ __global__ void __launch_bounds__(128) attention_combine_kernel(float* out, cons
 void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml, const float* sinks,
                               int64_t n, int H, int S, int64_t d) {
   DSV4_ASSERT(S >= 1 && S <= k_att_splits, "attention: %d key splits (at most %d)", S, k_att_splits);
-  attention_combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(H)), 128, 0, ctx.stream>>>(out, part_acc, part_ml,
-                                                                                                         sinks, H, S, d);
+  launch_kernel(attention_combine_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(H)), 128, 0, ctx.stream, out, part_acc, part_ml,
+      sinks, H, S, d);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -244,7 +246,7 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
     const int64_t nt = std::min(tg, n - t0);
     auto split = [&](auto kernel) {
       allow_smem(kernel, smem);
-      kernel<<<dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256, smem, ctx.stream>>>(
+      launch_kernel(kernel, dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256, smem, ctx.stream,
           part_acc, part_ml, op.q.f32() + t0 * H * d, att_key_source(op, t0), op.pos.i32() + t0, static_cast<int>(H), d,
           op.scale);
     };

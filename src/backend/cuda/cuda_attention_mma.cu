@@ -165,6 +165,7 @@ template <int MT, int D>
 __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q,
                                                                      AttKeySource src, const int32_t* pos, const float* sinks,
                                                                      int H, float scale, int stage_ld) {
+  pdl_enter();
   constexpr int d = D;
   constexpr int HB = 16 * MT;               // heads per block
   constexpr int KS = k_am_warps / MT;       // dim ranges of the logits step
@@ -458,7 +459,7 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
   auto go = [&](auto kernel, int MT) {
     const size_t smem = am_smem_bytes(MT, d, stage_ld);
     allow_smem(kernel, smem);
-    kernel<<<dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads, smem, ctx.stream>>>(
+    launch_kernel(kernel, dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads, smem, ctx.stream,
         op.out.f32(), part_acc, part_ml, op.q.f32(), att_key_source(op, 0), op.pos.i32(), op.sinks.f32(), static_cast<int>(H),
         op.scale, static_cast<int>(stage_ld));
     CUDA_CHECK_LAUNCH();

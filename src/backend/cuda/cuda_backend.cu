@@ -8,7 +8,9 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -67,8 +69,16 @@ void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
 }
 
 namespace {
+std::atomic<bool> g_pdl{false};
+}  // namespace
+
+bool pdl_enabled() { return g_pdl.load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
+
+namespace {
 
 __global__ void probe_kernel(int* p) {
+  pdl_enter();
   if (p) *p = 1;
 }
 
@@ -103,16 +113,20 @@ class CudaBackend final : public Backend {
     ctx_.scratch = &scratch_;
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
+    // Programmatic dependent launch (cuda_launch.cuh): Hopper and newer, unless DSV4_CUDA_PDL=0.
+    // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
+    const char* pdl_env = std::getenv("DSV4_CUDA_PDL");
+    set_pdl_enabled(prop.major >= 9 && !(pdl_env && std::strcmp(pdl_env, "0") == 0));
     name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
                    prop.multiProcessorCount, gib(prop.totalGlobalMem), ctx_.tensor_cores ? "" : ", FFMA prefill tiles");
     if (opts_.print_properties) {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
-               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s",
+               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s; programmatic dependent launch %s",
                device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
                static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
-               ctx_.tensor_cores ? "tensor cores" : "FFMA tiles");
+               ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", pdl_enabled() ? "on" : "off");
     }
   }
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/cuda_launch.cuh"
 #include "core/kv_rows.h"
 #include "ops/ops.h"
 

@@ -46,6 +46,7 @@ namespace {
 __global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
                                      bool overlap, const float* kv, const float* gate, const float* ape,
                                      const int32_t* pos, int64_t n) {
+  pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= d) return;
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -128,6 +129,7 @@ __device__ __forceinline__ void compress_cand(int64_t q, int64_t col, int64_t ol
 __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, const float* sa, const float* sg, int64_t w,
                                      int m, bool overlap, const float* kv, const float* gate, const float* ape,
                                      const int32_t* pos, int64_t n) {
+  pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= d) return;
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -176,6 +178,7 @@ __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d,
 // the old frontier; each thread reads its rows before writing them.
 __global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bool overlap, const float* kv, const float* gate,
                                       const float* ape, const int32_t* pos, int64_t n) {
+  pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(m) * w) return;
   const int64_t r = i / w, col = i % w;
@@ -201,6 +204,7 @@ __global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bo
 __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, int64_t d, const int32_t* pos, int m,
                                      const float* norm_w, float eps, RopeTable rt, KvQuantSim sim, int n_quant,
                                      bool round_bf16) {
+  pdl_enter();
   __shared__ double red[33];
   const int32_t p = pos[blockIdx.x];
   DEVICE_CHECK(p == pos[0] + static_cast<int32_t>(blockIdx.x));  // consecutive positions (the pool and state kernels assume them)
@@ -222,9 +226,9 @@ __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, i
 constexpr int64_t k_compress_seq_max = 16;
 
 void launch_compress_post(const CudaContext& ctx, const CompressOp& op, float* pooled, const RopeTable& rt, int64_t n) {
-  compress_post_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.rows.data, op.rows.type, pooled, op.norm_w.ne[0],
-                                                                        op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps, rt,
-                                                                        op.sim, op.n_quant, op.round_pooled_bf16);
+  launch_kernel(compress_post_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.rows.data, op.rows.type, pooled, op.norm_w.ne[0],
+      op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps, rt,
+      op.sim, op.n_quant, op.round_pooled_bf16);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -254,8 +258,8 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   float* pooled = ape + ape_floats;
   launch_dequantize_rows(ctx, op.ape, ape);
   if (n <= k_compress_seq_max) {
-    compress_seq_kernel<<<ceil_div(d, 128), 128, 0, ctx.stream>>>(pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(),
-                                                                 w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
+    launch_kernel(compress_seq_kernel, ceil_div(d, 128), 128, 0, ctx.stream, pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(),
+        w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
     CUDA_CHECK_LAUNCH();
     launch_compress_post(ctx, op, pooled, rt, n);
     return;
@@ -263,11 +267,11 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   // Windows completing in the batch: at most n / m + 1.
   const int64_t n_win = n / m + 1;
   DSV4_ASSERT(n_win <= 65535, "compress: batch of %lld tokens too large for ratio %d", static_cast<long long>(n), m);
-  compress_pool_kernel<<<dim3(ceil_div(d, 128), static_cast<unsigned>(n_win)), 128, 0, ctx.stream>>>(
+  launch_kernel(compress_pool_kernel, dim3(ceil_div(d, 128), static_cast<unsigned>(n_win)), 128, 0, ctx.stream,
       pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape,
       op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
-  compress_state_kernel<<<ceil_div(static_cast<int64_t>(m) * w, 256), 256, 0, ctx.stream>>>(
+  launch_kernel(compress_state_kernel, ceil_div(static_cast<int64_t>(m) * w, 256), 256, 0, ctx.stream,
       op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
   launch_compress_post(ctx, op, pooled, rt, n);

@@ -37,6 +37,7 @@ unsigned grid_for(int64_t n, int threads) {
 }
 
 __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps) {
+  pdl_enter();
   __shared__ double red[33];
   const int64_t r = blockIdx.x;
   block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red);
@@ -44,6 +45,7 @@ __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int6
 
 __global__ void rope_kernel(float* x, const int32_t* pos, int64_t d, int64_t per_tok, int64_t n_pairs_total, RopeTable rt,
                             bool inverse) {
+  pdl_enter();
   const int half = rt.n_rot / 2;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_pairs_total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -54,11 +56,13 @@ __global__ void rope_kernel(float* x, const int32_t* pos, int64_t d, int64_t per
 }
 
 __global__ void quant_sim_kernel(float* x, int64_t d, KvQuantSim sim, int n_quant) {
+  pdl_enter();
   block_quant_sim_row(x + static_cast<int64_t>(blockIdx.x) * d, d, sim, n_quant);
 }
 
 __global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, const int32_t* pos, int64_t n, int64_t d,
                                   int64_t cap) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t slot = pos[t] % cap;
   // Sequential semantics: skip when a later token of the batch writes the same slot.
@@ -69,6 +73,7 @@ __global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, 
 }
 
 __global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_t n, float c) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float gt = c < g[i] ? c : g[i];  // std::min(g, c)
@@ -78,18 +83,21 @@ __global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_
 }
 
 __global__ void add_kernel(float* out, const float* x, int64_t n) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] += x[i];
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] *= s;
 }
 
 __global__ void fill_kernel(float* x, int64_t n, float v) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = v;
@@ -105,8 +113,8 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
   DSV4_ASSERT(rows <= 0x7fffffff, "rms_norm: too many rows");
   if (rows == 0) return;
   const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
-  rms_norm_kernel<<<static_cast<unsigned>(rows), threads, 0, ctx.stream>>>(op.out.f32(), op.x.f32(),
-                                                                          op.w ? op.w.f32() : nullptr, d, op.eps);
+  launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), threads, 0, ctx.stream, op.out.f32(), op.x.f32(),
+      op.w ? op.w.f32() : nullptr, d, op.eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -118,7 +126,7 @@ void launch_rope(const CudaContext& ctx, const RopeOp& op) {
   const RopeTable rt = make_rope_table(op.rope);
   const int64_t total = n * per_tok * (rt.n_rot / 2);
   if (total == 0) return;
-  rope_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(op.x.f32(), op.pos.i32(), d, per_tok, total, rt, op.inverse);
+  launch_kernel(rope_kernel, grid_for(total, 256), 256, 0, ctx.stream, op.x.f32(), op.pos.i32(), d, per_tok, total, rt, op.inverse);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -129,7 +137,7 @@ void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op) {
   DSV4_ASSERT(op.sim != KvQuantSim::FP8_BF16 || (op.n_quant >= 0 && op.n_quant <= d), "quant_sim: n_quant out of range");
   DSV4_ASSERT(rows <= 0x7fffffff, "quant_sim: too many rows");
   if (rows == 0) return;
-  quant_sim_kernel<<<static_cast<unsigned>(rows), d > 256 ? 256 : 128, 0, ctx.stream>>>(op.x.f32(), d, op.sim, op.n_quant);
+  launch_kernel(quant_sim_kernel, static_cast<unsigned>(rows), d > 256 ? 256 : 128, 0, ctx.stream, op.x.f32(), d, op.sim, op.n_quant);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -140,8 +148,8 @@ void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op) {
               static_cast<long long>(n));
   if (n == 0) return;
   check_kv_rows(op.ring, "store_rows");
-  store_rows_kernel<<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.ring.data, op.ring.type, op.rows.f32(), op.pos.i32(),
-                                                                     n, d, cap);
+  launch_kernel(store_rows_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.ring.data, op.ring.type, op.rows.f32(), op.pos.i32(),
+      n, d, cap);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -149,7 +157,7 @@ void launch_swiglu(const CudaContext& ctx, const SwigluOp& op) {
   const int64_t n = op.out.n_elements();
   DSV4_ASSERT(op.gate.n_elements() == n && op.up.n_elements() == n, "swiglu: size mismatch");
   if (n == 0) return;
-  swiglu_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(op.out.f32(), op.gate.f32(), op.up.f32(), n, op.clamp);
+  launch_kernel(swiglu_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.out.f32(), op.gate.f32(), op.up.f32(), n, op.clamp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -157,20 +165,20 @@ void launch_add(const CudaContext& ctx, const AddOp& op) {
   const int64_t n = op.out.n_elements();
   DSV4_ASSERT(op.x.n_elements() == n, "add: size mismatch");
   if (n == 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(op.out.f32(), op.x.f32(), n);
+  launch_kernel(add_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.out.f32(), op.x.f32(), n);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_scale(const CudaContext& ctx, const ScaleOp& op) {
   const int64_t n = op.x.n_elements();
   if (n == 0) return;
-  scale_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(op.x.f32(), n, op.s);
+  launch_kernel(scale_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.x.f32(), n, op.s);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_fill(const CudaContext& ctx, float* dst, int64_t n, float value) {
   if (n == 0) return;
-  fill_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(dst, n, value);
+  launch_kernel(fill_kernel, grid_for(n, 256), 256, 0, ctx.stream, dst, n, value);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -41,6 +41,7 @@ constexpr int k_topk_threads = 512;
 __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w,
                                                              const void* rows, GgmlType rows_type, const int32_t* pos,
                                                              int ratio, int HI, int dI, int rows_per_warp) {
+  pdl_enter();
   extern __shared__ float sm[];
   float* qs = sm;                        // [HI][dI + 1]
   float* ws = qs + HI * (dI + 1);        // [HI]
@@ -120,6 +121,7 @@ template <int MT>
 __global__ void __launch_bounds__(256) indexer_scores_mma_kernel(float* scores, int64_t cap, const float* q, const float* w,
                                                                  const void* rows, GgmlType rows_type, const int32_t* pos,
                                                                  int ratio, int HI) {
+  pdl_enter();
   constexpr int HP = 16 * MT;  // padded heads
   __shared__ __align__(16) uint16_t qs[HP * k_ixm_ld];
   __shared__ __align__(16) uint16_t ks[k_ixm_tile * k_ixm_ld];
@@ -223,6 +225,7 @@ __device__ int block_exclusive_scan(int v, int* buf, int* total) {
 
 __global__ void __launch_bounds__(k_topk_threads) topk_kernel(int32_t* sel, int64_t K, const float* scores, int64_t cap,
                                                               const int32_t* pos, int ratio) {
+  pdl_enter();
   __shared__ unsigned hist[256];
   __shared__ unsigned s_digit, s_remaining;
   __shared__ int scan_buf[32];
@@ -297,8 +300,8 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
                 "indexer_scores: %lld x %lld scores too many", static_cast<long long>(n), static_cast<long long>(cap));
     const dim3 grid(static_cast<unsigned>(n), ceil_div(cap, k_ixm_block_rows));
     auto go = [&](auto kernel) {
-      kernel<<<grid, 256, 0, ctx.stream>>>(op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type,
-                                           op.pos.i32(), op.ratio, static_cast<int>(HI));
+      launch_kernel(kernel, grid, 256, 0, ctx.stream, op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type,
+          op.pos.i32(), op.ratio, static_cast<int>(HI));
       CUDA_CHECK_LAUNCH();
     };
     const int64_t mt = (HI + 15) / 16;
@@ -315,7 +318,7 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory", static_cast<long long>(HI),
               static_cast<long long>(dI));
   allow_smem(indexer_scores_kernel, smem);
-  indexer_scores_kernel<<<dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream>>>(
+  launch_kernel(indexer_scores_kernel, dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream,
       op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type, op.pos.i32(), op.ratio, static_cast<int>(HI),
       static_cast<int>(dI), rpw);
   CUDA_CHECK_LAUNCH();
@@ -328,8 +331,8 @@ void launch_topk(const CudaContext& ctx, const TopKOp& op) {
   DSV4_ASSERT(cap < 0x7fffffff, "topk: too many rows");
   if (n == 0 || K == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff, "topk: too many queries");
-  topk_kernel<<<static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream>>>(op.sel.i32(), K, op.scores.f32(), cap,
-                                                                          op.pos.i32(), op.ratio);
+  launch_kernel(topk_kernel, static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream, op.sel.i32(), K, op.scores.f32(), cap,
+      op.pos.i32(), op.ratio);
   CUDA_CHECK_LAUNCH();
 }
 

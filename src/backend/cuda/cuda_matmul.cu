@@ -105,8 +105,8 @@ void launch_matvec_r(const CudaContext& ctx, const uint8_t* w, size_t row_bytes,
     constexpr bool Staged = decltype(staged_tag)::value, XS = decltype(xs_tag)::value;
     const size_t smem = (XS ? x_bytes : 0) + (Staged ? static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R>() : 0);
     allow_smem(matvec_kernel<T, R, Staged, XS>, smem);
-    matvec_kernel<T, R, Staged, XS><<<grid, 256, smem, ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
-                                                                     ctx.tables);
+    launch_kernel(matvec_kernel<T, R, Staged, XS>, grid, 256, smem, ctx.stream, w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
+        ctx.tables);
   };
   using yes = std::true_type;
   using no = std::false_type;
@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
                                                           int64_t rows_per_group, int64_t n_units, int64_t cols,
                                                           const float* __restrict__ x, int64_t x_stride, int64_t n,
                                                           bool x_vec4, float* __restrict__ out, QuantTables tab) {
+  pdl_enter();
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
   const int warp = threadIdx.x >> 5;
@@ -155,6 +156,7 @@ template <GgmlType T, int BN>
 __global__ void __launch_bounds__(256, 2) matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
                                                          int64_t rows_per_group, int64_t n_units, MmaX xs, int64_t n,
                                                          float* __restrict__ out, QuantTables tab) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
   const int64_t g = blockIdx.y;
@@ -172,13 +174,13 @@ void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_byte
                        int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out) {
   DSV4_ASSERT((n + BN - 1) / BN <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
   allow_smem(matmul_mma_kernel<T, BN>, sizeof(MmaSmem<BN>));
-  matmul_mma_kernel<T, BN><<<dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256,
-                             sizeof(MmaSmem<BN>), ctx.stream>>>(w, row_bytes, rows, rows_per_group, n_units, xs, n, out, ctx.tables);
+  launch_kernel(matmul_mma_kernel<T, BN>, dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256, sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, ctx.tables);
 }
 
 template <GgmlType T>
 __global__ void dequantize_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_units,
                                        float* __restrict__ dst, QuantTables tab) {
+  pdl_enter();
   constexpr int U = WeightUnit<T>::U;
   const int64_t r = blockIdx.x;
   for (int64_t u = threadIdx.x; u < n_units; u += blockDim.x) {
@@ -199,7 +201,7 @@ void launch_dequantize_rows(const CudaContext& ctx, const Tensor& w, float* dst)
     constexpr GgmlType T = decltype(tag)::value;
     constexpr int U = WeightUnit<T>::U;
     DSV4_ASSERT(w.ne[0] % U == 0, "dequantize_rows: %s row of %lld elements", ggml_type_name(T), static_cast<long long>(w.ne[0]));
-    dequantize_rows_kernel<T><<<static_cast<unsigned>(rows), 128, 0, ctx.stream>>>(
+    launch_kernel(dequantize_rows_kernel<T>, static_cast<unsigned>(rows), 128, 0, ctx.stream,
         static_cast<const uint8_t*>(w.data), w.row_bytes(), w.ne[0] / U, dst, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
@@ -258,10 +260,9 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",
                   static_cast<long long>(n));
-      matmul_tile_kernel<T><<<dim3(ceil_div(rows_per_group, k_tile_rows), static_cast<unsigned>(groups),
-                                   ceil_div(n, k_tile_tokens)),
-                              256, 0, ctx.stream>>>(w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x,
-                                                    x_stride, n, x_aligned, out, ctx.tables);
+      launch_kernel(matmul_tile_kernel<T>, dim3(ceil_div(rows_per_group, k_tile_rows), static_cast<unsigned>(groups),
+          ceil_div(n, k_tile_tokens)), 256, 0, ctx.stream, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x,
+          x_stride, n, x_aligned, out, ctx.tables);
     }
     CUDA_CHECK_LAUNCH();
   });

@@ -50,6 +50,7 @@ constexpr int k_max_hc = 8;
 template <GgmlType T>
 __global__ void embed_kernel(float* out, const uint8_t* table, size_t row_bytes, int64_t n_rows, const int32_t* ids,
                              int64_t hc, int64_t D, QuantTables tab) {
+  pdl_enter();
   constexpr int U = WeightUnit<T>::U;
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
@@ -81,6 +82,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
                                                              size_t fn_row_bytes, int n_mix, int S, int rows,
                                                              float* part_dot, double* part_ss, QuantTables tab) {
+  pdl_enter();
   constexpr int U = WeightUnit<T>::U, E = k_mix_lane;
   static_assert(E % U == 0, "a lane's elements are whole units");
   const int lane = threadIdx.x & 31;
@@ -229,6 +231,7 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
                                        const double* part_ss, const float* scale, const float* base, float norm_eps,
                                        float hc_eps, int iters, float* u, float* post, float* comb, float* xn,
                                        const float* xn_w, float xn_eps) {
+  pdl_enter();
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -293,6 +296,7 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
 __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
                                         const double* part_ss, const float* scale, const float* base, float norm_eps,
                                         float hc_eps, float* h) {
+  pdl_enter();
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[k_max_hc];
   __shared__ float rho;
@@ -312,6 +316,7 @@ __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, i
 
 __global__ void hc_post_kernel(float* state, const float* y, const float* post, const float* comb, int64_t D, int hc,
                                int64_t n, bool round_bf16) {
+  pdl_enter();
   const int64_t total = n * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -355,8 +360,8 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
   *part_dot = reinterpret_cast<float*>(base);
   *part_ss = reinterpret_cast<double*>(base + dot_bytes);
   auto go = [&](auto kernel) {
-    kernel<<<ceil_div(warps, 4), 128, 0, ctx.stream>>>(state.f32(), n, len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(),
-                                                       n_mix, S, rows, *part_dot, *part_ss, ctx.tables);
+    launch_kernel(kernel, ceil_div(warps, 4), 128, 0, ctx.stream, state.f32(), n, len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(),
+        n_mix, S, rows, *part_dot, *part_ss, ctx.tables);
     CUDA_CHECK_LAUNCH();
   };
   if (fn.type == GgmlType::F32) go(hc_mix_partial_kernel<GgmlType::F32>);
@@ -375,9 +380,9 @@ void launch_embed(const CudaContext& ctx, const EmbedOp& op) {
   dispatch_weight_type(op.table.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     DSV4_ASSERT(D % WeightUnit<T>::U == 0, "embed: width %lld", static_cast<long long>(D));
-    embed_kernel<T><<<static_cast<unsigned>(n), 128, 0, ctx.stream>>>(op.out.f32(), static_cast<const uint8_t*>(op.table.data),
-                                                                     op.table.row_bytes(), op.table.n_rows(), op.ids.i32(),
-                                                                     hc, D, ctx.tables);
+    launch_kernel(embed_kernel<T>, static_cast<unsigned>(n), 128, 0, ctx.stream, op.out.f32(), static_cast<const uint8_t*>(op.table.data),
+        op.table.row_bytes(), op.table.n_rows(), op.ids.i32(),
+        hc, D, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -395,7 +400,7 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);
   const size_t smem = finalize_smem(S, n_mix);
   allow_smem(hc_pre_finalize_kernel, smem);
-  hc_pre_finalize_kernel<<<static_cast<unsigned>(n), 256, smem, ctx.stream>>>(
+  launch_kernel(hc_pre_finalize_kernel, static_cast<unsigned>(n), 256, smem, ctx.stream,
       op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
       op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
       op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
@@ -412,9 +417,9 @@ void launch_hc_head(const CudaContext& ctx, const HcHeadOp& op) {
   const int S = run_mix_partials(ctx, op.state, op.fn, static_cast<int>(hc), &part_dot, &part_ss);
   const size_t smem = finalize_smem(S, static_cast<int>(hc));
   allow_smem(hc_head_finalize_kernel, smem);
-  hc_head_finalize_kernel<<<static_cast<unsigned>(n), 256, smem, ctx.stream>>>(op.state.f32(), D, static_cast<int>(hc), S,
-                                                                           part_dot, part_ss, op.scale.f32(), op.base.f32(),
-                                                                           op.norm_eps, op.hc_eps, op.h.f32());
+  launch_kernel(hc_head_finalize_kernel, static_cast<unsigned>(n), 256, smem, ctx.stream, op.state.f32(), D, static_cast<int>(hc), S,
+      part_dot, part_ss, op.scale.f32(), op.base.f32(),
+      op.norm_eps, op.hc_eps, op.h.f32());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -424,8 +429,8 @@ void launch_hc_post(const CudaContext& ctx, const HcPostOp& op) {
   const int64_t total = n * D;
   if (total == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
-  hc_post_kernel<<<blocks, 256, 0, ctx.stream>>>(op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D,
-                                                 static_cast<int>(hc), n, op.round_bf16);
+  launch_kernel(hc_post_kernel, blocks, 256, 0, ctx.stream, op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D,
+      static_cast<int>(hc), n, op.round_bf16);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -407,6 +407,7 @@ inline size_t mma_split_bytes(int64_t rows, int64_t units) { return static_cast<
 template <bool Q2K>
 __global__ void __launch_bounds__(256) mma_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows,
                                                           int64_t units, uint4* __restrict__ q, float4* __restrict__ s) {
+  pdl_enter();
   const int lane = threadIdx.x & 31;
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   if (pr >= rows * units) return;  // whole warps
@@ -446,8 +447,8 @@ MmaX mma_split_x(cudaStream_t stream, const float* x, int64_t x_stride, int64_t 
   const int64_t pairs = rows * units;
   if (pairs == 0) return r;
   const unsigned blocks = static_cast<unsigned>((pairs + 7) / 8);
-  mma_split_x_kernel<T == GgmlType::Q2_K><<<blocks, 256, 0, stream>>>(x, x_stride, rows, units, const_cast<uint4*>(r.q),
-                                                                       const_cast<float4*>(r.s));
+  launch_kernel(mma_split_x_kernel<T == GgmlType::Q2_K>, blocks, 256, 0, stream, x, x_stride, rows, units, const_cast<uint4*>(r.q),
+      const_cast<float4*>(r.s));
   return r;
 }
 

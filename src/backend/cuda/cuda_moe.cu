@@ -18,10 +18,10 @@
 //   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
 //   Steps 1, 2, 4, decode (n < k_group_min_tokens): the matvec of cuda_matmul.cu
-//   per assignment (4 expert rows per warp, 32 rows per block, staged wide
+//   per assignment (4 expert rows per warp — pair: 2 gate + 2 up —, staged wide
 //   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)); when gate
-//   and up share a layout, steps 1-3 are one kernel: each warp dots 4 gate
-//   and the same 4 up rows with x in one pass and writes mid directly.
+//   and up share a layout, steps 1-3 are one kernel: each warp dots 2 gate
+//   and the same 2 up rows with x in one pass and writes mid directly.
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
 //   block, one thread per expert) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
                                                                     const float* bias, const int32_t* hash,
                                                                     int64_t hash_rows, int64_t hash_w, const int32_t* ids,
                                                                     int E, int k, float alpha, bool normalize) {
+  pdl_enter();
   extern __shared__ float sm[];
   float* s = sm;                                          // [E] scores
   unsigned char* taken = reinterpret_cast<unsigned char*>(s + E);  // [E]
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
   constexpr int U = WeightUnit<T>::U;
   // Dynamic shared memory: [x copy (XS)][8 x stage_bytes_per_warp<T, NR>() (Staged)]
   extern __shared__ __align__(16) unsigned char ex_smem[];
+  pdl_enter();  // before the expert ids (the prologue's second call returns at once)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
   auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + (Staged ? warp * stage_bytes_per_warp<T, NR>() : 0));
@@ -205,6 +207,7 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
 // expert ids twice (count, then fill), reading them as warp-wide broadcasts.
 __global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E, int tile,
                                 int32_t* __restrict__ list, int4* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+  pdl_enter();
   extern __shared__ int plan_sm[];
   int* cnt = plan_sm;      // [E] assignments per expert
   int* off = cnt + E;      // [E] first list index
@@ -241,6 +244,7 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
                                                           const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                                                           const int32_t* __restrict__ n_tiles, const float* __restrict__ x,
                                                           int64_t x_stride, int x_div, bool x_vec4, QuantTables tab) {
+  pdl_enter();
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
   __shared__ int64_t arow[k_tile_tokens];
@@ -266,6 +270,7 @@ __global__ void __launch_bounds__(256, 2) expert_mma_kernel(float* __restrict__ 
                                                          size_t row_bytes, int64_t n_units, const int32_t* __restrict__ list,
                                                          const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
                                                          MmaX xs, int x_div, QuantTables tab) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
   __shared__ int64_t arow[BN];
@@ -284,6 +289,7 @@ __global__ void __launch_bounds__(256, 2) expert_mma_kernel(float* __restrict__ 
 
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
 __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total, float c) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     g[i] = expert_mid(g[i], u[i], weights[i / F], c);
@@ -291,6 +297,7 @@ __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weig
 
 // out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order.
 __global__ void expert_sum_kernel(float* out, const float* y, int64_t D, int k, int64_t total, bool accumulate) {
+  pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / D, d = i % D;
@@ -314,26 +321,33 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     constexpr int U = WeightUnit<T>::U;
     DSV4_ASSERT(cols % U == 0 && cols % 4 == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T),
                 static_cast<long long>(cols));
-    // 4 rows per warp (loads in flight, x reused): an expert matrix has >= 2048 rows
-    // and a decode step 6 assignments, so the grid still covers the SMs.
-    constexpr int RW = 4;
-    const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
+    // Several rows per warp (loads in flight, x reused): an expert matrix has >= 2048
+    // rows and a decode step 6 assignments, so the grid still covers the SMs.
     const auto* wp = static_cast<const uint8_t*>(w.data);
     const auto* wp2 = w2 ? static_cast<const uint8_t*>(w2->data) : nullptr;
     // x copied to shared memory unless the copy would be large (no Flash shape).
     const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(cols / U)) * sizeof(float);
     const bool xs = x_bytes <= k_max_x_shared_bytes;
-    auto run = [&](auto staged_tag, auto pair_tag) {
+    auto run_cfg = [&](auto staged_tag, auto pair_tag, auto rw_tag) {
       constexpr bool Staged = decltype(staged_tag)::value, Pair = decltype(pair_tag)::value;
+      constexpr int RW = decltype(rw_tag)::value;
       constexpr int NR = Pair ? 2 * RW : RW;
+      const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
       const size_t stage_bytes = Staged ? 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR>()) : 0;
       auto launch = [&](auto kernel, size_t smem) {
         allow_smem(kernel, smem);
-        kernel<<<grid, 256, smem, ctx.stream>>>(out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
-                                                x_stride, x_div, ctx.tables);
+        launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
+            x_stride, x_div, ctx.tables);
       };
       if (xs) launch(expert_matvec_kernel<T, RW, Staged, Pair, true>, x_bytes + stage_bytes);
       else launch(expert_matvec_kernel<T, RW, Staged, Pair, false>, stage_bytes);
+    };
+    // Rows per warp: 4, or 2 gate + 2 up rows for the pair (the same 4 rows in
+    // flight; measured 2026-11-30 on the H200 at Flash shapes, IQ2_XXS gate/up:
+    // 66.1 -> 64.2 us per decode step's experts; 3 rows: 64.9, 6 rows: 74.1).
+    auto run = [&](auto staged_tag, auto pair_tag) {
+      constexpr bool Pair = decltype(pair_tag)::value;
+      run_cfg(staged_tag, pair_tag, std::integral_constant<int, Pair ? 2 : 4>{});
     };
     using yes = std::true_type;
     using no = std::false_type;
@@ -379,8 +393,8 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
   p.list = reinterpret_cast<int32_t*>(p.tiles + p.max_tiles);
   p.n_tiles = p.list + n_assign;
   const int threads = static_cast<int>(ceil_div(E, 32) * 32);
-  moe_plan_kernel<<<1, threads, 3 * static_cast<size_t>(E) * sizeof(int), ctx.stream>>>(experts, n_assign, static_cast<int>(E),
-                                                                                         tile, p.list, p.tiles, p.n_tiles);
+  launch_kernel(moe_plan_kernel, 1, threads, 3 * static_cast<size_t>(E) * sizeof(int), ctx.stream, experts, n_assign, static_cast<int>(E),
+      tile, p.list, p.tiles, p.n_tiles);
   CUDA_CHECK_LAUNCH();
   return p;
 }
@@ -405,14 +419,14 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
         allow_smem(expert_mma_kernel<T, 16>, sizeof(MmaSmem<16>));
         allow_smem(expert_mma_kernel<T, 8>, sizeof(MmaSmem<8>));
         if (p.tile == 32)
-          expert_mma_kernel<T, 32><<<grid, 256, sizeof(MmaSmem<32>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-                                                                 xs, x_div, ctx.tables);
+          launch_kernel(expert_mma_kernel<T, 32>, grid, 256, sizeof(MmaSmem<32>), ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+              xs, x_div, ctx.tables);
         else if (p.tile == 16)
-          expert_mma_kernel<T, 16><<<grid, 256, sizeof(MmaSmem<16>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-                                                                 xs, x_div, ctx.tables);
+          launch_kernel(expert_mma_kernel<T, 16>, grid, 256, sizeof(MmaSmem<16>), ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+              xs, x_div, ctx.tables);
         else
-          expert_mma_kernel<T, 8><<<grid, 256, sizeof(MmaSmem<8>), ctx.stream>>>(out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-                                                                xs, x_div, ctx.tables);
+          launch_kernel(expert_mma_kernel<T, 8>, grid, 256, sizeof(MmaSmem<8>), ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
+              xs, x_div, ctx.tables);
         CUDA_CHECK_LAUNCH();
         return;
       }
@@ -420,9 +434,9 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
     DSV4_ASSERT(p.tile == k_tile_tokens, "moe_experts: FFMA tiles take %d assignments", k_tile_tokens);
     const dim3 grid(ceil_div(R, k_tile_rows), static_cast<unsigned>(p.max_tiles));
     const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && cols % 4 == 0;
-    expert_tile_kernel<T><<<grid, 256, 0, ctx.stream>>>(out, R, static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / U,
-                                                        cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4,
-                                                        ctx.tables);
+    launch_kernel(expert_tile_kernel<T>, grid, 256, 0, ctx.stream, out, R, static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / U,
+        cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4,
+        ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -439,7 +453,7 @@ void launch_moe_route(const CudaContext& ctx, const MoeRouteOp& op) {
   DSV4_ASSERT(n <= 0x7fffffff, "moe_route: too many tokens");
   const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
   allow_smem(moe_route_kernel, smem);
-  moe_route_kernel<<<static_cast<unsigned>(n), k_route_threads, smem, ctx.stream>>>(
+  launch_kernel(moe_route_kernel, static_cast<unsigned>(n), k_route_threads, smem, ctx.stream,
       op.experts.i32(), op.weights.f32(), op.logits.f32(), op.bias ? op.bias.f32() : nullptr,
       op.hash ? op.hash.i32() : nullptr, op.hash ? op.hash.n_rows() : 0, op.hash ? op.hash.ne[0] : 0,
       op.hash ? op.ids.i32() : nullptr, static_cast<int>(E), static_cast<int>(k), op.alpha, op.normalize);
@@ -484,7 +498,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       plan.split_units = split_units;
       expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), n, D, static_cast<int>(k));
       expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), n, D, static_cast<int>(k));
-      expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, wts, F, n_assign * F, op.clamp);
+      launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
       CUDA_CHECK_LAUNCH();
       expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
     } else {
@@ -494,13 +508,13 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       } else {
         expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f);
         expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f);
-        expert_swiglu_kernel<<<elem_grid(n_assign * F), 256, 0, ctx.stream>>>(g, u, wts, F, n_assign * F, op.clamp);
+        launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
         CUDA_CHECK_LAUNCH();
       }
       expert_matvec(ctx, y, D, op.down, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f);
     }
   }
-  expert_sum_kernel<<<elem_grid(n * D), 256, 0, ctx.stream>>>(op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);
+  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

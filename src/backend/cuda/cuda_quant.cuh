@@ -403,13 +403,16 @@ __device__ __forceinline__ QuantTables block_tables(const QuantTables& tab) {
 }
 
 // The prologue of a block of matvec warps (warp_rows_dot's on_issued): the
-// tables for T (block_tables) into `tb`, with XS the block's x copied into
+// tables for T (block_tables) into `tb`, pdl_enter() (cuda_launch.cuh: the
+// first weight loads are already in flight, so they overlap the predecessor
+// kernel's end; x is read only after it), with XS the block's x copied into
 // `x_smem` (XShared layout), then one barrier if either needs it. Every
 // thread of the block calls it once.
 template <GgmlType T, bool XS>
 __device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float* x, int64_t n_units, const QuantTables& tab,
                                                       QuantTables& tb) {
   tb = block_tables<T>(tab);
+  pdl_enter();
   if constexpr (XS) block_stage_x<WeightUnit<T>::U>(x_smem, x, n_units);
   if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
 }
