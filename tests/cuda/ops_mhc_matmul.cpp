@@ -14,7 +14,10 @@ void cases_mhc(Harness& h) {
     };
     for (C c : {C{GgmlType::F16, 512, 256, 4, 1, false}, C{GgmlType::F16, 512, 256, 4, 37, false},
                 C{GgmlType::F32, 512, 256, 4, 8, false}, C{GgmlType::BF16, 300, 128, 1, 5, false},
-                C{GgmlType::Q8_0, 100, 256, 2, 3, false}, C{GgmlType::F16, 129280, 4096, 4, 6, true}}) {
+                C{GgmlType::Q8_0, 100, 256, 2, 3, false}, C{GgmlType::F16, 129280, 4096, 4, 6, true},
+                // The block-quantised decoders on the device, bit for bit (the matvec and FFMA tiles use them).
+                C{GgmlType::IQ2_XXS, 64, 1024, 1, 5, false}, C{GgmlType::Q2_K, 64, 1024, 1, 5, false},
+                C{GgmlType::Q4_K, 64, 512, 1, 3, false}}) {
       if (c.flash && !h.flash) continue;
       Bufs b(h);
       Pair table = b.random_weight(c.t, Shape(c.D, c.V));

@@ -69,6 +69,9 @@ void cases_moe(Harness& h) {
         {G::Q8_0, G::Q8_0, 8, 256, 256, 2, {4, 33}, false},
         {G::F16, G::F16, 4, 64, 128, 3, {1, 2, 17}, false},
         {G::F32, G::BF16, 4, 64, 128, 2, {3}, false},
+        // Mid-size rows (1,024 and 4,096 elements) at decode batch sizes.
+        {G::IQ2_XXS, G::Q2_K, 8, 1024, 4096, 2, {1, 3}, false},
+        {G::Q8_0, G::Q4_K, 8, 1024, 1024, 2, {1, 2}, false},
         {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3, 64}, true},
         {G::Q4_K, G::Q4_K, 256, 2048, 4096, 6, {1}, true},
     };

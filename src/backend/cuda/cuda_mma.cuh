@@ -208,10 +208,12 @@ struct MmaTables {
   const uint2* grid = nullptr;  // [256]
 };
 // f16-pair sign masks of an 8-bit sign byte sg: pair k gets bit 2k of sg as
-// bit 15 and bit 2k + 1 as bit 31 (XOR flips the pair's signs).
-DSV4_HD uint32_t iq2_pair_sign_mask(uint32_t sg, int k) {
-  return (((sg >> (2 * k)) << 15) & 0x8000u) | ((sg >> (2 * k + 1)) << 31);
-}
+// bit 15 and bit 2k + 1 as bit 31 (XOR flips the pair's signs). With
+// z = sg | sg << 15 (iq2_sign_spread, once per 8 weights), bit 2k of sg sits at
+// bit 2k of z and bit 2k + 1 at bit 16 + 2k, so one shift by 15 - 2k moves both
+// into place: a shift and a masked XOR per pair (was five logic ops).
+DSV4_HD uint32_t iq2_sign_spread(uint32_t sg) { return sg | (sg << 15); }
+DSV4_HD uint32_t iq2_pair_sign_mask(uint32_t z, int k) { return (z << (15 - 2 * k)) & 0x80008000u; }
 
 template <GgmlType T>
 struct MmaCodes;
@@ -299,9 +301,9 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
                              const MmaTables& tab) {
     sc[0] = mul_rn(mul_rn(f16_bits_to_f32(r.d), 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
     const uint2 g = tab.grid[r.grid_idx];
-    const uint32_t sg = iq2_sign_bits((r.wb >> (7 * t)) & 127u);
+    const uint32_t z = iq2_sign_spread(iq2_sign_bits((r.wb >> (7 * t)) & 127u));
     DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(k < 2 ? g.x : g.y, 2 * (k & 1), k_f16x2_1024) ^ iq2_pair_sign_mask(sg, k);
+    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(k < 2 ? g.x : g.y, 2 * (k & 1), k_f16x2_1024) ^ iq2_pair_sign_mask(z, k);
   }
 };
 
