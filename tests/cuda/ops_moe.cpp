@@ -21,6 +21,7 @@ void cases_moe(Harness& h) {
         {8, 2, 12, 512, false, true, true, 1.5f, false},  {16, 4, 5, 512, false, false, false, 2.5f, false},
         {256, 6, 5, 129280, false, false, true, 1.5f, true}, {256, 6, 64, 129280, false, true, true, 1.5f, true},
         {256, 6, 5, 129280, true, false, true, 1.5f, true},
+        {300, 8, 3, 512, false, false, true, 1.0f, false}, {300, 8, 4, 512, false, true, true, 1.0f, false},
     };
     for (const C& c : cases) {
       if (c.flash && !h.flash) continue;

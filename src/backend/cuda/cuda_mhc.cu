@@ -17,11 +17,12 @@
 //              on the grouping or the batch.
 //           2. finalize: one block per token; the block copies the partials
 //              to shared memory, thread m combines mix row m's S partials in
-//              slice order, thread 0 the sum of squares; then (hc = 4) warp 0
-//              runs Sinkhorn on the hc x hc matrix with one lane per entry
-//              (exactly cpu::sinkhorn's operations) while warp 1 forms the
-//              pre/post gates (other hc: thread 0 does both), or the head
-//              weights; all threads form u = sum_i pre_i X_i (or h = sum_i w_i X_i);
+//              slice order, thread 0 the sum of squares; then (hc = 4) warp 1
+//              forms the pre/post gates, and warp 0 runs Sinkhorn on the hc x hc
+//              matrix with one lane per entry (exactly cpu::sinkhorn's
+//              operations) while warps 1.. form u = sum_i pre_i X_i (other hc:
+//              thread 0 does gates and Sinkhorn, then all threads form u); the
+//              head: weights, then h = sum_i w_i X_i;
 //              with HcPreOp::norm_out, the same block then writes RMSNorm(u; w)
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
 //              launch less per sublayer).
@@ -242,15 +243,25 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
   float* po = post + t * hc;
   float* co = comb + t * hc * hc;
   const float* cm = mix + 2 * hc;  // the comb logits
-  if (hc == 4) {  // DeepSeek V4's n_hc: warp 0 runs Sinkhorn, warp 1 the pre/post gates
+  // u's threads: with hc = 4, warp 0 runs Sinkhorn while warps 1.. form u (u
+  // needs only the pre gates; each u[d] is one thread's fixed sum, whatever the
+  // mapping), which hides the Sinkhorn chain (~20 dependent shuffle rounds).
+  int u_tid = static_cast<int>(threadIdx.x), u_threads = static_cast<int>(blockDim.x);
+  if (hc == 4) {  // DeepSeek V4's n_hc
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + hc) {
+      const int i = threadIdx.x - 32;
+      pre[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
+      po[i] = __fmul_rn(2.0f, sigmoid_dev(__fadd_rn(__fmul_rn(scale[1], mix[hc + i]), base[hc + i])));
+    }
+    __syncthreads();  // pre visible
     if (threadIdx.x < 32) {
       const int k = threadIdx.x & 15;
       const float v = sinkhorn_warp4(__fadd_rn(__fmul_rn(scale[2], cm[k]), base[2 * hc + k]), hc_eps, iters);
       if (threadIdx.x < 16) co[k] = v;
-    } else if (threadIdx.x < 32 + hc) {
-      const int i = threadIdx.x - 32;
-      pre[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
-      po[i] = __fmul_rn(2.0f, sigmoid_dev(__fadd_rn(__fmul_rn(scale[1], mix[hc + i]), base[hc + i])));
+      u_threads = 0;  // warp 0 forms no u columns
+    } else {
+      u_tid -= 32;
+      u_threads -= 32;
     }
   } else if (threadIdx.x == 0) {
     for (int i = 0; i < hc; ++i) {
@@ -262,22 +273,22 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
     sinkhorn_dev(c, hc, hc_eps, iters);
     for (int k = 0; k < hc * hc; ++k) co[k] = c[k];
   }
-  __syncthreads();
+  if (hc != 4) __syncthreads();  // pre from thread 0
   // u = sum_i pre_i X_i: four columns per thread per step, their 4 x hc loads
   // issued together (a plain loop waits for each column's loads in turn).
   const float* X = state + t * hc * D;
   constexpr int kCols = 4;
-  for (int64_t d0 = threadIdx.x; d0 < D; d0 += kCols * blockDim.x) {
+  for (int64_t d0 = u_tid; u_threads > 0 && d0 < D; d0 += kCols * u_threads) {
     float xv[kCols][k_max_hc];
 #pragma unroll
     for (int q = 0; q < kCols; ++q) {
-      const int64_t d = d0 + q * blockDim.x;
+      const int64_t d = d0 + q * u_threads;
 #pragma unroll
       for (int i = 0; i < k_max_hc; ++i) xv[q][i] = (i < hc && d < D) ? X[i * D + d] : 0.0f;
     }
 #pragma unroll
     for (int q = 0; q < kCols; ++q) {
-      const int64_t d = d0 + q * blockDim.x;
+      const int64_t d = d0 + q * u_threads;
       if (d >= D) break;
       float s = 0.0f;
 #pragma unroll
@@ -288,7 +299,7 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
   }
   if (xn) {  // the fused input norm: rms_norm_kernel's row code on the u just written
     __shared__ double red[33];
-    __syncthreads();
+    __syncthreads();  // u (and, with hc = 4, nothing else is pending: comb is written by warp 0 alone)
     block_rms_norm_row(xn + t * D, u + t * D, xn_w, D, xn_eps, red);
   }
 }
