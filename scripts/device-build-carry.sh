@@ -23,6 +23,11 @@
 # time). The script fails if build-device/ exceeds 40 MiB (the device tool
 # carries at most 64 MiB, source tree included).
 #
+# AB_BASELINE=FILE also packs FILE (a bench_cuda_ops built from the code before
+# the change under test; copy it aside before rebuilding) as build-device/a-bench.xz,
+# stripped, for the interleaved A/B of scripts/device-ops-bench.sh
+# (AB=build-device/a-bench.xz there).
+#
 # Usage: scripts/device-build-carry.sh [CUDA_ARCH]   (default 90 = H100/H200)
 # Then, with the device tool: command "scripts/device-check.sh", carry ["build-device"].
 set -euo pipefail
@@ -67,6 +72,11 @@ for b in "$STAGE"/bin/*; do
 done
 
 tar -C "$STAGE" -cf - bin lib | xz -T"$(nproc)" -6 >"$PAYLOAD/dsv4-device.tar.xz"
+if [ -n "${AB_BASELINE:-}" ]; then
+  strip -o "$STAGE/a-bench" "$AB_BASELINE"
+  xz -T"$(nproc)" -6 -c "$STAGE/a-bench" >"$PAYLOAD/a-bench.xz"
+  echo "device-build-carry: baseline $AB_BASELINE packed as $PAYLOAD/a-bench.xz"
+fi
 {
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(. /etc/os-release && echo "$PRETTY_NAME")"

@@ -17,9 +17,19 @@
 #             (@N: skip N matching launches first, default 2: the warm-up runs)
 #   NCU_N     tokens per op in the Nsight Compute passes (default 1), e.g. 2048 for
 #             NCU="attention ratio 4=attention_mma"
+#   AB        a baseline bench_cuda_ops (plain or .xz; usually build-device/a-bench.xz,
+#             packed by `AB_BASELINE=<the old binary> scripts/device-build-carry.sh`,
+#             copying build-cuda/tests/cuda/bench_cuda_ops aside before changing the
+#             code): for each N, the
+#             baseline (A) and this payload's binary (B) run alternately AB_RUNS times
+#             (default 3) in this one call, and ab-n<N>.txt lists per case the median
+#             of each and the change. Model-level rates differ by up to +-4% between
+#             the GPU hosts the device tool hands out (BENCHMARKS.md step 12); this
+#             interleaved A/B is stable to ~0.5%.
+#   FILTER    only the bench cases whose name contains it (both the timing and the A/B runs)
 # Output under $OUT (else ./out): ops-bench-n<N>.txt, ncu-<i>.txt, summary.txt.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 LOG=${OUT:-$PWD/out}
 mkdir -p "$LOG"
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -34,10 +44,47 @@ BENCH=$RUN/bin/bench_cuda_ops
 [ -x "$BENCH" ] || { echo "device-ops-bench: $BENCH missing (older payload?)" >&2; exit 2; }
 
 rc=0
+case_sel=()
+[ -n "${FILTER:-}" ] && case_sel=(--filter "$FILTER")
 for n in ${NS:-1}; do
   # shellcheck disable=SC2086 # FLAGS: extra flags, word-split on purpose
-  "$BENCH" --n "$n" ${FLAGS:-} >"$LOG/ops-bench-n$n.txt" 2>&1 || rc=1
+  "$BENCH" --n "$n" "${case_sel[@]}" ${FLAGS:-} >"$LOG/ops-bench-n$n.txt" 2>&1 || rc=1
 done
+if [ -n "${AB:-}" ]; then
+  A_BIN=$LOG/a-bench
+  case "$AB" in
+    *.xz) xz -dc "$AB" >"$A_BIN" ;;
+    *) cp "$AB" "$A_BIN" ;;
+  esac
+  chmod +x "$A_BIN" || { echo "device-ops-bench: cannot use the baseline $AB" >&2; exit 2; }
+  for n in ${NS:-1}; do
+    for r in $(seq 1 "${AB_RUNS:-3}"); do
+      # shellcheck disable=SC2086 # FLAGS: extra flags, word-split on purpose
+      "$A_BIN" --n "$n" "${case_sel[@]}" ${FLAGS:-} >"$LOG/ab-a-n$n-$r.txt" 2>&1 || rc=1
+      # shellcheck disable=SC2086
+      "$BENCH" --n "$n" "${case_sel[@]}" ${FLAGS:-} >"$LOG/ab-b-n$n-$r.txt" 2>&1 || rc=1
+    done
+    python3 - "$LOG" "$n" >"$LOG/ab-n$n.txt" <<'PY'
+import glob, re, statistics, sys
+log, n = sys.argv[1], sys.argv[2]
+def times(side):
+    t = {}
+    for f in sorted(glob.glob(f"{log}/ab-{side}-n{n}-*.txt")):
+        for line in open(f):
+            m = re.match(r"(.*?)\s+([0-9.]+) us", line)
+            if m:
+                t.setdefault(m.group(1).strip(), []).append(float(m.group(2)))
+    return t
+a, b = times("a"), times("b")
+print(f"# A/B, n={n}: median us of each side's runs (A = baseline, B = this payload)")
+print(f"{'case':52s} {'A us':>10s} {'B us':>10s} {'change':>8s}")
+for case in a:
+    if case in b:
+        ma, mb = statistics.median(a[case]), statistics.median(b[case])
+        print(f"{case:52s} {ma:10.2f} {mb:10.2f} {100 * (mb - ma) / ma:+7.1f}%")
+PY
+  done
+fi
 i=0
 IFS=';' read -ra pairs <<<"${NCU:-}"
 for p in "${pairs[@]}"; do
@@ -55,6 +102,7 @@ done
 {
   echo "== dsv4 ops bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
   for n in ${NS:-1}; do cat "$LOG/ops-bench-n$n.txt"; done
+  if [ -n "${AB:-}" ]; then for n in ${NS:-1}; do cat "$LOG/ab-n$n.txt"; done; fi
   for f in "$LOG"/ncu-*.txt; do
     [ -f "$f" ] || continue
     echo "-- $(basename "$f"): $(grep -m1 -o '[a-z_]*kernel[^ (]*' "$f")"
