@@ -113,7 +113,6 @@ class CudaBackend final : public Backend {
     ctx_.scratch = &scratch_;
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
-    // Programmatic dependent launch (cuda_launch.cuh): Hopper and newer, unless DSV4_CUDA_PDL=0.
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
     const char* pdl_env = std::getenv("DSV4_CUDA_PDL");
     set_pdl_enabled(prop.major >= 9 && !(pdl_env && std::strcmp(pdl_env, "0") == 0));

@@ -18,7 +18,7 @@
 //   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
 //   Steps 1, 2, 4, decode (n < k_group_min_tokens): the matvec of cuda_matmul.cu
-//   per assignment (4 expert rows per warp — pair: 2 gate + 2 up —, staged wide
+//   per assignment (4 expert rows per warp, or 2 gate + 2 up in the pair; staged wide
 //   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)); when gate
 //   and up share a layout, steps 1-3 are one kernel: each warp dots 2 gate
 //   and the same 2 up rows with x in one pass and writes mid directly.
@@ -328,9 +328,12 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     // x copied to shared memory unless the copy would be large (no Flash shape).
     const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(cols / U)) * sizeof(float);
     const bool xs = x_bytes <= k_max_x_shared_bytes;
-    auto run_cfg = [&](auto staged_tag, auto pair_tag, auto rw_tag) {
+    // Rows per warp: 4, or 2 gate + 2 up rows for the pair (the same 4 rows in
+    // flight; measured 2026-11-30 on the H200 at Flash shapes, IQ2_XXS gate/up:
+    // 66.1 -> 64.2 us per decode step's experts; 3 + 3 rows: 64.9, 6 + 6: 74.1).
+    auto run = [&](auto staged_tag, auto pair_tag) {
       constexpr bool Staged = decltype(staged_tag)::value, Pair = decltype(pair_tag)::value;
-      constexpr int RW = decltype(rw_tag)::value;
+      constexpr int RW = Pair ? 2 : 4;
       constexpr int NR = Pair ? 2 * RW : RW;
       const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
       const size_t stage_bytes = Staged ? 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR>()) : 0;
@@ -341,13 +344,6 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       };
       if (xs) launch(expert_matvec_kernel<T, RW, Staged, Pair, true>, x_bytes + stage_bytes);
       else launch(expert_matvec_kernel<T, RW, Staged, Pair, false>, stage_bytes);
-    };
-    // Rows per warp: 4, or 2 gate + 2 up rows for the pair (the same 4 rows in
-    // flight; measured 2026-11-30 on the H200 at Flash shapes, IQ2_XXS gate/up:
-    // 66.1 -> 64.2 us per decode step's experts; 3 rows: 64.9, 6 rows: 74.1).
-    auto run = [&](auto staged_tag, auto pair_tag) {
-      constexpr bool Pair = decltype(pair_tag)::value;
-      run_cfg(staged_tag, pair_tag, std::integral_constant<int, Pair ? 2 : 4>{});
     };
     using yes = std::true_type;
     using no = std::false_type;

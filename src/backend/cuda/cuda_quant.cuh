@@ -246,9 +246,10 @@ struct WeightUnit<GgmlType::IQ2_XXS> {
     // db * b rounded once, as fma(db, 2^23 + b, -db * 2^23): the byte permute
     // gives the float 2^23 + b exactly, -db * 2^23 is exact (a power-of-two
     // scaling; |db| < 2^18), and the FMA rounds the exact db * b once: the same
-    // bits as mul_rn(db, float(b)), one instruction per weight fewer than
-    // u8_f32's subtraction + the product. (b is a grid byte: 8, 25 or 43, never
-    // 0, so no signed-zero case.)
+    // bits as mul_rn(db, float(b)) for every finite db, one instruction per
+    // weight fewer than u8_f32's subtraction + the product. (b is a grid byte:
+    // 8, 25 or 43, never 0, so no signed-zero case; a non-finite scale, i.e. a
+    // corrupt block, gives NaN where the product gives +-inf.)
     const float ndb = -db * 8388608.0f;
 #endif
 DSV4_UNROLL
