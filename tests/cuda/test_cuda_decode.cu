@@ -5,16 +5,17 @@
 // quant::dequantize_row (directly and through the staged-chunk path of the
 // decode matvec), f16 decoding of all 65536 codes, and the bf16 / FP8 e4m3 /
 // FP4 e2m1 / power-of-two roundings and the top-k float keys on many values.
-// Everything here must be exact (0 differences).
+// Everything here must be exact (0 differences). It also checks the CUDA
+// sources for programmatic dependent launch's rule (check_kernel_sources).
 //
 //   test_cuda_decode [--seed N]
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <cstdlib>
 #include <random>
+#include <sstream>
 
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
