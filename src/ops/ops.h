@@ -98,21 +98,41 @@ struct HcHeadOp {
 };
 
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (w or 1); rows of length ne0.
+// With rope_pos set, RoPE then rotates out in place exactly as RopeOp{out as
+// [n, rope_rows_per_token, d], rope_pos, rope, forward} would (the norm and
+// the rotation of a row in one pass: one kernel per call on a GPU).
 struct RmsNormOp {
   Tensor out;  // [rows, d] f32 (may alias x)
   Tensor x;    // [rows, d] f32
   Tensor w;    // [d] f32, or empty for the weightless norm
   float eps = 1e-6f;
+  Tensor rope_pos;  // [rows / rope_rows_per_token] i32, or empty: no RoPE
+  RopeParams rope;
+  int64_t rope_rows_per_token = 1;
 };
 
 // out[t, r] = sum_c W[r, c] x[t, c]. With groups G > 1 the weight is
 // block-diagonal: row r belongs to group g = r / (rows/G) and reads the input
 // slice x[t, g*cols : (g+1)*cols] (grouped output projection, §5.8).
+// accumulate: out[t, r] += (the sum), the float addition AddOp makes.
 struct MatmulOp {
   Tensor out;  // [n, rows] f32
   Tensor w;    // [rows, cols] weight (any weight type)
   Tensor x;    // [n, cols * groups] f32
   int groups = 1;
+  bool accumulate = false;
+};
+
+// Matmuls of one input: out[i] = W[i] x for i < count, each exactly
+// MatmulOp{out[i], w[i], x} (ungrouped, not accumulating). A GPU backend runs
+// them as one kernel for a single token when the weights share type and width
+// (the layer's projections of its normed input: fewer, fuller launches).
+struct MatmulsOp {
+  static constexpr int k_max = 6;
+  Tensor x;  // [n, cols] f32
+  Tensor out[k_max];
+  Tensor w[k_max];
+  int count = 0;
 };
 
 // Rotates the last n_rot dims of every row of x in place by angle pos*omega_j
@@ -321,6 +341,9 @@ class Backend {
   virtual void hc_head(const HcHeadOp& op) = 0;
   virtual void rms_norm(const RmsNormOp& op) = 0;
   virtual void matmul(const MatmulOp& op) = 0;
+  virtual void matmuls(const MatmulsOp& op) {  // default: one matmul each
+    for (int i = 0; i < op.count; ++i) matmul({op.out[i], op.w[i], op.x});
+  }
   virtual void rope(const RopeOp& op) = 0;
   virtual void quant_sim(const QuantSimOp& op) = 0;
   virtual void store_rows(const StoreRowsOp& op) = 0;

@@ -26,6 +26,12 @@ void rms_norm(const RmsNormOp& op) {
   pool().parallel_for(static_cast<size_t>(rows), [&](size_t b, size_t e) {
     for (size_t r = b; r < e; ++r) rms_norm_row(op.out.f32() + r * d, op.x.f32() + r * d, w, d, op.eps);
   }, 16);
+  if (op.rope_pos) {
+    const int64_t per_tok = op.rope_rows_per_token;
+    DSV4_ASSERT(per_tok >= 1 && rows % per_tok == 0, "rms_norm: %lld rows are not whole tokens of %lld", static_cast<long long>(rows),
+                static_cast<long long>(per_tok));
+    rope({op.out.reshape(d, per_tok, rows / per_tok), op.rope_pos, op.rope, false});
+  }
 }
 
 void matmul(const MatmulOp& op) {
@@ -44,7 +50,11 @@ void matmul(const MatmulOp& op) {
     for (size_t r = b; r < e; ++r) {
       weight_row(op.w, static_cast<int64_t>(r), wr.data());
       const int64_t g = static_cast<int64_t>(r) / rows_per_group;
-      for (int64_t t = 0; t < n; ++t) out[t * rows + static_cast<int64_t>(r)] = dot(wr.data(), x + t * cols * groups + g * cols, cols);
+      for (int64_t t = 0; t < n; ++t) {
+        float& o = out[t * rows + static_cast<int64_t>(r)];
+        const float v = dot(wr.data(), x + t * cols * groups + g * cols, cols);
+        o = op.accumulate ? o + v : v;
+      }
     }
   });
 }
