@@ -6,7 +6,8 @@
 //   bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores]
 //
 // Cases: every matmul shape a Flash decode step runs (weight type, rows x cols,
-// groups; n = 1 by default, --n 512 times the prefill tiles) and the routed
+// groups; n = 1 by default, --n 512 times the prefill tiles), the layer's
+// MatmulsOp sets (projections of one input in one op), and the routed
 // experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token), and the core
 // attention of the three layer kinds (bench_attention). What a case
 // measures: R ops recorded as one CUDA graph (as the decode step runs them,
@@ -127,6 +128,55 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
     for (auto& w : ws) gpu.free(w);
     gpu.free(x);
     gpu.free(out);
+  }
+}
+
+// MatmulsOp: a layer's projections of one normed input in one op (one kernel
+// for a single token), e.g. "matmuls F16 1024+1024+64+256+256x4096 n=1".
+void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
+  using G = GgmlType;
+  struct C {
+    G t;
+    std::vector<int64_t> rows;
+    int64_t cols;
+  };
+  const C cases[] = {{G::Q8_0, {1024, 512}, 4096}, {G::Q8_0, {2048, 2048}, 4096}, {G::F16, {1024, 1024, 64, 256, 256}, 4096},
+                     {G::F16, {512, 512}, 4096}};
+  for (const C& c : cases) {
+    std::string name = strfmt("matmuls %s ", ggml_type_name(c.t));
+    for (size_t i = 0; i < c.rows.size(); ++i) name += strfmt("%s%lld", i ? "+" : "", (long long)c.rows[i]);
+    name += strfmt("x%lld n=%lld", (long long)c.cols, (long long)o.n);
+    if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+    double wbytes = 0;
+    for (int64_t rows : c.rows) wbytes += static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(rows);
+    const int copies = static_cast<int>(std::min<double>(64.0, std::max(2.0, std::ceil(256.0 * 1048576.0 / wbytes))));
+    std::vector<std::vector<Tensor>> ws(static_cast<size_t>(copies));
+    std::vector<Tensor> outs;
+    for (int64_t rows : c.rows) {
+      const std::vector<uint8_t> bytes = random_weight(r, c.t, c.cols, rows);
+      for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, c.t, bytes, c.cols, rows));
+      outs.push_back(gpu.alloc(GgmlType::F32, rows, o.n));
+    }
+    Tensor x = f32_input(gpu, r, c.cols, o.n);
+    const int reps = o.reps > 0 ? o.reps : copies;
+    const double sec = time_ops(gpu, reps, [&](int i) {
+      MatmulsOp op;
+      op.x = x;
+      op.count = static_cast<int>(c.rows.size());
+      for (int k = 0; k < op.count; ++k) {
+        op.w[k] = ws[static_cast<size_t>(i % copies)][static_cast<size_t>(k)];
+        op.out[k] = outs[static_cast<size_t>(k)];
+      }
+      gpu.matmuls(op);
+    });
+    double flops = 0;
+    for (int64_t rows : c.rows) flops += 2.0 * static_cast<double>(rows) * static_cast<double>(c.cols) * static_cast<double>(o.n);
+    row(name.c_str(), sec, wbytes, flops);
+    gpu.synchronize();
+    for (auto& set : ws)
+      for (auto& w : set) gpu.free(w);
+    for (auto& t : outs) gpu.free(t);
+    gpu.free(x);
   }
 }
 
@@ -286,6 +336,7 @@ int main(int argc, char** argv) {
   std::printf("# bench_cuda_ops on %s; n=%lld\n", (*gpu)->name().c_str(), static_cast<long long>(o.n));
   Rng r(1);
   bench_matmuls(**gpu, r, o);
+  bench_matmul_sets(**gpu, r, o);
   bench_experts(**gpu, r, o);
   bench_attention(**gpu, r, o);
   return 0;

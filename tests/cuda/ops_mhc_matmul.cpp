@@ -144,6 +144,8 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 32768, 1024, 1, {1, 2, 64}, true, "flash attn_q_b"},
       {G::Q8_0, 8192, 4096, 8, {1, 2}, true, "flash attn_output_a (8 groups)"},
       {G::Q8_0, 4096, 8192, 1, {1}, true, "flash attn_output_b"},
+      {G::Q8_0, 4096, 2048, 1, {1, 5}, true, "flash shared expert down"},
+      {G::Q8_0, 512, 4096, 1, {1}, true, "flash attn_kv"},
       {G::Q8_0, 129280, 4096, 1, {1, 2}, true, "flash output head"},
       {G::F16, 1024, 4096, 1, {1, 9, 64}, true, "flash compressor kv"},
       {G::F16, 256, 4096, 1, {1, 4}, true, "flash router"},
@@ -166,11 +168,71 @@ void cases_matmul(Harness& h) {
       const std::string s = strfmt("%s [%lld,%lld]%s n=%lld (%s)", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
                                    c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)n, c.what);
       h.report.nmse("matmul", s, b.diff(out), k_thr_f32);
+      if (c.rows * c.cols <= (int64_t{1} << 24)) {
+        // accumulate: out += W x, vs the CPU and bitwise vs matmul then add on the GPU.
+        const std::vector<float> base = random_normal(r, static_cast<size_t>(n * c.rows));
+        Pair acc = b.f32(base, Shape(c.rows, n));
+        Pair sum = b.f32(base, Shape(c.rows, n));
+        h.cpu.matmul({acc.c, w.c, x.c, c.groups, true});
+        h.gpu.matmul({acc.g, w.g, x.g, c.groups, true});
+        h.report.nmse("matmul", s + " accumulate", b.diff(acc), k_thr_f32);
+        h.gpu.add({sum.g, out.g});
+        h.report.exact("matmul", s + " accumulate vs matmul, add", diff_f32(b.get_f32(acc.g, h.gpu), b.get_f32(sum.g, h.gpu)));
+      }
       if (n > 1) {
         // Batch invariance: each token alone (the decode kernel) vs the batched kernel.
         Pair one = b.out(GgmlType::F32, Shape(c.rows, n));
         for (int64_t t = 0; t < n; ++t) h.gpu.matmul({one.g.rows(t, 1), w.g, x.g.rows(t, 1), c.groups});
         report_batch_invariance(h, "matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
+      }
+    }
+  }
+
+  // MatmulsOp: several matrices of one x (one kernel for a token when they share type and width):
+  // vs the CPU, and bitwise vs one MatmulOp each on the GPU.
+  struct M {
+    std::vector<std::pair<G, int64_t>> mats;  // (type, rows)
+    int64_t cols;
+    std::vector<int64_t> ns;
+    bool flash;
+    const char* what;
+  };
+  const std::vector<M> sets = {
+      {{{G::F16, 64}, {G::F16, 8}, {G::F16, 24}}, 256, {1, 3}, false, "tiny f16 x3"},
+      {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2}, false, "tiny q8_0 x2"},
+      {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1}, false, "mixed types (separate launches)"},
+      {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1, 2}, true, "flash wq_a + wkv"},
+      {{{G::F16, 1024}, {G::F16, 1024}, {G::F16, 64}, {G::F16, 256}, {G::F16, 256}}, 4096, {1}, true, "flash compressors + indexer"},
+      {{{G::Q8_0, 2048}, {G::Q8_0, 2048}}, 4096, {1}, true, "flash shared expert gate + up"},
+  };
+  for (const M& m : sets) {
+    if (m.flash && !h.flash) continue;
+    Bufs b(h);
+    std::vector<Pair> ws;
+    for (const auto& [t, rows] : m.mats) ws.push_back(b.random_weight(t, Shape(m.cols, rows)));
+    for (int64_t n : m.ns) {
+      Pair x = b.f32(random_normal(r, static_cast<size_t>(n * m.cols)), Shape(m.cols, n));
+      MatmulsOp oc, og;
+      oc.x = x.c;
+      og.x = x.g;
+      std::vector<Pair> outs, sep;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        outs.push_back(b.out(GgmlType::F32, Shape(m.mats[i].second, n)));
+        sep.push_back(b.out(GgmlType::F32, Shape(m.mats[i].second, n)));
+        oc.w[i] = ws[i].c;
+        og.w[i] = ws[i].g;
+        oc.out[i] = outs[i].c;
+        og.out[i] = outs[i].g;
+      }
+      oc.count = og.count = static_cast<int>(ws.size());
+      h.cpu.matmuls(oc);
+      h.gpu.matmuls(og);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const std::string s = strfmt("%s [%lld,%lld] of %zu n=%lld (%s)", ggml_type_name(m.mats[i].first), (long long)m.mats[i].second,
+                                     (long long)m.cols, ws.size(), (long long)n, m.what);
+        h.report.nmse("matmuls", s, b.diff(outs[i]), k_thr_f32);
+        h.gpu.matmul({sep[i].g, ws[i].g, x.g});
+        h.report.exact("matmuls", s + " vs one matmul", diff_f32(b.get_f32(outs[i].g, h.gpu), b.get_f32(sep[i].g, h.gpu)));
       }
     }
   }

@@ -132,6 +132,34 @@ void cases_dense(Harness& h) {
                     b.diff(out), k_thr_elem);
     }
   }
+  if (h.want("rms_norm")) {
+    // RmsNormOp with RoPE (the attention q and kv rows): vs the CPU (norm then
+    // rope), and bitwise vs the separate CUDA norm and rope kernels.
+    struct C {
+      int64_t d, per_tok, n;
+      bool w, compress;
+    };
+    for (C c : {C{512, 64, 3, false, true}, C{512, 1, 5, true, false}, C{128, 4, 7, true, true}, C{64, 2, 1, false, false}}) {
+      Bufs b(h);
+      const int64_t rows = c.per_tok * c.n;
+      const std::vector<float> xv = random_normal(r, static_cast<size_t>(c.d * rows), r.uniform(0.01f, 10.0f));
+      Pair x = b.f32(xv, Shape(c.d, rows));
+      Pair sep = b.f32(xv, Shape(c.d, rows));
+      Pair w = c.w ? b.weight_f32(random_normal(r, static_cast<size_t>(c.d)), Shape(c.d)) : Pair{};
+      std::vector<int32_t> pos(static_cast<size_t>(c.n));
+      for (int64_t i = 0; i < c.n; ++i) pos[i] = static_cast<int32_t>(r.below(1 << 20));
+      Pair p = b.i32(pos, Shape(c.n));
+      const RopeParams rp = c.compress ? rope_compress() : rope_main();
+      h.cpu.rms_norm({x.c, x.c, w.c, 1e-6f, p.c, rp, c.per_tok});
+      h.gpu.rms_norm({x.g, x.g, w.g, 1e-6f, p.g, rp, c.per_tok});
+      const std::string s = strfmt("[%lld,%lld,%lld]%s + rope %s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
+                                   c.w ? " w" : "", c.compress ? "yarn" : "plain");
+      h.report.nmse("rms_norm", s, b.diff(x), k_thr_elem);
+      h.gpu.rms_norm({sep.g, sep.g, w.g, 1e-6f});
+      h.gpu.rope({sep.g.reshape(c.d, c.per_tok, c.n), p.g, rp, false});
+      h.report.exact("rms_norm", s + " vs norm, rope kernels", diff_f32(b.get_f32(x.g, h.gpu), b.get_f32(sep.g, h.gpu)));
+    }
+  }
   if (h.want("rope")) {
     struct C {
       int64_t d, per_tok, n;

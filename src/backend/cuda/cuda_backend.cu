@@ -345,6 +345,17 @@ class CudaBackend final : public Backend {
     Timed t(this, profiling_ ? op_profile_key("matmul", &op) : std::string());
     launch_matmul(ctx_, op);
   }
+  void matmuls(const MatmulsOp& op) override {
+    use_device();
+    std::string key;
+    if (profiling_ && op.count > 0) {  // e.g. "matmuls F16 1024+1024+64x4096 n=1"
+      key = strfmt("matmuls %s ", ggml_type_name(op.w[0].type));
+      for (int i = 0; i < op.count; ++i) key += strfmt("%s%lld", i ? "+" : "", static_cast<long long>(op.w[i].n_rows()));
+      key += strfmt("x%lld%s", static_cast<long long>(op.w[0].ne[0]), op.x.n_rows() == 1 ? " n=1" : " n>1");
+    }
+    Timed t(this, key);
+    launch_matmuls(ctx_, op);
+  }
   void rope(const RopeOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("rope") : std::string());

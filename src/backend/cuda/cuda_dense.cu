@@ -2,7 +2,8 @@
 // stores, SwiGLU, add, scale, fill.
 //
 //   rms_norm    one block per row (128 threads, 256 for rows >= 2048):
-//               double sum of squares, fixed-order block tree, then x*r*w.
+//               double sum of squares, fixed-order block tree, then x*r*w;
+//               optionally (RmsNormOp::rope_pos) RoPE on the row afterwards.
 //               CPU reference: cpu::rms_norm / rms_norm_row (cpu_dense.cpp).
 //   rope        one thread per rotated pair; pos[t] read from device memory.
 //               CPU reference: cpu::rope / rope_row.
@@ -36,11 +37,20 @@ unsigned grid_for(int64_t n, int threads) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((n + threads - 1) / threads, 1), 65536));
 }
 
-__global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps) {
+// With rope_pos: the block then rotates its row's RoPE tail (rope_kernel's
+// rope_pair, pos of the row's token), after a barrier that makes the normed
+// row visible to the whole block.
+__global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps, const int32_t* rope_pos,
+                                int64_t per_tok, RopeTable rt) {
   pdl_enter();
   __shared__ double red[33];
   const int64_t r = blockIdx.x;
   block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red);
+  if (rope_pos) {
+    __syncthreads();
+    const int32_t pos = rope_pos[r / per_tok];
+    for (int j = threadIdx.x; j < rt.n_rot / 2; j += blockDim.x) rope_pair(out + r * d + (d - rt.n_rot), j, rt.omega[j], pos, false);
+  }
 }
 
 __global__ void rope_kernel(float* x, const int32_t* pos, int64_t d, int64_t per_tok, int64_t n_pairs_total, RopeTable rt,
@@ -112,9 +122,17 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
               static_cast<long long>(d));
   DSV4_ASSERT(rows <= 0x7fffffff, "rms_norm: too many rows");
   if (rows == 0) return;
+  RopeTable rt;
+  const int64_t per_tok = op.rope_rows_per_token;
+  if (op.rope_pos) {
+    DSV4_ASSERT(per_tok >= 1 && rows % per_tok == 0 && op.rope_pos.ne[0] == rows / per_tok,
+                "rms_norm: RoPE positions for %lld rows of %lld per token", static_cast<long long>(rows), static_cast<long long>(per_tok));
+    DSV4_ASSERT(op.rope.n_rot <= d && op.rope.n_rot % 2 == 0, "rms_norm: bad RoPE n_rot");
+    rt = make_rope_table(op.rope);
+  }
   const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
   launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), threads, 0, ctx.stream, op.out.f32(), op.x.f32(),
-      op.w ? op.w.f32() : nullptr, d, op.eps);
+      op.w ? op.w.f32() : nullptr, d, op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,4 @@
-// Matmul: out[t, r] = sum_c W[r, c] x[t, g(r)*cols + c] for any weight type
+// Matmul: out[t, r] = sum_c W[r, c] x[t, g(r)*cols + c] (accumulate: out[t, r] +=) for any weight type
 // (F32, F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS), optionally grouped (block-
 // diagonal W: row r belongs to group g = r / (rows / G)).
 //
@@ -15,11 +15,13 @@
 // * matvec (n == 1, decode): memory-bound. One warp per R weight rows (R = 4,
 //   2 or 1: the largest that still gives every SM a block), 8 warps per
 //   256-thread block; the warp streams 32 units per row per step (one per lane) with
-//   coalesced 16-byte loads — straight into registers for F32/F16/BF16 (8 / R
-//   units per lane in flight) and Q4_K, through per-warp double-buffered
-//   shared-memory chunks (cp.async, the next chunk in flight while this one is
-//   decoded) for Q8_0/Q2_K (16-byte) and IQ2_XXS (8-byte), whose blocks are not
-//   16-byte aligned — and decodes in registers. x: the block first copies its
+//   coalesced 16-byte loads — straight into registers for F32/F16/BF16 (16 / R
+//   units per lane in flight) and Q4_K, through a per-warp ring of S
+//   shared-memory chunks (cp.async, the next S - 1 chunks in flight while this
+//   one is decoded; S per shape, launch_matvec_r) for Q8_0/Q2_K (16-byte) and
+//   IQ2_XXS (8-byte), whose blocks are not 16-byte aligned — and decodes in
+//   registers. MatmulsOp (several matrices of one type and width, one x): one
+//   launch whose blocks are split between the matrices (MvSet). x: the block first copies its
 //   group's x into shared memory, units padded to U + 4 floats (XShared of
 //   cuda_quant.cuh; overlapping the first weight loads), when that fits in 64 KiB
 //   and the block's rows share one group — read from global memory, a lane's
@@ -41,6 +43,9 @@
 // small weights other kernels want as plain floats (the compressor's APE).
 //
 // CPU reference: cpu::matmul (src/backend/cpu/cpu_dense.cpp), quant::dequantize_row.
+#include <algorithm>
+#include <type_traits>
+
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -52,18 +57,41 @@ namespace {
 
 constexpr int k_mv_warps = 8;  // rows per matvec block
 
-template <GgmlType T, int R, bool Staged, bool XS>
-__global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
-                                                     int64_t rows_per_group, int64_t n_units, int64_t cols,
-                                                     const float* __restrict__ x, float* __restrict__ out,
-                                                     QuantTables tab) {
-  // Dynamic shared memory: [x copy: x_shared_floats<U>(n_units) floats, XS][k_mv_warps x stage_bytes_per_warp<T, R>(), Staged]
+// The matrices of one matvec launch: one (grouped or not) matrix, or up to
+// MatmulsOp::k_max ungrouped ones of one type and width that read the same x
+// (MatmulsOp); blocks [first[i], first[i + 1]) compute matrix i.
+struct MvSet {
+  const uint8_t* w[MatmulsOp::k_max];
+  float* out[MatmulsOp::k_max];
+  int64_t rows[MatmulsOp::k_max];
+  unsigned first[MatmulsOp::k_max + 1];
+  int count;
+};
+
+template <GgmlType T, int R, int S, bool XS>
+__global__ void __launch_bounds__(256) matvec_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
+                                                     int64_t cols, const float* __restrict__ x, bool acc, QuantTables tab) {
+  // Dynamic shared memory: [x copy: x_shared_floats<U>(n_units) floats, XS][k_mv_warps x stage_bytes_per_warp<T, R, S>()]
   extern __shared__ __align__(16) unsigned char mv_smem[];
   constexpr int U = WeightUnit<T>::U;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
-  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + x_bytes + (Staged ? warp * stage_bytes_per_warp<T, R>() : 0));
-  const int64_t r_blk = static_cast<int64_t>(blockIdx.x) * k_mv_warps * R;
+  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + x_bytes + warp * stage_bytes_per_warp<T, R, S>());
+  // This block's matrix, selected with constant indices only (a run-time index
+  // into the parameter arrays would copy them to local memory).
+  const uint8_t* w = set.w[0];
+  float* out = set.out[0];
+  int64_t rows = set.rows[0];
+  unsigned first = 0;
+#pragma unroll
+  for (int i = 1; i < MatmulsOp::k_max; ++i)
+    if (i < set.count && blockIdx.x >= set.first[i]) {
+      w = set.w[i];
+      out = set.out[i];
+      rows = set.rows[i];
+      first = set.first[i];
+    }
+  const int64_t r_blk = static_cast<int64_t>(blockIdx.x - first) * k_mv_warps * R;
   const int64_t r0 = r_blk + warp * R;
   // XS: every row of the block is in one group (the launcher checks); else the
   // warp's R rows share one group (rows_per_group % R == 0).
@@ -81,61 +109,112 @@ __global__ void __launch_bounds__(256) matvec_kernel(const uint8_t* __restrict__
   for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
   float s[R];
   if constexpr (XS)
-    warp_rows_dot<T, R, Staged>(rp, n_units, XShared{reinterpret_cast<const float*>(mv_smem)}, lane, tb, stage, s, prologue);
+    warp_rows_dot<T, R, S>(rp, n_units, XShared{reinterpret_cast<const float*>(mv_smem)}, lane, tb, stage, s, prologue);
   else
-    warp_rows_dot<T, R, Staged>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
+    warp_rows_dot<T, R, S>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < R; ++i)
-      if (i < nr) out[r0 + i] = s[i];
+      if (i < nr) out[r0 + i] = acc ? out[r0 + i] + s[i] : s[i];
+}
+
+// Calls f(std::integral_constant<int, S>{}) for a staging depth S in 1..4
+// (1..2 unless Deep: the instances that are launched).
+template <bool Deep, class F>
+void with_stages(int st, F&& f) {
+  if (st <= 1) f(std::integral_constant<int, 1>{});
+  else if (!Deep || st == 2) f(std::integral_constant<int, 2>{});
+  else if constexpr (Deep) {
+    if (st == 3) f(std::integral_constant<int, 3>{});
+    else f(std::integral_constant<int, 4>{});
+  }
 }
 
 // The matvec launch for one weight type: R rows per warp (more loads in flight,
-// x reused) when the matrix still fills every SM with blocks; staged when the
-// layout allows it; x copied to shared memory when the block's rows share one
-// group and the copy fits.
+// x reused) when the matrix still fills every SM with blocks; x copied to
+// shared memory when the block's rows share one group and the copy fits;
+// staged through S buffers per warp when the layout allows it:
+//   Q8_0: S = the row's chunks (of 32 units) when they are <= 4 (the whole row
+//   in flight at once), else 3; then fewer, down to 2, while the grid would not
+//   be resident in one wave (shared memory per block grows with S). Q2_K,
+//   IQ2_XXS (experts; their matvec is used by small models and tests): 2, or
+//   1 for rows of one chunk.
+// Measured 2026-11-30 on the H200 (bench_cuda_ops, every R x S): Q8_0 4096x8192
+// 17.2 -> 14.2 us (S = 3), 1024x4096 3.75 -> 3.11 and 512x4096 3.31 -> 2.79
+// (S = 4), 32768x1024 14.4 -> 14.0 (S = 1: one chunk per row); 8192x4096 g8
+// stays at S = 2 (12.6 us; S = 3 or 4 halves the blocks per SM: 15+ us).
 template <GgmlType T, int R>
-void launch_matvec_r(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                     int64_t n_units, int64_t cols, const float* x, float* out) {
+void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
+                     const float* x, bool acc) {
   constexpr int U = WeightUnit<T>::U;
-  const dim3 grid(ceil_div(rows, k_mv_warps * R), 1);
+  set.first[0] = 0;
+  for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
+  const dim3 grid(set.first[set.count], 1);
   const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float);
-  const bool xs = (rows_per_group == rows || rows_per_group % (k_mv_warps * R) == 0) && x_bytes <= k_max_x_shared_bytes;
-  auto run = [&](auto staged_tag, auto xs_tag) {
-    constexpr bool Staged = decltype(staged_tag)::value, XS = decltype(xs_tag)::value;
-    const size_t smem = (XS ? x_bytes : 0) + (Staged ? static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R>() : 0);
-    allow_smem(matvec_kernel<T, R, Staged, XS>, smem);
-    launch_kernel(matvec_kernel<T, R, Staged, XS>, grid, 256, smem, ctx.stream, w, row_bytes, rows, rows_per_group, n_units, cols, x, out,
-        ctx.tables);
+  // (A set's matrices all read group 0: rows_per_group >= every matrix's rows.)
+  const bool xs = (set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0) &&
+                  x_bytes <= k_max_x_shared_bytes;
+  // kernel<T, R, S, xs> and its dynamic shared memory, for f(kernel, smem).
+  auto with_kernel = [&](auto stages_tag, auto&& f) {
+    constexpr int S = decltype(stages_tag)::value;
+    const size_t stage = static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R, S>();
+    if (xs) f(matvec_kernel<T, R, S, true>, x_bytes + stage);
+    else f(matvec_kernel<T, R, S, false>, stage);
   };
-  using yes = std::true_type;
-  using no = std::false_type;
+  auto launch = [&](auto kernel, size_t smem) {
+    allow_smem(kernel, smem);
+    launch_kernel(kernel, grid, 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units, cols, x, acc, ctx.tables);
+  };
+  bool stageable = UnitStaging<T>::chunk_bytes > 0;
+  for (int i = 0; i < set.count; ++i) stageable = stageable && can_stage<T>(set.w[i], row_bytes);
   if constexpr (UnitStaging<T>::chunk_bytes > 0) {
-    if (can_stage<T>(w, row_bytes)) {
-      if (xs) run(yes{}, yes{});
-      else run(yes{}, no{});
+    if (stageable) {
+      const int64_t chunks = ceil_div(n_units, 32);
+      const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
+      // Depths 3 and 4 (measured for Q8_0) only for Q8_0: fewer kernel instances.
+      int st = chunks <= 4 ? static_cast<int>(chunks) : 3;
+      if constexpr (T != GgmlType::Q8_0) st = chunks <= 1 ? 1 : 2;
+      for (; st > 2; --st) {
+        int per_sm = 0;
+        with_stages<T == GgmlType::Q8_0>(st, [&](auto stages_tag) {
+          with_kernel(stages_tag, [&](auto kernel, size_t smem) {
+            allow_smem(kernel, smem);
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, smem));
+          });
+        });
+        if (static_cast<int64_t>(per_sm) * sms >= static_cast<int64_t>(grid.x)) break;
+      }
+      with_stages<T == GgmlType::Q8_0>(st, [&](auto stages_tag) { with_kernel(stages_tag, launch); });
       return;
     }
   }
-  if (xs) run(no{}, yes{});
-  else run(no{}, no{});
+  with_kernel(std::integral_constant<int, 0>{}, launch);
 }
 
+// R: the largest of 4, 2, 1 that divides every matrix's rows (or rows per
+// group) and still gives every SM a block.
 template <GgmlType T>
-void launch_matvec(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                   int64_t n_units, int64_t cols, const float* x, float* out) {
+void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
+                   int64_t cols, const float* x, bool acc) {
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
-  auto fits = [&](int64_t r) { return rows_per_group % r == 0 && ceil_div(rows, k_mv_warps * r) >= sms; };
-  if (fits(4)) launch_matvec_r<T, 4>(ctx, w, row_bytes, rows, rows_per_group, n_units, cols, x, out);
-  else if (fits(2)) launch_matvec_r<T, 2>(ctx, w, row_bytes, rows, rows_per_group, n_units, cols, x, out);
-  else launch_matvec_r<T, 1>(ctx, w, row_bytes, rows, rows_per_group, n_units, cols, x, out);
+  auto fits = [&](int64_t r) {
+    int64_t blocks = 0;
+    for (int i = 0; i < set.count; ++i) {
+      if ((set.count == 1 ? rows_per_group : set.rows[i]) % r != 0) return false;
+      blocks += ceil_div(set.rows[i], k_mv_warps * r);
+    }
+    return blocks >= sms;
+  };
+  if (fits(4)) launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+  else if (fits(2)) launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+  else launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
 }
 
 template <GgmlType T>
 __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
                                                           int64_t rows_per_group, int64_t n_units, int64_t cols,
                                                           const float* __restrict__ x, int64_t x_stride, int64_t n,
-                                                          bool x_vec4, float* __restrict__ out, QuantTables tab) {
+                                                          bool x_vec4, float* __restrict__ out, bool acc, QuantTables tab) {
   pdl_enter();
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
@@ -147,7 +226,10 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
   if (threadIdx.x < k_tile_tokens) xrow[threadIdx.x] = x + (t0 + threadIdx.x) * x_stride + g * cols;
   __syncthreads();
   weight_tile<T>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, cols, xrow, nt, x_vec4, sm, tab,
-                 [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
+                 [&](int64_t r, int tt, float s) {
+                   float& o = out[(t0 + tt) * rows + r];
+                   o = acc ? o + s : s;
+                 });
 }
 
 // The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block; x split
@@ -155,7 +237,7 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
 template <GgmlType T, int BN>
 __global__ void __launch_bounds__(256, 2) matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
                                                          int64_t rows_per_group, int64_t n_units, MmaX xs, int64_t n,
-                                                         float* __restrict__ out, QuantTables tab) {
+                                                         float* __restrict__ out, bool acc, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
@@ -166,15 +248,18 @@ __global__ void __launch_bounds__(256, 2) matmul_mma_kernel(const uint8_t* __res
   if (threadIdx.x < BN) sm.xrow[threadIdx.x] = t0 + (static_cast<int>(threadIdx.x) < nt ? threadIdx.x : 0);
   const MmaTables st = mma_smem_tables(sm, tab);
   mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, xs, g * n_units, sm, nt, st,
-                  [&](int64_t r, int tt, float s) { out[(t0 + tt) * rows + r] = s; });
+                  [&](int64_t r, int tt, float s) {
+                    float& o = out[(t0 + tt) * rows + r];
+                    o = acc ? o + s : s;
+                  });
 }
 
 template <GgmlType T, int BN>
 void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                       int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out) {
+                       int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out, bool acc) {
   DSV4_ASSERT((n + BN - 1) / BN <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
   allow_smem(matmul_mma_kernel<T, BN>, sizeof(MmaSmem<BN>));
-  launch_kernel(matmul_mma_kernel<T, BN>, dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256, sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, ctx.tables);
+  launch_kernel(matmul_mma_kernel<T, BN>, dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256, sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc, ctx.tables);
 }
 
 template <GgmlType T>
@@ -237,7 +322,12 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     const float* x = op.x.f32();
     float* out = op.out.f32();
     if (n == 1 && x_aligned) {
-      launch_matvec<T>(ctx, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, out);
+      MvSet set{};
+      set.w[0] = w;
+      set.out[0] = out;
+      set.rows[0] = rows;
+      set.count = 1;
+      launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate);
     } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0) {
       if constexpr (mma_tile_type<T>()) {
         // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
@@ -251,19 +341,53 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
         const int64_t row_blocks = static_cast<int64_t>(ceil_div(rows_per_group, k_mma_rows)) * groups;
         const size_t rb = op.w.row_bytes();
         if (n > 16 && row_blocks * ceil_div(n, 32) >= sms)
-          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out);
+          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate);
         else if (n > 8 && row_blocks * ceil_div(n, 16) >= sms)
-          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out);
+          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate);
         else
-          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out);
+          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate);
       }
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",
                   static_cast<long long>(n));
       launch_kernel(matmul_tile_kernel<T>, dim3(ceil_div(rows_per_group, k_tile_rows), static_cast<unsigned>(groups),
           ceil_div(n, k_tile_tokens)), 256, 0, ctx.stream, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x,
-          x_stride, n, x_aligned, out, ctx.tables);
+          x_stride, n, x_aligned, out, op.accumulate, ctx.tables);
     }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
+  DSV4_ASSERT(op.count >= 0 && op.count <= MatmulsOp::k_max, "matmuls: %d matrices", op.count);
+  if (op.count == 0) return;
+  const int64_t cols = op.w[0].ne[0], n = op.x.n_rows();
+  bool one = n == 1 && op.x.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 &&
+             op.x.ne[0] == cols;
+  for (int i = 0; i < op.count && one; ++i)
+    one = op.w[i].type == op.w[0].type && op.w[i].ne[0] == cols && op.w[i].row_bytes() == op.w[0].row_bytes() &&
+          op.out[i].type == GgmlType::F32 && op.out[i].ne[0] == op.w[i].n_rows() && op.out[i].n_rows() == 1 &&
+          reinterpret_cast<uintptr_t>(op.w[i].data) % 16 == 0;
+  if (!one || op.count == 1) {  // separate launches (batches, mixed types), each checked by launch_matmul
+    for (int i = 0; i < op.count; ++i) launch_matmul(ctx, {op.out[i], op.w[i], op.x});
+    return;
+  }
+  dispatch_weight_type(op.w[0].type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    constexpr int U = WeightUnit<T>::U;
+    DSV4_ASSERT(cols % U == 0, "matmuls: %s rows of %lld elements are not a multiple of %d", ggml_type_name(T),
+                static_cast<long long>(cols), U);
+    MvSet set{};
+    set.count = op.count;
+    for (int i = 0; i < op.count; ++i) {
+      set.w[i] = static_cast<const uint8_t*>(op.w[i].data);
+      set.out[i] = op.out[i].f32();
+      set.rows[i] = op.w[i].n_rows();
+    }
+    // rows_per_group: any value >= every matrix's rows (x is read from row 0 of the one group).
+    int64_t max_rows = 1;
+    for (int i = 0; i < op.count; ++i) max_rows = std::max(max_rows, set.rows[i]);
+    launch_matvec<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), false);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -155,19 +155,19 @@ __device__ __forceinline__ float expert_mid(float g, float u, float w, float c) 
 // Pair (decode): W = gate, W2 = up, both dotted with the same x in one pass
 // (2RW rows per warp) and out[a, r] = expert_mid(g, u, weights[a]) directly.
 // XS: the block's x row is copied to shared memory first (cuda_quant.cuh, XShared).
-template <GgmlType T, int RW, bool Staged, bool Pair, bool XS>
+template <GgmlType T, int RW, int S, bool Pair, bool XS>
 __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2,
                                                             size_t row_bytes, int64_t n_units, int64_t E,
                                                             const int32_t* experts, const float* weights, float clamp,
                                                             const float* x, int64_t x_stride, int x_div, QuantTables tab) {
   constexpr int NR = Pair ? 2 * RW : RW;
   constexpr int U = WeightUnit<T>::U;
-  // Dynamic shared memory: [x copy (XS)][8 x stage_bytes_per_warp<T, NR>() (Staged)]
+  // Dynamic shared memory: [x copy (XS)][8 x stage_bytes_per_warp<T, NR, S>()]
   extern __shared__ __align__(16) unsigned char ex_smem[];
   pdl_enter();  // before the expert ids (the prologue's second call returns at once)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
-  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + (Staged ? warp * stage_bytes_per_warp<T, NR>() : 0));
+  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + warp * stage_bytes_per_warp<T, NR, S>());
   const int64_t a = blockIdx.x;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
   const float* xr = x + (a / x_div) * x_stride;
@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
   }
   float s[NR];
   if constexpr (XS)
-    warp_rows_dot<T, NR, Staged>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s, prologue);
+    warp_rows_dot<T, NR, S>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s, prologue);
   else
-    warp_rows_dot<T, NR, Staged>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
+    warp_rows_dot<T, NR, S>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < RW; ++i)
@@ -331,19 +331,20 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     // Rows per warp: 4, or 2 gate + 2 up rows for the pair (the same 4 rows in
     // flight; measured 2026-11-30 on the H200 at Flash shapes, IQ2_XXS gate/up:
     // 66.1 -> 64.2 us per decode step's experts; 3 + 3 rows: 64.9, 6 + 6: 74.1).
-    auto run = [&](auto staged_tag, auto pair_tag) {
-      constexpr bool Staged = decltype(staged_tag)::value, Pair = decltype(pair_tag)::value;
+    auto run = [&](auto stages_tag, auto pair_tag) {
+      constexpr int S = decltype(stages_tag)::value;
+      constexpr bool Pair = decltype(pair_tag)::value;
       constexpr int RW = Pair ? 2 : 4;
       constexpr int NR = Pair ? 2 * RW : RW;
       const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
-      const size_t stage_bytes = Staged ? 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR>()) : 0;
+      const size_t stage_bytes = 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR, S>());
       auto launch = [&](auto kernel, size_t smem) {
         allow_smem(kernel, smem);
         launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
             x_stride, x_div, ctx.tables);
       };
-      if (xs) launch(expert_matvec_kernel<T, RW, Staged, Pair, true>, x_bytes + stage_bytes);
-      else launch(expert_matvec_kernel<T, RW, Staged, Pair, false>, stage_bytes);
+      if (xs) launch(expert_matvec_kernel<T, RW, S, Pair, true>, x_bytes + stage_bytes);
+      else launch(expert_matvec_kernel<T, RW, S, Pair, false>, stage_bytes);
     };
     using yes = std::true_type;
     using no = std::false_type;
@@ -351,13 +352,21 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     if constexpr (UnitStaging<T>::chunk_bytes > 0) {
       if (can_stage<T>(wp, w.row_bytes()) && (!wp2 || can_stage<T>(wp2, w.row_bytes()))) {
         staged = true;
-        if (wp2) run(yes{}, yes{});
-        else run(yes{}, no{});
+        // Staging buffers per warp: 4 for rows of more than 2 chunks (of 32
+        // units), else 2 (Flash: gate/up 4, down 2). Measured 2026-11-30 on the
+        // H200: a decode step's experts 58.6 us with 2, 58.2 with 4, 64.6 with 1.
+        const int64_t chunks = ceil_div(cols / U, 32);
+        auto with_pair = [&](auto stages_tag) {
+          if (wp2) run(stages_tag, yes{});
+          else run(stages_tag, no{});
+        };
+        if (chunks <= 2) with_pair(std::integral_constant<int, 2>{});
+        else with_pair(std::integral_constant<int, 4>{});
       }
     }
     if (!staged) {
-      if (wp2) run(no{}, yes{});
-      else run(no{}, no{});
+      if (wp2) run(std::integral_constant<int, 0>{}, yes{});
+      else run(std::integral_constant<int, 0>{}, no{});
     }
     CUDA_CHECK_LAUNCH();
   });

@@ -353,10 +353,10 @@ __device__ __forceinline__ void load_f32x4s(const float* p, float (&v)[N]) {
   }
 }
 
-// Shared memory (bytes) of one warp's staging buffers in warp_rows_dot<T, R, true>.
-template <GgmlType T, int R>
+// Shared memory (bytes) of one warp's S staging buffers in warp_rows_dot<T, R, S>.
+template <GgmlType T, int R, int S>
 __host__ __device__ constexpr int stage_bytes_per_warp() {
-  return 2 * R * UnitStaging<T>::chunk_bytes;
+  return S * R * UnitStaging<T>::chunk_bytes;
 }
 
 // x of a matvec as the lanes read it, one unit (U floats) at a time. Lane l
@@ -442,15 +442,16 @@ __device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float
 // on_issued(): called once by every lane right after the first weight loads are
 // in flight (the block prologue — staging x, tables — overlaps them; it may
 // synchronise the block).
-// Staged: the unit bytes of each 32-unit chunk are copied to `stage` (this
-// warp's two shared buffers of R * stage_vecs<T>() vectors each,
-// stage_bytes_per_warp<T, R>() bytes; requires can_stage) with coalesced wide
-// cp.async copies, double-buffered: chunk c + 1 is in flight while the lanes
-// decode chunk c from shared memory.
-// Unstaged F32/F16/BF16 (one 16-byte vector per unit): 8 / R units per lane are
+// S > 0 (staged): the unit bytes of each 32-unit chunk are copied to `stage`
+// (this warp's S shared buffers of R * stage_vecs<T>() vectors each,
+// stage_bytes_per_warp<T, R, S>() bytes; requires can_stage) with coalesced wide
+// cp.async copies through a ring: chunks c + 1 .. c + S - 1 are in flight while
+// the lanes decode chunk c from shared memory (S = 1: one buffer, no overlap
+// within the warp; the other warps of the SM hide the latency).
+// Unstaged F32/F16/BF16 (one 16-byte vector per unit): 16 / R units per lane are
 // loaded into registers before any is used (the matrices that take this path
 // are small: without several loads in flight per lane they are latency-bound).
-template <GgmlType T, int R, bool Staged, class XView, class OnIssued>
+template <GgmlType T, int R, int S, class XView, class OnIssued>
 __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const XView& xv, int lane,
                                               const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R],
                                               OnIssued&& on_issued) {
@@ -471,44 +472,50 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
       for (int j = 0; j < U; ++j) acc[i] = fmaf(w[j], xu[j], acc[i]);
     }
   };
-  if constexpr (Staged) {
+  if constexpr (S > 0) {
     constexpr int CB = UnitStaging<T>::chunk_bytes;
     constexpr int SV = CB / static_cast<int>(sizeof(Vec));
     static_assert(CB > 0, "no staging for this type");
-    // Copies chunk c0's bytes of every row into buffer `buf` (one commit group).
-    auto issue = [&](int64_t c0, Vec* buf) {
-      // k units in this chunk; with can_stage, k*CB/32 is a whole number of vectors.
-      const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
-      const int nv = k * CB / 32 / static_cast<int>(sizeof(Vec));
+    const int64_t n_chunks = (n_units + 31) / 32;
+    // Copies chunk k's bytes of every row into ring buffer k % S as one commit
+    // group (an empty group past the last chunk, so that cp.async.wait_group
+    // S - 1 always means "chunk c has landed").
+    auto issue = [&](int64_t k) {
+      if (k < n_chunks) {
+        Vec* buf = stage + static_cast<int>(k % S) * R * SV;
+        // n units in this chunk; with can_stage, n*CB/32 is a whole number of vectors.
+        const int n = static_cast<int>(n_units - 32 * k < 32 ? n_units - 32 * k : 32);
+        const int nv = n * CB / 32 / static_cast<int>(sizeof(Vec));
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const Vec* src = reinterpret_cast<const Vec*>(rows[r] + (c0 / 32) * CB);
-        for (int i = lane; i < nv; i += 32) cp_async_vec(buf + r * SV + i, src + i);
+        for (int r = 0; r < R; ++r) {
+          const Vec* src = reinterpret_cast<const Vec*>(rows[r] + k * CB);
+          for (int i = lane; i < nv; i += 32) cp_async_vec(buf + r * SV + i, src + i);
+        }
       }
       cp_async_commit();
     };
-    issue(0, stage);
-    on_issued();
-    for (int64_t c0 = 0; c0 < n_units; c0 += 32) {
-      Vec* cur = stage + ((c0 / 32) & 1) * R * SV;
-      if (c0 + 32 < n_units) {
-        issue(c0 + 32, stage + (((c0 / 32) + 1) & 1) * R * SV);  // the buffer every lane finished with last step
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncwarp();  // every lane's copies of this chunk are visible
-      const int k = static_cast<int>(n_units - c0 < 32 ? n_units - c0 : 32);
-      if (lane < k)
-        fma_unit(c0 + lane, [&](int r, float* w) {
+    if constexpr (S > 1) {
+      for (int k = 0; k < S - 1; ++k) issue(k);
+      on_issued();
+    }
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      issue(c + S - 1);  // into the buffer every lane finished with last step
+      if constexpr (S == 1)
+        if (c == 0) on_issued();
+      cp_async_wait<S - 1>();
+      __syncwarp();  // every lane's copies of chunk c are visible
+      const Vec* cur = stage + static_cast<int>(c % S) * R * SV;
+      const int n = static_cast<int>(n_units - 32 * c < 32 ? n_units - 32 * c : 32);
+      if (lane < n)
+        fma_unit(32 * c + lane, [&](int r, float* w) {
           const auto* buf = reinterpret_cast<const uint8_t*>(cur + r * SV);
           if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(buf, lane, w);
           else WeightUnit<T>::decode(buf, lane, w, tab);
         });
-      __syncwarp();  // `cur` is refilled by the next step's issue
+      __syncwarp();  // buffer c % S is refilled by a later step's issue
     }
   } else if constexpr (T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16) {
-    constexpr int B = R >= 8 ? 1 : 8 / R;  // units per lane in flight
+    constexpr int B = R >= 16 ? 1 : 16 / R;  // units per lane in flight
     for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
       uint4 raw[B][R];
 #pragma unroll
