@@ -269,6 +269,24 @@ CompressOp Model::compress_op(const Tensor& rows, const Tensor& state_a, const T
   return c;
 }
 
+void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w) {
+  // MatmulsOp per weight type, in first-seen order, at most k_max each.
+  std::vector<bool> done(out_w.size(), false);
+  for (size_t i = 0; i < out_w.size(); ++i) {
+    if (done[i]) continue;
+    MatmulsOp op;
+    op.x = x;
+    for (size_t j = i; j < out_w.size() && op.count < MatmulsOp::k_max; ++j) {
+      if (done[j] || out_w[j].second.type != out_w[i].second.type) continue;
+      op.out[op.count] = out_w[j].first;
+      op.w[op.count] = out_w[j].second;
+      ++op.count;
+      done[j] = true;
+    }
+    backend_.matmuls(op);
+  }
+}
+
 void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block) {
   using LT = LayerTensor;
   Scratch& s = *sc_;
@@ -279,53 +297,58 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   Tensor pos = s.pos.head(n);
   Tensor xn = s.xn.rows(0, n);
 
+  // Every projection of xn first (wq_a, wkv, the compressors' kv and gate, the
+  // indexer's head weights): MatmulsOp per weight type, one kernel each for a
+  // decode token.
+  const bool compressor = ratio > 0 && !mtp_block, indexer = compressor && ratio == 4;
+  const int64_t w_comp = (ratio == 4 ? 2 : 1) * hd;
+  const int64_t cap_rows = 2 * hd * options_.max_batch / w_comp;  // the compressor buffers hold [max_batch][2*hd]
+  Tensor qa = s.qa.rows(0, n), kv = s.kv.rows(0, n);
+  Tensor ckv = s.ckv.reshape(w_comp, cap_rows).rows(0, n), cg = s.cgate.reshape(w_comp, cap_rows).rows(0, n);
+  Tensor iw = s.iw.rows(0, n), ikv = s.ikv.rows(0, n), ig = s.igate.rows(0, n);
+  {
+    std::vector<std::pair<Tensor, Tensor>> proj = {{qa, L[LT::ATTN_Q_A]}, {kv, L[LT::ATTN_KV]}};
+    if (compressor) {
+      proj.push_back({ckv, L[LT::ATTN_COMPRESSOR_KV]});
+      proj.push_back({cg, L[LT::ATTN_COMPRESSOR_GATE]});
+    }
+    if (indexer) {
+      proj.push_back({iw, L[LT::INDEXER_PROJ]});
+      proj.push_back({ikv, L[LT::INDEXER_COMPRESSOR_KV]});
+      proj.push_back({ig, L[LT::INDEXER_COMPRESSOR_GATE]});
+    }
+    project(xn, proj);
+  }
+
   // Query path (§5.1): c_q = RMSNorm(W_qa x; q_norm); q = W_qb c_q, per-head RMSNorm, RoPE.
-  Tensor qa = s.qa.rows(0, n);
-  backend_.matmul({qa, L[LT::ATTN_Q_A], xn});
   backend_.rms_norm({qa, qa, L[LT::ATTN_Q_A_NORM], P.rms_eps});
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
   backend_.matmul({q.reshape(H * hd, n), L[LT::ATTN_Q_B], qa});
-  backend_.rms_norm({q.reshape(hd, H * n), q.reshape(hd, H * n), Tensor{}, P.rms_eps});
-  backend_.rope({q, pos, rope, false});
+  backend_.rms_norm({q.reshape(hd, H * n), q.reshape(hd, H * n), Tensor{}, P.rms_eps, pos, rope, H});  // + RoPE
 
   // KV path (§5.2): kv = RMSNorm(W_kv x; kv_norm), RoPE, FP8 simulation, into the ring.
   // A KV_FP8 ring applies the simulation itself while packing (core/kv_rows.h:
   // unpack(pack(v)) == FP8_BF16 sim of v), so the separate pass only runs for f32 rows.
-  Tensor kv = s.kv.rows(0, n);
-  backend_.matmul({kv, L[LT::ATTN_KV], xn});
-  backend_.rms_norm({kv, kv, L[LT::ATTN_KV_A_NORM], P.rms_eps});
-  backend_.rope({kv.reshape(hd, 1, n), pos, rope, false});
+  backend_.rms_norm({kv, kv, L[LT::ATTN_KV_A_NORM], P.rms_eps, pos, rope, 1});  // + RoPE
   if (ref && S.ring.type != GgmlType::KV_FP8)
     backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
   backend_.store_rows({S.ring, kv, pos});
 
   Tensor sel;
-  if (ratio > 0 && !mtp_block) {
+  if (compressor) {
     // Compressor (§5.5): rows completed inside this batch become visible to later tokens.
-    const bool overlap = ratio == 4;
-    const int64_t w = (overlap ? 2 : 1) * hd;
-    const int64_t cap_rows = 2 * hd * options_.max_batch / w;  // the buffers hold [max_batch][2*hd]
-    Tensor ckv = s.ckv.reshape(w, cap_rows).rows(0, n);
-    Tensor cg = s.cgate.reshape(w, cap_rows).rows(0, n);
-    backend_.matmul({ckv, L[LT::ATTN_COMPRESSOR_KV], xn});
-    backend_.matmul({cg, L[LT::ATTN_COMPRESSOR_GATE], xn});
     backend_.compress(compress_op(S.comp, S.comp_a, S.comp_g, ckv, cg, L[LT::ATTN_COMPRESSOR_APE],
                                   L[LT::ATTN_COMPRESSOR_NORM], pos, static_cast<int>(ratio), rope,
                                   ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE, static_cast<int>(P.nope_dim()), ref));
 
-    if (ratio == 4) {
+    if (indexer) {
       // Lightning indexer (§5.6).
       const int64_t HI = P.indexer_heads, dI = P.indexer_head_dim;
       Tensor iq = s.iq.reshape(dI * HI * options_.max_batch).reshape(dI, HI * options_.max_batch).rows(0, HI * n).reshape(dI, HI, n);
       backend_.matmul({iq.reshape(HI * dI, n), L[LT::INDEXER_ATTN_Q_B], qa});
       backend_.rope({iq, pos, rope, false});
       backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
-      Tensor iw = s.iw.rows(0, n);
-      backend_.matmul({iw, L[LT::INDEXER_PROJ], xn});
       backend_.scale({iw, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(HI))});
-      Tensor ikv = s.ikv.rows(0, n), ig = s.igate.rows(0, n);
-      backend_.matmul({ikv, L[LT::INDEXER_COMPRESSOR_KV], xn});
-      backend_.matmul({ig, L[LT::INDEXER_COMPRESSOR_GATE], xn});
       backend_.compress(compress_op(S.idx, S.idx_a, S.idx_g, ikv, ig, L[LT::INDEXER_COMPRESSOR_APE],
                                     L[LT::INDEXER_COMPRESSOR_NORM], pos, 4, rope,
                                     ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
@@ -383,12 +406,10 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   backend_.moe_experts({y, xn, L[LT::FFN_GATE_EXPS], L[LT::FFN_UP_EXPS], L[LT::FFN_DOWN_EXPS], experts, weights, clamp, false});
   // Shared expert.
   if (L[LT::FFN_GATE_SHEXP]) {
-    Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n), ys = s.ys.rows(0, n);
-    backend_.matmul({g, L[LT::FFN_GATE_SHEXP], xn});
-    backend_.matmul({u, L[LT::FFN_UP_SHEXP], xn});
+    Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
+    project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
     backend_.swiglu({h, g, u, clamp});
-    backend_.matmul({ys, L[LT::FFN_DOWN_SHEXP], h});
-    backend_.add({y, ys});
+    backend_.matmul({y, L[LT::FFN_DOWN_SHEXP], h, 1, /*accumulate=*/true});  // y += W_down h
   }
 }
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -105,6 +106,8 @@ class Model {
   CompressOp compress_op(const Tensor& rows, const Tensor& state_a, const Tensor& state_g, const Tensor& kv,
                          const Tensor& gate, const Tensor& ape, const Tensor& norm_w, const Tensor& pos, int ratio,
                          const RopeParams& rope, KvQuantSim sim, int n_quant, bool round_pooled_bf16) const;
+  // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
+  void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w);
   void attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block);
   void ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
   void run_batch(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
