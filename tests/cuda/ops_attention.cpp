@@ -1,6 +1,7 @@
 // Cases: KV compressor (multi-call sequences through window boundaries),
 // lightning-indexer scores, top-k selection (ties, fewer visible rows than k),
 // and core attention (window-only, selected and all compressed rows).
+#include <cmath>
 #include <limits>
 
 #include "ops_harness.h"
@@ -166,7 +167,7 @@ void cases_indexer(Harness& h) {
     }
   }
   if (h.want("topk")) {
-    enum class Fill { RANDOM, TIES, ZEROS };
+    enum class Fill { RANDOM, TIES, ZEROS, NEGATIVE, WIDE };
     struct C {
       int64_t K, cap;
       std::vector<int32_t> pos;
@@ -177,6 +178,8 @@ void cases_indexer(Harness& h) {
         {16, 175, {2, 40, 63, 67, 699, 300}, Fill::RANDOM, false},
         {16, 175, {699, 67, 130}, Fill::TIES, false},
         {16, 175, {699, 99}, Fill::ZEROS, false},
+        {16, 175, {699, 130}, Fill::NEGATIVE, false},  // keys in the low bins only
+        {40, 600, {2399, 1000}, Fill::WIDE, false},    // keys spread over most bins
         {512, 16384, {1199, 2047, 65535, 40000}, Fill::RANDOM, true},
         {512, 16384, {65535, 2051}, Fill::TIES, true},
         {512, 262144, {1048575}, Fill::RANDOM, true},
@@ -192,6 +195,8 @@ void cases_indexer(Harness& h) {
           float v = r.normal();
           if (c.fill == Fill::TIES) v = static_cast<float>(r.below(3));                      // three distinct values
           if (c.fill == Fill::ZEROS) v = r.below(4) == 0 ? 1.0f : (r.below(2) ? 0.0f : -0.0f);  // +0 and -0 tie
+          if (c.fill == Fill::NEGATIVE) v = -1.0f - std::fabs(v);
+          if (c.fill == Fill::WIDE) v = (r.below(2) ? 1.0f : -1.0f) * std::exp(20.0f * v);
           s[static_cast<size_t>(t * c.cap + k)] = k < visible ? v : (k % 2 ? k_neg_inf : 1e30f);  // past visible: ignored
         }
       }
@@ -201,7 +206,11 @@ void cases_indexer(Harness& h) {
       h.cpu.topk({sel.c, sc.c, p.c, 4});
       h.gpu.topk({sel.g, sc.g, p.g, 4});
       h.report.exact("topk", strfmt("k=%lld rows=%lld n=%lld %s", (long long)c.K, (long long)c.cap, (long long)n,
-                                    c.fill == Fill::TIES ? "ties" : c.fill == Fill::ZEROS ? "+0/-0 ties" : "random"),
+                                    c.fill == Fill::TIES        ? "ties"
+                                    : c.fill == Fill::ZEROS     ? "+0/-0 ties"
+                                    : c.fill == Fill::NEGATIVE  ? "negative"
+                                    : c.fill == Fill::WIDE      ? "wide range"
+                                                                : "random"),
                      b.diff_ids(sel));
     }
   }

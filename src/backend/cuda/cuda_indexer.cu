@@ -17,8 +17,9 @@
 //   ties to the lower index, written in ascending index order, padded with -1.
 //   One 512-thread block per query. Radix select on order-preserving 32-bit
 //   keys of the floats (-0 folded onto +0 so that equal floats have equal
-//   keys): 4 passes of 8 bits find the K-th largest key T and how many keys
-//   equal to T are needed; a final pass in ascending index order (block-wide
+//   keys): 4 passes of 8 bits (a histogram, then a warp scan of its 256
+//   bins) find the K-th largest key T and how many keys equal to T are
+//   needed; a final pass in ascending index order (block-wide
 //   exclusive scans) takes every key > T and the first `need` keys == T.
 //   Exactly the CPU's selection for any input without NaN.
 //   CPU reference: cpu::topk (cpu_attention.cpp).
@@ -247,15 +248,36 @@ __global__ void __launch_bounds__(k_topk_threads) topk_kernel(int32_t* sel, int6
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned cum = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (cum + hist[b] >= remaining) {
-          s_digit = static_cast<unsigned>(b);
-          s_remaining = remaining - cum;
-          break;
+    if (threadIdx.x < 32) {
+      // The digit: the largest bin b with (count of keys in bins > b) < remaining <=
+      // (count in bins >= b). Lane l holds bins 255 - 8l .. 248 - 8l (descending);
+      // a warp scan gives each lane the count above its bins, the first lane whose
+      // inclusive count reaches `remaining` walks its 8 bins (a serial walk over
+      // up to 256 bins by one thread was ~4 us per pass).
+      const int lane = static_cast<int>(threadIdx.x);
+      unsigned c[8], tot = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        c[j] = hist[255 - 8 * lane - j];
+        tot += c[j];
+      }
+      unsigned incl = tot;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned v = __shfl_up_sync(k_full_mask, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const unsigned hit = __ballot_sync(k_full_mask, incl >= remaining);  // nonempty: the prefix's keys number >= remaining
+      if (lane == __ffs(static_cast<int>(hit)) - 1) {
+        unsigned cum = incl - tot;
+        for (int j = 0; j < 8; ++j) {
+          if (cum + c[j] >= remaining) {
+            s_digit = static_cast<unsigned>(255 - 8 * lane - j);
+            s_remaining = remaining - cum;
+            break;
+          }
+          cum += c[j];
         }
-        cum += hist[b];
       }
     }
     __syncthreads();
