@@ -10,7 +10,11 @@ kernel names the first template argument of the matvec/MoE kernels is the
 weight's ggml type id (1 F16, 8 Q8_0, 10 Q2_K, 16 IQ2_XXS), then rows per warp
 and whether the rows are staged through shared memory.
 
-  scripts/ncu-kernel-table.py ncu.csv [--top N]
+  scripts/ncu-kernel-table.py ncu.csv [--top N] [--step K]
+
+--step K keeps only the launches of one decode step: those from the K-th launch
+of the step's marker kernel (embed_kernel, first in every forward pass; K = 0 is
+the prefill) up to the next one, in launch order.
 
 ncu replays each kernel alone with its caches flushed, so small kernels read
 slower than inside a CUDA graph; the totals still show where a step's time goes.
@@ -48,6 +52,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--step", type=int, default=-1, help="one forward pass: from the K-th embed_kernel launch to the next")
+    ap.add_argument("--marker", default="embed_kernel", help="the kernel that starts every forward pass")
     a = ap.parse_args()
     text = open(a.csv, encoding="utf-8", errors="replace").read()
     start = text.find('"ID","Process ID"')
@@ -71,6 +77,15 @@ def main():
             k["bytes"] += val
     if not kernels:
         sys.exit(f"{a.csv}: no kernel rows")
+    if a.step >= 0:
+        ids = sorted(kernels, key=int)
+        starts = [i for i, kid in enumerate(ids) if kernels[kid]["name"].startswith(a.marker)]
+        if len(starts) <= a.step:
+            sys.exit(f"{a.csv}: {len(starts)} launches of {a.marker}, no step {a.step}")
+        end = starts[a.step + 1] if a.step + 1 < len(starts) else len(ids)
+        if a.step + 1 >= len(starts):
+            print(f"(step {a.step} is the last one profiled: it may be cut short)")
+        kernels = collections.OrderedDict((kid, kernels[kid]) for kid in ids[starts[a.step]:end])
     agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for k in kernels.values():
         g = agg[k["name"]]

@@ -47,11 +47,14 @@ void cases_compress(Harness& h) {
     bool flash;
     const char* what;
     GgmlType rows_type = GgmlType::F32;
+    GgmlType ape_type = GgmlType::F16;  // GGUF files: F16 (read in place, as F32); others go through dequantize_rows
   };
-  const GgmlType FP8 = GgmlType::KV_FP8, FP4 = GgmlType::KV_FP4;
+  const GgmlType FP8 = GgmlType::KV_FP8, FP4 = GgmlType::KV_FP4, F32 = GgmlType::F32;
   const std::vector<C> cases = {
       {4, true, 128, KvQuantSim::FP8_BF16, 64, true, {1, 3, 4, 7, 1, 16, 30, 2}, false, "tiny main ratio 4"},
       {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain"},
+      {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain, F32 APE", F32, F32},
+      {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain, Q8_0 APE", F32, GgmlType::Q8_0},
       {128, false, 128, KvQuantSim::FP8_BF16, 64, true, {1, 126, 1, 130, 300}, false, "tiny main ratio 128"},
       {128, false, 128, KvQuantSim::NONE, 0, false, {255, 1, 2}, false, "tiny ratio 128, plain"},
       {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {2, 6, 40, 1, 1}, false, "tiny indexer ratio 4"},
@@ -76,7 +79,7 @@ void cases_compress(Harness& h) {
     Pair sa = b.f32(std::vector<float>(static_cast<size_t>(R * w), 0.0f), Shape(w, R));
     Pair sg = b.f32(std::vector<float>(static_cast<size_t>(R * w), k_neg_inf), Shape(w, R));
     Pair rows = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(cap_rows * c.d)), Shape(c.d, cap_rows));  // earlier rows: kept
-    Pair ape = b.random_weight(GgmlType::F16, Shape(w, m));
+    Pair ape = b.random_weight(c.ape_type, Shape(w, m));
     Pair norm = b.weight_f32(random_uniform(r, static_cast<size_t>(c.d), 0.5f, 1.5f), Shape(c.d));
     Diff frontier, worst_rows;
     int64_t p0 = 0;

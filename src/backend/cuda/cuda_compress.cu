@@ -1,11 +1,12 @@
 // KV compressor step (model-spec.md §5.5/§5.6) for n consecutive tokens.
 //
 // Layout: frontier state_a/state_g [R, w] (R = 2m with overlap, else m;
-// w = c*d), projections kv/gate [n, w], APE [m, w] (any weight type, decoded
-// to f32 scratch first), output rows [cap_rows, d].
+// w = c*d), projections kv/gate [n, w], APE [m, w] (any weight type; read as
+// F32/F16 in place, others decoded to f32 scratch first), output rows [cap_rows, d].
 //
 // Launch plan (four kernels, in stream order):
-//   1. dequantize the APE rows to f32 scratch (cuda_matmul.cu).
+//   1. APE rows of a type other than F32/F16 (GGUF: F16): dequantized to f32
+//      scratch (cuda_matmul.cu); F32/F16 rows are read in place (ApeView).
 //   The batch's positions are consecutive (p_t = p_0 + t; checked), so every
 //   frontier entry the sequential update would hold at any token is known up
 //   front: position q's entry is (a, g + APE[q mod m]) from token q - p_0 when
@@ -39,12 +40,23 @@ namespace dsv4::cuda {
 
 namespace {
 
+// The APE rows as the kernels read them: F32 or F16 straight from the weight
+// (the f16 -> f32 conversion is exact, dequantize_row's value), other types
+// from an f32 copy in scratch (launch_dequantize_rows; a launch per call).
+struct ApeView {
+  const void* p;
+  bool f16;
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    return f16 ? __half2float(static_cast<const __half*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+};
+
 // Small batches (decode): one thread per output channel c walks the batch's
 // tokens in order, updating the frontier columns it owns and pooling each
 // window that completes (one launch; the parallel pool + frontier kernels
 // below give the same bits and win from ~a few windows per batch).
 __global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
-                                     bool overlap, const float* kv, const float* gate, const float* ape,
+                                     bool overlap, const float* kv, const float* gate, ApeView ape,
                                      const int32_t* pos, int64_t n) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -57,12 +69,12 @@ __global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, 
     const int64_t slot = prev + p % m;
     const float* a = kv + t * w;
     const float* g = gate + t * w;
-    const float* ap = ape + (p % m) * w;
+    const int64_t ap = (p % m) * w;  // the position's APE row
     sa[slot * w + c] = a[c];
-    sg[slot * w + c] = __fadd_rn(g[c], ap[c]);
+    sg[slot * w + c] = __fadd_rn(g[c], ape[ap + c]);
     if (overlap) {
       sa[slot * w + c + d] = a[c + d];
-      sg[slot * w + c + d] = __fadd_rn(g[c + d], ap[c + d]);
+      sg[slot * w + c + d] = __fadd_rn(g[c + d], ape[ap + c + d]);
     }
     if ((p + 1) % m != 0) continue;
     float mx = neg_inf;
@@ -105,7 +117,7 @@ __global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, 
 // from the batch when q >= P0 (token q - P0; score = gate + APE[q mod m]),
 // else from the frontier as it was before the batch: `old_row` (-1: empty).
 __device__ __forceinline__ void compress_cand(int64_t q, int64_t col, int64_t old_row, int64_t P0, int m, int64_t w,
-                                              const float* kv, const float* gate, const float* ape, const float* sa,
+                                              const float* kv, const float* gate, ApeView ape, const float* sa,
                                               const float* sg, float& av, float& gv) {
   if (q >= P0) {
     const int64_t t = q - P0;
@@ -127,7 +139,7 @@ __device__ __forceinline__ void compress_cand(int64_t q, int64_t col, int64_t ol
 // (lane A); each from the batch or the frontier before it. Softmax pooling in
 // the CPU's order, in double.
 __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, const float* sa, const float* sg, int64_t w,
-                                     int m, bool overlap, const float* kv, const float* gate, const float* ape,
+                                     int m, bool overlap, const float* kv, const float* gate, ApeView ape,
                                      const int32_t* pos, int64_t n) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -177,7 +189,7 @@ __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d,
 // (a decode step writes one row). Runs after compress_pool_kernel, which reads
 // the old frontier; each thread reads its rows before writing them.
 __global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bool overlap, const float* kv, const float* gate,
-                                      const float* ape, const int32_t* pos, int64_t n) {
+                                      ApeView ape, const int32_t* pos, int64_t n) {
   pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(m) * w) return;
@@ -252,11 +264,17 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   const RopeTable rt = make_rope_table(op.rope);
   DSV4_ASSERT(rt.n_rot <= d, "compress: n_rot > row width");
   check_kv_rows(op.rows, "compress");
-  // Scratch: APE rows [m, w] then the raw pooled rows [n, d] (row t: the window token t completes).
-  const size_t ape_floats = static_cast<size_t>(m) * static_cast<size_t>(w);
-  auto* ape = static_cast<float*>(ctx.scratch->get((ape_floats + static_cast<size_t>(n * d)) * sizeof(float), ctx.stream));
-  float* pooled = ape + ape_floats;
-  launch_dequantize_rows(ctx, op.ape, ape);
+  // Scratch: the raw pooled rows [n, d] (row t: the window token t completes),
+  // then, for APE types other than F32/F16, the APE rows [m, w] as f32.
+  const bool ape_direct = op.ape.type == GgmlType::F32 || op.ape.type == GgmlType::F16;
+  const size_t ape_floats = ape_direct ? 0 : static_cast<size_t>(m) * static_cast<size_t>(w);
+  auto* pooled = static_cast<float*>(ctx.scratch->get((static_cast<size_t>(n * d) + ape_floats) * sizeof(float), ctx.stream));
+  ApeView ape{op.ape.data, op.ape.type == GgmlType::F16};
+  if (!ape_direct) {
+    float* ape_f32 = pooled + n * d;
+    launch_dequantize_rows(ctx, op.ape, ape_f32);
+    ape = ApeView{ape_f32, false};
+  }
   if (n <= k_compress_seq_max) {
     launch_kernel(compress_seq_kernel, ceil_div(d, 128), 128, 0, ctx.stream, pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(),
         w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);

@@ -3,8 +3,8 @@
 // indexer_scores: score[t, k] = sum_h w[t, h] * relu(q[t, h, :] · rows[k, :])
 //   for k < visible = min((pos[t]+1) / ratio, cap_rows), -inf otherwise.
 //   Grid (n, ceil(cap_rows / (8 * rpw))), 256 threads: a block covers 8 * rpw
-//   rows of one query (rpw = 2 for one query, 8 for a batch). q[t] is staged in shared memory as [H_I][d_I + 1] (the pad puts
-//   the lanes' heads on distinct banks) with w[t]; each warp takes rpw rows: the
+//   rows of one query (rpw = 2 for one query, 8 for a batch). q[t] is staged in shared memory as [H_I][d_I + 4] (16-byte
+//   rows; the pad puts the lanes' heads on distinct banks) with w[t]; each warp takes rpw rows: the
 //   row (F32 or compact KV_FP4, unpacked by cuda_kv_rows.cuh) goes to a
 //   per-warp shared buffer, lane l computes the full d_I-long
 //   dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp
@@ -39,14 +39,25 @@ constexpr int k_ix_rows_per_warp_decode = 2;
 constexpr int k_ix_rows_per_warp_batch = 8;
 constexpr int k_topk_threads = 512;
 
+// Shared-memory layout of indexer_scores_kernel (floats): q [HI][ix_q_ld(dI)],
+// w [HI], then the warps' row buffers [k_ix_warps][dI] from a 16-byte boundary.
+// The q stride dI + 4 keeps rows 16-byte aligned and puts the 8 lanes of a
+// quarter warp (heads l..l+7) on distinct bank groups for 16-byte loads.
+__host__ __device__ constexpr int64_t ix_q_ld(int64_t dI) { return dI + 4; }
+__host__ __device__ constexpr int64_t ix_row_buf_offset(int64_t HI, int64_t dI) { return (HI * ix_q_ld(dI) + HI + 3) / 4 * 4; }
+
+// dI % 4 == 0 (launcher). A lane's heads l, l + 32 (the next two l + 64, ...)
+// run as two interleaved chains, each the sequential fma over e = 0..dI-1
+// with 16-byte shared loads; acc adds the heads in the order l, l + 32, ...
 __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w,
                                                              const void* rows, GgmlType rows_type, const int32_t* pos,
                                                              int ratio, int HI, int dI, int rows_per_warp) {
   pdl_enter();
-  extern __shared__ float sm[];
-  float* qs = sm;                        // [HI][dI + 1]
-  float* ws = qs + HI * (dI + 1);        // [HI]
-  float* rb = ws + HI;                   // [warps][dI]
+  extern __shared__ __align__(16) float sm[];
+  const int qld = static_cast<int>(ix_q_ld(dI));
+  float* qs = sm;                                    // [HI][qld]
+  float* ws = qs + HI * qld;                         // [HI]
+  float* rb = sm + ix_row_buf_offset(HI, dI);        // [warps][dI]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
   const int k_ix_rows = k_ix_warps * rows_per_warp;
@@ -58,11 +69,15 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int6
     for (int64_t i = threadIdx.x; i < k_ix_rows && k0 + i < cap; i += blockDim.x) out[k0 + i] = neg_inf;
     return;
   }
-  const float* qt = q + t * HI * dI;
-  for (int i = threadIdx.x; i < HI * dI; i += blockDim.x) qs[(i / dI) * (dI + 1) + i % dI] = qt[i];
+  const float4* qt = reinterpret_cast<const float4*>(q + t * HI * dI);
+  const int d4 = dI / 4;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < HI * d4; i += blockDim.x)
+    reinterpret_cast<float4*>(qs + (i / d4) * qld)[i % d4] = qt[i];
   for (int i = threadIdx.x; i < HI; i += blockDim.x) ws[i] = w[t * HI + i];
   __syncthreads();
   float* row = rb + warp * dI;
+  const float4* row4 = reinterpret_cast<const float4*>(row);
   for (int r = 0; r < rows_per_warp; ++r) {
     const int64_t k = k0 + warp * rows_per_warp + r;
     if (k >= cap) break;
@@ -73,11 +88,26 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int6
     warp_load_kv_row(row, kv_row_ptr(rows, rows_type, dI, k), dI, rows_type);
     __syncwarp();
     float acc = 0.0f;
-    for (int h = lane; h < HI; h += 32) {
-      const float* qh = qs + h * (dI + 1);
-      float dot = 0.0f;
-      for (int e = 0; e < dI; ++e) dot = fmaf(qh[e], row[e], dot);
-      acc = fmaf(ws[h], fmaxf(0.0f, dot), acc);
+    for (int h0 = lane; h0 < HI; h0 += 64) {
+      const int h1 = h0 + 32;
+      const bool two = h1 < HI;
+      const float4* qa = reinterpret_cast<const float4*>(qs + h0 * qld);
+      const float4* qb = reinterpret_cast<const float4*>(qs + (two ? h1 : h0) * qld);
+      float da = 0.0f, db = 0.0f;
+#pragma unroll 4
+      for (int e4 = 0; e4 < d4; ++e4) {
+        const float4 x = row4[e4], a = qa[e4], b = qb[e4];
+        da = fmaf(a.x, x.x, da);
+        db = fmaf(b.x, x.x, db);
+        da = fmaf(a.y, x.y, da);
+        db = fmaf(b.y, x.y, db);
+        da = fmaf(a.z, x.z, da);
+        db = fmaf(b.z, x.z, db);
+        da = fmaf(a.w, x.w, da);
+        db = fmaf(b.w, x.w, db);
+      }
+      acc = fmaf(ws[h0], fmaxf(0.0f, da), acc);
+      if (two) acc = fmaf(ws[h1], fmaxf(0.0f, db), acc);
     }
     acc = warp_sum(acc);
     if (lane == 0) out[k] = acc;
@@ -336,7 +366,8 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   const int rpw = n == 1 ? k_ix_rows_per_warp_decode : k_ix_rows_per_warp_batch, k_ix_rows = k_ix_warps * rpw;
   DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld x %lld scores too many",
               static_cast<long long>(n), static_cast<long long>(cap));
-  const size_t smem = (static_cast<size_t>(HI) * (dI + 1) + HI + static_cast<size_t>(k_ix_warps) * dI) * sizeof(float);
+  DSV4_ASSERT(dI % 4 == 0, "indexer_scores: index head width %lld is not a multiple of 4", static_cast<long long>(dI));
+  const size_t smem = static_cast<size_t>(ix_row_buf_offset(HI, dI) + k_ix_warps * dI) * sizeof(float);
   DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory", static_cast<long long>(HI),
               static_cast<long long>(dI));
   allow_smem(indexer_scores_kernel, smem);

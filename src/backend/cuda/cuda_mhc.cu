@@ -20,8 +20,11 @@
 //              slice order, thread 0 the sum of squares; then (hc = 4) warp 1
 //              forms the pre/post gates, and warp 0 runs Sinkhorn on the hc x hc
 //              matrix with one lane per entry (exactly cpu::sinkhorn's
-//              operations) while warps 1.. form u = sum_i pre_i X_i (other hc:
-//              thread 0 does gates and Sinkhorn, then all threads form u); the
+//              operations); u = sum_i pre_i X_i from X columns every thread
+//              loaded into registers at the start (D <= 4096: in flight during
+//              the partial sums and Sinkhorn; larger D: warps 1.. form u while
+//              warp 0 runs Sinkhorn; other hc: thread 0 does gates and
+//              Sinkhorn, then all threads form u); the
 //              head: weights, then h = sum_i w_i X_i;
 //              with HcPreOp::norm_out, the same block then writes RMSNorm(u; w)
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
@@ -239,6 +242,25 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
   __shared__ float rho;
   const int64_t t = blockIdx.x;
   const int n_mix = (2 + hc) * hc;
+  const float* X = state + t * hc * D;
+  // hc = 4 and rows of up to k_norm_reg * blockDim.x (DeepSeek V4: 4 x 4096):
+  // thread k's columns k, k + blockDim.x, ... of X (and of the norm weight)
+  // are loaded before anything else, all in flight while the partials are
+  // combined and Sinkhorn runs; u and the fused norm then work on registers
+  // (block_rms_norm_regs: the column mapping of block_rms_norm_row, so the
+  // same bits as the separate norm). The loop below instead reads X after the
+  // gates, a few dependent round trips, and the norm read u back.
+  const bool regs = hc == 4 && D <= k_norm_reg * static_cast<int64_t>(blockDim.x);
+  float xr[4][k_norm_reg], wr[k_norm_reg];
+  if (regs) {
+#pragma unroll
+    for (int k = 0; k < k_norm_reg; ++k) {
+      const int64_t d = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xr[i][k] = d < D ? X[i * D + d] : 0.0f;
+      wr[k] = (xn_w && d < D) ? xn_w[d] : 1.0f;
+    }
+  }
   combine_mix(part_dot, part_ss, t, S, n_mix, hc * D, norm_eps, mix, &rho, fin_sm);
   float* po = post + t * hc;
   float* co = comb + t * hc * hc;
@@ -274,9 +296,25 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
     for (int k = 0; k < hc * hc; ++k) co[k] = c[k];
   }
   if (hc != 4) __syncthreads();  // pre from thread 0
+  if (regs) {  // every thread (warp 0 after Sinkhorn) forms its columns of u, then the norm
+    float ur[k_norm_reg];
+#pragma unroll
+    for (int k = 0; k < k_norm_reg; ++k) {
+      const int64_t d = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s = __fadd_rn(s, __fmul_rn(pre[i], xr[i][k]));
+      ur[k] = s;
+      if (d < D) u[t * D + d] = s;
+    }
+    if (xn) {
+      __shared__ double red_r[33];
+      block_rms_norm_regs(xn + t * D, ur, wr, xn_w != nullptr, D, xn_eps, red_r);
+    }
+    return;
+  }
   // u = sum_i pre_i X_i: four columns per thread per step, their 4 x hc loads
   // issued together (a plain loop waits for each column's loads in turn).
-  const float* X = state + t * hc * D;
   constexpr int kCols = 4;
   for (int64_t d0 = u_tid; u_threads > 0 && d0 < D; d0 += kCols * u_threads) {
     float xv[kCols][k_max_hc];

@@ -2,8 +2,9 @@
 //
 // moe_route: one 256-thread block per token. s_e = sqrt(softplus(z_e)) into
 //   shared memory; experts = the hash-table row of ids[t] (hash layers, read
-//   on the device, range-checked) or k rounds of a block arg-max of s_e + b_e
-//   (largest value, ties to the lower index, excluding taken experts) — the
+//   on the device, range-checked) or k rounds of an arg-max of s_e + b_e
+//   (largest value, ties to the lower index, excluding taken experts; one warp
+//   for E <= 256, block-wide for more) — the
 //   CPU's partial_sort order; weights = s[sel_i] / sum_i s[sel_i] * alpha with
 //   the sum in slot order. The float chain is the CPU's (expf/log1pf/sqrtf),
 //   so the selection matches the CPU's except where two biased scores differ
@@ -49,6 +50,7 @@ namespace {
 
 constexpr int k_route_threads = 256;
 constexpr int k_max_route_k = 64;
+constexpr int k_route_lane_experts = 8;  // E <= 256: the selection runs in one warp
 constexpr int64_t k_group_min_tokens = 16;  // prefill batches from this size group assignments by expert
 
 __device__ __forceinline__ float softplus_dev(float z) {
@@ -88,6 +90,45 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
       const int32_t id = ids[t];
       DEVICE_CHECK(id >= 0 && id < hash_rows);
       for (int i = 0; i < k; ++i) sel[i] = hash[static_cast<int64_t>(id) * hash_w + i];
+    }
+  } else if (E <= 32 * k_route_lane_experts) {
+    // Warp 0 alone, from registers: lane l holds experts l, l + 32, ...; each
+    // round takes the lane's best untaken expert, then a butterfly arg-max
+    // (route_better is a total order, so every lane ends with the same
+    // winner; lane 0's is broadcast all the same). No block barriers per
+    // round (the block-wide rounds below cost two each).
+    if (warp == 0) {
+      float v[k_route_lane_experts];
+#pragma unroll
+      for (int j = 0; j < k_route_lane_experts; ++j) {
+        const int e = lane + 32 * j;
+        v[j] = e < E ? (bias ? s[e] + bias[e] : s[e]) : 0.0f;
+      }
+      unsigned taken_bits = 0;  // bit j: expert lane + 32 j is taken
+      for (int i = 0; i < k; ++i) {
+        float bv = 0.0f;
+        int bi = -1;
+#pragma unroll
+        for (int j = 0; j < k_route_lane_experts; ++j) {
+          const int e = lane + 32 * j;
+          if (e < E && !((taken_bits >> j) & 1u) && route_better(v[j], e, bv, bi)) {
+            bv = v[j];
+            bi = e;
+          }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float ov = __shfl_xor_sync(k_full_mask, bv, o);
+          const int oi = __shfl_xor_sync(k_full_mask, bi, o);
+          if (route_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+          }
+        }
+        bi = __shfl_sync(k_full_mask, bi, 0);
+        if (bi >= 0 && (bi & 31) == lane) taken_bits |= 1u << (bi >> 5);
+        if (lane == 0) sel[i] = bi;
+      }
     }
   } else {
     for (int i = 0; i < k; ++i) {

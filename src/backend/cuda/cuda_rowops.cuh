@@ -34,33 +34,37 @@ RopeTable make_rope_table(const RopeParams& p);  // host; asserts n_rot <= 128
 // latencies (a single-block norm of 4096 took ~10 us that way). Longer rows
 // take the streaming loop; both give the same float operations.
 constexpr int k_norm_reg = 16;
+// The register path of block_rms_norm_row for a caller that already holds the
+// row: v[k] = x[threadIdx.x + k * blockDim.x] and wv[k] = w[same] (any value
+// past d; wv unused without w), d <= k_norm_reg * blockDim.x. Block-uniform.
+__device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)[k_norm_reg], const float (&wv)[k_norm_reg],
+                                                    bool has_w, int64_t d, float eps, double* red) {
+  const int64_t nt = blockDim.x;
+  double ss = 0.0;
+#pragma unroll
+  for (int k = 0; k < k_norm_reg; ++k)
+    if (threadIdx.x + k * nt < d) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+  ss = block_sum_double(ss, red);  // also orders every read of x before the writes below (out may alias x)
+  const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
+#pragma unroll
+  for (int k = 0; k < k_norm_reg; ++k) {
+    const int64_t i = threadIdx.x + k * nt;
+    if (i < d) out[i] = has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r);
+  }
+}
+
 __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, const float* w, int64_t d, float eps,
                                                    double* red) {
   const int64_t nt = blockDim.x;
   if (d <= k_norm_reg * nt) {
-    float v[k_norm_reg];
+    float v[k_norm_reg], wv[k_norm_reg];
 #pragma unroll
     for (int k = 0; k < k_norm_reg; ++k) {
       const int64_t i = threadIdx.x + k * nt;
       v[k] = i < d ? x[i] : 0.0f;
-    }
-    double ss = 0.0;
-#pragma unroll
-    for (int k = 0; k < k_norm_reg; ++k)
-      if (threadIdx.x + k * nt < d) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
-    ss = block_sum_double(ss, red);  // also orders every read of x before the writes below (out may alias x)
-    const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
-    float wv[k_norm_reg];
-#pragma unroll
-    for (int k = 0; k < k_norm_reg; ++k) {
-      const int64_t i = threadIdx.x + k * nt;
       wv[k] = (w && i < d) ? w[i] : 1.0f;
     }
-#pragma unroll
-    for (int k = 0; k < k_norm_reg; ++k) {
-      const int64_t i = threadIdx.x + k * nt;
-      if (i < d) out[i] = w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r);
-    }
+    block_rms_norm_regs(out, v, wv, w != nullptr, d, eps, red);
     return;
   }
   double ss = 0.0;
