@@ -23,7 +23,7 @@
 //    drifted to NMSE 3.5e-10 against the CPU (8,320 keys); this way 3e-13.
 //
 // Launch: grid (n tokens, ceil(H / HB), S), HB = 16 MT heads per block (MT = 2
-// when H >= 32, else 1; rows >= H are zero and never written), 256 threads,
+// when H >= 32 for prefill batches, else 1; rows >= H are zero and never written), 256 threads,
 // head width D a template argument. Prefill batches (n >= 8): S = 1, a block
 // walks all keys of its token and writes o. Smaller batches (decode): S = 16
 // key splits with the FFMA kernel's split geometry, each writing its running
@@ -49,7 +49,8 @@
 // 227 KB). Rows are padded by 16 bytes so that the 8 row addresses of every
 // ldmatrix fall in distinct bank groups.
 // Measured (H200, bench_cuda_ops, ctx 2,048): 2,048 tokens of a ratio-4 layer
-// in 3.1 ms, a decode step's layer in 18-30 us (FFMA kernel: 27-46 us); a whole
+// in 3.1 ms, a decode step's layer in 12.6-17.3 us with MT = 1 (MT = 2:
+// 15.1-20.9; FFMA kernel: 27-46 us); a whole
 // 2,048-token prefill batch spends 86 ms in attention (FFMA: 670 ms).
 // Nsight Compute: issue-limited by the per-tile work around the MMAs (key
 // decode, softmax, term splits), two warps per scheduler.
@@ -470,7 +471,9 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
     else if (d == 256) go(attention_mma_kernel<MT, 256>, MT);
     else go(attention_mma_kernel<MT, 512>, MT);
   };
-  if (H >= 32) by_width(std::integral_constant<int, 2>{});
+  // MT = 2 (32 heads per block) for prefill batches: each key tile serves more heads. Decode (S > 1): MT = 1,
+  // twice the blocks (Flash: 4 head groups x 16 splits = 64) with half the q staging and MMAs each.
+  if (H >= 32 && S == 1) by_width(std::integral_constant<int, 2>{});
   else by_width(std::integral_constant<int, 1>{});
   if (S > 1) launch_attention_combine(ctx, op.out.f32(), part_acc, part_ml, op.sinks.f32(), n, static_cast<int>(H), S, d);
 }
