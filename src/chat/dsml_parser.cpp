@@ -564,7 +564,9 @@ void DsmlParser::finish_value(std::vector<DsmlEvent>& ev) {
   if (leading_ws(v) == v.size()) {
     warn("parameter '" + param_name_ + "' has an empty non-string value; using null");
     emit_args("null", ev);
-  } else if (nlohmann::ordered_json::accept(v)) {
+  } else if (v.find('\0') == std::string::npos && nlohmann::ordered_json::accept(v)) {
+    // (nlohmann's lexer ends the input at a NUL byte: "2\0 junk" would pass accept() and then
+    // break the arguments object; raw control characters are never valid JSON outside strings.)
     emit_args(v, ev);
   } else {
     warn("parameter '" + param_name_ + "' is marked string=\"false\" but is not valid JSON; passed as a string");

@@ -68,6 +68,8 @@ SamplingParams resolve_sampling(const ChatRequest& r, ThinkingLevel level) {
 }
 
 bool satisfies_response_format(std::string_view content, ResponseFormat f) {
+  // nlohmann's lexer ends the input at a NUL byte ("{}\0junk" would parse); JSON never holds a raw NUL.
+  if (f != ResponseFormat::TEXT && content.find('\0') != std::string_view::npos) return false;
   switch (f) {
     case ResponseFormat::TEXT: return true;
     case ResponseFormat::JSON_OBJECT: {

@@ -5,6 +5,8 @@
 
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "chat/chat_cli.h"
 #include "chat/dsml_parser.h"
 #include "chat/markers.h"
@@ -316,6 +318,20 @@ TEST(DsmlParse, NonStringValuesAreAlwaysValidJson) {
   EXPECT_TRUE(has_warning(r.msg, "empty non-string"));
   EXPECT_TRUE(has_warning(r.msg, "'bad'"));
   EXPECT_TRUE(has_warning(r.msg, "'half'"));
+}
+
+TEST(DsmlParse, NulInANonStringValueIsNotJson) {
+  // nlohmann's accept() stops at a NUL byte, so "2\0 " once passed as the JSON value 2 followed by
+  // raw bytes that broke the arguments object (found by fuzz_dsml; corpus/fuzz_dsml/nul_in_json_value).
+  const std::string nul_num("2\0 ", 3), nul_obj("{\"recent\": true\0\x01}", 18);
+  ParseRun r = check_all_chunkings(
+      block(invoke("f", param("top_k", "false", nul_num) + "\n" + param("filters", "false", nul_obj))) + EOS,
+      ThinkingMode::CHAT);
+  ASSERT_EQ(r.msg.tool_calls.size(), 1u);
+  EXPECT_TRUE(nlohmann::json::accept(r.msg.tool_calls[0].arguments)) << r.msg.tool_calls[0].arguments;
+  EXPECT_EQ(r.msg.tool_calls[0].arguments, "{\"top_k\": \"2\\u0000 \", \"filters\": \"{\\\"recent\\\": true\\u0000\\u0001}\"}");
+  EXPECT_TRUE(has_warning(r.msg, "'top_k'"));
+  EXPECT_TRUE(has_warning(r.msg, "'filters'"));
 }
 
 TEST(DsmlParse, ZeroArgumentCallsAndEmptyBlocks) {

@@ -200,6 +200,9 @@ TEST(ServerPrepare, RendersWithTheOfficialEncoderAndTheRequestedMode) {
   EXPECT_FALSE(satisfies_response_format("[1]", ResponseFormat::JSON_OBJECT));
   EXPECT_FALSE(satisfies_response_format("```json\n{}\n```", ResponseFormat::JSON_OBJECT));
   EXPECT_TRUE(satisfies_response_format("[1]", ResponseFormat::JSON_SCHEMA));
+  // A NUL ends nlohmann's input: "{}\0junk" must not count as JSON.
+  EXPECT_FALSE(satisfies_response_format(std::string_view("{}\0junk", 7), ResponseFormat::JSON_OBJECT));
+  EXPECT_FALSE(satisfies_response_format(std::string_view("[1]\0junk", 8), ResponseFormat::JSON_SCHEMA));
 
   auto forced = prepare_openai_chat(J((std::string(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required", )") + tools + "}").c_str()), c.ctx);
   ASSERT_TRUE(forced.has_value());
