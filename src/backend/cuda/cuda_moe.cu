@@ -66,6 +66,20 @@ __device__ __forceinline__ bool route_better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
+// Arg-max of the lanes' (bv, bi) under route_better, butterfly: with a total
+// order (scores without NaN) every lane ends with the same winner.
+__device__ __forceinline__ void warp_route_best(float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(k_full_mask, bv, o);
+    const int oi = __shfl_xor_sync(k_full_mask, bi, o);
+    if (route_better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* experts, float* weights, const float* logits,
                                                                     const float* bias, const int32_t* hash,
                                                                     int64_t hash_rows, int64_t hash_w, const int32_t* ids,
@@ -93,10 +107,9 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
     }
   } else if (E <= 32 * k_route_lane_experts) {
     // Warp 0 alone, from registers: lane l holds experts l, l + 32, ...; each
-    // round takes the lane's best untaken expert, then a butterfly arg-max
-    // (route_better is a total order, so every lane ends with the same
-    // winner; lane 0's is broadcast all the same). No block barriers per
-    // round (the block-wide rounds below cost two each).
+    // round takes the lane's best untaken expert, then warp_route_best (lane
+    // 0's winner is broadcast, so a NaN score cannot split the lanes). No
+    // block barriers per round (the block-wide rounds below cost two each).
     if (warp == 0) {
       float v[k_route_lane_experts];
 #pragma unroll
@@ -116,15 +129,7 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
             bi = e;
           }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          const float ov = __shfl_xor_sync(k_full_mask, bv, o);
-          const int oi = __shfl_xor_sync(k_full_mask, bi, o);
-          if (route_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-          }
-        }
+        warp_route_best(bv, bi);
         bi = __shfl_sync(k_full_mask, bi, 0);
         if (bi >= 0 && (bi & 31) == lane) taken_bits |= 1u << (bi >> 5);
         if (lane == 0) sel[i] = bi;
@@ -142,15 +147,7 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
           bi = e;
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_down_sync(k_full_mask, bv, o);
-        const int oi = __shfl_down_sync(k_full_mask, bi, o);
-        if (route_better(ov, oi, bv, bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
+      warp_route_best(bv, bi);
       if (lane == 0) {
         red_v[warp] = bv;
         red_i[warp] = bi;
