@@ -107,6 +107,39 @@ void cases_moe(Harness& h) {
         }
       }
     }
+    // x over a wide range of magnitudes (a decode path that splits x with one
+    // scale per 32 values must keep each value's precision): whole vectors
+    // scaled by 1e-15 .. 1e15 (large ones saturate the SwiGLU clamp; the mid
+    // vector is the down input), and one (scale 0) mixing zero units, small and
+    // large units and a unit with one large value among small ones.
+    {
+      Bufs b(h);
+      const int64_t E = 8, F = 1024, D = 1024, k = 2;
+      Pair gate = b.random_weight(G::IQ2_XXS, Shape(D, F, E));
+      Pair up = b.random_weight(G::IQ2_XXS, Shape(D, F, E));
+      Pair down = b.random_weight(G::Q2_K, Shape(F, D, E));
+      const float unit_scales[] = {1.0f, 0.0f, 1e-3f, 1.0f, 30.0f, 1.0f, 1.0f, 0.25f};
+      for (float scale : {0.0f, 1e-15f, 1e-6f, 1e15f}) {
+        const int64_t n = scale == 0.0f ? 3 : 1;
+        std::vector<float> xv = random_normal(r, static_cast<size_t>(n * D));
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const size_t unit = i / 32;
+          if (scale != 0.0f) xv[i] *= scale;
+          else if (unit % 8 == 6 && i % 32 == 5) xv[i] = 1e4f;  // one large value, 31 small ones
+          else xv[i] *= unit_scales[unit % 8];
+        }
+        Pair x = b.f32(xv, Shape(D, n));
+        std::vector<int32_t> e(static_cast<size_t>(n * k));
+        for (auto& v : e) v = static_cast<int32_t>(r.below(E));
+        Pair ex = b.i32(e, Shape(k, n));
+        Pair wt = b.f32(random_uniform(r, static_cast<size_t>(n * k), 0.1f, 1.0f), Shape(k, n));
+        Pair out = b.out(GgmlType::F32, Shape(D, n));
+        h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, 10.0f, false});
+        h.gpu.moe_experts({out.g, x.g, gate.g, up.g, down.g, ex.g, wt.g, 10.0f, false});
+        h.report.nmse("moe_experts", scale == 0.0f ? std::string("IQ2_XXS/Q2_K x mixed unit ranges n=3") : strfmt("IQ2_XXS/Q2_K x scaled %g", scale),
+                      b.diff(out), k_thr_f32);
+      }
+    }
   }
 }
 

@@ -83,10 +83,12 @@ struct CudaContext {
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
-// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB.
+// Raises a kernel's dynamic shared-memory limit when it needs more than the
+// default 48 KiB (`bytes` dynamic plus its `static_bytes` of __shared__ variables).
 template <class Kernel>
-void allow_smem(Kernel k, size_t bytes) {
-  if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+void allow_smem(Kernel k, size_t bytes, size_t static_bytes = 0) {
+  if (bytes + static_bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 // ---------------------------------------------------------------------------

@@ -162,7 +162,7 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
     else f(matvec_kernel<T, R, S, false>, stage);
   };
   auto launch = [&](auto kernel, size_t smem) {
-    allow_smem(kernel, smem);
+    allow_smem(kernel, smem, k_block_tables_smem);
     launch_kernel(kernel, grid, 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units, cols, x, acc, ctx.tables);
   };
   bool stageable = UnitStaging<T>::chunk_bytes > 0;
@@ -178,7 +178,7 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
         int per_sm = 0;
         with_stages<T == GgmlType::Q8_0>(st, [&](auto stages_tag) {
           with_kernel(stages_tag, [&](auto kernel, size_t smem) {
-            allow_smem(kernel, smem);
+            allow_smem(kernel, smem, k_block_tables_smem);
             CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, smem));
           });
         });

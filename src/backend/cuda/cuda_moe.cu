@@ -377,7 +377,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
       const size_t stage_bytes = 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR, S>());
       auto launch = [&](auto kernel, size_t smem) {
-        allow_smem(kernel, smem);
+        allow_smem(kernel, smem, k_block_tables_smem);
         launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
             x_stride, x_div, ctx.tables);
       };

@@ -403,6 +403,8 @@ __device__ __forceinline__ void block_stage_x(float* dst, const float* x, int64_
 // warp's 32 grid look-ups in global memory touch up to 16 L1 lines; in shared
 // memory a few banks conflict at most). Every thread of the block calls it; the
 // caller synchronises before decoding. Other types: the tables as given.
+// Static shared memory of block_tables (allow_smem's static_bytes for kernels that call it).
+constexpr size_t k_block_tables_smem = 256 * sizeof(uint64_t);
 template <GgmlType T>
 __device__ __forceinline__ QuantTables block_tables(const QuantTables& tab) {
   if constexpr (T == GgmlType::IQ2_XXS) {
