@@ -113,6 +113,8 @@ class CudaBackend final : public Backend {
     ctx_.scratch = &scratch_;
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
+    const char* idot_env = std::getenv("DSV4_CUDA_IDOT");
+    ctx_.int_dot = ctx_.tensor_cores && !(idot_env && std::strcmp(idot_env, "0") == 0);
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
     const char* pdl_env = std::getenv("DSV4_CUDA_PDL");
     set_pdl_enabled(prop.major >= 9 && !(pdl_env && std::strcmp(pdl_env, "0") == 0));
@@ -122,10 +124,11 @@ class CudaBackend final : public Backend {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
-               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s; programmatic dependent launch %s",
+               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s; programmatic dependent launch %s",
                device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
                static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
-               ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", pdl_enabled() ? "on" : "off");
+               ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", ctx_.int_dot ? ", decode experts on integer dot products" : "",
+               pdl_enabled() ? "on" : "off");
     }
   }
 

@@ -30,9 +30,12 @@ struct CudaBackendOptions {
   // Print the device's properties (log_info) when the backend starts.
   bool print_properties = true;
   // Batched matmuls (prefill, grouped experts) of Q8_0/Q2_K/Q4_K/IQ2_XXS weights
-  // on tensor cores (sm_80+): within f32 rounding of the CPU, but not bitwise
-  // equal to the decode matvec. false: FFMA tiles that share the matvec's
-  // summation order, so chunked prefill, whole prefill and decode agree bitwise.
+  // on tensor cores (sm_80+), and the decode experts' IQ2_XXS/Q2_K rows as
+  // integer dot products with a digit-split x (cuda_idot.cuh; DSV4_CUDA_IDOT=0
+  // keeps them on the float matvec): within f32 rounding of the CPU, but not
+  // bitwise equal to the float matvec. false: FFMA tiles that share the
+  // matvec's summation order, so chunked prefill, whole prefill and decode
+  // agree bitwise.
   bool tensor_cores = true;
 };
 

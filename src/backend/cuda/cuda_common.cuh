@@ -79,6 +79,10 @@ struct CudaContext {
   // Prefill matmuls / grouped experts of block-quantised weights on tensor
   // cores (cuda_mma.cuh); false: the FFMA tiles (bitwise equal to the matvec).
   bool tensor_cores = false;
+  // Decode expert matvecs (IQ2_XXS, Q2_K) as integer dot products with a
+  // digit-split x (cuda_idot.cuh): on with tensor cores (the same f32-rounding
+  // contract); DSV4_CUDA_IDOT=0 turns it off (A/B, diagnosis).
+  bool int_dot = false;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -23,6 +23,10 @@
 //   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)); when gate
 //   and up share a layout, steps 1-3 are one kernel: each warp dots 2 gate
 //   and the same 2 up rows with x in one pass and writes mid directly.
+//   IQ2_XXS/Q2_K with tensor cores on (CudaContext::int_dot): x (then mid) is
+//   first split into integer digits (split_x_digits_kernel) and the rows are
+//   dotted with dp4a (cuda_idot.cuh): within f32 rounding of the CPU like the
+//   tensor-core tiles, not bitwise equal to the float matvec.
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
 //   block, one thread per expert) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
@@ -38,7 +42,9 @@
 //   rounding. Scratch: [n*k][2F + D] floats, the plan, the split x.
 //   CPU reference: cpu::moe_experts (cpu_moe.cpp).
 #include <algorithm>
+#include <type_traits>
 
+#include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -189,28 +195,50 @@ __device__ __forceinline__ float expert_mid(float g, float u, float w, float c) 
   return __fmul_rn(__fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up), w);
 }
 
+// How an expert matvec block reads x: straight from global memory, copied to
+// shared memory (cuda_quant.cuh, XShared), or split into integer digits for
+// integer dot products (cuda_idot.cuh; IQ2_XXS / Q2_K, staged rows, tensor
+// cores on). The block prologue (copy or split, the tables) overlaps the first
+// weight chunks in flight.
+enum class XMode { global, shared, digits };
+
 // out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
 // Pair (decode): W = gate, W2 = up, both dotted with the same x in one pass
 // (2RW rows per warp) and out[a, r] = expert_mid(g, u, weights[a]) directly.
-// XS: the block's x row is copied to shared memory first (cuda_quant.cuh, XShared).
-template <GgmlType T, int RW, int S, bool Pair, bool XS>
-__global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2,
-                                                            size_t row_bytes, int64_t n_units, int64_t E,
-                                                            const int32_t* experts, const float* weights, float clamp,
-                                                            const float* x, int64_t x_stride, int x_div, QuantTables tab) {
+// XMode::digits: xdig = the split x rows (n_units XDigits each); at least 3
+// blocks per SM (80 registers; the Q2_K down kernel had 106: 2 blocks). With
+// that and signed_codes' plain prmt a Flash decode step's experts went from
+// 47.7 to 45.9 us (bench_cuda_ops, 2026-12-01).
+template <GgmlType T, int RW, int S, bool Pair, XMode XM>
+__global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
+    expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2, size_t row_bytes, int64_t n_units, int64_t E,
+                         const int32_t* experts, const float* weights, float clamp, const float* x, int64_t x_stride, int x_div,
+                         const XDigits* xdig, QuantTables tab) {
   constexpr int NR = Pair ? 2 * RW : RW;
   constexpr int U = WeightUnit<T>::U;
-  // Dynamic shared memory: [x copy (XS)][8 x stage_bytes_per_warp<T, NR, S>()]
+  // Dynamic shared memory: [x copy (XShared floats) or split (XDigits)][8 x stage_bytes_per_warp<T, NR, S>()]
   extern __shared__ __align__(16) unsigned char ex_smem[];
   pdl_enter();  // before the expert ids (the prologue's second call returns at once)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
+  const size_t x_bytes = XM == XMode::shared    ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float)
+                         : XM == XMode::digits ? static_cast<size_t>(n_units) * sizeof(XDigits)
+                                               : 0;
   auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + warp * stage_bytes_per_warp<T, NR, S>());
   const int64_t a = blockIdx.x;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
   const float* xr = x + (a / x_div) * x_stride;
   QuantTables tb = tab;
-  auto prologue = [&] { matvec_block_prologue<T, XS>(reinterpret_cast<float*>(ex_smem), xr, n_units, tab, tb); };
+  // The IQ2_XXS selector tables (XMode::digits; a placeholder otherwise).
+  __shared__ std::conditional_t<T == GgmlType::IQ2_XXS && XM == XMode::digits, IdotTables, int> idot_tables;
+  auto prologue = [&] {
+    if constexpr (XM == XMode::digits) {
+      if constexpr (T == GgmlType::IQ2_XXS) block_idot_tables(idot_tables, tab);
+      block_copy_digits(reinterpret_cast<XDigits*>(ex_smem), xdig + (a / x_div) * n_units, n_units);
+      __syncthreads();
+    } else {
+      matvec_block_prologue<T, XM == XMode::shared>(reinterpret_cast<float*>(ex_smem), xr, n_units, tab, tb);
+    }
+  };
   if (r0 >= R) {  // whole warps; they still join the prologue
     prologue();
     return;
@@ -226,7 +254,9 @@ __global__ void __launch_bounds__(256) expert_matvec_kernel(float* out, int64_t 
     if constexpr (Pair) rp[RW + i] = w2 + off;
   }
   float s[NR];
-  if constexpr (XS)
+  if constexpr (XM == XMode::digits)
+    warp_rows_idot<T, NR, S>(rp, n_units, reinterpret_cast<const XDigits*>(ex_smem), lane, idot_tables, stage, s, prologue);
+  else if constexpr (XM == XMode::shared)
     warp_rows_dot<T, NR, S>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s, prologue);
   else
     warp_rows_dot<T, NR, S>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
@@ -349,8 +379,11 @@ unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((
 
 // out = W[e_a] · x per assignment; with `w2` (the up projection, same type and
 // shape as w = gate), out = expert_mid(gate, up, weights[a], clamp) instead.
+// digits: scratch for x's split (n_assign / x_div rows of cols / 32 XDigits)
+// when ctx.int_dot, else nullptr.
 void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const Tensor* w2, const int32_t* experts,
-                   int64_t n_assign, const float* x, int64_t x_stride, int x_div, const float* weights, float clamp) {
+                   int64_t n_assign, const float* x, int64_t x_stride, int x_div, const float* weights, float clamp,
+                   XDigits* digits) {
   const int64_t cols = w.ne[0], E = w.ne[2];
   DSV4_ASSERT((R + 31) / 32 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
   DSV4_ASSERT(n_assign <= 0x7fffffff, "moe_experts: too many assignments");
@@ -377,12 +410,23 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
       const size_t stage_bytes = 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR, S>());
       auto launch = [&](auto kernel, size_t smem) {
-        allow_smem(kernel, smem, k_block_tables_smem);
+        allow_smem(kernel, smem, std::max(sizeof(IdotTables), k_block_tables_smem));  // static: the tables
         launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
-            x_stride, x_div, ctx.tables);
+            x_stride, x_div, digits, ctx.tables);
       };
-      if (xs) launch(expert_matvec_kernel<T, RW, S, Pair, true>, x_bytes + stage_bytes);
-      else launch(expert_matvec_kernel<T, RW, S, Pair, false>, stage_bytes);
+      // Integer dot products with tensor cores on (agreement to f32 rounding, as the tiles):
+      // x split once (one warp per unit), then every block copies its row's split.
+      if constexpr (idot_type<T>() && S > 0) {
+        if (ctx.int_dot && digits) {
+          const int64_t x_rows = n_assign / x_div, units = cols / U;
+          launch_kernel(split_x_digits_kernel, ceil_div(x_rows * units, 8), 256, 0, ctx.stream, digits, x, x_stride, x_rows, units);
+          CUDA_CHECK_LAUNCH();
+          launch(expert_matvec_kernel<T, RW, S, Pair, XMode::digits>, static_cast<size_t>(units) * sizeof(XDigits) + stage_bytes);
+          return;
+        }
+      }
+      if (xs) launch(expert_matvec_kernel<T, RW, S, Pair, XMode::shared>, x_bytes + stage_bytes);
+      else launch(expert_matvec_kernel<T, RW, S, Pair, XMode::global>, stage_bytes);
     };
     using yes = std::true_type;
     using no = std::false_type;
@@ -528,8 +572,12 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const size_t plan_pad = grouped ? (plan_bytes(n_assign, E, tile) + 15) / 16 * 16 : 0;
   // Tensor cores split x ([n][D]) and mid ([n_assign][F]) in turn into one buffer.
   const int64_t split_units = grouped && ctx.tensor_cores ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
-  const size_t bytes = act_pad + plan_pad + mma_split_bytes(1, split_units);
+  // Decode with integer dot products: the split of x, then of mid, in turn.
+  const int64_t digit_units = !grouped && ctx.int_dot ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
+  const size_t split_pad = (mma_split_bytes(1, split_units) + 15) / 16 * 16;
+  const size_t bytes = act_pad + plan_pad + split_pad + static_cast<size_t>(digit_units) * sizeof(XDigits);
   float* g = static_cast<float*>(ctx.scratch->get(bytes, ctx.stream));
+  XDigits* digits = digit_units > 0 ? reinterpret_cast<XDigits*>(reinterpret_cast<uint8_t*>(g) + act_pad + plan_pad + split_pad) : nullptr;
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
   if (k > 0) {
@@ -547,14 +595,14 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
       if (op.gate.type == op.up.type && op.gate.row_bytes() == op.up.row_bytes()) {
-        expert_matvec(ctx, g, F, op.gate, &op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp);
+        expert_matvec(ctx, g, F, op.gate, &op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp, digits);
       } else {
-        expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f);
-        expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f);
+        expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f, digits);
+        expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f, digits);
         launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
         CUDA_CHECK_LAUNCH();
       }
-      expert_matvec(ctx, y, D, op.down, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f);
+      expert_matvec(ctx, y, D, op.down, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
     }
   }
   launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);

@@ -433,6 +433,58 @@ __device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float
   if constexpr (XS || T == GgmlType::IQ2_XXS) __syncthreads();
 }
 
+// The staged ring of the matvecs (requires can_stage<T>): chunk k (32 units
+// per row) of every row is copied to ring buffer k % S of `stage` (this warp's
+// S buffers of R * chunk_bytes, stage_bytes_per_warp<T, R, S>() bytes) with
+// coalesced wide cp.async copies; chunks c + 1 .. c + S - 1 are in flight while
+// the lanes consume chunk c from shared memory (S = 1: one buffer, no overlap
+// within the warp; the other warps of the SM hide the latency). For each
+// chunk, lane l < (units in the chunk) calls unit_fn(u = 32c + l, row_buf)
+// where row_buf(r) is the staged chunk of row r (unit u is unit l of it).
+// on_issued(): called once by every lane right after the first copies are in
+// flight (it may synchronise the block). Every lane of the warp must call it.
+template <GgmlType T, int R, int S, class OnIssued, class UnitFn>
+__device__ __forceinline__ void warp_rows_staged(const uint8_t* const (&rows)[R], int64_t n_units, int lane,
+                                                 typename UnitStaging<T>::Vec* stage, OnIssued&& on_issued, UnitFn&& unit_fn) {
+  using Vec = typename UnitStaging<T>::Vec;
+  constexpr int CB = UnitStaging<T>::chunk_bytes;
+  constexpr int SV = CB / static_cast<int>(sizeof(Vec));
+  static_assert(CB > 0 && S > 0, "no staging for this type");
+  const int64_t n_chunks = (n_units + 31) / 32;
+  // Copies chunk k's bytes of every row into ring buffer k % S as one commit
+  // group (an empty group past the last chunk, so that cp.async.wait_group
+  // S - 1 always means "chunk c has landed").
+  auto issue = [&](int64_t k) {
+    if (k < n_chunks) {
+      Vec* buf = stage + static_cast<int>(k % S) * R * SV;
+      // n units in this chunk; with can_stage, n*CB/32 is a whole number of vectors.
+      const int n = static_cast<int>(n_units - 32 * k < 32 ? n_units - 32 * k : 32);
+      const int nv = n * CB / 32 / static_cast<int>(sizeof(Vec));
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const Vec* src = reinterpret_cast<const Vec*>(rows[r] + k * CB);
+        for (int i = lane; i < nv; i += 32) cp_async_vec(buf + r * SV + i, src + i);
+      }
+    }
+    cp_async_commit();
+  };
+  if constexpr (S > 1) {
+    for (int k = 0; k < S - 1; ++k) issue(k);
+    on_issued();
+  }
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    issue(c + S - 1);  // into the buffer every lane finished with last step
+    if constexpr (S == 1)
+      if (c == 0) on_issued();
+    cp_async_wait<S - 1>();
+    __syncwarp();  // every lane's copies of chunk c are visible
+    const Vec* cur = stage + static_cast<int>(c % S) * R * SV;
+    const int n = static_cast<int>(n_units - 32 * c < 32 ? n_units - 32 * c : 32);
+    if (lane < n) unit_fn(32 * c + lane, [&](int r) { return reinterpret_cast<const uint8_t*>(cur + r * SV); });
+    __syncwarp();  // buffer c % S is refilled by a later step's issue
+  }
+}
+
 // Lane-strided dot products of R weight rows with one f32 vector x (n_units *
 // U floats, read through the XGlobal/XShared view xv); sums[i] is valid in lane
 // 0 (and garbage for i >= nr: those rows repeat rows[0] so that every lane runs
@@ -444,12 +496,8 @@ __device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float
 // on_issued(): called once by every lane right after the first weight loads are
 // in flight (the block prologue — staging x, tables — overlaps them; it may
 // synchronise the block).
-// S > 0 (staged): the unit bytes of each 32-unit chunk are copied to `stage`
-// (this warp's S shared buffers of R * stage_vecs<T>() vectors each,
-// stage_bytes_per_warp<T, R, S>() bytes; requires can_stage) with coalesced wide
-// cp.async copies through a ring: chunks c + 1 .. c + S - 1 are in flight while
-// the lanes decode chunk c from shared memory (S = 1: one buffer, no overlap
-// within the warp; the other warps of the SM hide the latency).
+// S > 0 (staged, requires can_stage): the units come through warp_rows_staged's
+// ring of shared-memory chunks.
 // Unstaged F32/F16/BF16 (one 16-byte vector per unit): 16 / R units per lane are
 // loaded into registers before any is used (the matrices that take this path
 // are small: without several loads in flight per lane they are latency-bound).
@@ -457,7 +505,6 @@ template <GgmlType T, int R, int S, class XView, class OnIssued>
 __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const XView& xv, int lane,
                                               const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R],
                                               OnIssued&& on_issued) {
-  using Vec = typename UnitStaging<T>::Vec;
   constexpr int U = WeightUnit<T>::U;
   float acc[R];
 #pragma unroll
@@ -475,47 +522,12 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
     }
   };
   if constexpr (S > 0) {
-    constexpr int CB = UnitStaging<T>::chunk_bytes;
-    constexpr int SV = CB / static_cast<int>(sizeof(Vec));
-    static_assert(CB > 0, "no staging for this type");
-    const int64_t n_chunks = (n_units + 31) / 32;
-    // Copies chunk k's bytes of every row into ring buffer k % S as one commit
-    // group (an empty group past the last chunk, so that cp.async.wait_group
-    // S - 1 always means "chunk c has landed").
-    auto issue = [&](int64_t k) {
-      if (k < n_chunks) {
-        Vec* buf = stage + static_cast<int>(k % S) * R * SV;
-        // n units in this chunk; with can_stage, n*CB/32 is a whole number of vectors.
-        const int n = static_cast<int>(n_units - 32 * k < 32 ? n_units - 32 * k : 32);
-        const int nv = n * CB / 32 / static_cast<int>(sizeof(Vec));
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const Vec* src = reinterpret_cast<const Vec*>(rows[r] + k * CB);
-          for (int i = lane; i < nv; i += 32) cp_async_vec(buf + r * SV + i, src + i);
-        }
-      }
-      cp_async_commit();
-    };
-    if constexpr (S > 1) {
-      for (int k = 0; k < S - 1; ++k) issue(k);
-      on_issued();
-    }
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      issue(c + S - 1);  // into the buffer every lane finished with last step
-      if constexpr (S == 1)
-        if (c == 0) on_issued();
-      cp_async_wait<S - 1>();
-      __syncwarp();  // every lane's copies of chunk c are visible
-      const Vec* cur = stage + static_cast<int>(c % S) * R * SV;
-      const int n = static_cast<int>(n_units - 32 * c < 32 ? n_units - 32 * c : 32);
-      if (lane < n)
-        fma_unit(32 * c + lane, [&](int r, float* w) {
-          const auto* buf = reinterpret_cast<const uint8_t*>(cur + r * SV);
-          if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(buf, lane, w);
-          else WeightUnit<T>::decode(buf, lane, w, tab);
-        });
-      __syncwarp();  // buffer c % S is refilled by a later step's issue
-    }
+    warp_rows_staged<T, R, S>(rows, n_units, lane, stage, on_issued, [&](int64_t u, auto&& row_buf) {
+      fma_unit(u, [&](int r, float* w) {
+        if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(row_buf(r), lane, w);
+        else WeightUnit<T>::decode(row_buf(r), lane, w, tab);
+      });
+    });
   } else if constexpr (T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16) {
     constexpr int B = R >= 16 ? 1 : 16 / R;  // units per lane in flight
     for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
