@@ -51,8 +51,9 @@ struct XDigits {
 static_assert(sizeof(XDigits) == 144, "XDigits layout");
 
 // dst[r * n_units + u] = the split of unit u of row r of x (rows x_stride
-// floats apart); one warp per unit, 8 per 256-thread block.
-__global__ void __launch_bounds__(256) split_x_digits_kernel(XDigits* __restrict__ dst, const float* __restrict__ x,
+// floats apart); one warp per unit, 8 per 256-thread block. (static: a kernel
+// defined in a header must not clash between the .cu files that include it.)
+static __global__ void __launch_bounds__(256) split_x_digits_kernel(XDigits* __restrict__ dst, const float* __restrict__ x,
                                                               int64_t x_stride, int64_t n_rows, int64_t n_units) {
   pdl_enter();
   const int lane = threadIdx.x & 31;
