@@ -36,6 +36,7 @@ struct Model::Scratch {
   Tensor sel;                  // [n, K_I] i32
   Tensor router, experts, weights;  // [n, E] f32, [n, k] i32, [n, k] f32
   Tensor sh_g, sh_u, sh_h;     // [n, F*shared]
+  Tensor sh_y;                 // [1, D]: the shared expert's output when it runs as a branch
   Tensor h, hn, logits;        // [n, D], [n, D], [n, V]
   Tensor mtp_e, mtp_y;         // MTP: [1, D], [1, hc, D]
   int64_t score_rows = 0;
@@ -49,7 +50,7 @@ Model::~Model() {
   Scratch& s = *sc_;
   for (Tensor* t : {&s.pos, &s.ids, &s.state, &s.u, &s.xn, &s.y, &s.ys, &s.post, &s.comb, &s.qa, &s.q, &s.kv, &s.o,
                     &s.la, &s.ckv, &s.cgate, &s.iq, &s.iw, &s.ikv, &s.igate, &s.scores, &s.sel, &s.router,
-                    &s.experts, &s.weights, &s.sh_g, &s.sh_u, &s.sh_h, &s.h, &s.hn, &s.logits, &s.mtp_e, &s.mtp_y})
+                    &s.experts, &s.weights, &s.sh_g, &s.sh_u, &s.sh_h, &s.sh_y, &s.h, &s.hn, &s.logits, &s.mtp_e, &s.mtp_y})
     backend_.free(*t);
 }
 
@@ -70,6 +71,7 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   s.xn = backend.alloc(G::F32, D, n);
   s.y = backend.alloc(G::F32, D, n);
   s.ys = backend.alloc(G::F32, D, n);
+  s.sh_y = backend.alloc(G::F32, D, 1);
   s.post = backend.alloc(G::F32, hc, n);
   s.comb = backend.alloc(G::F32, hc, hc, n);
   s.qa = backend.alloc(G::F32, S.q_lora_rank, n);
@@ -389,6 +391,23 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   const ModelSpec& P = spec_;
   Tensor xn = s.xn.rows(0, n);
   Tensor y = s.y.rows(0, n);
+  const float clamp = P.swiglu_clamp[std::min<size_t>(il, P.swiglu_clamp.size() - 1)];
+  // Shared expert (§6.5): independent of the routing. For one token on a
+  // backend that overlaps branches (CUDA) it runs as a branch beside the router
+  // and the routed experts — the router's small kernels leave most of the GPU
+  // idle — into sh_y, added to y after both (y + sh_y: the same single f32
+  // addition as the accumulating down projection, so the same bits);
+  // otherwise its down projection accumulates into y.
+  const bool shexp = static_cast<bool>(L[LT::FFN_GATE_SHEXP]);
+  Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
+  const bool branch = shexp && n == 1 && backend_.concurrent_branches();
+  if (branch) {
+    backend_.branch_begin();
+    project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
+    backend_.swiglu({h, g, u, clamp});
+    backend_.matmul({s.sh_y, L[LT::FFN_DOWN_SHEXP], h});
+    backend_.branch_end();
+  }
   // Router (§6.1–§6.3) and routed experts (§6.4).
   Tensor router = s.router.rows(0, n), experts = s.experts.rows(0, n), weights = s.weights.rows(0, n);
   backend_.matmul({router, L[LT::FFN_GATE_INP], xn});
@@ -402,11 +421,11 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   r.alpha = P.expert_weights_scale;
   r.normalize = P.expert_weights_norm;
   backend_.moe_route(r);
-  const float clamp = P.swiglu_clamp[std::min<size_t>(il, P.swiglu_clamp.size() - 1)];
   backend_.moe_experts({y, xn, L[LT::FFN_GATE_EXPS], L[LT::FFN_UP_EXPS], L[LT::FFN_DOWN_EXPS], experts, weights, clamp, false});
-  // Shared expert.
-  if (L[LT::FFN_GATE_SHEXP]) {
-    Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
+  if (branch) {
+    backend_.branch_join();
+    backend_.add({y, s.sh_y});  // y += W_down h
+  } else if (shexp) {
     project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
     backend_.swiglu({h, g, u, clamp});
     backend_.matmul({y, L[LT::FFN_DOWN_SHEXP], h, 1, /*accumulate=*/true});  // y += W_down h

@@ -334,6 +334,19 @@ class Backend {
   }
   virtual void drop_replay(uint64_t id) { (void)id; }
 
+  // Concurrent op sequences. Ops issued between branch_begin() and
+  // branch_end() (the branch) may run concurrently with the ops issued after
+  // branch_end() until branch_join(); the branch still runs after every op
+  // issued before branch_begin(), and the ops after branch_join() run after
+  // both. The caller keeps the two sequences independent: neither reads what
+  // the other writes. No nesting. Backends that run ops one after another
+  // ignore them (the default): results are the same.
+  // Whether branches actually overlap (a caller may restructure for it).
+  virtual bool concurrent_branches() const { return false; }
+  virtual void branch_begin() {}
+  virtual void branch_end() {}
+  virtual void branch_join() {}
+
   // Ops.
   virtual void embed(const EmbedOp& op) = 0;
   virtual void hc_pre(const HcPreOp& op) = 0;

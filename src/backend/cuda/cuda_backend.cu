@@ -100,6 +100,9 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, const cudaDeviceProp& prop, const CudaBackendOptions& opts) : device_(device), opts_(opts) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     // IQ2_XXS tables.
     CUDA_CHECK(cudaMalloc(&tables_mem_, 256 * sizeof(uint64_t) + 128));
     // On the op stream (a non-blocking stream does not wait for legacy-stream copies).
@@ -116,6 +119,8 @@ class CudaBackend final : public Backend {
     const char* idot_env = std::getenv("DSV4_CUDA_IDOT");
     ctx_.int_dot = ctx_.tensor_cores && !(idot_env && std::strcmp(idot_env, "0") == 0);
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
+    const char* branch_env = std::getenv("DSV4_CUDA_BRANCH");
+    branches_ = !(branch_env && std::strcmp(branch_env, "0") == 0);
     const char* pdl_env = std::getenv("DSV4_CUDA_PDL");
     set_pdl_enabled(prop.major >= 9 && !(pdl_env && std::strcmp(pdl_env, "0") == 0));
     name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
@@ -148,6 +153,9 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaEventDestroy(r.stop));
     }
     for (cudaEvent_t e : free_events_) CUDA_CHECK(cudaEventDestroy(e));
+    CUDA_CHECK(cudaEventDestroy(fork_ev_));
+    CUDA_CHECK(cudaEventDestroy(join_ev_));
+    CUDA_CHECK(cudaStreamDestroy(side_));
     CUDA_CHECK(cudaStreamDestroy(stream_));
   }
 
@@ -213,6 +221,7 @@ class CudaBackend final : public Backend {
   uint64_t capture_end() override {
     use_device();
     DSV4_ASSERT(capturing_, "capture_end without capture_begin");
+    DSV4_ASSERT(!in_branch_ && !branch_open_, "capture_end with a branch not joined");
     capturing_ = false;
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
@@ -221,6 +230,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGraphDestroy(graph));
     r.frees = frees_;
     r.scratch_gen = scratch_.generation();
+    r.side_scratch_gen = side_scratch_.generation();
     const uint64_t id = ++last_recording_;
     recordings_[id] = r;
     return id;
@@ -229,7 +239,9 @@ class CudaBackend final : public Backend {
     if (profiling_) return false;  // per-op events need eager launches
     auto it = recordings_.find(id);
     if (it == recordings_.end()) return false;
-    if (it->second.frees != frees_ || it->second.scratch_gen != scratch_.generation()) return false;  // the caller drops it
+    if (it->second.frees != frees_ || it->second.scratch_gen != scratch_.generation() ||
+        it->second.side_scratch_gen != side_scratch_.generation())
+      return false;  // the caller drops it
     use_device();
     CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
     return true;
@@ -240,6 +252,38 @@ class CudaBackend final : public Backend {
     use_device();
     CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
     recordings_.erase(it);
+  }
+
+  // Branches (Backend::branch_begin): the branch's ops go to a second stream
+  // that first waits for everything queued on the main stream (fork event),
+  // with a scratch buffer of its own; branch_join makes the main stream wait
+  // for the branch (join event). In a graph capture the two events become the
+  // graph's fork and join edges. Off while profiling (the per-op events time
+  // the main stream) and with DSV4_CUDA_BRANCH=0.
+  bool concurrent_branches() const override { return branches_ && !profiling_; }
+  void branch_begin() override {
+    DSV4_ASSERT(!in_branch_ && !branch_open_, "branch_begin inside a branch");
+    if (!branches_ || profiling_) return;
+    use_device();
+    CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(side_, fork_ev_, 0));
+    ctx_.stream = side_;
+    ctx_.scratch = &side_scratch_;
+    in_branch_ = true;
+  }
+  void branch_end() override {
+    if (!in_branch_) return;
+    CUDA_CHECK(cudaEventRecord(join_ev_, side_));
+    ctx_.stream = stream_;
+    ctx_.scratch = &scratch_;
+    in_branch_ = false;
+    branch_open_ = true;
+  }
+  void branch_join() override {
+    DSV4_ASSERT(!in_branch_, "branch_join before branch_end");
+    if (!branch_open_) return;
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, join_ev_, 0));
+    branch_open_ = false;
   }
 
   expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
@@ -457,11 +501,16 @@ class CudaBackend final : public Backend {
   std::vector<Record> records_;
   struct Recording {
     cudaGraphExec_t exec = nullptr;
-    uint64_t frees = 0, scratch_gen = 0;
+    uint64_t frees = 0, scratch_gen = 0, side_scratch_gen = 0;
   };
   std::unordered_map<uint64_t, Recording> recordings_;
   uint64_t last_recording_ = 0, frees_ = 0;
   bool capturing_ = false;
+  // Branches (branch_begin): the second stream, its fork/join events, state.
+  cudaStream_t side_ = nullptr;
+  DeviceScratch side_scratch_;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  bool branches_ = true, in_branch_ = false, branch_open_ = false;
   std::vector<cudaEvent_t> free_events_;
 
   // The CUDA current device is per host thread; the engine may be driven from another thread than the one that made it.
