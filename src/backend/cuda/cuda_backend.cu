@@ -118,9 +118,10 @@ class CudaBackend final : public Backend {
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
     const char* idot_env = std::getenv("DSV4_CUDA_IDOT");
     ctx_.int_dot = ctx_.tensor_cores && !(idot_env && std::strcmp(idot_env, "0") == 0);
-    // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
+    // Branches on a second stream (branch_begin); DSV4_CUDA_BRANCH=0 keeps every op on one stream.
     const char* branch_env = std::getenv("DSV4_CUDA_BRANCH");
     branches_ = !(branch_env && std::strcmp(branch_env, "0") == 0);
+    // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
     const char* pdl_env = std::getenv("DSV4_CUDA_PDL");
     set_pdl_enabled(prop.major >= 9 && !(pdl_env && std::strcmp(pdl_env, "0") == 0));
     name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
