@@ -6,6 +6,10 @@
 // a row count, a pointer into a growing buffer) instead of reading it from a
 // device tensor, the replayed steps would differ from a prefill of the same
 // tokens. Also: recordings go stale when memory is freed, sessions switch.
+// With branches advertised (Backend::concurrent_branches, the CUDA default),
+// the decode step issues the shared expert as a branch whose output is added
+// after the join instead of accumulated by its down projection: the decoded
+// logits must still equal the prefill's (which accumulates) bit for bit.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -27,9 +31,12 @@ namespace {
 
 // Wraps a backend; between capture_begin and capture_end every op is stored
 // (by value, with the tensors it names) rather than run.
+// With `branches`, it also advertises concurrent branches (running them in
+// order, as a CUDA stream pair may) and checks that they are well formed.
 class RecordingBackend final : public Backend {
  public:
-  explicit RecordingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
+  explicit RecordingBackend(std::unique_ptr<Backend> inner, bool branches = false)
+      : in_(std::move(inner)), branches_(branches) {}
   BackendKind kind() const override { return in_->kind(); }
   std::string name() const override { return "recording(" + in_->name() + ")"; }
   Tensor alloc(GgmlType type, int64_t n0, int64_t n1, int64_t n2, int64_t n3) override {
@@ -70,6 +77,7 @@ class RecordingBackend final : public Backend {
   }
   uint64_t capture_end() override {
     EXPECT_TRUE(recording_);
+    EXPECT_FALSE(in_branch_ || branch_open_) << "capture ends inside a branch";
     recording_ = false;
     const uint64_t id = ++last_;
     recs_[id] = {std::move(current_), frees_};
@@ -84,6 +92,23 @@ class RecordingBackend final : public Backend {
     return true;
   }
   void drop_replay(uint64_t id) override { recs_.erase(id); }
+
+  bool concurrent_branches() const override { return branches_; }
+  void branch_begin() override {
+    EXPECT_FALSE(in_branch_ || branch_open_) << "nested branch";
+    in_branch_ = true;
+    ++branches_begun_;
+  }
+  void branch_end() override {
+    EXPECT_TRUE(in_branch_) << "branch_end without branch_begin";
+    in_branch_ = false;
+    branch_open_ = true;
+  }
+  void branch_join() override {
+    EXPECT_TRUE(branch_open_ && !in_branch_) << "branch_join without a finished branch";
+    branch_open_ = false;
+    ++branches_joined_;
+  }
 
 #define DSV4_FORWARD_OP(NAME, TYPE) \
   void NAME(const TYPE& op) override { run([=, this] { in_->NAME(op); }); }
@@ -109,6 +134,8 @@ class RecordingBackend final : public Backend {
 
   int captures() const { return captures_; }
   int replays() const { return replays_; }
+  int branches_begun() const { return branches_begun_; }
+  int branches_joined() const { return branches_joined_; }
 
  private:
   void run(std::function<void()> f) {
@@ -125,6 +152,8 @@ class RecordingBackend final : public Backend {
   std::map<uint64_t, Rec> recs_;
   uint64_t last_ = 0, frees_ = 0;
   int captures_ = 0, replays_ = 0;
+  bool branches_ = false, in_branch_ = false, branch_open_ = false;
+  int branches_begun_ = 0, branches_joined_ = 0;
 };
 
 struct Tiny {
@@ -195,4 +224,31 @@ TEST(StepReplay, ReplayedDecodeEqualsPrefillAndGoesStaleOnFreeAndSwitch) {
   EXPECT_GE(be.replays(), 60);
   m.free_state(a);
   m.free_state(b);
+}
+
+TEST(StepReplay, DecodeWithBranchesEqualsPrefill) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  RecordingBackend be(make_cpu_backend(2), /*branches=*/true);
+  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  Model& m = **model;
+  ASSERT_GT(m.spec().n_expert_shared, 0u) << "the tiny preset has a shared expert";
+  const int64_t V = m.spec().n_vocab;
+  const size_t N = 24;
+  const std::vector<int32_t> t = tokens(N, m.spec().n_vocab, 9);
+  std::vector<float> want(N * V), lg(V);
+  KvState r = m.new_state(256);
+  ASSERT_TRUE(m.forward(r, t.data(), N, 0, want.data(), true).has_value());  // batched: no branches
+  EXPECT_EQ(be.branches_begun(), 0);
+  m.reset_state(r);
+  for (size_t i = 0; i < N; ++i) {
+    ASSERT_TRUE(m.forward(r, t.data() + i, 1, static_cast<int64_t>(i), lg.data(), false).has_value());
+    ASSERT_EQ(0, std::memcmp(lg.data(), want.data() + i * V, V * sizeof(float))) << "position " << i;
+  }
+  // Every layer's decode FFN branched whenever the step was issued (eagerly or recorded), and joined.
+  EXPECT_GE(be.branches_begun(), static_cast<int>(m.spec().n_layer));
+  EXPECT_EQ(be.branches_begun(), be.branches_joined());
+  EXPECT_GE(be.replays(), 1);
+  m.free_state(r);
 }
