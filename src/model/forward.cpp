@@ -400,11 +400,14 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   // otherwise its down projection accumulates into y.
   const bool shexp = static_cast<bool>(L[LT::FFN_GATE_SHEXP]);
   Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
+  auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xn, W_up xn)
+    project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
+    backend_.swiglu({h, g, u, clamp});
+  };
   const bool branch = shexp && n == 1 && backend_.concurrent_branches();
   if (branch) {
     backend_.branch_begin();
-    project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
-    backend_.swiglu({h, g, u, clamp});
+    shexp_hidden();
     backend_.matmul({s.sh_y, L[LT::FFN_DOWN_SHEXP], h});
     backend_.branch_end();
   }
@@ -426,8 +429,7 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
     backend_.branch_join();
     backend_.add({y, s.sh_y});  // y += W_down h
   } else if (shexp) {
-    project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
-    backend_.swiglu({h, g, u, clamp});
+    shexp_hidden();
     backend_.matmul({y, L[LT::FFN_DOWN_SHEXP], h, 1, /*accumulate=*/true});  // y += W_down h
   }
 }
