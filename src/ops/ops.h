@@ -340,8 +340,8 @@ class Backend {
   // issued before branch_begin(), and the ops after branch_join() run after
   // both. The caller keeps the two sequences independent: neither reads what
   // the other writes. No nesting. Backends that run ops one after another
-  // ignore them (the default): results are the same.
-  // Whether branches actually overlap (a caller may restructure for it).
+  // ignore them (the default): results are the same. concurrent_branches():
+  // whether they actually overlap (a caller may restructure its ops for it).
   virtual bool concurrent_branches() const { return false; }
   virtual void branch_begin() {}
   virtual void branch_end() {}

@@ -264,7 +264,7 @@ class CudaBackend final : public Backend {
   bool concurrent_branches() const override { return branches_ && !profiling_; }
   void branch_begin() override {
     DSV4_ASSERT(!in_branch_ && !branch_open_, "branch_begin inside a branch");
-    if (!branches_ || profiling_) return;
+    if (!concurrent_branches()) return;
     use_device();
     CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(side_, fork_ev_, 0));
