@@ -17,22 +17,9 @@ cd "$(dirname "$0")/.."
 FILE=${1:?usage: scripts/ptx-loops.sh FILE.cu KERNEL_REGEX [BUILD_DIR]}
 RE=${2:?usage: scripts/ptx-loops.sh FILE.cu KERNEL_REGEX [BUILD_DIR]}
 BUILD=${3:-build-cuda}
-[ -f "$BUILD/compile_commands.json" ] || { echo "ptx-loops: $BUILD/compile_commands.json missing (configure a DSV4_CUDA=ON build)" >&2; exit 2; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-CMD=$(python3 - "$BUILD/compile_commands.json" "$FILE" "$TMP/x.ptx" <<'PY'
-import json, re, sys
-cc, name, out = sys.argv[1:4]
-for e in json.load(open(cc)):
-    if e["file"].endswith("/" + name) or e["file"] == name:
-        c = re.sub(r" -o \S+", " -o " + out, e["command"]).replace(" -c ", " -ptx ")
-        c = re.sub(r"--generate-code=arch=compute_(\d+),code=\[[^\]]*\]", r"-arch=sm_\1", c)
-        print("cd " + e["directory"] + " && " + c)
-        break
-else:
-    sys.exit(f"ptx-loops: {name} is not in {cc}")
-PY
-)
+CMD=$(scripts/cuda-compile-cmd.py "$BUILD" "$FILE" "$TMP/x.ptx" --ptx) || { echo "ptx-loops: no compile command" >&2; exit 2; }
 PATH=/usr/local/cuda/bin:$PATH bash -c "$CMD"
 python3 - "$TMP/x.ptx" "$RE" <<'PY'
 import re, sys

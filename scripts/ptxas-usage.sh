@@ -12,18 +12,7 @@ cd "$(dirname "$0")/.."
 FILE=${1:?usage: scripts/ptxas-usage.sh FILE.cu [KERNEL_REGEX] [BUILD_DIR]}
 RE=${2:-.}
 BUILD=${3:-build-cuda}
-[ -f "$BUILD/compile_commands.json" ] || { echo "ptxas-usage: $BUILD/compile_commands.json missing (configure a DSV4_CUDA=ON build)" >&2; exit 2; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-CMD=$(python3 - "$BUILD/compile_commands.json" "$FILE" "$TMP/x.o" <<'PY'
-import json, re, sys
-cc, name, obj = sys.argv[1:4]
-for e in json.load(open(cc)):
-    if e["file"].endswith("/" + name) or e["file"] == name:
-        print("cd " + e["directory"] + " && " + re.sub(r" -o \S+", " -o " + obj, e["command"]) + " -Xptxas -v")
-        break
-else:
-    sys.exit(f"ptxas-usage: {name} is not in {cc}")
-PY
-)
+CMD=$(scripts/cuda-compile-cmd.py "$BUILD" "$FILE" "$TMP/x.o" -Xptxas -v) || { echo "ptxas-usage: no compile command" >&2; exit 2; }
 PATH=/usr/local/cuda/bin:$PATH bash -c "$CMD" 2>&1 | c++filt | grep -E "Compiling entry|Used|stack frame" | grep -A2 -E "Compiling entry.*($RE)" || true
