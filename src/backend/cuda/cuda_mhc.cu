@@ -12,12 +12,14 @@
 //              the group-0 warp also sums x̄^2 (double). Into scratch
 //              [n][S][n_mix] + [n][S]. Groups of 4 rows for small batches (a
 //              decode step, Flash: hc*D = 16384, n_mix = 24, runs 64 x 6
-//              warps over the 0.75 MiB of F16 fn), all rows for large ones
-//              (each state slice read once); the partials' bits do not depend
-//              on the grouping or the batch.
+//              warps over the 0.75 MiB of F16 fn; each warp loads its fn
+//              bytes before pdl_enter), all rows for large ones (each state
+//              slice read once); the partials' bits do not depend on the
+//              grouping or the batch.
 //           2. finalize: one block per token; the block copies the partials
-//              to shared memory, thread m combines mix row m's S partials in
-//              slice order, thread 0 the sum of squares; then (hc = 4) warp 1
+//              to shared memory, one warp per mix row (and one for the sum of
+//              squares) adds its S partials, lane-strided then the warp tree
+//              (combine_mix); then (hc = 4) warp 1
 //              forms the pre/post gates, and warp 0 runs Sinkhorn on the hc x hc
 //              matrix with one lane per entry (exactly cpu::sinkhorn's
 //              operations); u = sum_i pre_i X_i from X columns every thread
@@ -39,6 +41,7 @@
 // products and sums in the CPU's order, no contraction).
 // CPU reference: cpu::embed, cpu::hc_pre, cpu::hc_post, cpu::hc_head (cpu_mhc.cpp).
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_mhc.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -49,6 +52,8 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int k_mix_pass = 8;     // mix rows accumulated per pass over a slice
+constexpr int k_mix_pre = 4;      // groups of at most this many rows preload their weights (decode)
+constexpr int64_t k_finalize_tr_min = 16;  // larger batches: the finalize's transposed partials (combine_mix)
 constexpr int k_max_hc = 8;
 
 template <GgmlType T>
@@ -82,21 +87,37 @@ constexpr int k_mix_slice = 32 * k_mix_lane;
 // order (one fmaf chain) and warp_sum adds the 32 lane sums in a fixed tree;
 // the group-0 warp also sums x̄^2 in double the same way. Every partial is the
 // same sequence of operations whatever the batch size or the grouping.
-template <GgmlType T>
+template <GgmlType T, bool Pre>
 __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
                                                              size_t fn_row_bytes, int n_mix, int S, int rows,
                                                              float* part_dot, double* part_ss, QuantTables tab) {
-  pdl_enter();
   constexpr int U = WeightUnit<T>::U, E = k_mix_lane;
   static_assert(E % U == 0, "a lane's elements are whole units");
   const int lane = threadIdx.x & 31;
   const int n_groups = (n_mix + rows - 1) / rows;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (w >= n * S * n_groups) return;  // whole warps
+  if (w >= n * S * n_groups) {  // whole warps
+    pdl_enter();
+    return;
+  }
   const int grp = static_cast<int>(w % n_groups);
   const int64_t s = (w / n_groups) % S, t = w / n_groups / S;
   const int64_t e0 = s * k_mix_slice + static_cast<int64_t>(lane) * E;
   const bool in = e0 < len;  // len % 8 == 0 (launcher)
+  const int m0 = grp * rows, m1 = min(n_mix, m0 + rows);
+  // Pre (groups of <= k_mix_pre rows: decode): the lane's weight units of
+  // every row are loaded before pdl_enter() (fn is a constant weight), so
+  // their latency overlaps the predecessor instead of following the state load.
+  uint4 wv_pre[Pre ? k_mix_pre : 1][E / U];
+  if (Pre && in) {
+#pragma unroll
+    for (int k = 0; k < k_mix_pre; ++k)
+      if (m0 + k < m1)
+#pragma unroll
+        for (int u = 0; u < E / U; ++u)
+          wv_pre[k][u] = ld(reinterpret_cast<const uint4*>(fn + static_cast<int64_t>(m0 + k) * fn_row_bytes) + e0 / U + u);
+  }
+  pdl_enter();
   float xv[E];
   if (in) {
     load_f32x4s(state + t * len + e0, xv);
@@ -111,60 +132,104 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
     ss = warp_sum_double(ss);
     if (lane == 0) part_ss[t * S + s] = ss;
   }
-  const int m0 = grp * rows, m1 = min(n_mix, m0 + rows);
-  for (int mb = m0; mb < m1; mb += k_mix_pass) {
-    float acc[k_mix_pass];
+  if constexpr (Pre) {  // one pass over the preloaded rows: the same operations as the loop below
+    float acc[k_mix_pre];
 #pragma unroll
-    for (int k = 0; k < k_mix_pass; ++k) {
+    for (int k = 0; k < k_mix_pre; ++k) {
       acc[k] = 0.0f;
-      if (mb + k < m1 && in) {
-        const uint8_t* row = fn + static_cast<int64_t>(mb + k) * fn_row_bytes;
+      if (m0 + k < m1 && in) {
 #pragma unroll
         for (int u = 0; u < E / U; ++u) {
           float wv[U];
-          WeightUnit<T>::decode(row, e0 / U + u, wv, tab);
+          WeightUnit<T>::decode_vec(wv_pre[k][u], wv);
 #pragma unroll
           for (int j = 0; j < U; ++j) acc[k] = fmaf(wv[j], xv[u * U + j], acc[k]);
         }
       }
     }
 #pragma unroll
-    for (int k = 0; k < k_mix_pass; ++k) {
-      if (mb + k >= m1) break;  // uniform across the warp
+    for (int k = 0; k < k_mix_pre; ++k) {
+      if (m0 + k >= m1) break;  // uniform across the warp
       const float v = warp_sum(acc[k]);
-      if (lane == 0) part_dot[(t * S + s) * n_mix + mb + k] = v;
+      if (lane == 0) part_dot[(t * S + s) * n_mix + m0 + k] = v;
+    }
+  } else {
+    for (int mb = m0; mb < m1; mb += k_mix_pass) {
+      float acc[k_mix_pass];
+#pragma unroll
+      for (int k = 0; k < k_mix_pass; ++k) {
+        acc[k] = 0.0f;
+        if (mb + k < m1 && in) {
+          const uint8_t* row = fn + static_cast<int64_t>(mb + k) * fn_row_bytes;
+#pragma unroll
+          for (int u = 0; u < E / U; ++u) {
+            float wv[U];
+            WeightUnit<T>::decode(row, e0 / U + u, wv, tab);
+#pragma unroll
+            for (int j = 0; j < U; ++j) acc[k] = fmaf(wv[j], xv[u * U + j], acc[k]);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < k_mix_pass; ++k) {
+        if (mb + k >= m1) break;  // uniform across the warp
+        const float v = warp_sum(acc[k]);
+        if (lane == 0) part_dot[(t * S + s) * n_mix + mb + k] = v;
+      }
     }
   }
 }
 
-// mix[m] = rho * (sum over slices of the dot partials), slice order; rho from
-// the double partials. Called by every thread of the block (thread m sums row
-// m; needs blockDim.x >= n_mix); ends with the block synchronised. `sm`:
-// dynamic shared memory of finalize_smem(S, n_mix) bytes: the partials are
-// first copied there by the whole block (coalesced, all loads in flight), so
-// the ordered per-row sums read shared memory instead of making S dependent
-// global round trips.
+// mix[m] = rho * (sum over slices of the dot partials); rho from the double
+// partials. Called by every thread of the block (blockDim.x a multiple of 32,
+// >= n_mix); ends with the block synchronised. `sm`: dynamic shared memory of
+// finalize_smem(S, n_mix) bytes: the partials are first copied there by the
+// whole block (coalesced global loads, all in flight); then warp w sums rows
+// w, w + warps, ... (and, as row n_mix, the squares): lane l adds slices l,
+// l + 32, ... in order, then the warp tree (warp_sum). The order is fixed, so
+// the result never depends on the batch or on the layout. Layouts of the
+// copy: Tr (large batches, throughput) transposes the dot partials to
+// [n_mix][S + 1] (the odd row stride keeps both the copy's stores and the
+// sums' loads free of bank conflicts); !Tr (decode, latency) keeps [S][n_mix]
+// (8-way conflicts at n_mix = 24 on 2 loads per lane, but no index divisions
+// on the copy). (Before 2026-12-01 thread m added its row's S partials one
+// after another: a chain of S = 64 dependent shared-memory loads and adds on
+// every decode call's critical path.)
 __host__ __device__ constexpr size_t finalize_smem(int S, int n_mix) {
-  return static_cast<size_t>(S) * sizeof(double) + static_cast<size_t>(S) * static_cast<size_t>(n_mix) * sizeof(float);
+  return static_cast<size_t>(S) * sizeof(double) +
+         static_cast<size_t>(S + 1) * static_cast<size_t>(n_mix) * sizeof(float);
 }
+template <bool Tr>
 __device__ void combine_mix(const float* part_dot, const double* part_ss, int64_t t, int S, int n_mix, int64_t len,
                             float norm_eps, float* mix, float* rho_shared, unsigned char* sm) {
   double* ss_s = reinterpret_cast<double*>(sm);
   float* dot_s = reinterpret_cast<float*>(sm + static_cast<size_t>(S) * sizeof(double));
   for (int i = threadIdx.x; i < S; i += blockDim.x) ss_s[i] = part_ss[t * S + i];
-  for (int i = threadIdx.x; i < S * n_mix; i += blockDim.x) dot_s[i] = part_dot[t * S * n_mix + i];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double ss = 0.0;
-    for (int s = 0; s < S; ++s) ss += ss_s[s];
-    *rho_shared = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(len) + static_cast<double>(norm_eps)));
+  for (int i = threadIdx.x; i < S * n_mix; i += blockDim.x) {
+    if constexpr (Tr) {
+      const int sl = i / n_mix, m = i - sl * n_mix;
+      dot_s[m * (S + 1) + sl] = part_dot[t * S * n_mix + i];
+    } else {
+      dot_s[i] = part_dot[t * S * n_mix + i];
+    }
   }
-  float d = 0.0f;
-  const int m = static_cast<int>(threadIdx.x);
-  if (m < n_mix)
-    for (int s = 0; s < S; ++s) d = __fadd_rn(d, dot_s[s * n_mix + m]);
   __syncthreads();
-  if (m < n_mix) mix[m] = __fmul_rn(*rho_shared, d);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  for (int m = warp; m <= n_mix; m += n_warps) {  // warp-uniform
+    if (m < n_mix) {
+      float d = 0.0f;
+      for (int sl = lane; sl < S; sl += 32) d = __fadd_rn(d, Tr ? dot_s[m * (S + 1) + sl] : dot_s[sl * n_mix + m]);
+      d = warp_sum(d);
+      if (lane == 0) mix[m] = d;
+    } else {
+      double ss = 0.0;
+      for (int sl = lane; sl < S; sl += 32) ss += ss_s[sl];
+      ss = warp_sum_double(ss);
+      if (lane == 0) *rho_shared = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(len) + static_cast<double>(norm_eps)));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < n_mix) mix[threadIdx.x] = __fmul_rn(*rho_shared, mix[threadIdx.x]);
   __syncthreads();
 }
 
@@ -231,6 +296,7 @@ __device__ float sinkhorn_warp4(float v, float eps, int iters) {
   return v;
 }
 
+template <bool Tr>
 __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
                                        const double* part_ss, const float* scale, const float* base, float norm_eps,
                                        float hc_eps, int iters, float* u, float* post, float* comb, float* xn,
@@ -261,7 +327,7 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
       wr[k] = (xn_w && d < D) ? xn_w[d] : 1.0f;
     }
   }
-  combine_mix(part_dot, part_ss, t, S, n_mix, hc * D, norm_eps, mix, &rho, fin_sm);
+  combine_mix<Tr>(part_dot, part_ss, t, S, n_mix, hc * D, norm_eps, mix, &rho, fin_sm);
   float* po = post + t * hc;
   float* co = comb + t * hc * hc;
   const float* cm = mix + 2 * hc;  // the comb logits
@@ -342,6 +408,7 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
   }
 }
 
+template <bool Tr>
 __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
                                         const double* part_ss, const float* scale, const float* base, float norm_eps,
                                         float hc_eps, float* h) {
@@ -350,7 +417,7 @@ __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, i
   __shared__ float mix[k_max_hc];
   __shared__ float rho;
   const int64_t t = blockIdx.x;
-  combine_mix(part_dot, part_ss, t, S, hc, hc * D, norm_eps, mix, &rho, fin_sm);
+  combine_mix<Tr>(part_dot, part_ss, t, S, hc, hc * D, norm_eps, mix, &rho, fin_sm);
   if (threadIdx.x == 0) {
     for (int i = 0; i < hc; ++i) mix[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
   }
@@ -413,9 +480,14 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
         n_mix, S, rows, *part_dot, *part_ss, ctx.tables);
     CUDA_CHECK_LAUNCH();
   };
-  if (fn.type == GgmlType::F32) go(hc_mix_partial_kernel<GgmlType::F32>);
-  else if (fn.type == GgmlType::F16) go(hc_mix_partial_kernel<GgmlType::F16>);
-  else go(hc_mix_partial_kernel<GgmlType::BF16>);
+  auto go_type = [&](auto pre_tag) {
+    constexpr bool Pre = decltype(pre_tag)::value;
+    if (fn.type == GgmlType::F32) go(hc_mix_partial_kernel<GgmlType::F32, Pre>);
+    else if (fn.type == GgmlType::F16) go(hc_mix_partial_kernel<GgmlType::F16, Pre>);
+    else go(hc_mix_partial_kernel<GgmlType::BF16, Pre>);
+  };
+  if (rows <= k_mix_pre) go_type(std::true_type{});
+  else go_type(std::false_type{});
   return S;
 }
 
@@ -448,11 +520,15 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);
   const size_t smem = finalize_smem(S, n_mix);
-  allow_smem(hc_pre_finalize_kernel, smem);
-  launch_kernel(hc_pre_finalize_kernel, static_cast<unsigned>(n), 256, smem, ctx.stream,
-      op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
-      op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
-      op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
+  auto go = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    launch_kernel(kernel, static_cast<unsigned>(n), 256, smem, ctx.stream,
+        op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
+        op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
+        op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
+  };
+  if (n > k_finalize_tr_min) go(hc_pre_finalize_kernel<true>);  // the same bits either way (combine_mix)
+  else go(hc_pre_finalize_kernel<false>);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -465,10 +541,14 @@ void launch_hc_head(const CudaContext& ctx, const HcHeadOp& op) {
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, static_cast<int>(hc), &part_dot, &part_ss);
   const size_t smem = finalize_smem(S, static_cast<int>(hc));
-  allow_smem(hc_head_finalize_kernel, smem);
-  launch_kernel(hc_head_finalize_kernel, static_cast<unsigned>(n), 256, smem, ctx.stream, op.state.f32(), D, static_cast<int>(hc), S,
-      part_dot, part_ss, op.scale.f32(), op.base.f32(),
-      op.norm_eps, op.hc_eps, op.h.f32());
+  auto go = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    launch_kernel(kernel, static_cast<unsigned>(n), 256, smem, ctx.stream, op.state.f32(), D, static_cast<int>(hc), S,
+        part_dot, part_ss, op.scale.f32(), op.base.f32(),
+        op.norm_eps, op.hc_eps, op.h.f32());
+  };
+  if (n > k_finalize_tr_min) go(hc_head_finalize_kernel<true>);
+  else go(hc_head_finalize_kernel<false>);
   CUDA_CHECK_LAUNCH();
 }
 
