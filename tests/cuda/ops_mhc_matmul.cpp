@@ -139,11 +139,25 @@ void cases_matmul(Harness& h) {
       {G::F16, 300, 96, 1, {2, 40, 70}, false, "f16 on tensor cores, 3 units per row"},
       {G::F16, 256, 512, 2, {23}, false, "f16 grouped x2"},
       {G::F16, 64, 256, 1, {9, 20}, false, "f16, |x| ~ 1e-6", 1e-6f},
+      // batches of >= 128 tokens: one cuBLAS GEMM on hi/lo splits when libcublas loads (cuda_gemm.cu),
+      // else the tile again; K' = 3 cols, scales per row and per token
+      {G::Q8_0, 64, 256, 1, {128, 130}, false, "q8_0, GEMM path"},
+      {G::Q8_0, 128, 256, 2, {150}, false, "q8_0 grouped x2, GEMM path"},
+      {G::IQ2_XXS, 256, 512, 1, {129}, false, "iq2_xxs, GEMM path"},
+      {G::Q2_K, 260, 256, 1, {140}, false, "q2_k, rows % 8 = 4, GEMM path"},
+      {G::Q4_K, 96, 256, 3, {128}, false, "q4_k grouped x3, GEMM path"},
+      {G::F16, 300, 96, 1, {200}, false, "f16, GEMM path"},
+      {G::Q8_0, 64, 256, 1, {130}, false, "q8_0, |x| ~ 1e30, GEMM path", 1e30f},
+      {G::Q2_K, 256, 256, 1, {131}, false, "q2_k, |x| ~ 1e-6, GEMM path", 1e-6f},
+      {G::IQ2_XXS, 256, 256, 1, {132}, false, "iq2_xxs, |x| ~ 1e6, GEMM path", 1e6f},
+      {G::F16, 64, 256, 1, {133}, false, "f16, |x| ~ 1e-15, GEMM path", 1e-15f},
+      {G::Q8_0, 64, 1024, 1, {130}, false, "q8_0, GEMM in 2 K slices"},
+      {G::IQ2_XXS, 64, 4096, 1, {128}, false, "iq2_xxs, GEMM in 6 K slices"},
       // DeepSeek V4 Flash shapes
       {G::Q8_0, 1024, 4096, 1, {1, 3}, true, "flash attn_q_a"},
       {G::Q8_0, 32768, 1024, 1, {1, 2, 64}, true, "flash attn_q_b"},
-      {G::Q8_0, 8192, 4096, 8, {1, 2}, true, "flash attn_output_a (8 groups)"},
-      {G::Q8_0, 4096, 8192, 1, {1}, true, "flash attn_output_b"},
+      {G::Q8_0, 8192, 4096, 8, {1, 2, 256}, true, "flash attn_output_a (8 groups)"},
+      {G::Q8_0, 4096, 8192, 1, {1, 256}, true, "flash attn_output_b"},
       {G::Q8_0, 4096, 2048, 1, {1, 5}, true, "flash shared expert down"},
       {G::Q8_0, 512, 4096, 1, {1}, true, "flash attn_kv"},
       {G::Q8_0, 129280, 4096, 1, {1, 2}, true, "flash output head"},
@@ -186,6 +200,26 @@ void cases_matmul(Harness& h) {
         report_batch_invariance(h, "matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
       }
     }
+  }
+
+  // x with units of very different ranges in a batch of 130 tokens (the GEMM path scales per token, not
+  // per unit: one 1e4 among values ~1e-3, and zero units).
+  {
+    Bufs b(h);
+    const int64_t rows = 64, cols = 2048, n = 130;
+    Pair w = b.random_weight(G::Q8_0, Shape(cols, rows));
+    const float unit_scales[] = {1.0f, 0.0f, 1e-3f, 1.0f, 30.0f, 1.0f, 1.0f, 0.25f};
+    std::vector<float> xv = random_normal(r, static_cast<size_t>(cols * n));
+    for (size_t i = 0; i < xv.size(); ++i) {
+      const size_t unit = (i % cols) / 32;
+      if (unit % 8 == 6 && i % 32 == 5) xv[i] = 1e4f;
+      else xv[i] *= unit_scales[unit % 8];
+    }
+    Pair x = b.f32(xv, Shape(cols, n));
+    Pair out = b.out(GgmlType::F32, Shape(rows, n));
+    h.cpu.matmul({out.c, w.c, x.c});
+    h.gpu.matmul({out.g, w.g, x.g});
+    h.report.nmse("matmul", "Q8_0 [64,2048] n=130 (x mixed unit ranges)", b.diff(out), k_thr_f32);
   }
 
   // MatmulsOp: several matrices of one x (one kernel for a token when they share type and width):

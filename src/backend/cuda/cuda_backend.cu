@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_compress.cuh"
 #include "backend/cuda/cuda_dense.cuh"
@@ -118,6 +119,17 @@ class CudaBackend final : public Backend {
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
     const char* idot_env = std::getenv("DSV4_CUDA_IDOT");
     ctx_.int_dot = ctx_.tensor_cores && !(idot_env && std::strcmp(idot_env, "0") == 0);
+    // cuBLAS for the prefill matmuls (cuda_gemm.cu), when libcublas loads: with tensor cores only (the same
+    // contract); DSV4_CUBLAS=0 turns it off, DSV4_CUDA_GEMM_MIN_TOKENS=N moves its threshold (default 128).
+    std::string blas_why = "tensor cores off";
+    if (ctx_.tensor_cores) blas_ = Blas::load(&blas_why);
+    ctx_.blas = blas_.get();
+    if (const char* e = std::getenv("DSV4_CUDA_GEMM_MIN_TOKENS")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      DSV4_ASSERT(end != e && *end == 0 && v >= 2, "DSV4_CUDA_GEMM_MIN_TOKENS=%s: want a whole number >= 2", e);
+      ctx_.gemm_min_tokens = v;
+    }
     // Branches on a second stream (branch_begin); DSV4_CUDA_BRANCH=0 keeps every op on one stream.
     const char* branch_env = std::getenv("DSV4_CUDA_BRANCH");
     branches_ = !(branch_env && std::strcmp(branch_env, "0") == 0);
@@ -130,11 +142,14 @@ class CudaBackend final : public Backend {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
-               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s; programmatic dependent launch %s",
+               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s; programmatic dependent launch %s; %s",
                device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
                static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
                ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", ctx_.int_dot ? ", decode experts on integer dot products" : "",
-               pdl_enabled() ? "on" : "off");
+               pdl_enabled() ? "on" : "off",
+               blas_ ? strfmt("matmuls of >= %lld tokens on %s", static_cast<long long>(ctx_.gemm_min_tokens),
+                              blas_->library().c_str()).c_str()
+                     : ("cuBLAS not used: " + blas_why).c_str());
     }
   }
 
@@ -270,6 +285,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamWaitEvent(side_, fork_ev_, 0));
     ctx_.stream = side_;
     ctx_.scratch = &side_scratch_;
+    ctx_.blas = nullptr;  // its workspace belongs to the main stream's work
     in_branch_ = true;
   }
   void branch_end() override {
@@ -277,6 +293,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaEventRecord(join_ev_, side_));
     ctx_.stream = stream_;
     ctx_.scratch = &scratch_;
+    ctx_.blas = blas_.get();
     in_branch_ = false;
     branch_open_ = true;
   }
@@ -578,6 +595,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   void* tables_mem_ = nullptr;
   DeviceScratch scratch_;
+  std::unique_ptr<Blas> blas_;
   CudaContext ctx_;
   std::mutex mu_;
   std::unordered_map<void*, size_t> allocs_;

@@ -70,6 +70,8 @@ class DeviceScratch {
   uint64_t generation_ = 0;
 };
 
+class Blas;  // cuda_blas.h
+
 // Everything a launcher needs besides the op itself.
 struct CudaContext {
   cudaStream_t stream = nullptr;
@@ -83,6 +85,10 @@ struct CudaContext {
   // digit-split x (cuda_idot.cuh): on with tensor cores (the same f32-rounding
   // contract); DSV4_CUDA_IDOT=0 turns it off (A/B, diagnosis).
   bool int_dot = false;
+  // cuBLAS for the prefill matmuls of at least gemm_min_tokens tokens
+  // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.
+  Blas* blas = nullptr;
+  int64_t gemm_min_tokens = 128;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -47,6 +47,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_tile.cuh"
@@ -308,6 +309,7 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
   DSV4_ASSERT(rows % groups == 0, "matmul: rows not divisible by groups");
   DSV4_ASSERT(op.x.type == GgmlType::F32 && op.out.type == GgmlType::F32, "matmul: activations must be F32");
   if (n == 0 || rows == 0) return;
+  if (n > 1 && launch_matmul_gemm(ctx, op)) return;  // cuBLAS (cuda_gemm.cu) when it applies
   const int64_t rows_per_group = rows / groups;
   const int64_t x_stride = cols * groups;
   const bool x_aligned = reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 && x_stride % 4 == 0;

@@ -1,0 +1,249 @@
+// Prefill matmuls as one f16 tensor-core GEMM through cuBLAS.
+//
+//   out[t, r] (+)= sum_c W[r, c] x[t, g(r) cols + c]      W [rows, cols] block-quantised or F16, G groups
+//
+// Why: the hand-written tensor-core tile (cuda_mma.cuh) applies each 32-element
+// unit's scale in f32 after two MMAs, so it issues ~12 instructions per MMA and
+// runs the Flash prefill matmuls at ~70 TFLOP/s (bench_cuda_ops --n 2048, one
+// H200). Decoded to plain numbers, W and x can go through cuBLAS's tensor-core
+// GEMM, whose K loop is all MMAs.
+//
+// Exact splits. A decoded weight w (an f32 value, exactly quant::dequantize_row's)
+// and an x value are each scaled by a power of two and split into two f16s:
+//   per weight row r: e_r with max_c |W[r, c]| 2^e_r in [2^14, 2^15);  w' = w 2^e_r
+//   per token t:      e_t with max_i |x[t, i]| 2^e_t in [2^14, 2^15);  x' = x 2^e_t
+//   hi = f16(v'), lo = f16(v' - hi)     (v' - hi is exact in f32; v' = hi + lo to ~22 bits)
+// The GEMM sums three products over K' = 3 cols, as
+//   A'[r] = [w_hi | w_lo | w_hi],  B'[t, g] = [x_hi | x_hi | x_lo]
+//   C[t, r] = sum_c (w_hi x_hi + w_lo x_hi + w_hi x_lo)     (w_lo x_lo, ~2^-22 relative, dropped)
+// and the epilogue undoes the scales exactly: out = ldexp(C, -(e_r + e_t)) (+ out).
+// Accuracy: products within ~2^-21 of f32's. The tensor cores add into their
+// f32 accumulators with truncation (round toward zero), a bias that grows
+// with the length of the accumulation chain: one GEMM over K' = 12,288
+// (Flash attn_output_a, 256 tokens) measured NMSE 4.4e-10 against the CPU, 2e-12
+// at K' = 768. So K' is cut into S slices of at most k_gemm_slice (2,048) and
+// the slices run as S GEMMs in order, each adding its product into C with one
+// correctly rounded f32 addition (cuBLAS's beta = 1): chains of <= 128 MMA
+// steps. Results agree with the CPU's f32 dot products to k_thr_f32
+// (test_cuda_ops), not bitwise with the matvec or the tile: the tensor-core
+// contract of CudaBackendOptions::tensor_cores. Scaling per row and per token (not per
+// 32-element unit, as the tile does) keeps values down to 2^-28 of their
+// row's largest in normal f16; smaller ones lose bits gradually (f16
+// subnormals), e.g. a unit 10^-9 of its row's largest value.
+//
+// Launch plan (one matmul):
+//   1. gemm_split_w_kernel: one warp per weight row: decode the row twice (max,
+//      then the scaled halves), A' [rows, 3 cols] f16 and e_r.
+//   2. gemm_split_x_kernel: one block per token: B' [n, G, 3 cols] f16 and e_t.
+//   3. Blas::gemm_tn_f16 per K' slice, batched over the G groups: C [n, rows] f32.
+//   4. gemm_scale_out_kernel: out[t, r] = ldexp(C[t, r], -(e_r + e_t)) (+ out).
+// Traffic beyond the GEMM: W once (+ 6 bytes per weight written, read by the
+// GEMM), x (+ 6 bytes per value), C (8 bytes per output and slice). Worth it from about
+// a hundred tokens (ctx.gemm_min_tokens, default 128: DSV4_CUDA_GEMM_MIN_TOKENS).
+//
+// CPU reference: cpu::matmul (quant::dequantize_row + f32 dot products).
+#include "backend/cuda/cuda_gemm.cuh"
+
+#include <climits>
+
+#include "backend/cuda/cuda_blas.h"
+#include "backend/cuda/cuda_quant.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+template <GgmlType T>
+constexpr bool gemm_type() {
+  return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS || T == GgmlType::F16;
+}
+
+// e with m 2^e in [2^14, 2^15) for a finite m > 0; 0 otherwise (zero rows, and
+// rows with an Inf or NaN, which then reach the output as the CPU's would, roughly).
+__device__ __forceinline__ int gemm_exponent(float m) {
+  if (!(m > 0.0f) || !isfinite(m)) return 0;
+  int E = 0;
+  frexpf(m, &E);  // m = f 2^E, f in [0.5, 1)
+  return 15 - E;
+}
+
+// v (already scaled) as f16 hi and lo: v = hi + lo to ~22 bits.
+__device__ __forceinline__ void split_f16(float v, __half& hi, __half& lo) {
+  hi = __float2half_rn(v);
+  lo = __float2half_rn(v - __half2float(hi));
+}
+
+__device__ __forceinline__ uint32_t half2_bits(__half a, __half b) {
+  return static_cast<uint32_t>(__half_as_ushort(a)) | (static_cast<uint32_t>(__half_as_ushort(b)) << 16);
+}
+
+// One warp per weight row r (8 rows per 256-thread block): lanes take units
+// u = lane, lane + 32, ...; pass 1 finds the row's largest magnitude, pass 2
+// decodes again and writes A'[r] = [hi | lo | hi] (16-byte stores) and e_r.
+template <GgmlType T>
+__global__ void __launch_bounds__(256) gemm_split_w_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
+                                                           int64_t n_units, __half* __restrict__ a, int* __restrict__ row_exp,
+                                                           QuantTables tab) {
+  pdl_enter();
+  constexpr int U = WeightUnit<T>::U;
+  static_assert(U % 8 == 0, "units of whole 16-byte f16 groups");
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const uint8_t* row = w + r * static_cast<int64_t>(row_bytes);
+  float m = 0.0f;
+  for (int64_t u = lane; u < n_units; u += 32) {
+    float v[U];
+    WeightUnit<T>::decode(row, u, v, tab);
+#pragma unroll
+    for (int j = 0; j < U; ++j) m = fmaxf(m, fabsf(v[j]));
+  }
+  const int e = gemm_exponent(warp_max_all(m));
+  if (lane == 0) row_exp[r] = e;
+  const int64_t cols = n_units * U;
+  uint4* hi0 = reinterpret_cast<uint4*>(a + r * 3 * cols);
+  uint4* lo1 = reinterpret_cast<uint4*>(a + r * 3 * cols + cols);
+  uint4* hi2 = reinterpret_cast<uint4*>(a + r * 3 * cols + 2 * cols);
+  for (int64_t u = lane; u < n_units; u += 32) {
+    float v[U];
+    WeightUnit<T>::decode(row, u, v, tab);
+#pragma unroll
+    for (int q = 0; q < U / 8; ++q) {
+      uint32_t h[4], l[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        __half h0, l0, h1, l1;
+        split_f16(ldexpf(v[8 * q + 2 * p], e), h0, l0);
+        split_f16(ldexpf(v[8 * q + 2 * p + 1], e), h1, l1);
+        h[p] = half2_bits(h0, h1);
+        l[p] = half2_bits(l0, l1);
+      }
+      const int64_t k = u * (U / 8) + q;
+      hi0[k] = make_uint4(h[0], h[1], h[2], h[3]);
+      lo1[k] = make_uint4(l[0], l[1], l[2], l[3]);
+      hi2[k] = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+  }
+}
+
+// Block max of non-negative values, broadcast (red: 33 floats of shared memory).
+__device__ __forceinline__ float block_max_nonneg(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_max_all(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < n_warps ? red[lane] : 0.0f;
+    s = warp_max_all(s);
+    if (lane == 0) red[32] = s;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+// One 256-thread block per token t: e_t over the whole row (all groups), then
+// B'[t, g] = [hi | hi | lo] of x[t, g cols .. (g + 1) cols), two values per thread step.
+__global__ void __launch_bounds__(256) gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int groups,
+                                                           int64_t cols, __half* __restrict__ b, int* __restrict__ tok_exp) {
+  pdl_enter();
+  __shared__ float red[33];
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * x_stride;
+  const int64_t width = cols * groups;
+  float m = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+  const int e = gemm_exponent(block_max_nonneg(m, red));
+  if (threadIdx.x == 0) tok_exp[t] = e;
+  for (int g = 0; g < groups; ++g) {
+    const float* xg = xr + static_cast<int64_t>(g) * cols;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(b + (t * groups + g) * 3 * cols);  // half pairs
+    for (int64_t c = 2 * threadIdx.x; c < cols; c += 2 * blockDim.x) {
+      __half h0, l0, h1, l1;
+      split_f16(ldexpf(xg[c], e), h0, l0);
+      split_f16(ldexpf(xg[c + 1], e), h1, l1);
+      const uint32_t h = half2_bits(h0, h1);
+      dst[c / 2] = h;
+      dst[(cols + c) / 2] = h;
+      dst[(2 * cols + c) / 2] = half2_bits(l0, l1);
+    }
+  }
+}
+
+// out[t, r] = ldexp(C[t, r], -(e_r + e_t)) (+ out[t, r]); grid (rows / 256, n).
+__global__ void __launch_bounds__(256) gemm_scale_out_kernel(const float* __restrict__ c, const int* __restrict__ row_exp,
+                                                             const int* __restrict__ tok_exp, int64_t rows,
+                                                             float* __restrict__ out, bool acc) {
+  pdl_enter();
+  const int64_t t = blockIdx.y;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float v = ldexpf(c[t * rows + r], -(row_exp[r] + tok_exp[t]));
+  float& o = out[t * rows + r];
+  o = acc ? o + v : v;
+}
+
+// Largest K' per GEMM call (see the accuracy note above).
+constexpr int64_t k_gemm_slice = 2048;
+
+// Slices of K' = 3 cols: the fewest S with K' / S <= k_gemm_slice, K' / S a whole
+// number of 8 halves (16-byte aligned slice starts).
+int64_t gemm_slices(int64_t k3) {
+  for (int64_t s = (k3 + k_gemm_slice - 1) / k_gemm_slice;; ++s)
+    if (k3 % s == 0 && (k3 / s) % 8 == 0) return s;
+}
+
+constexpr size_t k_align = 256;
+size_t aligned(size_t b) { return (b + k_align - 1) / k_align * k_align; }
+
+}  // namespace
+
+size_t gemm_scratch_bytes(int64_t rows, int64_t cols, int groups, int64_t n) {
+  return aligned(static_cast<size_t>(rows) * 3 * cols * 2) + aligned(static_cast<size_t>(n) * groups * 3 * cols * 2) +
+         aligned(static_cast<size_t>(n) * rows * 4) + aligned(static_cast<size_t>(rows) * 4) + aligned(static_cast<size_t>(n) * 4);
+}
+
+bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
+  const int64_t cols = op.w.ne[0], rows = op.w.n_rows(), n = op.x.n_rows();
+  const int groups = op.groups;
+  if (!ctx.blas || !ctx.tensor_cores || n < ctx.gemm_min_tokens || n < 2 || cols % 32 != 0) return false;
+  const int64_t rows_g = rows / groups;
+  // cuBLAS takes int sizes and leading dimensions; the epilogue's grid y is the token count.
+  if (rows > INT_MAX || n > 65535 || 3 * cols * groups > INT_MAX) return false;
+  if (gemm_scratch_bytes(rows, cols, groups, n) > k_gemm_max_scratch) return false;
+  bool done = false;
+  dispatch_weight_type(op.w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    if constexpr (gemm_type<T>()) {
+      constexpr int U = WeightUnit<T>::U;
+      auto* base = static_cast<uint8_t*>(ctx.scratch->get(gemm_scratch_bytes(rows, cols, groups, n), ctx.stream));
+      auto* a = reinterpret_cast<__half*>(base);
+      base += aligned(static_cast<size_t>(rows) * 3 * cols * 2);
+      auto* b = reinterpret_cast<__half*>(base);
+      base += aligned(static_cast<size_t>(n) * groups * 3 * cols * 2);
+      auto* c = reinterpret_cast<float*>(base);
+      base += aligned(static_cast<size_t>(n) * rows * 4);
+      auto* row_exp = reinterpret_cast<int*>(base);
+      base += aligned(static_cast<size_t>(rows) * 4);
+      auto* tok_exp = reinterpret_cast<int*>(base);
+
+      launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(op.w.data),
+                    op.w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
+      CUDA_CHECK_LAUNCH();
+      launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols * groups, groups, cols, b,
+                    tok_exp);
+      CUDA_CHECK_LAUNCH();
+      const int64_t k3 = 3 * cols, slices = gemm_slices(k3), ks = k3 / slices;
+      for (int64_t sl = 0; sl < slices; ++sl)
+        ctx.blas->gemm_tn_f16(ctx.stream, static_cast<int>(rows_g), static_cast<int>(n), static_cast<int>(ks), a + sl * ks,
+                              static_cast<int>(k3), rows_g * k3, b + sl * ks, static_cast<int>(k3 * groups), k3, c,
+                              static_cast<int>(rows), rows_g, groups, sl > 0);
+      launch_kernel(gemm_scale_out_kernel, dim3(ceil_div(rows, 256), static_cast<unsigned>(n)), 256, 0, ctx.stream, c, row_exp,
+                    tok_exp, rows, op.out.f32(), op.accumulate);
+      CUDA_CHECK_LAUNCH();
+      done = true;
+    }
+  });
+  return done;
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,20 @@
+// Prefill matmuls through cuBLAS (see cuda_gemm.cu).
+#pragma once
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace dsv4::cuda {
+
+// The matmul as one f16 tensor-core GEMM (cuBLAS) on exact hi/lo splits of W and
+// x, when it applies: ctx.blas loaded, tensor cores on, at least
+// ctx.gemm_min_tokens tokens, a Q8_0/Q2_K/Q4_K/IQ2_XXS/F16 weight with rows of
+// whole 32-element units, and scratch within k_gemm_max_scratch. Returns false
+// (nothing launched) otherwise.
+bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op);
+
+// Bytes of scratch the GEMM path of a matmul needs (the launcher falls back to
+// the tensor-core tile above k_gemm_max_scratch).
+size_t gemm_scratch_bytes(int64_t rows, int64_t cols, int groups, int64_t n);
+constexpr size_t k_gemm_max_scratch = size_t{3} << 29;  // 1.5 GiB
+
+}  // namespace dsv4::cuda
