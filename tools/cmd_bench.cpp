@@ -182,7 +182,7 @@ void register_bench(CLI::App& app) {
                 "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 2048, CPU 512)")
+  cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");

@@ -132,7 +132,7 @@ void register_logits(CLI::App& app) {
   cmd->add_flag("--no-tensor-cores", a->no_tensor_cores,
                 "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Tokens per forward batch; 0 = the backend's default (CUDA 2048, CPU 512)")
+  cmd->add_option("--batch", a->batch, "Tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Session context (default: the number of tokens)");
   cmd->add_option("--positions", a->positions,

@@ -266,7 +266,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prompt tokens per forward batch; 0 = the backend's default (CUDA 2048, CPU 512)")
+  cmd->add_option("--batch", a->batch, "Prompt tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_option("--mtp", a->mtp, "MTP block GGUF (loaded and checked; decoding does not use it yet)")->type_name("FILE");
   cmd->add_option("--dump-logprobs", a->dump_logprobs,

@@ -143,7 +143,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--backend", a->engine.backend, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("--numerics", a->engine.numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->engine.threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--batch", a->engine.prefill_batch, "Tokens per prefill batch; 0 = the backend's default (CUDA 2048, CPU 512)")
+  cmd->add_option("--batch", a->engine.prefill_batch, "Tokens per prefill batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();

@@ -207,7 +207,7 @@ TEST_F(EngineTest, PrefillBatchZeroIsTheBackendDefault) {
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->info().prefill_batch, default_prefill_batch(false));
   EXPECT_EQ(default_prefill_batch(false), 512);
-  EXPECT_EQ(default_prefill_batch(true), 2048);
+  EXPECT_EQ(default_prefill_batch(true), 4096);
   EXPECT_EQ(load(48)->info().prefill_batch, 48);
 }
 
