@@ -10,10 +10,12 @@
 #   device tool: command "scripts/device-check.sh --quick; SWEEP='off: DSV4_CUDA_BRANCH=0
 #                on: DSV4_CUDA_BRANCH=1' scripts/device-sweep.sh", carry ["build-device"]
 #
-# SWEEP: one configuration per line (or separated by ';'), "NAME: [VAR=VALUE ...] [@BINARY]":
+# SWEEP: one configuration per line (or separated by ';'), "NAME: [VAR=VALUE ...] [--FLAG[=VALUE] ...] [@BINARY]":
 #   NAME      letters, digits, '-', '_' (the first line is the baseline)
 #   VAR=VALUE environment for that configuration's runs (e.g. DSV4_CUDA_BRANCH=0,
 #             an experiment's temporary knob)
+#   --FLAG[=VALUE]  more `dsv4 bench` flags for that configuration only (e.g. --batch=2048,
+#             --no-tensor-cores); BENCH_FLAGS applies to every configuration
 #   @BINARY   another dsv4 (plain or .xz, e.g. @build-device/a-dsv4.xz carried beside
 #             the payload); default: this payload's dsv4
 # Options: env ROUNDS (default 2), CTX_START (2048), CTX_MAX (4096), GEN (64 decoded
@@ -36,8 +38,8 @@ die() { echo "device-sweep: $*" >&2; exit 2; }
 [ -n "${SWEEP:-}" ] || die "set SWEEP to one configuration per line, 'NAME: [VAR=VALUE ...] [@BINARY]'"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS=$ROUNDS is not a positive number"
 
-# Parse SWEEP into names[], envs[] (space-separated VAR=VALUE words) and bins[].
-names=() envs=() bins=()
+# Parse SWEEP into names[], envs[] (space-separated VAR=VALUE words), flags[] (--FLAG words) and bins[].
+names=() envs=() flags=() bins=()
 while IFS= read -r line; do
   line=${line#"${line%%[![:space:]]*}"}
   [ -z "$line" ] && continue
@@ -45,7 +47,7 @@ while IFS= read -r line; do
   name=${line%%:*} rest=${line#*:}
   [[ $name =~ ^[A-Za-z0-9_-]+$ ]] || die "configuration name '$name' (letters, digits, - and _ only)"
   for n in "${names[@]}"; do [ "$n" = "$name" ] && die "configuration name '$name' given twice"; done
-  env_words="" bin=$DSV4
+  env_words="" flag_words="" bin=$DSV4
   for word in $rest; do
     if [[ $word == @* ]]; then
       src=${word#@}
@@ -58,12 +60,14 @@ while IFS= read -r line; do
       chmod +x "$bin"
     elif [[ $word =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]]; then
       env_words+="$word "
+    elif [[ $word == --?* ]]; then
+      flag_words+="$word "
     else
-      die "$name: '$word' is neither VAR=VALUE nor @BINARY"
+      die "$name: '$word' is neither VAR=VALUE, --FLAG[=VALUE] nor @BINARY"
     fi
   done
   [ -x "$bin" ] || die "$bin missing: run scripts/device-check.sh first (it unpacks build-device/)"
-  names+=("$name") envs+=("$env_words") bins+=("$bin")
+  names+=("$name") envs+=("$env_words") flags+=("$flag_words") bins+=("$bin")
 done <<<"${SWEEP//;/$'\n'}"
 [ "${#names[@]}" -ge 2 ] || die "SWEEP needs at least two configurations"
 
@@ -73,14 +77,14 @@ args=(bench --synthetic "$PRESET" --backend cuda --ctx-start "$CTX_START" --ctx-
 rc=0
 for r in $(seq 1 "$ROUNDS"); do
   for i in "${!names[@]}"; do
-    # shellcheck disable=SC2086 # envs[i]: VAR=VALUE words, split on purpose
-    env ${envs[$i]} "${bins[$i]}" "${args[@]}" --csv "$LOG/${names[$i]}-$r.csv" >"$LOG/${names[$i]}-$r.log" 2>&1 ||
+    # shellcheck disable=SC2086 # envs[i] / flags[i]: VAR=VALUE and --FLAG words, split on purpose
+    env ${envs[$i]} "${bins[$i]}" "${args[@]}" ${flags[$i]} --csv "$LOG/${names[$i]}-$r.csv" >"$LOG/${names[$i]}-$r.log" 2>&1 ||
       { echo "device-sweep: ${names[$i]} round $r failed (see $LOG/${names[$i]}-$r.log)" >&2; rc=1; }
   done
 done
 rm -f "$LOG"/bin-*
 {
-  for i in "${!names[@]}"; do echo "# ${names[$i]}: ${envs[$i]:-(no env)} ${bins[$i]##*/}"; done
+  for i in "${!names[@]}"; do echo "# ${names[$i]}: ${envs[$i]:-(no env)} ${flags[$i]}${bins[$i]##*/}"; done
 } >"$LOG/sweep.txt"
 python3 - "$LOG" "$ROUNDS" "${names[@]}" >>"$LOG/sweep.txt" <<'PY' || rc=1
 import csv, statistics, sys
