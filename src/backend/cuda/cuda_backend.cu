@@ -127,8 +127,9 @@ class CudaBackend final : public Backend {
     if (const char* e = std::getenv("DSV4_CUDA_GEMM_MIN_TOKENS")) {
       char* end = nullptr;
       const long long v = std::strtoll(e, &end, 10);
-      DSV4_ASSERT(end != e && *end == 0 && v >= 2, "DSV4_CUDA_GEMM_MIN_TOKENS=%s: want a whole number >= 2", e);
-      ctx_.gemm_min_tokens = v;
+      if (end != e && *end == 0 && v >= 2) ctx_.gemm_min_tokens = v;
+      else log_warn("cuda: ignoring DSV4_CUDA_GEMM_MIN_TOKENS=%s (want a whole number >= 2); keeping %lld", e,
+                    static_cast<long long>(ctx_.gemm_min_tokens));
     }
     // Branches on a second stream (branch_begin); DSV4_CUDA_BRANCH=0 keeps every op on one stream.
     const char* branch_env = std::getenv("DSV4_CUDA_BRANCH");
