@@ -192,15 +192,25 @@ int64_t gemm_slices(int64_t k3) {
     if (k3 % s == 0 && (k3 / s) % 8 == 0) return s;
 }
 
-constexpr size_t k_align = 256;
-size_t aligned(size_t b) { return (b + k_align - 1) / k_align * k_align; }
+// The scratch regions of one GEMM-path matmul, 256-byte aligned, in order:
+// A' [rows, 3 cols] f16, B' [n, G, 3 cols] f16, C [n, rows] f32, e_r [rows], e_t [n].
+struct GemmScratch {
+  size_t a = 0, b = 0, c = 0, row_exp = 0, tok_exp = 0, bytes = 0;  // byte offsets, total
+  GemmScratch(int64_t rows, int64_t cols, int groups, int64_t n) {
+    auto take = [&](size_t len) {
+      const size_t at = bytes;
+      bytes += (len + 255) / 256 * 256;
+      return at;
+    };
+    a = take(static_cast<size_t>(rows) * 3 * cols * sizeof(__half));
+    b = take(static_cast<size_t>(n) * groups * 3 * cols * sizeof(__half));
+    c = take(static_cast<size_t>(n) * rows * sizeof(float));
+    row_exp = take(static_cast<size_t>(rows) * sizeof(int));
+    tok_exp = take(static_cast<size_t>(n) * sizeof(int));
+  }
+};
 
 }  // namespace
-
-size_t gemm_scratch_bytes(int64_t rows, int64_t cols, int groups, int64_t n) {
-  return aligned(static_cast<size_t>(rows) * 3 * cols * 2) + aligned(static_cast<size_t>(n) * groups * 3 * cols * 2) +
-         aligned(static_cast<size_t>(n) * rows * 4) + aligned(static_cast<size_t>(rows) * 4) + aligned(static_cast<size_t>(n) * 4);
-}
 
 bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
   const int64_t cols = op.w.ne[0], rows = op.w.n_rows(), n = op.x.n_rows();
@@ -209,22 +219,19 @@ bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
   const int64_t rows_g = rows / groups;
   // cuBLAS takes int sizes and leading dimensions; the epilogue's grid y is the token count.
   if (rows > INT_MAX || n > 65535 || 3 * cols * groups > INT_MAX) return false;
-  if (gemm_scratch_bytes(rows, cols, groups, n) > k_gemm_max_scratch) return false;
+  const GemmScratch layout(rows, cols, groups, n);
+  if (layout.bytes > k_gemm_max_scratch) return false;
   bool done = false;
   dispatch_weight_type(op.w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (gemm_type<T>()) {
       constexpr int U = WeightUnit<T>::U;
-      auto* base = static_cast<uint8_t*>(ctx.scratch->get(gemm_scratch_bytes(rows, cols, groups, n), ctx.stream));
-      auto* a = reinterpret_cast<__half*>(base);
-      base += aligned(static_cast<size_t>(rows) * 3 * cols * 2);
-      auto* b = reinterpret_cast<__half*>(base);
-      base += aligned(static_cast<size_t>(n) * groups * 3 * cols * 2);
-      auto* c = reinterpret_cast<float*>(base);
-      base += aligned(static_cast<size_t>(n) * rows * 4);
-      auto* row_exp = reinterpret_cast<int*>(base);
-      base += aligned(static_cast<size_t>(rows) * 4);
-      auto* tok_exp = reinterpret_cast<int*>(base);
+      auto* base = static_cast<uint8_t*>(ctx.scratch->get(layout.bytes, ctx.stream));
+      auto* a = reinterpret_cast<__half*>(base + layout.a);
+      auto* b = reinterpret_cast<__half*>(base + layout.b);
+      auto* c = reinterpret_cast<float*>(base + layout.c);
+      auto* row_exp = reinterpret_cast<int*>(base + layout.row_exp);
+      auto* tok_exp = reinterpret_cast<int*>(base + layout.tok_exp);
 
       launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(op.w.data),
                     op.w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);

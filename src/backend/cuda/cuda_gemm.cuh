@@ -12,9 +12,8 @@ namespace dsv4::cuda {
 // (nothing launched) otherwise.
 bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op);
 
-// Bytes of scratch the GEMM path of a matmul needs (the launcher falls back to
-// the tensor-core tile above k_gemm_max_scratch).
-size_t gemm_scratch_bytes(int64_t rows, int64_t cols, int groups, int64_t n);
+// Most scratch one GEMM-path matmul may take (W', x', C; above it the launcher
+// leaves the matmul to the tensor-core tile, e.g. the output head over many tokens).
 constexpr size_t k_gemm_max_scratch = size_t{3} << 29;  // 1.5 GiB
 
 }  // namespace dsv4::cuda
