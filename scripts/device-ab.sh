@@ -5,12 +5,14 @@
 # and the change). Run after scripts/device-check.sh in the same call (it
 # unpacks build-device/):
 #
-#   device tool: command "scripts/device-check.sh --quick; AB_ENV=DSV4_CUDA_BRANCH scripts/device-ab.sh",
+#   device tool: command "scripts/device-check.sh --quick; AB_FLAG=--no-cuda-branches scripts/device-ab.sh",
 #                carry ["build-device"]
 #
 # The two sides (one of):
-#   AB_ENV=NAME   the same binary with NAME=0 (A) and NAME=1 (B): the env toggles
-#                 DSV4_CUDA_BRANCH, DSV4_CUDA_IDOT, DSV4_CUDA_PDL
+#   AB_FLAG=FLAG  the same binary with the dsv4 bench switch FLAG[=VALUE] (A) and
+#                 without (B), e.g. --no-cuda-branches, --no-int-dot, --no-pdl, --cublas=off
+#   AB_ENV=NAME   the same binary with NAME=0 (A) and NAME=1 (B) (an experiment's
+#                 temporary environment knob)
 #   AB_BIN=FILE   FILE (A: another dsv4, plain or .xz, e.g. build-device/a-dsv4.xz
 #                 carried beside the payload) against this payload's dsv4 (B)
 # Options (device-sweep.sh's): env ROUNDS (default 2: A B A B), CTX_START (2048),
@@ -20,10 +22,16 @@
 # More than two configurations (several knobs or binaries in one call): scripts/device-sweep.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-if [ -n "${AB_ENV:-}" ] && [ -n "${AB_BIN:-}" ]; then
-  echo "device-ab: set AB_ENV or AB_BIN, not both" >&2; exit 2
+set_count=0
+for v in "${AB_FLAG:-}" "${AB_ENV:-}" "${AB_BIN:-}"; do [ -n "$v" ] && set_count=$((set_count + 1)); done
+if [ "$set_count" -gt 1 ]; then
+  echo "device-ab: set one of AB_FLAG, AB_ENV and AB_BIN" >&2; exit 2
 fi
-if [ -n "${AB_ENV:-}" ]; then
+if [ -n "${AB_FLAG:-}" ]; then
+  [[ $AB_FLAG =~ ^--[a-z0-9-]+(=[^[:space:]]+)?$ ]] || { echo "device-ab: AB_FLAG=$AB_FLAG is not --FLAG[=VALUE]" >&2; exit 2; }
+  SWEEP="a: $AB_FLAG
+b:"
+elif [ -n "${AB_ENV:-}" ]; then
   [[ $AB_ENV =~ ^[A-Z_][A-Z0-9_]*$ ]] || { echo "device-ab: AB_ENV=$AB_ENV is not a variable name" >&2; exit 2; }
   SWEEP="a: $AB_ENV=0
 b: $AB_ENV=1"
@@ -32,7 +40,7 @@ elif [ -n "${AB_BIN:-}" ]; then
   SWEEP="a: @$AB_BIN
 b:"
 else
-  echo "device-ab: set AB_ENV=NAME (same binary, NAME=0 vs 1) or AB_BIN=FILE (another dsv4 vs this one)" >&2
+  echo "device-ab: set AB_FLAG=--FLAG (same binary with vs without), AB_ENV=NAME (same binary, NAME=0 vs 1) or AB_BIN=FILE (another dsv4 vs this one)" >&2
   exit 2
 fi
 export SWEEP

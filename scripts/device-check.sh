@@ -11,7 +11,7 @@
 #   test_cuda_decode  device weight decoders and roundings run on the host vs the CPU code (exact)
 #   test_cuda_ops     every op, CUDA vs CPU, tiny + Flash shapes (thresholds in tests/cuda/ops_harness.h)
 #   test_cuda_ops_ffma  the same on tiny shapes with --no-tensor-cores (FFMA tiles: batched == one-token, bitwise)
-#   test_cuda_ops_tile  the same on tiny shapes with DSV4_CUBLAS=0 (batches of >= 128 tokens on the tensor-core
+#   test_cuda_ops_tile  the same on tiny shapes with --no-cublas (batches of >= 128 tokens on the tensor-core
 #                     tile, as on a machine without libcublas)
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
 #                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
@@ -147,7 +147,7 @@ OPS_ARGS=()
 run_step test_cuda_decode "$BIN/test_cuda_decode"
 run_step test_cuda_ops "$BIN/test_cuda_ops" "${OPS_ARGS[@]}"
 run_step test_cuda_ops_ffma "$BIN/test_cuda_ops" --no-flash --no-tensor-cores
-run_step test_cuda_ops_tile env DSV4_CUBLAS=0 "$BIN/test_cuda_ops" --no-flash
+run_step test_cuda_ops_tile "$BIN/test_cuda_ops" --no-flash --no-cublas
 run_step test_cuda_model "$BIN/test_cuda_model"
 [ -x "$BIN/test_cuda_engine" ] && run_step test_cuda_engine "$BIN/test_cuda_engine"
 [ -x "$BIN/test_cuda_golden" ] && run_step test_cuda_golden "$BIN/test_cuda_golden" --data tests/fixtures/golden/flash_tiny

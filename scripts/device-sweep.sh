@@ -7,22 +7,21 @@
 # and its change against the first. Run after scripts/device-check.sh in the
 # same call (it unpacks build-device/):
 #
-#   device tool: command "scripts/device-check.sh --quick; SWEEP='off: DSV4_CUDA_BRANCH=0
-#                on: DSV4_CUDA_BRANCH=1' scripts/device-sweep.sh", carry ["build-device"]
+#   device tool: command "scripts/device-check.sh --quick; SWEEP='off: --no-cuda-branches
+#                on:' scripts/device-sweep.sh", carry ["build-device"]
 #
 # SWEEP: one configuration per line (or separated by ';'), "NAME: [VAR=VALUE ...] [--FLAG[=VALUE] ...] [@BINARY]":
 #   NAME      letters, digits, '-', '_' (the first line is the baseline)
-#   VAR=VALUE environment for that configuration's runs (e.g. DSV4_CUDA_BRANCH=0,
-#             an experiment's temporary knob)
+#   VAR=VALUE environment for that configuration's runs (an experiment's temporary knob)
 #   --FLAG[=VALUE]  more `dsv4 bench` flags for that configuration only (e.g. --batch=2048,
-#             --no-tensor-cores); BENCH_FLAGS applies to every configuration
+#             --no-tensor-cores, --no-int-dot, --cublas=off); BENCH_FLAGS applies to every configuration
 #   @BINARY   another dsv4 (plain or .xz, e.g. @build-device/a-dsv4.xz carried beside
 #             the payload); default: this payload's dsv4
 # Options: env ROUNDS (default 2), CTX_START (2048), CTX_MAX (4096), GEN (64 decoded
 #          tokens per frontier), PRESET (flash-q2), BENCH_FLAGS.
 # Output under $OUT (else ./out): <name>-<round>.csv/.log, sweep.txt (printed last).
 # Each run loads the model (~30-40 s for flash-q2 at 2K..4K): budget configurations x rounds runs.
-# scripts/device-ab.sh is the two-configuration front end (AB_ENV / AB_BIN).
+# scripts/device-ab.sh is the two-configuration front end (AB_FLAG / AB_ENV / AB_BIN).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 LOG=${OUT:-$PWD/out}

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "commands.h"
+#include "cuda_flags.h"
 #include "dsv4/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,7 +21,8 @@ namespace {
 struct BenchArgs {
   std::string model, prompt_file, csv, backend = "auto", numerics = "reference", synthetic;
   uint64_t seed = 1;
-  bool no_tensor_cores = false;
+  bool tensor_cores = true;
+  CudaSwitches cuda;
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
   int gen_tokens = 32, threads = 0, batch = 0;  // 0: the backend's default
@@ -41,7 +43,8 @@ int run_bench(const BenchArgs& a) {
   o.synthetic = a.synthetic;
   o.synthetic_seed = a.seed;
   o.backend = a.backend;
-  o.tensor_cores = !a.no_tensor_cores;
+  o.tensor_cores = a.tensor_cores;
+  o.cuda = a.cuda;
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
@@ -178,14 +181,13 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prompt-file", a->prompt_file, "Text whose tokens (repeated) form the sequence");
   cmd->add_option("--csv", a->csv, "Also write the CSV to this file");
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
-  cmd->add_flag("--no-tensor-cores", a->no_tensor_cores,
-                "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");
+  add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
   cmd->callback([a] { set_exit_code(run_bench(*a)); });
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "cuda_flags.h"
 #include "core/progress.h"
 #include "dsv4/engine.h"
 
@@ -19,7 +20,8 @@ struct LogitsArgs {
   std::string model, tokens, tokens_file, out, numerics = "reference", backend = "auto", positions;
   int threads = 0, batch = 0;  // 0: the backend's default
   uint32_t ctx = 0;
-  bool no_tensor_cores = false;
+  bool tensor_cores = true;
+  CudaSwitches cuda;
 };
 
 expected<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -78,7 +80,8 @@ int run_logits(const LogitsArgs& a) {
   EngineOptions o;
   o.model_path = a.model;
   o.backend = a.backend;
-  o.tensor_cores = !a.no_tensor_cores;
+  o.tensor_cores = a.tensor_cores;
+  o.cuda = a.cuda;
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
@@ -129,8 +132,6 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();
   cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
-  cmd->add_flag("--no-tensor-cores", a->no_tensor_cores,
-                "CUDA: batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores");
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
@@ -138,6 +139,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--positions", a->positions,
                   "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "
                   "only they run the output head");
+  add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
   cmd->callback([a] { set_exit_code(run_logits(*a)); });
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "cuda_flags.h"
 #include "conversation/logprobs_json.h"
 #include "conversation/thinking.h"
 #include "dsv4/engine.h"
@@ -47,6 +48,8 @@ struct RunArgs {
   std::string dump_logprobs;
   int logprobs_top_k = 5;
   bool no_color = false;
+  bool tensor_cores = true;
+  CudaSwitches cuda;
 };
 
 int fail(const std::string& message) {
@@ -96,6 +99,8 @@ expected<RunSettings> settings_from(const RunArgs& a) {
   s.engine.ctx = a.ctx;
   s.engine.threads = a.threads;
   s.engine.prefill_batch = a.batch;
+  s.engine.tensor_cores = a.tensor_cores;
+  s.engine.cuda = a.cuda;
   s.engine.show_progress = false;  // the engine draws nothing while loading; LoadIndicator does
   s.thinking = a.nothink ? ThinkingLevel::NONE : a.think_max ? ThinkingLevel::MAX : ThinkingLevel::HIGH;
   s.system = a.system;
@@ -275,6 +280,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--logprobs-top-k", a->logprobs_top_k, "Alternatives per step in --dump-logprobs")->capture_default_str();
   cmd->add_flag("--no-color", a->no_color, "No ANSI colours (also when NO_COLOR is set)");
   cmd->footer(std::string("Interactive chat (no prompt, stdin a terminal) ") + repl_help_text());
+  add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
   cmd->callback([a, prompt_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     set_exit_code(run_run(*a));

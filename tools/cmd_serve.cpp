@@ -12,6 +12,7 @@
 
 #include "chat/chat_message.h"
 #include "commands.h"
+#include "cuda_flags.h"
 #include "conversation/thinking.h"
 #include "core/log.h"
 #include "dsv4/engine.h"
@@ -187,6 +188,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/server/scripted_backend.h)");
+  add_cuda_flags(cmd, &a->engine.tensor_cores, &a->engine.cuda);
   cmd->callback([a] { set_exit_code(run_serve(*a)); });
 }
 

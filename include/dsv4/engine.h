@@ -21,6 +21,19 @@ namespace dsv4 {
 class Tokenizer;
 class Session;
 
+// The CUDA backend's switches past EngineOptions::tensor_cores: A/B runs and
+// fall-backs (`--no-int-dot`, `--cublas`, ... on dsv4 run/serve/bench/logits);
+// the defaults are the fast path. The CPU backend ignores them.
+struct CudaSwitches {
+  bool int_dot = true;            // decode experts' IQ2_XXS/Q2_K rows on integer dot products
+  std::string cublas = "auto";    // prefill matmuls on cuBLAS: auto | off | path of libcublas
+  int64_t gemm_min_tokens = 128;  // matmuls of >= this many tokens (>= 2) go to cuBLAS
+  bool branches = true;           // the shared expert on a second stream
+  bool pdl = true;                // programmatic dependent launch (sm_90+)
+
+  std::string describe() const;  // the switches that differ from the defaults ("" when none)
+};
+
 struct EngineOptions {
   std::string model_path;
   std::string mtp_path;              // optional MTP block GGUF (--mtp)
@@ -29,13 +42,14 @@ struct EngineOptions {
   uint32_t ctx = 32768;              // default context of new sessions
   int threads = 0;                   // CPU threads (0 = all cores)
   // Tokens per forward batch; 0 = the backend's default (default_prefill_batch):
-  // CUDA 2048 (the grouped experts get ~48 tokens per expert to share each
-  // decoded weight tile; measured 760 -> 922 t/s at 2K on an H200), CPU 512.
+  // CUDA 4096 (the grouped experts get ~96 tokens per expert to share each
+  // decoded weight tile; BENCHMARKS.md steps 9 and 18), CPU 512.
   int prefill_batch = 0;
   bool show_progress = true;         // progress bar while loading
   // CUDA: batched matmuls of block-quantised weights on tensor cores (within f32
   // rounding of the CPU); false: FFMA tiles, bitwise equal to the decode kernels.
   bool tensor_cores = true;
+  CudaSwitches cuda;
   // Instead of model_path: the weights of this `dsv4 synth` preset (with this
   // seed), generated into memory (the exact bytes `dsv4 synth` writes; the
   // model file is never on disk). Needs RAM for the whole model.

@@ -27,13 +27,26 @@ namespace dsv4 {
 // cuBLAS matmuls, 8,192 +6%; the state's fixed part grows with the batch, 114 MiB at 4,096).
 int default_prefill_batch(bool cuda) { return cuda ? 4096 : 512; }
 
+std::string CudaSwitches::describe() const {
+  const CudaSwitches d;
+  std::string s;
+  auto add = [&s](const std::string& w) { s += (s.empty() ? "" : " ") + w; };
+  if (int_dot != d.int_dot) add("int_dot=off");
+  if (cublas != d.cublas) add("cublas=" + cublas);
+  if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));
+  if (branches != d.branches) add("branches=off");
+  if (pdl != d.pdl) add("pdl=off");
+  return s;
+}
+
 std::string EngineOptions::describe() const {
   const std::string model = synthetic.empty() ? model_path : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
                                                                      static_cast<unsigned long long>(synthetic_seed));
   const std::string batch = prefill_batch > 0 ? std::to_string(prefill_batch) : "auto";
-  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s", model.c_str(),
+  const std::string switches = cuda.describe();
+  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
                 mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
-                batch.c_str(), tensor_cores ? "" : " tensor_cores=off");
+                batch.c_str(), tensor_cores ? "" : " tensor_cores=off", switches.empty() ? "" : " ", switches.c_str());
 }
 
 namespace {
@@ -49,6 +62,11 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
     CudaBackendOptions co;
     co.upload_progress = progress;
     co.tensor_cores = o.tensor_cores;
+    co.int_dot = o.cuda.int_dot;
+    co.cublas = o.cuda.cublas;
+    co.gemm_min_tokens = o.cuda.gemm_min_tokens;
+    co.branches = o.cuda.branches;
+    co.pdl = o.cuda.pdl;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
     if (o.backend == "cuda") return be.error().with_context("--backend cuda");

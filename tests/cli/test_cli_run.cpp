@@ -278,6 +278,7 @@ TEST(CliRun, BadFlagValuesAreRefused) {
       {"--backend tpu", "--backend"},   {"--numerics fast", "--numerics"},
       {"--logprobs-top-k 1000 --dump-logprobs x.json", "--logprobs-top-k"},
       {"--stop ''", "--stop"},          {"--no-such-flag", "no-such-flag"},
+      {"--gemm-min-tokens 1", "--gemm-min-tokens"},
   };
   for (const auto& [flags, mention] : cases) {
     Result r = run_dsv4(run_tiny("-p hi " + flags));
@@ -318,8 +319,17 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
   for (const char* flag : {"--prompt-file", "--system", "--nothink", "--think-max", "--temp", "--top-p", "--top-k",
                            "--min-p", "--seed", "--max-tokens", "--ctx", "--repeat-penalty", "--presence-penalty",
                            "--frequency-penalty", "--stop", "--backend", "--threads", "--numerics", "--mtp",
-                           "--dump-logprobs", "--logprobs-top-k", "--no-color", "--ignore-eos", "/save FILE", "/nothink"})
+                           "--dump-logprobs", "--logprobs-top-k", "--no-color", "--ignore-eos", "/save FILE", "/nothink",
+                           "CUDA:", "--no-tensor-cores", "--no-int-dot", "--cublas", "--gemm-min-tokens",
+                           "--no-cuda-branches", "--no-pdl"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+}
+
+TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
+  // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
+  Result r = run_dsv4(run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off"), std::string::npos) << r.err;
 }
 
 TEST(CliTokenize, IdsAndPieces) {

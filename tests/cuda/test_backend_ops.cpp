@@ -258,31 +258,40 @@ int main(int argc, char** argv) {
   using namespace dsv4::cudatest;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  bool flash = true, tensor_cores = true;
+  bool flash = true, tensor_cores = true, cublas = true, int_dot = true;
   std::string filter;
+  const std::string usage = std::string("usage: ") + argv[0] +
+                            " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot]\n"
+                            "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
+                            "  --no-int-dot  decode experts on the float matvec\n";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
     else if (a == "--no-flash") flash = false;
     else if (a == "--no-tensor-cores") tensor_cores = false;
+    else if (a == "--no-cublas") cublas = false;
+    else if (a == "--no-int-dot") int_dot = false;
     else if (a == "--help") {
-      std::printf("usage: %s [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores]\n", argv[0]);
+      std::printf("%s", usage.c_str());
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores]\n", argv[0]);
+      std::fprintf(stderr, "%s", usage.c_str());
       return 2;
     }
   }
-  std::printf("test_backend_ops: seed %llu (repeat with --seed %llu)%s%s\n", static_cast<unsigned long long>(seed),
+  std::printf("test_backend_ops: seed %llu (repeat with --seed %llu)%s%s%s%s\n", static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(seed), flash ? "" : ", Flash shapes skipped",
-              tensor_cores ? "" : ", FFMA tiles (--no-tensor-cores)");
+              tensor_cores ? "" : ", FFMA tiles (--no-tensor-cores)", cublas ? "" : ", no cuBLAS (--no-cublas)",
+              int_dot ? "" : ", float decode experts (--no-int-dot)");
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
   }
   CudaBackendOptions gopt;
   gopt.tensor_cores = tensor_cores;
+  gopt.cublas = cublas ? "auto" : "off";
+  gopt.int_dot = int_dot;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {
     std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());

@@ -8,7 +8,8 @@
 // plus agreement with the CPU engine at the end of a prompt in plain numerics
 // (NMSE <= 1e-7 and the same top-1 unless the CPU's top-2 margin is within 4x
 // the largest logit difference; test_cuda_model compares every position in
-// both numerics).
+// both numerics); the CUDA switches (all fall-backs; cuBLAS from 2 tokens)
+// against the CPU the same way, and bad switch values as clear load errors.
 //
 //   test_cuda_engine [--seed N]
 //
@@ -42,9 +43,10 @@ void check(bool good, const std::string& what) {
 }
 
 std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, int batch, const std::string& numerics = "reference",
-                             bool tensor_cores = true) {
+                             bool tensor_cores = true, const CudaSwitches& switches = {}) {
   EngineOptions o;
   o.tensor_cores = tensor_cores;
+  o.cuda = switches;
   o.model_path = path;
   o.backend = backend;
   o.ctx = 2048;
@@ -131,6 +133,49 @@ int main(int argc, char** argv) {
     const bool top_ok = ac == ag || s[0] - s[1] <= 4.0 * d.max_abs;
     check(d.bad_nonfinite == 0 && d.nmse <= 1e-7 && top_ok,
           strfmt("plain: cuda vs cpu logits after 300 tokens: NMSE %.2e <= 1e-7, top-1 %zu vs %zu", d.nmse, ag, ac));
+    // The CUDA switches (dsv4 --no-int-dot, --cublas, ...): every fall-back on, and cuBLAS for batches of
+    // >= 2 tokens, agree with the CPU like the default engine; bad values are clear errors.
+    CudaSwitches fallbacks;
+    fallbacks.int_dot = false;
+    fallbacks.cublas = "off";
+    fallbacks.branches = false;
+    fallbacks.pdl = false;
+    CudaSwitches blas_everywhere;
+    blas_everywhere.gemm_min_tokens = 2;
+    for (const auto& [name, sw] : {std::pair{"fall-backs (no int dot, cuBLAS, branches, PDL)", fallbacks},
+                                   std::pair{"cuBLAS from 2 tokens", blas_everywhere}}) {
+      auto e = load(path, "cuda", 64, "plain", true, sw);
+      bool good = e != nullptr;
+      Diff ds{};
+      if (good) {
+        auto ss = *e->new_session();
+        good = ss->prefill(p).has_value();
+        for (int i = 0; good && i < 4; ++i) good = ss->decode(t[300 + static_cast<size_t>(i)]).has_value();
+        auto sr = *cpu_plain->new_session();
+        good = good && sr->prefill(std::span<const int32_t>(t.data(), 304)).has_value();
+        if (good) ds = diff_f32(ss->logits(), sr->logits());
+      }
+      check(good && ds.bad_nonfinite == 0 && ds.nmse <= 1e-7,
+            strfmt("plain, %s: cuda vs cpu after 300 + 4 tokens: NMSE %.2e <= 1e-7", name, ds.nmse));
+    }
+    {
+      CudaSwitches bad_lib;
+      bad_lib.cublas = (dir / "no-such-libcublas.so").string();
+      EngineOptions o;
+      o.model_path = path;
+      o.backend = "cuda";
+      o.show_progress = false;
+      o.cuda = bad_lib;
+      auto e = Engine::load(o);
+      check(!e && e.error().message.find("cuBLAS") != std::string::npos &&
+                e.error().message.find("no-such-libcublas.so") != std::string::npos,
+            "--cublas PATH that does not load is an error: " + (e ? std::string("loaded") : e.error().message));
+      o.cuda = CudaSwitches{};
+      o.cuda.gemm_min_tokens = 1;
+      auto e1 = Engine::load(o);
+      check(!e1 && e1.error().message.find("at least 2 tokens") != std::string::npos,
+            "--gemm-min-tokens 1 is an error: " + (e1 ? std::string("loaded") : e1.error().message));
+    }
     // Tensor cores: decode (the one-token kernels) vs prefill (batched tensor-core matmuls).
     auto s1 = *cuda_plain->new_session();
     auto all = s1->prefill_all_logits(std::span<const int32_t>(t.data(), 200));

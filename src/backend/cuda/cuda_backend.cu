@@ -98,7 +98,10 @@ double gib(size_t b) { return static_cast<double>(b) / static_cast<double>(size_
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, const cudaDeviceProp& prop, const CudaBackendOptions& opts) : device_(device), opts_(opts) {
+  // `blas`: the loaded cuBLAS or nullptr, with `blas_why` saying why not (make_cuda_backend).
+  CudaBackend(int device, const cudaDeviceProp& prop, const CudaBackendOptions& opts, std::unique_ptr<Blas> blas,
+              const std::string& blas_why)
+      : device_(device), opts_(opts), blas_(std::move(blas)) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
@@ -117,26 +120,14 @@ class CudaBackend final : public Backend {
     ctx_.scratch = &scratch_;
     ctx_.sm_count = prop.multiProcessorCount;
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
-    const char* idot_env = std::getenv("DSV4_CUDA_IDOT");
-    ctx_.int_dot = ctx_.tensor_cores && !(idot_env && std::strcmp(idot_env, "0") == 0);
-    // cuBLAS for the prefill matmuls (cuda_gemm.cu), when libcublas loads: with tensor cores only (the same
-    // contract); DSV4_CUBLAS=0 turns it off, DSV4_CUDA_GEMM_MIN_TOKENS=N moves its threshold (default 128).
-    std::string blas_why = "tensor cores off";
-    if (ctx_.tensor_cores) blas_ = Blas::load(&blas_why);
+    ctx_.int_dot = ctx_.tensor_cores && opts_.int_dot;
+    // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();
-    if (const char* e = std::getenv("DSV4_CUDA_GEMM_MIN_TOKENS")) {
-      char* end = nullptr;
-      const long long v = std::strtoll(e, &end, 10);
-      if (end != e && *end == 0 && v >= 2) ctx_.gemm_min_tokens = v;
-      else log_warn("cuda: ignoring DSV4_CUDA_GEMM_MIN_TOKENS=%s (want a whole number >= 2); keeping %lld", e,
-                    static_cast<long long>(ctx_.gemm_min_tokens));
-    }
-    // Branches on a second stream (branch_begin); DSV4_CUDA_BRANCH=0 keeps every op on one stream.
-    const char* branch_env = std::getenv("DSV4_CUDA_BRANCH");
-    branches_ = !(branch_env && std::strcmp(branch_env, "0") == 0);
-    // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer; DSV4_CUDA_PDL=0 turns it off.
-    const char* pdl_env = std::getenv("DSV4_CUDA_PDL");
-    set_pdl_enabled(prop.major >= 9 && !(pdl_env && std::strcmp(pdl_env, "0") == 0));
+    ctx_.gemm_min_tokens = opts_.gemm_min_tokens;
+    // Branches on a second stream (branch_begin), unless turned off.
+    branches_ = opts_.branches;
+    // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.
+    set_pdl_enabled(prop.major >= 9 && opts_.pdl);
     name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
                    prop.multiProcessorCount, gib(prop.totalGlobalMem), ctx_.tensor_cores ? "" : ", FFMA prefill tiles");
     if (opts_.print_properties) {
@@ -276,7 +267,7 @@ class CudaBackend final : public Backend {
   // with a scratch buffer of its own; branch_join makes the main stream wait
   // for the branch (join event). In a graph capture the two events become the
   // graph's fork and join edges. Off while profiling (the per-op events time
-  // the main stream) and with DSV4_CUDA_BRANCH=0.
+  // the main stream) and with --no-cuda-branches.
   bool concurrent_branches() const override { return branches_ && !profiling_; }
   void branch_begin() override {
     DSV4_ASSERT(!in_branch_ && !branch_open_, "branch_begin inside a branch");
@@ -645,7 +636,19 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
                       "with -DCMAKE_CUDA_ARCHITECTURES=%d%d",
                       device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor);
   }
-  return std::unique_ptr<Backend>(new CudaBackend(device, prop, options));
+  if (options.gemm_min_tokens < 2)
+    return make_error("the cuBLAS matmul threshold must be at least 2 tokens (got %lld)",
+                      static_cast<long long>(options.gemm_min_tokens));
+  if (options.cublas.empty()) return make_error("the cuBLAS library is empty (want auto, off or a path)");
+  // cuBLAS for the prefill matmuls, with tensor cores only. "auto" falls back to the tile when the library is
+  // missing (the start-up log says why); a library named by path must load.
+  std::unique_ptr<Blas> blas;
+  std::string blas_why = "tensor cores off";
+  if (options.tensor_cores && prop.major >= 8) {
+    blas = Blas::load(options.cublas, &blas_why);
+    if (!blas && options.cublas != "auto" && options.cublas != "off") return make_error("cuBLAS: %s", blas_why.c_str());
+  }
+  return std::unique_ptr<Backend>(new CudaBackend(device, prop, options, std::move(blas), blas_why));
 }
 
 CudaUploadStats cuda_upload_stats(Backend& backend) {

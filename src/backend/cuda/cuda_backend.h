@@ -30,13 +30,25 @@ struct CudaBackendOptions {
   // Print the device's properties (log_info) when the backend starts.
   bool print_properties = true;
   // Batched matmuls (prefill, grouped experts) of Q8_0/Q2_K/Q4_K/IQ2_XXS weights
-  // on tensor cores (sm_80+), and the decode experts' IQ2_XXS/Q2_K rows as
-  // integer dot products with a digit-split x (cuda_idot.cuh; DSV4_CUDA_IDOT=0
-  // keeps them on the float matvec): within f32 rounding of the CPU, but not
-  // bitwise equal to the float matvec. false: FFMA tiles that share the
-  // matvec's summation order, so chunked prefill, whole prefill and decode
-  // agree bitwise.
+  // on tensor cores (sm_80+): within f32 rounding of the CPU, but not bitwise
+  // equal to the float matvec. false: FFMA tiles that share the matvec's
+  // summation order, so chunked prefill, whole prefill and decode agree
+  // bitwise (and every switch below that needs tensor cores is off).
   bool tensor_cores = true;
+  // The decode experts' IQ2_XXS/Q2_K rows as integer dot products with a
+  // digit-split x (cuda_idot.cuh; with tensor_cores only); false: the float matvec.
+  bool int_dot = true;
+  // cuBLAS for the prefill matmuls (cuda_gemm.cu; with tensor_cores only):
+  // "auto" = libcublas.so.13 from the library path or /usr/local/cuda, "off" =
+  // never (the tensor-core tile), else the path of the library to dlopen.
+  std::string cublas = "auto";
+  // Matmuls of at least this many tokens (>= 2) go to cuBLAS.
+  int64_t gemm_min_tokens = 128;
+  // Branches (the shared expert beside the router and routed experts) on a
+  // second stream; false: every op on one stream.
+  bool branches = true;
+  // Programmatic dependent launch on sm_90+ (cuda_launch.cuh); false: plain launches.
+  bool pdl = true;
 };
 
 // Weight upload totals of a CUDA backend (load-rate reporting).

@@ -40,15 +40,13 @@ bool resolve(void* dl, const char* name, F& f) {
 
 }  // namespace
 
-std::unique_ptr<Blas> Blas::load(std::string* why) {
-  // DSV4_CUBLAS=PATH picks the library; DSV4_CUBLAS=0 turns cuBLAS off.
-  const char* env = std::getenv("DSV4_CUBLAS");
-  if (env && std::strcmp(env, "0") == 0) {
-    *why = "off (DSV4_CUBLAS=0)";
+std::unique_ptr<Blas> Blas::load(const std::string& which, std::string* why) {
+  if (which == "off") {
+    *why = "off (--cublas off)";
     return nullptr;
   }
   std::vector<std::string> names;
-  if (env && *env) names.push_back(env);
+  if (which != "auto") names.push_back(which);
   else names = {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so.12", "libcublas.so"};
   void* dl = nullptr;
   std::string tried;

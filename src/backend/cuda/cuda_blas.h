@@ -24,8 +24,10 @@ namespace dsv4::cuda {
 class Blas {
  public:
   // The library and a handle on the current device, or nullptr with *why set
-  // (library not found, symbol missing, handle creation failed).
-  static std::unique_ptr<Blas> load(std::string* why);
+  // (off, library not found, symbol missing, handle creation failed).
+  // which: "auto" (libcublas.so.13 from the library path, then /usr/local/cuda),
+  // "off" (nullptr), or the path of the library.
+  static std::unique_ptr<Blas> load(const std::string& which, std::string* why);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;

@@ -83,7 +83,7 @@ struct CudaContext {
   bool tensor_cores = false;
   // Decode expert matvecs (IQ2_XXS, Q2_K) as integer dot products with a
   // digit-split x (cuda_idot.cuh): on with tensor cores (the same f32-rounding
-  // contract); DSV4_CUDA_IDOT=0 turns it off (A/B, diagnosis).
+  // contract); CudaBackendOptions::int_dot = false (--no-int-dot) turns it off.
   bool int_dot = false;
   // cuBLAS for the prefill matmuls of at least gemm_min_tokens tokens
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.

@@ -39,7 +39,7 @@
 //   4. gemm_scale_out_kernel: out[t, r] = ldexp(C[t, r], -(e_r + e_t)) (+ out).
 // Traffic beyond the GEMM: W once (+ 6 bytes per weight written, read by the
 // GEMM), x (+ 6 bytes per value), C (8 bytes per output and slice). Worth it from about
-// a hundred tokens (ctx.gemm_min_tokens, default 128: DSV4_CUDA_GEMM_MIN_TOKENS).
+// a hundred tokens (ctx.gemm_min_tokens, default 128: --gemm-min-tokens).
 //
 // CPU reference: cpu::matmul (quant::dequantize_row + f32 dot products).
 #include "backend/cuda/cuda_gemm.cuh"

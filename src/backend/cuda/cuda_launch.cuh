@@ -19,8 +19,8 @@
 //     predecessor did, so ordering is transitive along the stream.
 //   * only constant data (weights, tables uploaded at load) is read before it.
 // Without the attribute (PDL off, pre-Hopper GPUs) both instructions are
-// no-ops and launches behave as plain stream order. DSV4_CUDA_PDL=0 in the
-// environment turns PDL off (A/B measurements).
+// no-ops and launches behave as plain stream order. CudaBackendOptions::pdl =
+// false (--no-pdl) turns PDL off (A/B measurements).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,7 +30,7 @@
 namespace dsv4::cuda {
 
 // Process-wide switch, set by the backend from the device's compute capability
-// (>= 9.0) and DSV4_CUDA_PDL; false until then.
+// (>= 9.0) and CudaBackendOptions::pdl; false until then.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 

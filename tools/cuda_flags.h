@@ -1,0 +1,46 @@
+// The CUDA backend's command-line switches, shared by dsv4 run/serve/bench/logits
+// (help group "CUDA"). Each one maps to a field of EngineOptions; the defaults
+// are the fast path, the switches are for A/B runs and fall-backs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+
+#include "dsv4/engine.h"
+
+namespace dsv4::tools {
+
+inline void add_cuda_flags(CLI::App* cmd, bool* tensor_cores, CudaSwitches* s) {
+  const char* group = "CUDA";
+  cmd->add_flag_callback("--no-tensor-cores", [tensor_cores] { *tensor_cores = false; },
+                "Batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores; "
+                "also turns off the switches below that need tensor cores")
+      ->group(group);
+  cmd->add_flag_callback("--no-int-dot", [s] { s->int_dot = false; },
+                "Decode experts' IQ2_XXS/Q2_K rows on the float matvec instead of integer dot products")
+      ->group(group);
+  cmd->add_option("--cublas", s->cublas,
+                  "Prefill matmuls on cuBLAS: auto (libcublas.so.13 when it loads, else the built-in tile), off, "
+                  "or the path of the library (which must load)")
+      ->type_name("auto|off|PATH")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--gemm-min-tokens", s->gemm_min_tokens, "Matmuls of at least this many tokens (>= 2) go to cuBLAS")
+      ->type_name("N")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            int64_t n = 0;
+            return CLI::detail::lexical_cast(v, n) && n >= 2 ? std::string() : "want a whole number >= 2, got " + v;
+          },
+          ""))
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_flag_callback("--no-cuda-branches", [s] { s->branches = false; },
+                "Every op on one stream (default: the shared expert runs on a second stream)")
+      ->group(group);
+  cmd->add_flag_callback("--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
+      ->group(group);
+}
+
+}  // namespace dsv4::tools
