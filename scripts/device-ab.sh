@@ -17,8 +17,9 @@
 #                 carried beside the payload) against this payload's dsv4 (B)
 # Options (device-sweep.sh's): env ROUNDS (default 2: A B A B), CTX_START (2048),
 #          CTX_MAX (4096), GEN (64 decoded tokens per frontier), PRESET (flash-q2), BENCH_FLAGS.
-# Output under $OUT (else ./out): a-<r>.csv/.log, b-<r>.csv/.log, sweep.txt and its copy
-# ab.txt (printed last). Each run loads the model (~30 s for flash-q2); 2 rounds at 2K..4K take ~2.5 min.
+# Output: device-sweep.sh's (a-<r>.csv/.log, b-<r>.csv/.log, sweep.txt = the A/B table, printed last;
+# with the device tool: $OUT/sweep.txt and $OUT/sweep-logs.tgz); in ./out also the copy ab.txt.
+# Each run loads the model (~30 s for flash-q2); 2 rounds at 2K..4K take ~2.5 min.
 # More than two configurations (several knobs or binaries in one call): scripts/device-sweep.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -46,6 +47,5 @@ fi
 export SWEEP
 scripts/device-sweep.sh
 rc=$?
-LOG=${OUT:-$PWD/out}
-[ -f "$LOG/sweep.txt" ] && cp "$LOG/sweep.txt" "$LOG/ab.txt"
+[ -z "${OUT:-}" ] && [ -f out/sweep.txt ] && cp out/sweep.txt out/ab.txt
 exit $rc

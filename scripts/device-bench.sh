@@ -7,7 +7,9 @@
 #
 #   device tool: command "scripts/device-check.sh --quick; scripts/device-bench.sh", carry ["build-device"]
 #
-# Steps (logs and CSVs under $OUT, else ./out):
+# Steps (logs and CSVs in ./out; with the device tool (OUT set) packed into $OUT/bench-logs.tgz, the CSVs and
+# the printed summary copied beside it as $OUT/bench-<preset>-cuda.csv, bench-kv-cache.csv, bench-summary.txt:
+# scripts/device-out.sh):
 #   synth     (file mode only) dsv4 synth --preset flash-q2 -o /dev/shm/flash-q2.gguf (skipped if present)
 #   bench     dsv4 bench --backend cuda, frontiers $CTX_START .. $CTX_MAX doubling
 #             (default 2048 .. 4096; one process, each frontier prefills only
@@ -23,8 +25,12 @@
 #          KV_TOKENS (implies SYNTH_FILE=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG=${OUT:-$PWD/out}
-mkdir -p "$LOG"
+# shellcheck source=scripts/device-out.sh
+. scripts/device-out.sh
+device_out_begin bench
+device_out_keep "bench-${PRESET:-flash-q2}-cuda.csv" "bench-${PRESET:-flash-q2}-cuda.csv"
+device_out_keep kv-cache.csv bench-kv-cache.csv
+device_out_keep summary.txt bench-summary.txt
 CTX_START=${CTX_START:-2048}
 CTX_MAX=${CTX_MAX:-4096}
 GEN=${GEN:-16}
@@ -75,11 +81,13 @@ if [ "$KV_TOKENS" -gt 0 ]; then
 fi
 [ -n "$MODEL" ] && [ "${KEEP:-0}" -ne 1 ] && rm -f "$MODEL"
 echo
-echo "== dsv4 device-bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
-grep -h "uploaded" "$LOG"/bench*.log | head -1
-printf '%s\n' "${ROWS[@]}"
-grep -v "^#" "$CSV" 2>/dev/null
-grep -m1 -A12 "^op " "$LOG/bench.log" 2>/dev/null
-grep "^total" "$LOG/bench.log" 2>/dev/null
-[ "$KV_TOKENS" -gt 0 ] && tail -12 "$LOG/kv-cache.log"
+{
+  echo "== dsv4 device-bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+  grep -h "uploaded" "$LOG"/bench*.log | head -1
+  printf '%s\n' "${ROWS[@]}"
+  grep -v "^#" "$CSV" 2>/dev/null
+  grep -m1 -A12 "^op " "$LOG/bench.log" 2>/dev/null
+  grep "^total" "$LOG/bench.log" 2>/dev/null
+  [ "$KV_TOKENS" -gt 0 ] && tail -12 "$LOG/kv-cache.log"
+} | tee "$LOG/summary.txt"
 exit 0

@@ -5,9 +5,9 @@
 #   1. here:  scripts/device-build-carry.sh          (builds build-device/, about 12 MiB)
 #   2. there: command "scripts/device-check.sh", carry ["build-device"]
 #
-# What it runs (logs go to $OUT when set — the device tool's output folder,
-# which returns at most 8 files — else to ./out: probe.txt, one <step>.log per
-# step, summary.txt):
+# What it runs (logs: probe.txt, one <step>.log per step, summary.txt — in ./out, or
+# with the device tool (OUT set) packed into $OUT/check-logs.tgz with a copy of
+# summary.txt as $OUT/check-summary.txt: scripts/device-out.sh):
 #   test_cuda_decode  device weight decoders and roundings run on the host vs the CPU code (exact)
 #   test_cuda_ops     every op, CUDA vs CPU, tiny + Flash shapes (thresholds in tests/cuda/ops_harness.h)
 #   test_cuda_ops_ffma  the same on tiny shapes with --no-tensor-cores (FFMA tiles: batched == one-token, bitwise)
@@ -47,11 +47,13 @@ for a in "$@"; do
     *) echo "device-check: unknown option $a (see --help)" >&2; exit 2 ;;
   esac
 done
-LOG=${OUT:-$PWD/out}
-mkdir -p "$LOG"
+# shellcheck source=scripts/device-out.sh
+. scripts/device-out.sh
+device_out_begin check
+device_out_keep summary.txt check-summary.txt
 export PATH="$PATH:/usr/local/cuda/bin"
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+trap 'rm -rf "$WORK"; device_out_end' EXIT  # device_out_end: scripts/device-out.sh
 
 ROWS=()
 add_row() { ROWS+=("$1|$2|$3|$4"); }

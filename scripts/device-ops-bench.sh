@@ -27,11 +27,14 @@
 #             the GPU hosts the device tool hands out (BENCHMARKS.md step 12); this
 #             interleaved A/B is stable to ~0.5%.
 #   FILTER    only the bench cases whose name contains it (both the timing and the A/B runs)
-# Output under $OUT (else ./out): ops-bench-n<N>.txt, ncu-<i>.txt, summary.txt.
+# Output: ops-bench-n<N>.txt, ab-n<N>.txt, ncu-<i>.txt, summary.txt in ./out; with the device tool (OUT set)
+# packed into $OUT/ops-bench-logs.tgz, summary.txt copied to $OUT/ops-bench-summary.txt (scripts/device-out.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-LOG=${OUT:-$PWD/out}
-mkdir -p "$LOG"
+# shellcheck source=scripts/device-out.sh
+. scripts/device-out.sh
+device_out_begin ops-bench
+device_out_keep summary.txt ops-bench-summary.txt
 export PATH="$PATH:/usr/local/cuda/bin"
 RUN=build-device-run
 if [ ! -x "$RUN/bin/bench_cuda_ops" ]; then

@@ -19,13 +19,16 @@
 #             the payload); default: this payload's dsv4
 # Options: env ROUNDS (default 2), CTX_START (2048), CTX_MAX (4096), GEN (64 decoded
 #          tokens per frontier), PRESET (flash-q2), BENCH_FLAGS.
-# Output under $OUT (else ./out): <name>-<round>.csv/.log, sweep.txt (printed last).
+# Output: <name>-<round>.csv/.log and sweep.txt (printed last) in ./out; with the device tool (OUT set)
+# packed into $OUT/sweep-logs.tgz, sweep.txt copied to $OUT/sweep.txt (scripts/device-out.sh).
 # Each run loads the model (~30-40 s for flash-q2 at 2K..4K): budget configurations x rounds runs.
 # scripts/device-ab.sh is the two-configuration front end (AB_FLAG / AB_ENV / AB_BIN).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-LOG=${OUT:-$PWD/out}
-mkdir -p "$LOG"
+# shellcheck source=scripts/device-out.sh
+. scripts/device-out.sh
+device_out_begin sweep
+device_out_keep sweep.txt sweep.txt
 ROUNDS=${ROUNDS:-2}
 CTX_START=${CTX_START:-2048}
 CTX_MAX=${CTX_MAX:-4096}
