@@ -70,6 +70,8 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
     if (o.backend == "cuda") return be.error().with_context("--backend cuda");
+    // A cuBLAS library named by path asks for the GPU: no silent fall-back to the CPU.
+    if (o.cuda.cublas != "auto" && o.cuda.cublas != "off") return be.error().with_context("--cublas " + o.cuda.cublas);
     log_warn("--backend auto: the GPU is not usable (%s); using the CPU", be.error().message.c_str());
   }
 #else
@@ -182,6 +184,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   DSV4_TRY_ASSIGN(Numerics numerics, numerics_from_name(o.numerics));
   if (o.prefill_batch < 0 || o.prefill_batch > 65536)
     return make_error("prefill batch %d out of range [1, 65536] (0: the backend's default)", o.prefill_batch);
+  // The CUDA switches are checked whichever backend runs (a typo must not depend on the machine).
+  if (o.cuda.gemm_min_tokens < 2)
+    return make_error("--gemm-min-tokens %lld: the cuBLAS matmul threshold must be at least 2 tokens",
+                      static_cast<long long>(o.cuda.gemm_min_tokens));
+  if (o.cuda.cublas.empty()) return make_error("--cublas: empty (want auto, off or the path of libcublas)");
   if (o.synthetic.empty()) {
     DSV4_TRY_ASSIGN(impl->file, open_model(o.model_path));
   } else {

@@ -237,6 +237,21 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   auto neg = Engine::load(o);
   ASSERT_FALSE(neg.has_value());
   EXPECT_NE(neg.error().message.find("prefill batch -1"), std::string::npos);
+  // The CUDA switches are checked on any backend.
+  o.prefill_batch = 0;
+  o.cuda.gemm_min_tokens = 1;
+  auto gmt = Engine::load(o);
+  ASSERT_FALSE(gmt.has_value());
+  EXPECT_NE(gmt.error().message.find("--gemm-min-tokens 1"), std::string::npos) << gmt.error().message;
+  o.cuda = CudaSwitches{};
+  o.cuda.cublas = "";
+  auto nolib = Engine::load(o);
+  ASSERT_FALSE(nolib.has_value());
+  EXPECT_NE(nolib.error().message.find("--cublas"), std::string::npos) << nolib.error().message;
+  o.cuda = CudaSwitches{};
+  o.cuda.cublas = "off";
+  o.cuda.pdl = false;
+  EXPECT_TRUE(Engine::load(o).has_value());  // valid switches: the CPU backend ignores them
   // Cancellation stops between batches and keeps what was done.
   auto small = load(16);
   auto sc = small->new_session();
