@@ -73,6 +73,9 @@ void cases_moe(Harness& h) {
         // Mid-size rows (1,024 and 4,096 elements) at decode batch sizes.
         {G::IQ2_XXS, G::Q2_K, 8, 1024, 4096, 2, {1, 3}, false},
         {G::Q8_0, G::Q4_K, 8, 1024, 1024, 2, {1, 2}, false},
+        // Many assignments per expert (experts spanning several plan tiles; the plan's counting sort over 16 warps).
+        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {600}, false},
+        {G::Q8_0, G::Q4_K, 8, 256, 256, 2, {300}, false},
         {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3, 64}, true},
         {G::Q4_K, G::Q4_K, 256, 2048, 4096, 6, {1}, true},
     };

@@ -28,7 +28,7 @@
 //   dotted with dp4a (cuda_idot.cuh): within f32 rounding of the CPU like the
 //   tensor-core tiles, not bitwise equal to the float matvec.
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
-//   block, one thread per expert) lists the assignments sorted by (expert,
+//   block, a stable counting sort over 16 warps) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
 //   and down all run on tensor cores (32 for batches of >= 32 assignments per
 //   expert on average; mma_tile of cuda_mma.cuh, x and mid
@@ -271,20 +271,48 @@ __global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
 
 // Expert grouping for prefill. list[] = the assignment ids in (expert, id)
 // order; tiles[z] = {expert, first list index, count <= tile, 0} for z < *n_tiles.
-// One block, thread e owns expert e (blockDim >= E); each thread scans the
-// expert ids twice (count, then fill), reading them as warp-wide broadcasts.
-__global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E, int tile,
-                                int32_t* __restrict__ list, int4* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+// One block of k_plan_warps warps: a stable counting sort of the assignments
+// by expert. Warp w owns the contiguous segment [w seg, (w + 1) seg) of the
+// assignments and walks it 32 at a time in order; lanes with the same expert
+// find each other with __match_any_sync, so within a step the lower lane (the
+// smaller assignment) goes first.
+//   pass 1: hist[w][e] = assignments of expert e in segment w;
+//   scan:   off[e] (first list index of expert e), toff[e] (first tile), and
+//           hist[w][e] becomes the first list index of segment w's run of e;
+//   pass 2: the same walk writes every assignment at hist[w][e] + its rank.
+// The list is sorted by (expert, assignment) exactly as the one-thread-per-
+// expert version wrote it (each thread scanning all n_assign assignments twice,
+// 318 us per 2,048-token batch on the H200, ncu 2026-12-01).
+constexpr int k_plan_warps = 16;
+__global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E,
+                                                                     int tile, int32_t* __restrict__ list, int4* __restrict__ tiles,
+                                                                     int32_t* __restrict__ n_tiles) {
   pdl_enter();
   extern __shared__ int plan_sm[];
-  int* cnt = plan_sm;      // [E] assignments per expert
-  int* off = cnt + E;      // [E] first list index
-  int* toff = off + E;     // [E] first tile index
-  const int e = threadIdx.x;
-  for (int64_t a = threadIdx.x; a < n_assign; a += blockDim.x) DEVICE_CHECK(experts[a] >= 0 && experts[a] < E);
-  int c = 0;
-  for (int64_t a = 0; a < n_assign; ++a) c += experts[a] == e;
-  if (e < E) cnt[e] = c;
+  int* hist = plan_sm;                     // [k_plan_warps][E]
+  int* cnt = hist + k_plan_warps * E;      // [E] assignments per expert
+  int* off = cnt + E;                      // [E] first list index
+  int* toff = off + E;                     // [E] first tile index
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < k_plan_warps * E; i += blockDim.x) hist[i] = 0;
+  __syncthreads();
+  const int64_t seg = (n_assign + k_plan_warps - 1) / k_plan_warps;
+  const int64_t s0 = min(n_assign, w * seg), s1 = min(n_assign, s0 + seg);
+  const unsigned lower = (1u << lane) - 1u;
+  for (int64_t base = s0; base < s1; base += 32) {
+    const int64_t a = base + lane;
+    const int e = a < s1 ? experts[a] : -1;
+    DEVICE_CHECK(a >= s1 || (e >= 0 && e < E));
+    const unsigned same = __match_any_sync(k_full_mask, e);
+    if (e >= 0 && (same & lower) == 0) hist[w * E + e] += __popc(same);  // the run's lowest lane
+    __syncwarp();  // the next step's leader of e may be another lane
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int c = 0;
+    for (int v = 0; v < k_plan_warps; ++v) c += hist[v * E + e];
+    cnt[e] = c;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     int o = 0, t = 0;
@@ -297,11 +325,26 @@ __global__ void moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_a
     *n_tiles = t;
   }
   __syncthreads();
-  if (e >= E) return;
-  int pos = off[e];
-  for (int64_t a = 0; a < n_assign; ++a)
-    if (experts[a] == e) list[pos++] = static_cast<int32_t>(a);
-  for (int j = 0; j * tile < c; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + j * tile, min(tile, c - j * tile), 0);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int run = off[e];
+    for (int v = 0; v < k_plan_warps; ++v) {
+      const int h = hist[v * E + e];
+      hist[v * E + e] = run;
+      run += h;
+    }
+    const int c = cnt[e];
+    for (int j = 0; j * tile < c; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + j * tile, min(tile, c - j * tile), 0);
+  }
+  __syncthreads();
+  for (int64_t base = s0; base < s1; base += 32) {
+    const int64_t a = base + lane;
+    const int e = a < s1 ? experts[a] : -1;
+    const unsigned same = __match_any_sync(k_full_mask, e);
+    if (e >= 0) list[hist[w * E + e] + __popc(same & lower)] = static_cast<int32_t>(a);
+    __syncwarp();
+    if (e >= 0 && (same & lower) == 0) hist[w * E + e] += __popc(same);
+    __syncwarp();
+  }
 }
 
 // out[a, r] = W[e, r, :] · x[a / x_div] for the assignments a of tile blockIdx.y
@@ -479,9 +522,10 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
   p.tiles = static_cast<int4*>(base);  // 16-byte aligned: scratch is, and base follows float arrays of 16-byte multiples
   p.list = reinterpret_cast<int32_t*>(p.tiles + p.max_tiles);
   p.n_tiles = p.list + n_assign;
-  const int threads = static_cast<int>(ceil_div(E, 32) * 32);
-  launch_kernel(moe_plan_kernel, 1, threads, 3 * static_cast<size_t>(E) * sizeof(int), ctx.stream, experts, n_assign, static_cast<int>(E),
-      tile, p.list, p.tiles, p.n_tiles);
+  const size_t smem = (k_plan_warps + 3) * static_cast<size_t>(E) * sizeof(int);
+  allow_smem(moe_plan_kernel, smem);
+  launch_kernel(moe_plan_kernel, 1, k_plan_warps * 32, smem, ctx.stream, experts, n_assign, static_cast<int>(E), tile, p.list,
+                p.tiles, p.n_tiles);
   CUDA_CHECK_LAUNCH();
   return p;
 }
