@@ -6,6 +6,8 @@
 #   build-device/dsv4-device.tar.xz   bin/ and lib/ (about 12 MiB packed):
 #       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_golden,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
+#             (plus the GPU micro-benchmarks mma_sync_rate and wgmma_f16 of bench/micro/,
+#             optional like dsv4; scripts/device-micro.sh runs them)
 #             (stripped; CUDA runtime linked statically, compressed fatbins). dsv4 is
 #             optional: if it does not build, the payload goes without it (warning)
 #             and device-check skips its CLI smoke step.
@@ -48,12 +50,20 @@ ninja -C "$TREE" -j"$(nproc)" dsv4 || {
   echo "device-build-carry: WARNING: dsv4 did not build; the payload has no CLI (device-check skips the CLI smoke)" >&2
 }
 
+# The GPU micro-benchmarks (bench/micro/) are optional too.
+with_micro=1
+ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 || {
+  with_micro=0
+  echo "device-build-carry: WARNING: the micro-benchmarks did not build; the payload goes without them" >&2
+}
+
 STAGE="$TREE/device-payload"
 rm -rf "$STAGE" "$PAYLOAD"
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$PAYLOAD"
 cp "$TREE/tests/cuda/test_cuda_decode" "$TREE/tests/cuda/test_cuda_ops" "$TREE/tests/cuda/test_cuda_model" \
   "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
 [ "$with_cli" -eq 1 ] && cp "$TREE/tools/dsv4" "$STAGE/bin/"
+[ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$STAGE/bin/"
 strip "$STAGE"/bin/*
 
 for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |

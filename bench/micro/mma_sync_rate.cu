@@ -5,7 +5,17 @@
 //   built with -DDSV4_CUDA=ON as build/bench/mma_sync_rate (or: nvcc -O3 -arch=sm_90 -o mma_sync_rate
 //   bench/micro/mma_sync_rate.cu); results: bench/results/2026-12-02-h200-mma-sync-rate.txt
 #include <cstdio>
+#include <cstdlib>
 #include <cuda_runtime.h>
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
 
 template <int ACC>
 __global__ void mma_loop(float* out, int iters, unsigned seed) {
@@ -29,29 +39,31 @@ __global__ void mma_loop(float* out, int iters, unsigned seed) {
 template <int ACC>
 void run(int warps_per_block, int blocks_per_sm, int sms) {
   float* out;
-  cudaMalloc(&out, 4096);
+  CK(cudaMalloc(&out, 4096));
   const int iters = 4096;
   const int blocks = sms * blocks_per_sm;
   mma_loop<ACC><<<blocks, 32 * warps_per_block>>>(out, 16, 1);  // warm-up
+  CK(cudaGetLastError());
   cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
   mma_loop<ACC><<<blocks, 32 * warps_per_block>>>(out, iters, 2);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
+  CK(cudaGetLastError());
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
   float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
+  CK(cudaEventElapsedTime(&ms, e0, e1));
   const double mmas = double(blocks) * warps_per_block * iters * ACC;
   const double tflops = mmas * 4096.0 / (ms * 1e-3) / 1e12;
   printf("acc/warp %2d  warps/SM %3d  %8.3f ms  %7.1f TFLOP/s  %6.2f SM-cycles per MMA @1.98GHz\n", ACC,
          warps_per_block * blocks_per_sm, ms, tflops, (ms * 1e-3 * 1.98e9 * sms) / mmas);
-  cudaFree(out);
+  CK(cudaFree(out));
 }
 
 int main() {
   int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   printf("mma.sync.m16n8k16 f16 -> f32, %d SMs\n", sms);
   for (int w : {4, 8, 16, 32}) run<8>(w, 1, sms);
   for (int w : {4, 8, 16}) run<16>(w, 1, sms);
