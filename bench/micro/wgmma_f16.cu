@@ -1,4 +1,4 @@
-// STATUS: written 2026-12-02 without a GPU, compiled (nvcc 13.0, sm_90a), NOT RUN YET.
+// STATUS: run on an H200 2026-12-02 (bench/results/2026-12-02-h200-wgmma-f16.txt): LBO = K stride is right.
 // Micro-check and micro-benchmark: wgmma (sm_90a) with both operands in shared memory (f16, K-major, no swizzle)
 // and f32 accumulators — the building block a grouped expert GEMM would need (docs/proposal-moe-grouped-gemm.md:
 // the mma.sync versions were bound by ldmatrix traffic and mma.sync's issue rate). Written without a GPU; its
@@ -217,13 +217,15 @@ int main() {
   cudaDeviceProp p{};
   CK(cudaGetDeviceProperties(&p, 0));
   std::printf("wgmma f16 -> f32, shared-memory operands, no swizzle; %s, %d SMs\n", p.name, sms);
+  // First run (2026-12-02, H200): LBO = K stride is right for both core orders; LBO = row stride is wrong for the
+  // row-group-major order and faults (illegal address, a sticky error) for the K-major order, so that one is skipped.
   for (int layout : {0, 1})
     for (int swap : {0, 1}) {
+      if (layout == 1 && swap == 1) continue;
       check<64>(layout, swap);
       check<128>(layout, swap);
     }
-  // Rates with the first reading of the descriptor (LBO = K stride); rerun with swap = 1 if the check says so.
-  for (int swap : {0, 1}) {
+  for (int swap : {0}) {
     std::printf("-- rates, LBO = %s stride\n", swap ? "row" : "K");
     rate<64, 1, 1>(sms, 1, swap);
     rate<64, 1, 2>(sms, 1, swap);
