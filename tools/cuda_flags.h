@@ -39,6 +39,21 @@ inline void add_cuda_flags(CLI::App* cmd, bool* tensor_cores, CudaSwitches* s) {
   cmd->add_flag_callback("--no-cuda-branches", [s] { s->branches = false; },
                 "Every op on one stream (default: the shared expert runs on a second stream)")
       ->group(group);
+  cmd->add_option("--expert-gemm", s->expert_gemm,
+                  "Prefill experts on the grouped wgmma GEMM (sm_90a): those with at least N assignments in a batch "
+                  "(the others on the tile); auto (N = 64), on (every expert), off, or N")
+      ->type_name("auto|on|off|N")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            int64_t n = 0;
+            if (v == "auto" || v == "on" || v == "off") return std::string();
+            return CLI::detail::lexical_cast(v, n) && n >= 1 && n <= 1000000
+                       ? std::string()
+                       : "want auto, on, off or a whole number from 1 to 1000000, got " + v;
+          },
+          ""))
+      ->capture_default_str()
+      ->group(group);
   cmd->add_flag_callback("--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
       ->group(group);
 }

@@ -30,6 +30,7 @@ struct CudaSwitches {
   int64_t gemm_min_tokens = 128;  // matmuls of >= this many tokens (>= 2) go to cuBLAS
   bool branches = true;           // the shared expert on a second stream
   bool pdl = true;                // programmatic dependent launch (sm_90+)
+  std::string expert_gemm = "auto";  // prefill experts of >= N assignments on the grouped wgmma GEMM: auto | on | off | N
 
   std::string describe() const;  // the switches that differ from the defaults ("" when none)
 };

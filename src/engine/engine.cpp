@@ -36,6 +36,7 @@ std::string CudaSwitches::describe() const {
   if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));
   if (branches != d.branches) add("branches=off");
   if (pdl != d.pdl) add("pdl=off");
+  if (expert_gemm != d.expert_gemm) add("expert_gemm=" + expert_gemm);
   return s;
 }
 
@@ -67,6 +68,7 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
     co.gemm_min_tokens = o.cuda.gemm_min_tokens;
     co.branches = o.cuda.branches;
     co.pdl = o.cuda.pdl;
+    co.expert_gemm = o.cuda.expert_gemm;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
     if (o.backend == "cuda") return be.error().with_context("--backend cuda");

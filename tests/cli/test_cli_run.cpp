@@ -278,7 +278,8 @@ TEST(CliRun, BadFlagValuesAreRefused) {
       {"--backend tpu", "--backend"},   {"--numerics fast", "--numerics"},
       {"--logprobs-top-k 1000 --dump-logprobs x.json", "--logprobs-top-k"},
       {"--stop ''", "--stop"},          {"--no-such-flag", "no-such-flag"},
-      {"--gemm-min-tokens 1", "--gemm-min-tokens"},
+      {"--gemm-min-tokens 1", "--gemm-min-tokens"}, {"--expert-gemm fast", "--expert-gemm"},
+      {"--expert-gemm 0", "--expert-gemm"},
   };
   for (const auto& [flags, mention] : cases) {
     Result r = run_dsv4(run_tiny("-p hi " + flags));
@@ -321,15 +322,16 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--frequency-penalty", "--stop", "--backend", "--threads", "--numerics", "--mtp",
                            "--dump-logprobs", "--logprobs-top-k", "--no-color", "--ignore-eos", "/save FILE", "/nothink",
                            "CUDA:", "--no-tensor-cores", "--no-int-dot", "--cublas", "--gemm-min-tokens",
-                           "--no-cuda-branches", "--no-pdl"})
+                           "--no-cuda-branches", "--no-pdl", "--expert-gemm"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
 TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
-  Result r = run_dsv4(run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl"));
+  Result r = run_dsv4(
+      run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off"));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos) << r.err;
 }
 
 TEST(CliTokenize, IdsAndPieces) {

@@ -62,6 +62,7 @@ void cases_moe(Harness& h) {
       int64_t E, F, D, k;
       std::vector<int64_t> ns;
       bool flash;
+      int64_t hot = 0;  // tokens 1..hot route their first slot to expert 1 (a skewed batch)
     };
     const std::vector<C> cases = {
         {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5, 40, 160}, false},  // 160: 40 per expert, tensor-core tiles of 32
@@ -73,9 +74,17 @@ void cases_moe(Harness& h) {
         // Mid-size rows (1,024 and 4,096 elements) at decode batch sizes.
         {G::IQ2_XXS, G::Q2_K, 8, 1024, 4096, 2, {1, 3}, false},
         {G::Q8_0, G::Q4_K, 8, 1024, 1024, 2, {1, 2}, false},
-        // Many assignments per expert (experts spanning several plan tiles; the plan's counting sort over 16 warps).
+        // More than 64 assignments per expert (the grouped GEMM also under --expert-gemm auto): ~150 per expert
+        // (a tile of 128; the tail of ~22 on the tile, or with --expert-gemm on a wgmma of width 32) and ~75
+        // (one tile of width 96).
         {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {600}, false},
         {G::Q8_0, G::Q4_K, 8, 256, 256, 2, {300}, false},
+        // One hot expert (~240 assignments: a full tile of 128 and a partial one of >= 64 on the grouped GEMM under
+        // --expert-gemm auto, the other experts' ~50 on the tile in the same batch).
+        {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {300}, false, 230},
+        // Row counts that are not whole 128-row blocks of the grouped GEMM (192 gate/up rows, 320 down rows).
+        {G::Q8_0, G::Q8_0, 8, 192, 320, 2, {300}, false},
+        {G::IQ2_XXS, G::Q2_K, 4, 2048, 4096, 6, {100}, true},
         {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3, 64}, true},
         {G::Q4_K, G::Q4_K, 256, 2048, 4096, 6, {1}, true},
     };
@@ -92,14 +101,19 @@ void cases_moe(Harness& h) {
           for (auto& v : e) v = static_cast<int32_t>(r.below(c.E));
           e[0] = static_cast<int32_t>(c.E - 1);
           if (e.size() > 1) e[1] = 0;
+          for (int64_t t = 1; t <= c.hot && t < n; ++t) {
+            e[static_cast<size_t>(t * c.k)] = 1;
+            for (int64_t j = 1; j < c.k; ++j)  // no token lists an expert twice
+              if (e[static_cast<size_t>(t * c.k + j)] == 1) e[static_cast<size_t>(t * c.k + j)] = 2;
+          }
           Pair ex = b.i32(e, Shape(c.k, n));
           Pair wt = b.f32(random_uniform(r, static_cast<size_t>(n * c.k), 0.1f, 1.0f), Shape(c.k, n));
           Pair out = accumulate ? b.f32(random_normal(r, static_cast<size_t>(n * c.D)), Shape(c.D, n)) : b.out(GgmlType::F32, Shape(c.D, n));
           h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, 10.0f, accumulate});
           h.gpu.moe_experts({out.g, x.g, gate.g, up.g, down.g, ex.g, wt.g, 10.0f, accumulate});
-          const std::string s = strfmt("%s/%s E=%lld F=%lld D=%lld k=%lld n=%lld%s", ggml_type_name(c.gate_up), ggml_type_name(c.down),
+          const std::string s = strfmt("%s/%s E=%lld F=%lld D=%lld k=%lld n=%lld%s%s", ggml_type_name(c.gate_up), ggml_type_name(c.down),
                                        (long long)c.E, (long long)c.F, (long long)c.D, (long long)c.k, (long long)n,
-                                       accumulate ? " accumulate" : "");
+                                       c.hot > 0 ? " skewed" : "", accumulate ? " accumulate" : "");
           h.report.nmse("moe_experts", s, b.diff(out), k_thr_f32);
           if (n > 1 && !accumulate) {
             Pair one = b.out(GgmlType::F32, Shape(c.D, n));
@@ -122,8 +136,10 @@ void cases_moe(Harness& h) {
       Pair up = b.random_weight(G::IQ2_XXS, Shape(D, F, E));
       Pair down = b.random_weight(G::Q2_K, Shape(F, D, E));
       const float unit_scales[] = {1.0f, 0.0f, 1e-3f, 1.0f, 30.0f, 1.0f, 1.0f, 0.25f};
-      for (float scale : {0.0f, 1e-15f, 1e-6f, 1e15f}) {
-        const int64_t n = scale == 0.0f ? 3 : 1;
+      // n = 1 / 3: the decode path; n = 40: the expert-grouped path (per-token scales in the grouped GEMM).
+      for (const auto& [scale, n] : {std::pair{0.0f, int64_t{3}}, std::pair{1e-15f, int64_t{1}}, std::pair{1e-6f, int64_t{1}},
+                                     std::pair{1e15f, int64_t{1}}, std::pair{0.0f, int64_t{40}}, std::pair{1e-15f, int64_t{40}},
+                                     std::pair{1e15f, int64_t{40}}}) {
         std::vector<float> xv = random_normal(r, static_cast<size_t>(n * D));
         for (size_t i = 0; i < xv.size(); ++i) {
           const size_t unit = i / 32;
@@ -139,7 +155,8 @@ void cases_moe(Harness& h) {
         Pair out = b.out(GgmlType::F32, Shape(D, n));
         h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, 10.0f, false});
         h.gpu.moe_experts({out.g, x.g, gate.g, up.g, down.g, ex.g, wt.g, 10.0f, false});
-        h.report.nmse("moe_experts", scale == 0.0f ? std::string("IQ2_XXS/Q2_K x mixed unit ranges n=3") : strfmt("IQ2_XXS/Q2_K x scaled %g", scale),
+        h.report.nmse("moe_experts", scale == 0.0f ? strfmt("IQ2_XXS/Q2_K x mixed unit ranges n=%lld", (long long)n)
+                                                  : strfmt("IQ2_XXS/Q2_K x scaled %g n=%lld", scale, (long long)n),
                       b.diff(out), k_thr_f32);
       }
     }

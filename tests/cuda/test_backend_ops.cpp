@@ -259,11 +259,14 @@ int main(int argc, char** argv) {
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   bool flash = true, tensor_cores = true, cublas = true, int_dot = true;
+  std::string expert_gemm = "auto";
   std::string filter;
   const std::string usage = std::string("usage: ") + argv[0] +
-                            " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot]\n"
+                            " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--expert-gemm auto|on|off|N]\n"
                             "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
-                            "  --no-int-dot  decode experts on the float matvec\n";
+                            "  --no-int-dot  decode experts on the float matvec\n"
+                            "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
+                            "                 auto (default: N = 64), on (every expert), off (the tile), or N\n";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
@@ -272,6 +275,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-tensor-cores") tensor_cores = false;
     else if (a == "--no-cublas") cublas = false;
     else if (a == "--no-int-dot") int_dot = false;
+    else if (a == "--expert-gemm" && i + 1 < argc) expert_gemm = argv[++i];
     else if (a == "--help") {
       std::printf("%s", usage.c_str());
       return 0;
@@ -284,6 +288,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(seed), flash ? "" : ", Flash shapes skipped",
               tensor_cores ? "" : ", FFMA tiles (--no-tensor-cores)", cublas ? "" : ", no cuBLAS (--no-cublas)",
               int_dot ? "" : ", float decode experts (--no-int-dot)");
+  if (expert_gemm != "auto") std::printf("test_backend_ops: --expert-gemm %s\n", expert_gemm.c_str());
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
@@ -292,6 +297,7 @@ int main(int argc, char** argv) {
   gopt.tensor_cores = tensor_cores;
   gopt.cublas = cublas ? "auto" : "off";
   gopt.int_dot = int_dot;
+  gopt.expert_gemm = expert_gemm;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {
     std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());

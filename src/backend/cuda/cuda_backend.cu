@@ -124,6 +124,9 @@ class CudaBackend final : public Backend {
     // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();
     ctx_.gemm_min_tokens = opts_.gemm_min_tokens;
+    ctx_.expert_gemm_min = ctx_.tensor_cores && opts_.expert_gemm != "off" && expert_wgmma_available()
+                               ? std::max(0, expert_gemm_min(opts_.expert_gemm))
+                               : 0;
     // Branches on a second stream (branch_begin), unless turned off.
     branches_ = opts_.branches;
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.
@@ -134,10 +137,13 @@ class CudaBackend final : public Backend {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
-               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s; programmatic dependent launch %s; %s",
+               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s%s; programmatic dependent launch %s; %s",
                device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
                static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
                ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", ctx_.int_dot ? ", decode experts on integer dot products" : "",
+               (ctx_.expert_gemm_min == 0
+                   ? (opts_.expert_gemm == "off" || !ctx_.tensor_cores ? std::string() : std::string(", no grouped expert GEMM (needs an sm_90a build and device)"))
+                   : strfmt(", prefill experts of >= %d assignments on the grouped GEMM (wgmma)", ctx_.expert_gemm_min)).c_str(),
                pdl_enabled() ? "on" : "off",
                blas_ ? strfmt("matmuls of >= %lld tokens on %s", static_cast<long long>(ctx_.gemm_min_tokens),
                               blas_->library().c_str()).c_str()
@@ -640,6 +646,9 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
     return make_error("the cuBLAS matmul threshold must be at least 2 tokens (got %lld)",
                       static_cast<long long>(options.gemm_min_tokens));
   if (options.cublas.empty()) return make_error("the cuBLAS library is empty (want auto, off or a path)");
+  if (cuda::expert_gemm_min(options.expert_gemm) < 0)
+    return make_error("expert GEMM mode \"%s\" (want auto, on, off or a number of assignments >= 1)",
+                      options.expert_gemm.c_str());
   // cuBLAS for the prefill matmuls, with tensor cores only. "auto" falls back to the tile when the library is
   // missing (the start-up log says why); a library named by path must load.
   std::unique_ptr<Blas> blas;

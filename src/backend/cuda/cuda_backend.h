@@ -49,6 +49,12 @@ struct CudaBackendOptions {
   bool branches = true;
   // Programmatic dependent launch on sm_90+ (cuda_launch.cuh); false: plain launches.
   bool pdl = true;
+  // Prefill experts as one grouped GEMM per matrix that decodes each weight
+  // chunk once per 128 assignments (cuda_expert_wgmma.cu; wgmma, sm_90a builds
+  // and devices, tensor_cores only), for the experts with at least N
+  // assignments in a batch (the others on the tile): "auto" (N = 64), "on"
+  // (every expert), "off" (never), or N as a whole number >= 1.
+  std::string expert_gemm = "auto";
 };
 
 // Weight upload totals of a CUDA backend (load-rate reporting).

@@ -89,6 +89,11 @@ struct CudaContext {
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.
   Blas* blas = nullptr;
   int64_t gemm_min_tokens = 128;
+  // Prefill experts with >= expert_gemm_min assignments in a batch on the
+  // grouped GEMM (cuda_expert_wgmma.cu); 0: never (tensor cores off, no sm_90a
+  // kernel here, or CudaBackendOptions::expert_gemm "off"); 1: every expert
+  // ("on", tests).
+  int expert_gemm_min = 0;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -47,6 +47,7 @@
 #include <climits>
 
 #include "backend/cuda/cuda_blas.h"
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 
 namespace dsv4::cuda {
@@ -56,25 +57,6 @@ namespace {
 template <GgmlType T>
 constexpr bool gemm_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS || T == GgmlType::F16;
-}
-
-// e with m 2^e in [2^14, 2^15) for a finite m > 0; 0 otherwise (zero rows, and
-// rows with an Inf or NaN, which then reach the output as the CPU's would, roughly).
-__device__ __forceinline__ int gemm_exponent(float m) {
-  if (!(m > 0.0f) || !isfinite(m)) return 0;
-  int E = 0;
-  frexpf(m, &E);  // m = f 2^E, f in [0.5, 1)
-  return 15 - E;
-}
-
-// v (already scaled) as f16 hi and lo: v = hi + lo to ~22 bits.
-__device__ __forceinline__ void split_f16(float v, __half& hi, __half& lo) {
-  hi = __float2half_rn(v);
-  lo = __float2half_rn(v - __half2float(hi));
-}
-
-__device__ __forceinline__ uint32_t half2_bits(__half a, __half b) {
-  return static_cast<uint32_t>(__half_as_ushort(a)) | (static_cast<uint32_t>(__half_as_ushort(b)) << 16);
 }
 
 // One warp per weight row r (8 rows per 256-thread block): lanes take units
@@ -98,7 +80,7 @@ __global__ void __launch_bounds__(256) gemm_split_w_kernel(const uint8_t* __rest
 #pragma unroll
     for (int j = 0; j < U; ++j) m = fmaxf(m, fabsf(v[j]));
   }
-  const int e = gemm_exponent(warp_max_all(m));
+  const int e = split_exponent(warp_max_all(m));
   if (lane == 0) row_exp[r] = e;
   const int64_t cols = n_units * U;
   uint4* hi0 = reinterpret_cast<uint4*>(a + r * 3 * cols);
@@ -126,21 +108,6 @@ __global__ void __launch_bounds__(256) gemm_split_w_kernel(const uint8_t* __rest
   }
 }
 
-// Block max of non-negative values, broadcast (red: 33 floats of shared memory).
-__device__ __forceinline__ float block_max_nonneg(float v, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  v = warp_max_all(v);
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float s = lane < n_warps ? red[lane] : 0.0f;
-    s = warp_max_all(s);
-    if (lane == 0) red[32] = s;
-  }
-  __syncthreads();
-  return red[32];
-}
-
 // One 256-thread block per token t: e_t over the whole row (all groups), then
 // B'[t, g] = [hi | hi | lo] of x[t, g cols .. (g + 1) cols), two values per thread step.
 __global__ void __launch_bounds__(256) gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int groups,
@@ -152,7 +119,7 @@ __global__ void __launch_bounds__(256) gemm_split_x_kernel(const float* __restri
   const int64_t width = cols * groups;
   float m = 0.0f;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
-  const int e = gemm_exponent(block_max_nonneg(m, red));
+  const int e = split_exponent(block_max_nonneg(m, red));
   if (threadIdx.x == 0) tok_exp[t] = e;
   for (int g = 0; g < groups; ++g) {
     const float* xg = xr + static_cast<int64_t>(g) * cols;

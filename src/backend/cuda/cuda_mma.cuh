@@ -133,6 +133,42 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 #endif
 }
 
+// ---- exact f16 hi/lo splits under a power-of-two scale (cuda_gemm.cu's cuBLAS
+// path and cuda_expert_gemm.cuh): v' = v 2^e, hi = f16(v'), lo = f16(v' - hi).
+// e with m 2^e in [2^14, 2^15) for a finite m > 0; 0 otherwise (zero rows, and
+// rows with an Inf or NaN, which then reach the output as the CPU's would, roughly).
+__device__ __forceinline__ int split_exponent(float m) {
+  if (!(m > 0.0f) || !isfinite(m)) return 0;
+  int E = 0;
+  frexpf(m, &E);  // m = f 2^E, f in [0.5, 1)
+  return 15 - E;
+}
+
+// v (already scaled) as f16 hi and lo: v = hi + lo to ~22 bits.
+__device__ __forceinline__ void split_f16(float v, __half& hi, __half& lo) {
+  hi = __float2half_rn(v);
+  lo = __float2half_rn(v - __half2float(hi));
+}
+
+__device__ __forceinline__ uint32_t half2_bits(__half a, __half b) {
+  return static_cast<uint32_t>(__half_as_ushort(a)) | (static_cast<uint32_t>(__half_as_ushort(b)) << 16);
+}
+
+// Block max of non-negative values, broadcast (red: 33 floats of shared memory).
+__device__ __forceinline__ float block_max_nonneg(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_max_all(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < n_warps ? red[lane] : 0.0f;
+    s = warp_max_all(s);
+    if (lane == 0) red[32] = s;
+  }
+  __syncthreads();
+  return red[32];
+}
+
 // ---- bf16 tensor-core helpers (attention, indexer): shared-memory matrix
 // loads (ldmatrix: lane l gives the address of row l % 8 of matrix l / 8; rows
 // 16-byte aligned) and the bf16 MMA with f32 accumulators.

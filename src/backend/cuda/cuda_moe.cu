@@ -37,6 +37,13 @@
 //   per tile instead of once per assignment. The tile count is only known on
 //   the device: the grid is sized for the worst case (ceil(n*k / tile) + E
 //   tiles) and surplus blocks exit, so the host never waits.
+//   On an sm_90a build and device (CudaContext::expert_gemm_min; --expert-gemm
+//   auto|on|off|N), the plan puts the experts with >= expert_gemm_min
+//   assignments in the batch into a second list of tiles of 128, for the
+//   grouped GEMM of cuda_expert_wgmma.cu (x split once for gate and up): each
+//   weight chunk is decoded once per 128 assignments into shared memory and
+//   multiplied by wgmma; the rest (and such an expert's tail of fewer than
+//   expert_gemm_min past its last full 128) run on the tile as above.
 //   The FFMA tile gives each output element the matvec's float operations
 //   (bit-identical whichever path runs); the tensor-core tile agrees to f32
 //   rounding. Scratch: [n*k][2F + D] floats, the plan, the split x.
@@ -44,6 +51,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -270,7 +278,11 @@ __global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
 }
 
 // Expert grouping for prefill. list[] = the assignment ids in (expert, id)
-// order; tiles[z] = {expert, first list index, count <= tile, 0} for z < *n_tiles.
+// order; tiles[z] = {expert, first list index, count <= tile, 0} for z < n_tiles[0]
+// (the small list). With big_min > 0, experts of >= big_min assignments go to
+// a second list, in tiles of big_tile: big[z] for z < n_tiles[1] (the grouped
+// GEMM's; both lists index list[]); such an expert's tail of fewer than big_min
+// assignments past its last full big tile stays in the small list.
 // One block of k_plan_warps warps: a stable counting sort of the assignments
 // by expert. Warp w owns the contiguous segment [w seg, (w + 1) seg) of the
 // assignments and walks it 32 at a time in order; lanes with the same expert
@@ -288,13 +300,16 @@ __global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
 constexpr int k_plan_warps = 16;
 __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E,
                                                                      int tile, int32_t* __restrict__ list, int4* __restrict__ tiles,
-                                                                     int32_t* __restrict__ n_tiles) {
+                                                                     int32_t* __restrict__ n_tiles, int big_min, int big_tile,
+                                                                     int4* __restrict__ big) {
   pdl_enter();
   extern __shared__ int plan_sm[];
   int* hist = plan_sm;                     // [k_plan_warps][E]
   int* cnt = hist + k_plan_warps * E;      // [E] assignments per expert
   int* off = cnt + E;                      // [E] first list index
-  int* toff = off + E;                     // [E] first tile index
+  int* toff = off + E;                     // [E] first tile index (small list)
+  int* boff = toff + E;                    // [E] first tile index (big list)
+  int* bcnt = boff + E;                    // [E] assignments in the big list
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < k_plan_warps * E; i += blockDim.x) hist[i] = 0;
   __syncthreads();
@@ -317,14 +332,26 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int o = 0, t = 0;
+    // Expert e's first bcnt[e] assignments go to the big list: its full big tiles, and its last partial one if that
+    // holds >= big_min (else those assignments go to the small list, where a few cost less).
+    int o = 0, t = 0, b = 0;
     for (int i = 0; i < E; ++i) {
+      const int c = cnt[i];
+      int cb = 0;
+      if (big_min > 0 && c >= big_min) {
+        const int full = c / big_tile * big_tile;
+        cb = c - full >= big_min ? c : full;
+      }
       off[i] = o;
+      bcnt[i] = cb;
+      boff[i] = b;
       toff[i] = t;
-      o += cnt[i];
-      t += (cnt[i] + tile - 1) / tile;
+      o += c;
+      b += (cb + big_tile - 1) / big_tile;
+      t += (c - cb + tile - 1) / tile;
     }
-    *n_tiles = t;
+    n_tiles[0] = t;
+    n_tiles[1] = b;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -334,8 +361,9 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
       hist[v * E + e] = run;
       run += h;
     }
-    const int c = cnt[e];
-    for (int j = 0; j * tile < c; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + j * tile, min(tile, c - j * tile), 0);
+    const int c = cnt[e], cb = bcnt[e], cs = c - cb;
+    for (int j = 0; j * big_tile < cb; ++j) big[boff[e] + j] = make_int4(e, off[e] + j * big_tile, min(big_tile, cb - j * big_tile), 0);
+    for (int j = 0; j * tile < cs; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + cb + j * tile, min(tile, cs - j * tile), 0);
   }
   __syncthreads();
   for (int64_t base = s0; base < s1; base += 32) {
@@ -500,36 +528,76 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
 }
 
 // The expert plan for n_assign assignments, in scratch after `base`.
-// tile: assignments per tile (k_tile_tokens for the FFMA tile, 16 when every
-// expert matrix runs on tensor cores).
+// tile: assignments per tile of the small list (k_tile_tokens for the FFMA
+// tile, 16 or 32 when every expert matrix runs on tensor cores); big_min > 0:
+// experts of >= big_min assignments in the big list instead, in tiles of
+// k_wg_tokens (the grouped GEMM). Both counts are known only on the device:
+// grids are sized for the worst case of each list.
 struct ExpertPlan {
   int32_t* list;
   int4* tiles;
-  int32_t* n_tiles;
+  int32_t* n_tiles;           // [0]: small tiles, [1]: big tiles
   int64_t max_tiles;
   int tile;
+  int4* big = nullptr;
+  int64_t max_big = 0;
   void* split = nullptr;      // tensor cores: the split x of one expert matrix (cuda_mma.cuh)
   int64_t split_units = 0;    // its capacity in (row, unit) pairs
+  void* eg_split = nullptr;   // the big list: the grouped GEMM's split x (cuda_expert_gemm.cuh), same capacity
 };
 int64_t plan_max_tiles(int64_t n_assign, int64_t E, int tile) { return ceil_div(n_assign, tile) + E; }
-size_t plan_bytes(int64_t n_assign, int64_t E, int tile) {
-  return static_cast<size_t>(plan_max_tiles(n_assign, E, tile)) * sizeof(int4) + static_cast<size_t>(n_assign) * 4 + 16;
+// Big tiles: the full ones, plus at most one partial tile of >= big_min assignments per expert. Small tiles: the
+// full ones plus at most one partial tile per expert.
+int64_t plan_max_big(int64_t n_assign, int64_t E, int big_min) {
+  return big_min > 0 ? ceil_div(n_assign, k_wg_tokens) + std::min<int64_t>(E, n_assign / big_min) : 0;
 }
-ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts, int64_t n_assign, int64_t E, int tile) {
+size_t plan_bytes(int64_t n_assign, int64_t E, int tile, int big_min) {
+  return static_cast<size_t>(plan_max_tiles(n_assign, E, tile) + plan_max_big(n_assign, E, big_min)) * sizeof(int4) +
+         static_cast<size_t>(n_assign) * 4 + 16;
+}
+ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts, int64_t n_assign, int64_t E, int tile,
+                     int big_min) {
   DSV4_ASSERT(E <= 1024, "moe_experts: %lld experts (grouping supports up to 1024)", static_cast<long long>(E));
   ExpertPlan p;
   p.tile = tile;
   p.max_tiles = plan_max_tiles(n_assign, E, tile);
-  DSV4_ASSERT(p.max_tiles <= 65535, "moe_experts: batch of %lld assignments too large", static_cast<long long>(n_assign));
+  p.max_big = plan_max_big(n_assign, E, big_min);
+  DSV4_ASSERT(p.max_tiles <= 65535 && p.max_big <= 65535, "moe_experts: batch of %lld assignments too large",
+              static_cast<long long>(n_assign));
   p.tiles = static_cast<int4*>(base);  // 16-byte aligned: scratch is, and base follows float arrays of 16-byte multiples
-  p.list = reinterpret_cast<int32_t*>(p.tiles + p.max_tiles);
+  p.big = p.tiles + p.max_tiles;
+  p.list = reinterpret_cast<int32_t*>(p.big + p.max_big);
   p.n_tiles = p.list + n_assign;
-  const size_t smem = (k_plan_warps + 3) * static_cast<size_t>(E) * sizeof(int);
+  const size_t smem = (k_plan_warps + 5) * static_cast<size_t>(E) * sizeof(int);
   allow_smem(moe_plan_kernel, smem);
   launch_kernel(moe_plan_kernel, 1, k_plan_warps * 32, smem, ctx.stream, experts, n_assign, static_cast<int>(E), tile, p.list,
-                p.tiles, p.n_tiles);
+                p.tiles, p.n_tiles, big_min, k_wg_tokens, p.big);
   CUDA_CHECK_LAUNCH();
   return p;
+}
+
+// The grouped GEMM (cuda_expert_gemm.cuh, cuda_expert_wgmma.cu): x's hi/lo split
+// in the plan's split buffer, then one launch per expert matrix.
+struct EgSplit {
+  const __half* xh;
+  const __half* xl;
+  const int* e_t;
+};
+EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const float* x, int64_t x_rows, int64_t x_stride,
+                          int64_t cols) {
+  DSV4_ASSERT(p.eg_split && static_cast<size_t>(x_rows * cols) * 4 + static_cast<size_t>(x_rows) * 4 <=
+                                mma_split_bytes(1, p.split_units),
+              "moe_experts: grouped GEMM split buffer");
+  auto* xh = static_cast<__half*>(p.eg_split);
+  auto* xl = xh + x_rows * cols;
+  auto* e_t = reinterpret_cast<int*>(xl + x_rows * cols);
+  launch_kernel(expert_gemm_split_x_kernel, static_cast<unsigned>(x_rows), 256, 0, ctx.stream, x, x_stride, cols, xh, xl, e_t);
+  CUDA_CHECK_LAUNCH();
+  return {xh, xl, e_t};
+}
+void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const EgSplit& xs, int x_div) {
+  DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
+  launch_expert_wgmma(ctx, out, R, w, ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xh, xs.xl, xs.e_t, x_div});
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
@@ -593,6 +661,15 @@ void launch_moe_route(const CudaContext& ctx, const MoeRouteOp& op) {
   CUDA_CHECK_LAUNCH();
 }
 
+int expert_gemm_min(const std::string& mode) {
+  if (mode == "auto") return k_wg_auto_min;
+  if (mode == "on") return 1;
+  if (mode == "off") return 0;
+  if (mode.empty() || mode.size() > 7 || mode.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int n = std::stoi(mode);
+  return n >= 1 && n <= 1000000 ? n : -1;
+}
+
 void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
   const int64_t F = op.gate.ne[1];
@@ -609,35 +686,54 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   // once the batch averages >= 32 per expert (each decoded weight unit then
   // serves twice the tokens; smaller batches would leave 32-tiles mostly empty);
   // else the FFMA tile's 8.
-  bool all_mma = ctx.tensor_cores;
+  bool all_mma = ctx.tensor_cores, all_eg = ctx.expert_gemm_min > 0;  // expert_gemm_min: with tensor cores only
   for (const Tensor* t : {&op.gate, &op.up, &op.down})
-    dispatch_weight_type(t->type, [&](auto tag) { all_mma = all_mma && mma_type<decltype(tag)::value>(); });
+    dispatch_weight_type(t->type, [&](auto tag) {
+      all_mma = all_mma && mma_type<decltype(tag)::value>();
+      all_eg = all_eg && expert_gemm_type<decltype(tag)::value>();
+    });
+  // Experts of >= big_min assignments in this batch on the grouped GEMM (cuda_expert_gemm.cuh; tiles of
+  // k_wg_tokens), the others on the tile; big_min 1 (--expert-gemm on): every expert, and no tile launches.
+  const int big_min = grouped && all_eg && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? ctx.expert_gemm_min : 0;
+  const bool tiles_too = big_min != 1;
   const int tile = all_mma ? (n_assign >= 32 * E ? 32 : 16) : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
   const size_t act_pad = (act_bytes + 15) / 16 * 16;
-  const size_t plan_pad = grouped ? (plan_bytes(n_assign, E, tile) + 15) / 16 * 16 : 0;
-  // Tensor cores split x ([n][D]) and mid ([n_assign][F]) in turn into one buffer.
+  const size_t plan_pad = grouped ? (plan_bytes(n_assign, E, tile, big_min) + 15) / 16 * 16 : 0;
+  // Tensor cores split x ([n][D]) and mid ([n_assign][F]) in turn into one buffer; the grouped GEMM's split
+  // (the same size at most) into a second one when both kinds run.
   const int64_t split_units = grouped && ctx.tensor_cores ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
   // Decode with integer dot products: the split of x, then of mid, in turn.
   const int64_t digit_units = !grouped && ctx.int_dot ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
   const size_t split_pad = (mma_split_bytes(1, split_units) + 15) / 16 * 16;
-  const size_t bytes = act_pad + plan_pad + split_pad + static_cast<size_t>(digit_units) * sizeof(XDigits);
-  float* g = static_cast<float*>(ctx.scratch->get(bytes, ctx.stream));
-  XDigits* digits = digit_units > 0 ? reinterpret_cast<XDigits*>(reinterpret_cast<uint8_t*>(g) + act_pad + plan_pad + split_pad) : nullptr;
+  const size_t eg_pad = big_min > 1 ? split_pad : 0;
+  const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + static_cast<size_t>(digit_units) * sizeof(XDigits);
+  auto* g8 = static_cast<uint8_t*>(ctx.scratch->get(bytes, ctx.stream));
+  float* g = reinterpret_cast<float*>(g8);
+  XDigits* digits = digit_units > 0 ? reinterpret_cast<XDigits*>(g8 + act_pad + plan_pad + split_pad + eg_pad) : nullptr;
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
   if (k > 0) {
     const int32_t* ex = op.experts.i32();
     const float* wts = op.weights.f32();
     if (grouped) {
-      ExpertPlan plan = make_plan(ctx, reinterpret_cast<uint8_t*>(g) + act_pad, ex, n_assign, E, tile);
-      plan.split = split_units > 0 ? reinterpret_cast<uint8_t*>(g) + act_pad + plan_pad : nullptr;
+      ExpertPlan plan = make_plan(ctx, g8 + act_pad, ex, n_assign, E, tile, big_min);
+      plan.split = split_units > 0 ? g8 + act_pad + plan_pad : nullptr;
       plan.split_units = split_units;
-      expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), n, D, static_cast<int>(k));
-      expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), n, D, static_cast<int>(k));
+      plan.eg_split = big_min > 0 ? g8 + act_pad + plan_pad + (tiles_too ? split_pad : 0) : nullptr;
+      if (big_min > 0) {
+        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D);
+        expert_gemm(ctx, g, F, op.gate, plan, xs, static_cast<int>(k));
+        expert_gemm(ctx, u, F, op.up, plan, xs, static_cast<int>(k));
+      }
+      if (tiles_too) {
+        expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), n, D, static_cast<int>(k));
+        expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), n, D, static_cast<int>(k));
+      }
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
       CUDA_CHECK_LAUNCH();
-      expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
+      if (big_min > 0) expert_gemm(ctx, y, D, op.down, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F), 1);
+      if (tiles_too) expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
       if (op.gate.type == op.up.type && op.gate.row_bytes() == op.up.row_bytes()) {

@@ -15,6 +15,13 @@
 //   IQ2_XXS  32   one 32-element group of a 256-blk      d + 4 two-byte loads, grid look-ups (the
 //                                                        grid in shared memory: block_tables), signs computed
 //
+// The block-quantised decoders take an optional power-of-two factor s that
+// multiplies the block scales (d, dmin) before anything else: every decoded
+// weight is then exactly s times the unscaled one (all intermediate products
+// scale exactly; the callers keep s and the scales in f32's normal range).
+// The grouped expert GEMM (cuda_expert_gemm.cuh) folds its row exponent in
+// this way; s = 1 (the default) compiles to the plain decoder.
+//
 // A row of `cols` elements has cols / U units; lane l of a warp handles units
 // l, l + 32, l + 64, ... in that order (the canonical accumulation order that
 // makes the matvec and the batched matmul give bit-identical results).
@@ -107,9 +114,9 @@ DSV4_UNROLL
 template <>
 struct WeightUnit<GgmlType::Q8_0> {
   static constexpr int U = 32;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&, float s = 1.0f) {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row + u * 34);
-    const float d = f16_bits_to_f32(ld(b));
+    const float d = f16_bits_to_f32(ld(b)) * s;
 DSV4_UNROLL
     for (int i = 0; i < 16; ++i) {
       const uint32_t q2x = static_cast<uint32_t>(ld(b + 1 + i)) ^ 0x8080u;
@@ -145,12 +152,12 @@ DSV4_UNROLL
 template <>
 struct WeightUnit<GgmlType::Q2_K> {
   static constexpr int U = 32;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&, float scale = 1.0f) {
     const uint8_t* blk = row + (u >> 3) * 84;
     const int v = static_cast<int>(u & 7), h = v >> 2, s = v & 3;
     const uint32_t dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
-    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
-    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu)) * scale;
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16)) * scale;
     const uint16_t sc = ld(reinterpret_cast<const uint16_t*>(blk + 2 * v));  // scales[2v], scales[2v+1]
     const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * h);
 DSV4_UNROLL
@@ -189,12 +196,12 @@ DSV4_HD void q4k_scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc
 template <>
 struct WeightUnit<GgmlType::Q4_K> {
   static constexpr int U = 32;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&, float s = 1.0f) {
     const uint8_t* blk = row + (u >> 3) * 144;
     const int j = static_cast<int>(u & 7), c = j >> 1;
     const uint32_t dd = ld(reinterpret_cast<const uint32_t*>(blk));
-    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu));
-    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu)) * s;
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16)) * s;
     const uint32_t* sw = reinterpret_cast<const uint32_t*>(blk + 4);  // the 12 scale bytes as 3 words
     int sc, m;
     q4k_scale_min(j, ld(sw), ld(sw + 1), ld(sw + 2), sc, m);
@@ -234,10 +241,10 @@ DSV4_HD uint32_t iq2_sign_bits(uint32_t i) {
 template <>
 struct WeightUnit<GgmlType::IQ2_XXS> {
   static constexpr int U = 32;
-  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables& t) {
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables& t, float s = 1.0f) {
     const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + (u >> 3) * 66);
     const int ib = static_cast<int>(u & 7);
-    const float d = f16_bits_to_f32(ld(blk));
+    const float d = f16_bits_to_f32(ld(blk)) * s;
     const uint16_t* g = blk + 1 + 4 * ib;
     const uint32_t wa = static_cast<uint32_t>(ld(g)) | (static_cast<uint32_t>(ld(g + 1)) << 16);
     const uint32_t wb = static_cast<uint32_t>(ld(g + 2)) | (static_cast<uint32_t>(ld(g + 3)) << 16);

@@ -1,0 +1,306 @@
+// The prefill experts as a grouped GEMM that decodes each weight chunk once per
+// plan tile of up to 128 assignments (docs/proposal-moe-grouped-gemm.md): the
+// pieces shared by its kernel (cuda_expert_wgmma.cu, wgmma on sm_90a) — the
+// exact hi/lo splits of weights and x, the per-row scale bounds, the unit
+// decoders that write the stage — and its launcher's interface.
+//
+//   out[a, r] = sum_c W_e(a)[r, c] x[a / x_div, c]     for the assignments a of one plan tile
+//
+// Exact splits, as the cuBLAS path (cuda_gemm.cu): a decoded weight w is scaled
+// by 2^e_r per weight row and an x value by 2^e_t per input row (token), each
+// split into f16 hi + lo (~22 bits), and the block accumulates
+// w_hi x_hi + w_lo x_hi + w_hi x_lo over the whole row on tensor cores (f32
+// accumulators); the epilogue multiplies by 2^-(e_r + e_t). No per-unit scale
+// work: the codes' scales are in the decoded weights (2^e_r is folded into the
+// block scales: WeightUnit<T>::decode's factor, exact). e_r comes from an upper
+// bound of |w| over the row read from the block headers only (RowBound: the
+// scales, not the codes), so that the row's largest |w| 2^e_r < 2^15 (f16
+// range); e_t from the row's largest |x| (expert_gemm_split_x_kernel).
+// Tensor-core f32 accumulation truncates (cuda_gemm.cu): each slice of
+// k_eg_slice_chunks chunks accumulates into fresh registers that are then added
+// to the block's accumulators with one rounded f32 addition.
+// History (BENCHMARKS.md steps 20-21): the same GEMM on ldmatrix + mma.sync (v1,
+// v2; branch wip/expert-gemm) was slower than the tile of cuda_mma.cuh.
+//
+// CPU reference: cpu::moe_experts (quant::dequantize_row + f32 dot products).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+
+namespace dsv4::cuda {
+
+constexpr int k_eg_rows = 128;       // weight rows per block
+constexpr int k_eg_bk = 64;          // columns per chunk: 2 units of 32
+constexpr int k_eg_slice_chunks = 8; // chunks per accumulation slice (512 columns)
+
+template <GgmlType T>
+constexpr bool expert_gemm_type() {
+  return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
+}
+
+// An upper bound of |w| over the blocks j = first, first + step, ... of a row,
+// from the block headers only.
+template <GgmlType T>
+struct RowBound;
+template <>
+struct RowBound<GgmlType::Q8_0> {  // 34-byte blocks of 32: |d q| <= |d| 128
+  __device__ static float partial(const uint8_t* row, int64_t n_units, int first, int step) {
+    float m = 0.0f;
+    for (int64_t j = first; j < n_units; j += step)
+      m = fmaxf(m, fabsf(f16_bits_to_f32(ld(reinterpret_cast<const uint16_t*>(row + j * 34)))) * 128.0f);
+    return m;
+  }
+};
+template <>
+struct RowBound<GgmlType::Q2_K> {  // 84-byte blocks of 256: |d sc q - dmin m| <= |d| 45 + |dmin| 15
+  __device__ static float partial(const uint8_t* row, int64_t n_units, int first, int step) {
+    float m = 0.0f;
+    for (int64_t j = first; j < n_units / 8; j += step) {
+      const uint32_t dd = ld(reinterpret_cast<const uint32_t*>(row + j * 84 + 80));
+      m = fmaxf(m, fabsf(f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu))) * 45.0f +
+                       fabsf(f16_bits_to_f32(static_cast<uint16_t>(dd >> 16))) * 15.0f);
+    }
+    return m;
+  }
+};
+template <>
+struct RowBound<GgmlType::Q4_K> {  // 144-byte blocks of 256: |d sc q - dmin m| <= |d| 63 15 + |dmin| 63
+  __device__ static float partial(const uint8_t* row, int64_t n_units, int first, int step) {
+    float m = 0.0f;
+    for (int64_t j = first; j < n_units / 8; j += step) {
+      const uint32_t dd = ld(reinterpret_cast<const uint32_t*>(row + j * 144));
+      m = fmaxf(m, fabsf(f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu))) * 945.0f +
+                       fabsf(f16_bits_to_f32(static_cast<uint16_t>(dd >> 16))) * 63.0f);
+    }
+    return m;
+  }
+};
+template <>
+struct RowBound<GgmlType::IQ2_XXS> {  // 66-byte blocks of 256: |d (0.5 + ls) 0.25 grid| <= |d| 3.875 43
+  __device__ static float partial(const uint8_t* row, int64_t n_units, int first, int step) {
+    float m = 0.0f;
+    for (int64_t j = first; j < n_units / 8; j += step)
+      m = fmaxf(m, fabsf(f16_bits_to_f32(ld(reinterpret_cast<const uint16_t*>(row + j * 66)))) * 166.625f);
+    return m;
+  }
+};
+
+// x rows [n][x_stride] -> xh, xl [n][cols] f16 (hi, lo of x 2^e_t) and e_t [n];
+// one 256-thread block per row.
+static __global__ void __launch_bounds__(256) expert_gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride,
+                                                                          int64_t cols, __half* __restrict__ xh,
+                                                                          __half* __restrict__ xl, int* __restrict__ tok_exp) {
+  pdl_enter();
+  __shared__ float red[33];
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * x_stride;
+  float m = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+  const int e = split_exponent(block_max_nonneg(m, red));
+  if (threadIdx.x == 0) tok_exp[t] = e;
+  uint32_t* h2 = reinterpret_cast<uint32_t*>(xh + t * cols);
+  uint32_t* l2 = reinterpret_cast<uint32_t*>(xl + t * cols);
+  for (int64_t c = 2 * threadIdx.x; c < cols; c += 2 * blockDim.x) {
+    __half h0, l0, h1, l1;
+    split_f16(ldexpf(xr[c], e), h0, l0);
+    split_f16(ldexpf(xr[c + 1], e), h1, l1);
+    h2[c / 2] = half2_bits(h0, h1);
+    l2[c / 2] = half2_bits(l0, l1);
+  }
+}
+
+constexpr int k_eg_stages = 3;
+struct EgTables {
+  uint4 iq2_sel[256];   // grid entry -> prmt selectors of its 4 element pairs
+  uint4 iq2_sign[128];  // sign index -> sign masks (bits 15 and 31) of its 4 element pairs
+};
+// 2^e as a float (e in f32's normal exponent range; RowBound's bounds keep it
+// within [-10, 50] for every finite block scale).
+__device__ __forceinline__ float eg_pow2(int e) { return __int_as_float((min(max(e, -126), 127) + 127) << 23); }
+
+// hi = f16(a), lo = f16(a - hi) for two values, packed (low half: a): split_f16's bits.
+__device__ __forceinline__ void eg_split2(float a, float b, uint32_t& h, uint32_t& l) {
+  const __half2 hh = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(hh);
+  const __half2 ll = __floats2half2_rn(a - hf.x, b - hf.y);
+  h = *reinterpret_cast<const uint32_t*>(&hh);
+  l = *reinterpret_cast<const uint32_t*>(&ll);
+}
+
+// One 32-element unit of a weight row, decoded with the scale factor s and
+// written to shared memory as hi (dh) and lo (dl) halves, in two
+// steps so that a producer can issue the next chunk's global loads before it
+// decodes this one: load() reads the unit's bytes into registers (Raw), put()
+// decodes and stores them as four 16-byte vectors of 8 elements, vector v at
+// dh + vs v (vs = 8: a plain row; 64: the wgmma core-matrix layout).
+// Generic: Raw is the address; put() runs WeightUnit<T>::decode and splits its
+// floats two at a time.
+template <GgmlType T>
+struct EgUnit {
+  struct Raw {
+    const uint8_t* row;
+    int64_t u;
+  };
+  __device__ static void tables(EgTables&, const QuantTables&, int, int) {}
+  __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) { return {row, u}; }
+  __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables& tab, const EgTables&, uint16_t* dh,
+                                             uint16_t* dl, int vs) {
+    float v[32];
+    WeightUnit<T>::decode(r.row, r.u, v, tab, s);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t h[4], l[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) eg_split2(v[8 * q + 2 * j], v[8 * q + 2 * j + 1], h[j], l[j]);
+      *reinterpret_cast<uint4*>(dh + vs * q) = make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(dl + vs * q) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+  }
+};
+
+// Codes with few values per scale: the unit's possible weights are decoded and
+// split once (the same float expressions as WeightUnit<T>::decode, so the same
+// bits as splitting every decoded weight), kept as 4 halves in two registers,
+// and each pair of elements picks its two halves with one byte permute (prmt):
+// for element codes c0, c1 in 0..3 the selector nibbles are 2c0, 2c0+1, 2c1,
+// 2c1+1. For codes in the bytes of a word q (values 0..3), q * 0x22 + 0x10101010
+// holds the selectors of elements (0, 1) in its low and (2, 3) in its high 16 bits.
+__device__ __forceinline__ uint32_t eg_sel4(uint32_t codes) { return codes * 0x22u + 0x10101010u; }
+__device__ __forceinline__ uint32_t eg_pick(const uint32_t (&t)[2], uint32_t sel) { return __byte_perm(t[0], t[1], sel); }
+
+// Q2_K: per 16-element sub-block 4 weights (code q = 0..3): (d sc) q - dmin m.
+// Unit v (0..7) of a 256-block: scales[2v], scales[2v+1], and bits 2(v % 4)..
+// of the 32 code bytes qs[32 (v / 4) ..] (WeightUnit<Q2_K>).
+template <>
+struct EgUnit<GgmlType::Q2_K> {
+  struct Raw {
+    uint32_t dd, sc, shift;
+    uint32_t q[8];
+  };
+  __device__ static void tables(EgTables&, const QuantTables&, int, int) {}
+  __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) {
+    const uint8_t* blk = row + (u >> 3) * 84;
+    const int v = static_cast<int>(u & 7);
+    Raw r;
+    r.dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
+    r.sc = ld(reinterpret_cast<const uint16_t*>(blk + 2 * v));
+    r.shift = 2 * (v & 3);
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (v >> 2));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = ld(q + i);
+    return r;
+  }
+  __device__ __forceinline__ static void put(const Raw& r, float scale, const QuantTables&, const EgTables&, uint16_t* dh,
+                                             uint16_t* dl, int vs) {
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu)) * scale;
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16)) * scale;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t scb = (r.sc >> (8 * k)) & 0xffu;
+      const float dls = d * static_cast<float>(scb & 0x0F);
+      const float ml = dmin * static_cast<float>(scb >> 4);
+      uint32_t th[2], tl[2];
+      eg_split2(sub_rn(mul_rn(dls, 0.0f), ml), sub_rn(mul_rn(dls, 1.0f), ml), th[0], tl[0]);
+      eg_split2(sub_rn(mul_rn(dls, 2.0f), ml), sub_rn(mul_rn(dls, 3.0f), ml), th[1], tl[1]);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t hv[4], lv[4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t sel = eg_sel4((r.q[4 * k + 2 * m + i] >> r.shift) & 0x03030303u);
+          hv[2 * i] = eg_pick(th, sel);
+          hv[2 * i + 1] = eg_pick(th, sel >> 16);
+          lv[2 * i] = eg_pick(tl, sel);
+          lv[2 * i + 1] = eg_pick(tl, sel >> 16);
+        }
+        *reinterpret_cast<uint4*>(dh + vs * (2 * k + m)) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        *reinterpret_cast<uint4*>(dl + vs * (2 * k + m)) = make_uint4(lv[0], lv[1], lv[2], lv[3]);
+      }
+    }
+  }
+};
+
+// IQ2_XXS: per 32-element unit 3 magnitudes (grid bytes 8, 25, 43 -> index
+// byte >> 4 = 0, 1, 2) and a sign per element (bit 15 / 31 of a pair's word,
+// flipped by xor: f16 rounding is symmetric, so hi and lo of -w are -hi, -lo).
+// tables(): iq2_sel[g] = the selectors of grid entry g's 4 pairs, iq2_sign[i] =
+// the sign masks of sign index i's 4 pairs (threads p = 0..n-1 of the producers).
+template <>
+struct EgUnit<GgmlType::IQ2_XXS> {
+  struct Raw {
+    uint32_t d, wa, wb;
+  };
+  __device__ static void tables(EgTables& et, const QuantTables& tab, int p, int n) {
+    for (int i = p; i < 256; i += n) {
+      const uint64_t grid = tab.iq2_grid[i];
+      const uint32_t s0 = eg_sel4((static_cast<uint32_t>(grid) >> 4) & 0x0F0F0F0Fu);
+      const uint32_t s1 = eg_sel4((static_cast<uint32_t>(grid >> 32) >> 4) & 0x0F0F0F0Fu);
+      et.iq2_sel[i] = make_uint4(s0, s0 >> 16, s1, s1 >> 16);
+    }
+    for (int i = p; i < 128; i += n) {
+      const uint32_t sg = iq2_sign_bits(static_cast<uint32_t>(i));
+      uint32_t m[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m[j] = (((sg >> (2 * j)) & 1u) << 15) | (((sg >> (2 * j + 1)) & 1u) << 31);
+      et.iq2_sign[i] = make_uint4(m[0], m[1], m[2], m[3]);
+    }
+  }
+  __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) {
+    const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + (u >> 3) * 66);
+    const uint16_t* g = blk + 1 + 4 * (u & 7);
+    Raw r;
+    r.d = ld(blk);
+    r.wa = static_cast<uint32_t>(ld(g)) | (static_cast<uint32_t>(ld(g + 1)) << 16);
+    r.wb = static_cast<uint32_t>(ld(g + 2)) | (static_cast<uint32_t>(ld(g + 3)) << 16);
+    return r;
+  }
+  __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables&, const EgTables& et, uint16_t* dh,
+                                             uint16_t* dl, int vs) {
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(r.d)) * s;
+    const float db = mul_rn(mul_rn(d, 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
+    const float ndb = -db * 8388608.0f;
+    // WeightUnit<IQ2_XXS>::decode's fma(db, 2^23 + b, -db 2^23) for b = 8, 25, 43 (and 0: unused).
+    uint32_t th[2], tl[2];
+    eg_split2(__fmaf_rn(db, __uint_as_float(0x4B000008u), ndb), __fmaf_rn(db, __uint_as_float(0x4B000019u), ndb), th[0], tl[0]);
+    eg_split2(__fmaf_rn(db, __uint_as_float(0x4B00002Bu), ndb), 0.0f, th[1], tl[1]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint4 sel = et.iq2_sel[(r.wa >> (8 * k)) & 0xFFu];
+      const uint4 sg = et.iq2_sign[(r.wb >> (7 * k)) & 127u];
+      *reinterpret_cast<uint4*>(dh + vs * k) = make_uint4(eg_pick(th, sel.x) ^ sg.x, eg_pick(th, sel.y) ^ sg.y,
+                                                         eg_pick(th, sel.z) ^ sg.z, eg_pick(th, sel.w) ^ sg.w);
+      *reinterpret_cast<uint4*>(dl + vs * k) = make_uint4(eg_pick(tl, sel.x) ^ sg.x, eg_pick(tl, sel.y) ^ sg.y,
+                                                         eg_pick(tl, sel.z) ^ sg.z, eg_pick(tl, sel.w) ^ sg.w);
+    }
+  }
+};
+
+// The GEMM's kernel (cuda_expert_wgmma.cu, sm_90a builds only) takes plan tiles of
+// k_wg_tokens assignments; the MoE op gives it the experts with at least
+// CudaContext::expert_gemm_min assignments in a batch ("auto":
+// k_wg_auto_min; with fewer, the decode of a 128-row block serves too few
+// tokens and the tile of cuda_mma.cuh is faster). Measured on the H200 with the
+// synthetic Flash (BENCHMARKS.md step 22; experts ms per 4,096-token batch,
+// 43 layers): tile only 741, threshold 128: 730, 96: 700, 64: 685, every
+// expert: 750.
+constexpr int k_wg_tokens = 128;
+constexpr int k_wg_auto_min = 64;
+struct ExpertGemmArgs {
+  const int32_t* list;
+  const int4* tiles;
+  const int32_t* n_tiles;
+  int64_t max_tiles;
+  const __half* xh;
+  const __half* xl;
+  const int* e_t;
+  int x_div;
+};
+// True when this binary carries the sm_90a kernel and the device runs it
+// (probed once: a CC 9.0 device and the sm_90a image loaded).
+bool expert_wgmma_available();
+void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertGemmArgs& a);
+
+}  // namespace dsv4::cuda

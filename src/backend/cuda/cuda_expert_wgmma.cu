@@ -1,0 +1,371 @@
+// The grouped expert GEMM of cuda_expert_gemm.cuh on wgmma (sm_90a): the
+// prefill experts of large batches (CudaContext::expert_gemm).
+//
+//   out[a, r] = sum_c W_e(a)[r, c] x[a / x_div, c]     for the assignments a of one plan tile
+//
+// Numerics (cuda_expert_gemm.cuh): producers decode the weights as
+// scaled f16 hi/lo and copy the tile's split x; consumers accumulate w_hi x_hi
+// + w_lo x_hi + w_hi x_lo in f32, per slice of k_wg_slice_chunks chunks into
+// fresh accumulators that are then added with one rounded f32 addition.
+// Block: 128 weight rows x the <= 128 assignments of one plan tile
+// (k_wg_tokens: each decoded weight chunk serves up to 128 tokens), 64-column
+// chunks in k_eg_stages shared stages, 384 threads:
+//   1 producer warpgroup: thread p decodes both 32-element units of row p per
+//     chunk;
+//   2 consumer warpgroups: they copy the tile's split x (cp.async, two chunks
+//     ahead); warpgroup wg owns rows 64 wg.., all tokens; per 16
+//     columns three m64nNk16 wgmmas (N = the tile's count rounded up to 32), operands
+//     straight from shared memory (no ldmatrix); accumulators in registers
+//     (64 + 64 per thread, hence 384 threads: <= 168 registers each).
+// The stages hold 8x8 "core matrices" (8 rows x 16 bytes, 128 contiguous bytes)
+// in row-group-major order, element (r, k) of a chunk at halves
+// ((r / 8) 8 + k / 8) 64 + (r % 8) 8 + k % 8, which is what wgmma reads without
+// swizzling (descriptor: LBO = 128 bytes between cores along K, SBO = 1024
+// bytes between row groups; bench/micro/wgmma_f16.cu checked it on the H200).
+// Hand-off: named barriers full[s] (producers arrive after their writes and a
+// fence.proxy.async, which makes generic stores and cp.async data visible to
+// wgmma's async proxy) and empty[s] (consumers arrive once wgmma.wait_group
+// says the wgmmas reading the stage are complete, one chunk later).
+// Measured (H200, BENCHMARKS.md steps 21-22): 15.1 vs the tile's 17.2 ms per
+// layer at 4,096 tokens with uniform routing, but slower than the tile for
+// tiles of few assignments (its cost is nearly flat in the count: one producer
+// warpgroup decodes 128 rows x K whatever N is), hence the MoE op's per-expert
+// choice (CudaContext::expert_gemm_min).
+// Built for sm_90a only (the wgmma instructions); on any other target the
+// kernel is a trap and expert_wgmma_available() says false, so the caller
+// keeps the tile of cuda_mma.cuh. CPU reference: cpu::moe_experts.
+#include "backend/cuda/cuda_expert_gemm.cuh"
+#include "backend/cuda/cuda_launch.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSV4_EG_WGMMA 1
+#endif
+
+namespace dsv4::cuda {
+namespace {
+
+[[maybe_unused]] constexpr int k_wg_vs = 64;  // halves between the 8-element vectors of one row's chunk (one core matrix)
+// Chunks per accumulation slice. 8 (512 columns, cuda_expert_gemm.cuh's k_eg_slice_chunks: 96 truncating
+// tensor-core additions per slice) gave NMSE ~2.3e-11 against the CPU on the IQ2_XXS/Q2_K cases (the tile:
+// ~6e-13) and failed "x scaled 1e+15 n=40" with seed 16448866924283836166 (BENCHMARKS.md step 21). 1: fresh
+// accumulators per 64-column chunk (12 truncating additions): NMSE 6e-14..8e-13, that seed passes, and the
+// op time did not change (step 22).
+[[maybe_unused]] constexpr int k_wg_slice_chunks = 1;
+constexpr int k_wg_producers = 128;           // one warpgroup: thread p decodes row p (both units of a chunk)
+constexpr int k_wg_threads = k_wg_producers + 256;  // + two consumer warpgroups
+static_assert(k_wg_producers == k_eg_rows, "one producer thread per weight row");
+
+// Offset (halves) of element (r, k) of a chunk (rows x 64 columns) in the core-matrix layout.
+[[maybe_unused]] __host__ __device__ constexpr int wg_off(int r, int k) { return ((r >> 3) * 8 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7); }
+
+struct WgStage {
+  uint16_t wh[k_eg_rows * k_eg_bk], wl[k_eg_rows * k_eg_bk];
+  uint16_t xh[k_wg_tokens * k_eg_bk], xl[k_wg_tokens * k_eg_bk];
+};
+struct WgSmem {
+  WgStage st[k_eg_stages];
+  EgTables tables;
+  int64_t arow[k_wg_tokens];
+  int64_t xoff[k_wg_tokens];  // their input rows' offsets in xh / xl
+  int e_t[k_wg_tokens];
+  int e_r[k_eg_rows];
+};
+static_assert(sizeof(WgStage) % 128 == 0, "stages keep 128-byte alignment");
+
+#ifdef DSV4_EG_WGMMA
+// Named barriers 1.. (0 is __syncthreads) over the whole block: full[s] = 1 + s, empty[s] = 1 + k_eg_stages + s.
+__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory"); }
+__device__ __forceinline__ void wg_bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory"); }
+// Shared-memory matrix descriptor (no swizzle): start address, LBO, SBO in 16-byte units.
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins the accumulators: code after a wait must not read them earlier, nor code before a wgmma write them later.
+template <int M>
+__device__ __forceinline__ void wg_pin(float (&d)[M]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d (64 x 64 f32: this thread's 32) = (accumulate ? d : 0) + A (64 x 16) B (64 x 16)^T, f16 operands in shared memory.
+__device__ __forceinline__ void wgmma_64x64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+      "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// d (64 x 128 f32: this thread's 64) = (accumulate ? d : 0) + A (64 x 16) B (128 x 16)^T.
+__device__ __forceinline__ void wgmma_64x128(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+      "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+      "%58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// d (64 x 32 f32: this thread's 16) = (accumulate ? d : 0) + A (64 x 16) B (32 x 16)^T.
+__device__ __forceinline__ void wgmma_64x32(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// d (64 x 96 f32: this thread's 48) = (accumulate ? d : 0) + A (64 x 16) B (96 x 16)^T.
+__device__ __forceinline__ void wgmma_64x96(float (&d)[48], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+      "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (N == 32) wgmma_64x32(d, da, db, accumulate);
+  else if constexpr (N == 64) wgmma_64x64(d, da, db, accumulate);
+  else if constexpr (N == 96) wgmma_64x96(d, da, db, accumulate);
+  else wgmma_64x128(d, da, db, accumulate);
+}
+
+// The consumers' loop (threads k_wg_producers.. of the block) for N-token wgmmas (N = 32, 64, 96 or 128):
+// part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices.
+template <int N>
+__device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt, int n_chunks,
+                                           const __half* __restrict__ xh, const __half* __restrict__ xl) {
+  const int ctid = static_cast<int>(threadIdx.x) - k_wg_producers, wg = ctid >> 7;
+  // The consumers copy the tile's split x, two chunks ahead, 16 bytes per cp.async: token tt = (ctid & 7) +
+  // 8 ((ctid >> 7) + 2 k) (k = 0..7), core column ki = ((ctid >> 3) & 1) + 2 ((ctid >> 4) & 3), part hl =
+  // (ctid >> 6) & 1: a warp reads 8 tokens x 4 consecutive 16-byte pieces (whole 32-byte sectors) and each
+  // quarter-warp writes one core matrix (no bank conflicts).
+  const int hl = (ctid >> 6) & 1, ki = ((ctid >> 3) & 1) + 2 * ((ctid >> 4) & 3);
+  const __half* xbase = (hl ? xl : xh) + 8 * ki;
+  const int xofs0 = wg_off((ctid & 7) + 8 * (ctid >> 7), 8 * ki);  // + wg_off(16 k, 0) = 1024 k halves
+  auto copy_x = [&](int c) {
+    if (c < n_chunks) {
+      WgStage& st = sm.st[c % k_eg_stages];
+      uint16_t* dst = hl ? st.xl : st.xh;
+      const __half* src = xbase + static_cast<int64_t>(c) * k_eg_bk;
+#pragma unroll
+      for (int k = 0; k < k_wg_tokens / 16; ++k) {
+        const int tt = (ctid & 7) + 8 * ((ctid >> 7) + 2 * k);
+        if (tt < nt) cp_async_vec(reinterpret_cast<uint4*>(dst + xofs0 + 1024 * k), reinterpret_cast<const uint4*>(src + sm.xoff[tt]));
+      }
+    }
+    cp_async_commit();  // possibly empty: one group per chunk on every thread
+  };
+  copy_x(0);
+  copy_x(1);
+  float part[N / 2], acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) part[i] = acc[i] = 0.0f;
+  const int a_base = wg_off(64 * wg, 0);
+  for (int c = 0; c < n_chunks; ++c) {
+    const int s = c % k_eg_stages;
+    cp_async_wait<1>();  // this thread's x copies of chunk c have landed (c + 1's may be in flight)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
+    wg_bar_sync(1 + s);  // full[s]: the producers' weights and every consumer's x of chunk c
+    const WgStage& st = sm.st[s];
+    const bool fresh = c % k_wg_slice_chunks == 0;  // a slice starts: the first product overwrites part
+    // (no wg_pin before the wgmmas: touching the accumulators while the previous chunk's group is in flight
+    // makes ptxas wait for it; no wgmma in a branch either: ptxas would serialise them all)
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < k_eg_bk / 16; ++ks) {
+      // K step ks covers core columns 2 ks, 2 ks + 1: 256 bytes further along the row group.
+      const uint64_t ah = wg_desc(st.wh + a_base + ks * 128, 128, 1024), al = wg_desc(st.wl + a_base + ks * 128, 128, 1024);
+      const uint64_t bh = wg_desc(st.xh + ks * 128, 128, 1024), bl = wg_desc(st.xl + ks * 128, 128, 1024);
+      wgmma_n<N>(part, ah, bh, !(fresh && ks == 0));
+      wgmma_n<N>(part, al, bh, 1);
+      wgmma_n<N>(part, ah, bl, 1);
+    }
+    wg_commit();
+    wg_wait<1>();  // chunk c - 1's wgmmas are complete: its stage may be refilled
+    if (c >= 1 && c - 1 + k_eg_stages < n_chunks) wg_bar_arrive(1 + k_eg_stages + (c - 1) % k_eg_stages);  // empty (weights)
+    // Both consumer warpgroups are past chunk c - 1: its stage's x may be overwritten with chunk c + 2's.
+    asm volatile("bar.sync %0, %1;\n" ::"n"(2 + 2 * k_eg_stages), "n"(256) : "memory");
+    copy_x(c + 2);
+    if ((c + 1) % k_wg_slice_chunks == 0 || c + 1 == n_chunks) {
+      wg_wait<0>();
+      wg_pin(part);
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) acc[i] = __fadd_rn(acc[i], part[i]);
+    }
+  }
+  wg_wait<0>();  // (the last chunk's slice end already waited; this tells ptxas)
+  // Fragment of warp w4 of the warpgroup, lane (g, t), value 4 j + i: row 16 w4 + g + 8 (i / 2), token 8 j + 2 t + i % 2.
+  const int w4 = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int rl = 64 * wg + 16 * w4 + g + 8 * (i >> 1);
+      const int tt = 8 * j + 2 * t + (i & 1);
+      const int64_t r = r0 + rl;
+      if (r < R && tt < nt) out[sm.arow[tt] * R + r] = ldexpf(acc[4 * j + i], -(sm.e_r[rl] + sm.e_t[tt]));
+    }
+}
+#endif
+
+// grid (ceil(R / k_eg_rows), plan max tiles); tiles[y] = {expert, first list index, count}.
+template <GgmlType T>
+__global__ void __launch_bounds__(k_wg_threads, 1)
+    expert_wgmma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_units,
+                        const int32_t* __restrict__ list, const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
+                        const __half* __restrict__ xh, const __half* __restrict__ xl, const int* __restrict__ tok_exp,
+                        int x_div, QuantTables tab) {
+#ifndef DSV4_EG_WGMMA
+  __trap();  // never launched: expert_wgmma_available() is false for this target
+#else
+  pdl_enter();
+  extern __shared__ __align__(128) unsigned char wg_smem[];
+  auto& sm = *reinterpret_cast<WgSmem*>(wg_smem);
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;  // the whole block leaves together
+  const int4 td = tiles[blockIdx.y];
+  const int nt = td.z;
+  const int64_t cols = n_units * 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * k_eg_rows;
+  const uint8_t* we = w + static_cast<int64_t>(td.x) * R * static_cast<int64_t>(row_bytes);
+  const int tid = threadIdx.x;
+  for (int i = tid; i < k_wg_tokens; i += blockDim.x) {
+    const int64_t a = list[td.y + (i < nt ? i : 0)];
+    const int32_t xr = static_cast<int32_t>(a / x_div);
+    sm.arow[i] = a;
+    sm.xoff[i] = static_cast<int64_t>(xr) * cols;
+    sm.e_t[i] = tok_exp[xr];
+  }
+  __syncthreads();
+  const int n_chunks = static_cast<int>(cols / k_eg_bk);
+
+  if (tid < k_wg_producers) {
+    // ---- producer: thread p decodes both units of each chunk of row p ----
+    const int p = tid;
+    const int64_t drow = r0 + p < R ? r0 + p : R - 1;  // rows past R repeat the last one (not stored)
+    const uint8_t* dptr = we + drow * static_cast<int64_t>(row_bytes);
+    const int e_r = split_exponent(RowBound<T>::partial(dptr, n_units, 0, 1));
+    sm.e_r[p] = e_r;  // read by the consumers' epilogue, after a full[] barrier
+    const float s_r = eg_pow2(e_r);
+    EgUnit<T>::tables(sm.tables, tab, p, k_wg_producers);
+    asm volatile("bar.sync %0, %1;\n" ::"n"(1 + 2 * k_eg_stages), "n"(k_wg_producers) : "memory");  // the producers' tables
+    // Row p's units start at cores (p / 8, 0) and (p / 8, 4), row p % 8.
+    const int wofs = wg_off(p, 0);
+    constexpr int upc = k_eg_bk / 32;  // units per chunk
+    static_assert(upc == 2, "two units per producer thread and chunk");
+    using Raw = typename EgUnit<T>::Raw;
+    struct Raw2 {
+      Raw u0, u1;
+    };
+    auto load2 = [&](int c) { return Raw2{EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c)), EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c) + 1)}; };
+    auto step = [&](int c, const Raw2& raw) {
+      const int s = c % k_eg_stages;
+      if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
+      EgUnit<T>::put(raw.u0, s_r, tab, sm.tables, sm.st[s].wh + wofs, sm.st[s].wl + wofs, k_wg_vs);
+      EgUnit<T>::put(raw.u1, s_r, tab, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, sm.st[s].wl + wofs + 4 * k_wg_vs, k_wg_vs);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
+      wg_bar_arrive(1 + s);  // full[s]
+    };
+    // Software pipeline: the raw bytes of chunks c + 1 and c + 2 are in registers while chunk c is decoded
+    // (three register sets, the loop unrolled by three so that no set is copied).
+    Raw2 ra = load2(0), rb = ra, rc = ra;
+    if (n_chunks > 1) rb = load2(1);
+    for (int c = 0; c < n_chunks; c += 3) {
+      if (c + 2 < n_chunks) rc = load2(c + 2);
+      step(c, ra);
+      if (c + 1 >= n_chunks) break;
+      if (c + 3 < n_chunks) ra = load2(c + 3);
+      step(c + 1, rb);
+      if (c + 2 >= n_chunks) break;
+      if (c + 4 < n_chunks) rb = load2(c + 4);
+      step(c + 2, rc);
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wg owns weight rows 64 wg .. 64 wg + 63 of the block, all the tile's tokens ----
+  // The wgmma width follows the tile's assignment count: N = 32, 64, 96 or 128 (block-uniform; one loop per
+  // width, so that no wgmma sits in a divergent path: ptxas would serialise them).
+  if (nt <= 32) wg_consume<32>(sm, out, R, r0, nt, n_chunks, xh, xl);
+  else if (nt <= 64) wg_consume<64>(sm, out, R, r0, nt, n_chunks, xh, xl);
+  else if (nt <= 96) wg_consume<96>(sm, out, R, r0, nt, n_chunks, xh, xl);
+  else wg_consume<128>(sm, out, R, r0, nt, n_chunks, xh, xl);
+#endif
+}
+
+__global__ void expert_wgmma_probe_kernel(int* on) {
+  pdl_enter();
+#ifdef DSV4_EG_WGMMA
+  *on = 1;
+#else
+  *on = 0;
+#endif
+}
+
+}  // namespace
+
+bool expert_wgmma_available() {
+  static const bool on = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major != 9 || minor != 0) return false;
+    int* d = nullptr;
+    int h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+    launch_kernel(expert_wgmma_probe_kernel, 1, 1, 0, nullptr, d);  // the image for this device: sm_90a or plain sm_90
+    const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+    cudaFree(d);
+    cudaGetLastError();  // a missing image for this device is not an error of the caller's
+    return ok && h == 1;
+  }();
+  return on;
+}
+
+void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertGemmArgs& a) {
+  const int64_t cols = w.ne[0];
+  DSV4_ASSERT(cols % k_eg_bk == 0, "moe_experts: wgmma grouped GEMM columns");
+  dispatch_weight_type(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    if constexpr (expert_gemm_type<T>()) {
+      allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
+      const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
+      launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R,
+                    static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / 32, a.list, a.tiles, a.n_tiles, a.xh, a.xl,
+                    a.e_t, a.x_div, ctx.tables);
+      CUDA_CHECK_LAUNCH();
+    } else {
+      DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));
+    }
+  });
+}
+
+}  // namespace dsv4::cuda
