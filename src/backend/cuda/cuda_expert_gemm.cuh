@@ -112,6 +112,38 @@ static __global__ void __launch_bounds__(256) expert_gemm_split_x_kernel(const f
   }
 }
 
+// Offset (halves) of element (r, k) of a chunk (rows x 64 columns) in the core-matrix layout that wgmma reads
+// without swizzling: 8x8 cores of 16-byte rows, row-group-major (a group of 8 rows is 1 KiB, its 8 cores in
+// column order). Weight rows and tokens alike.
+__host__ __device__ constexpr int eg_core_off(int r, int k) { return ((r >> 3) * 8 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7); }
+
+// The split x of the big plan tiles, gathered into the stage layout so that one bulk copy per chunk fills a
+// stage (cuda_expert_wgmma.cu). Tile z (big[z] = {expert, first list index, nt, P}, P a multiple of 8 from the
+// plan) owns r8 = round_up(nt, 8) token rows at xth / xtl + P cols halves, chunk-major: chunk c at + c r8 64,
+// its element (t, k) at eg_core_off(t, k); rows nt..r8-1 are zeros. Grid (cols / 64, max big tiles), 256
+// threads; blocks past n_big exit.
+static __global__ void __launch_bounds__(256) expert_gemm_gather_x_kernel(const __half* __restrict__ xh,
+                                                                           const __half* __restrict__ xl, int64_t cols,
+                                                                           const int32_t* __restrict__ list,
+                                                                           const int4* __restrict__ big,
+                                                                           const int32_t* __restrict__ n_big, int x_div,
+                                                                           __half* __restrict__ xth, __half* __restrict__ xtl) {
+  pdl_enter();
+  if (static_cast<int>(blockIdx.y) >= *n_big) return;
+  const int4 td = big[blockIdx.y];
+  const int nt = td.z, r8 = (nt + 7) & ~7, c = static_cast<int>(blockIdx.x);
+  const int64_t base = static_cast<int64_t>(td.w) * cols + static_cast<int64_t>(c) * r8 * 64;
+  for (int i = threadIdx.x; i < 16 * r8; i += blockDim.x) {  // (hi/lo, token, 16-byte vector): 8 vectors per row
+    const int hl = i >= 8 * r8, j = i - (hl ? 8 * r8 : 0), t = j >> 3, v = j & 7;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (t < nt) {
+      const int64_t row = list[td.y + t] / x_div;
+      val = *reinterpret_cast<const uint4*>((hl ? xl : xh) + row * cols + c * 64 + v * 8);
+    }
+    *reinterpret_cast<uint4*>((hl ? xtl : xth) + base + eg_core_off(t, 8 * v)) = val;
+  }
+}
+
 constexpr int k_eg_stages = 3;
 struct EgTables {
   uint4 iq2_sel[256];   // grid entry -> prmt selectors of its 4 element pairs
@@ -285,17 +317,19 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // tokens and the tile of cuda_mma.cuh is faster). Measured on the H200 with the
 // synthetic Flash (BENCHMARKS.md step 22; experts ms per 4,096-token batch,
 // 43 layers): tile only 741, threshold 128: 730, 96: 700, 64: 685, every
-// expert: 750.
+// expert: 750 — before step 23's bulk x copies made the grouped GEMM ~20%
+// faster (64: 576); a lower threshold may pay now (not yet separable: 48 vs
+// 64 in one noisy round).
 constexpr int k_wg_tokens = 128;
 constexpr int k_wg_auto_min = 64;
 struct ExpertGemmArgs {
   const int32_t* list;
-  const int4* tiles;
+  const int4* tiles;        // the plan's big tiles {expert, first list index, count, padded token base}
   const int32_t* n_tiles;
   int64_t max_tiles;
-  const __half* xh;
-  const __half* xl;
-  const int* e_t;
+  const __half* xth;        // their split x, gathered (expert_gemm_gather_x_kernel)
+  const __half* xtl;
+  const int* e_t;           // the x rows' exponents
   int x_div;
 };
 // True when this binary carries the sm_90a kernel and the device runs it

@@ -12,8 +12,10 @@
 // chunks in k_eg_stages shared stages, 384 threads:
 //   1 producer warpgroup: thread p decodes both 32-element units of row p per
 //     chunk;
-//   2 consumer warpgroups: they copy the tile's split x (cp.async, two chunks
-//     ahead); warpgroup wg owns rows 64 wg.., all tokens; per 16
+//   2 consumer warpgroups: consumer thread 0 fetches the tile's split x two
+//     chunks ahead, two bulk copies (cp.async.bulk, completing on the stage's
+//     mbarrier) per chunk from the copy that expert_gemm_gather_x_kernel laid
+//     out in the stage layout; warpgroup wg owns rows 64 wg.., all tokens; per 16
 //     columns three m64nNk16 wgmmas (N = the tile's count rounded up to 32), operands
 //     straight from shared memory (no ldmatrix); accumulators in registers
 //     (64 + 64 per thread, hence 384 threads: <= 168 registers each).
@@ -23,11 +25,14 @@
 // swizzling (descriptor: LBO = 128 bytes between cores along K, SBO = 1024
 // bytes between row groups; bench/micro/wgmma_f16.cu checked it on the H200).
 // Hand-off: named barriers full[s] (producers arrive after their writes and a
-// fence.proxy.async, which makes generic stores and cp.async data visible to
-// wgmma's async proxy) and empty[s] (consumers arrive once wgmma.wait_group
-// says the wgmmas reading the stage are complete, one chunk later).
-// Measured (H200, BENCHMARKS.md steps 21-22): 15.1 vs the tile's 17.2 ms per
-// layer at 4,096 tokens with uniform routing, but slower than the tile for
+// fence.proxy.async, which makes generic stores visible to wgmma's async
+// proxy), the x mbarriers xbar[s] (phase c / 3 of stage s: chunk c's x), and
+// empty[s] (consumers arrive once wgmma.wait_group says the wgmmas reading the
+// stage are complete, one chunk later; a consumer-only barrier orders the next
+// bulk copy into a stage after both warpgroups' wgmmas on it).
+// Measured (H200, BENCHMARKS.md steps 21-23): 12.3 vs the tile's 17.2 ms per
+// layer at 4,096 tokens with uniform routing (15.1 with per-thread cp.async
+// copies of x), but slower than the tile for
 // tiles of few assignments (its cost is nearly flat in the count: one producer
 // warpgroup decodes 128 rows x K whatever N is), hence the MoE op's per-expert
 // choice (CudaContext::expert_gemm_min).
@@ -55,8 +60,7 @@ constexpr int k_wg_producers = 128;           // one warpgroup: thread p decodes
 constexpr int k_wg_threads = k_wg_producers + 256;  // + two consumer warpgroups
 static_assert(k_wg_producers == k_eg_rows, "one producer thread per weight row");
 
-// Offset (halves) of element (r, k) of a chunk (rows x 64 columns) in the core-matrix layout.
-[[maybe_unused]] __host__ __device__ constexpr int wg_off(int r, int k) { return ((r >> 3) * 8 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7); }
+[[maybe_unused]] __host__ __device__ constexpr int wg_off(int r, int k) { return eg_core_off(r, k); }
 
 struct WgStage {
   uint16_t wh[k_eg_rows * k_eg_bk], wl[k_eg_rows * k_eg_bk];
@@ -66,7 +70,7 @@ struct WgSmem {
   WgStage st[k_eg_stages];
   EgTables tables;
   int64_t arow[k_wg_tokens];
-  int64_t xoff[k_wg_tokens];  // their input rows' offsets in xh / xl
+  uint64_t xbar[k_eg_stages];  // mbarriers: stage s's x (two bulk copies) has landed
   int e_t[k_wg_tokens];
   int e_r[k_eg_rows];
 };
@@ -81,6 +85,29 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
+}
+// mbarriers and bulk copies (the x stages): one arrival (the issuing thread's, with the byte count) per phase.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, completing on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -161,27 +188,19 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t
 // part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices.
 template <int N>
 __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt, int n_chunks,
-                                           const __half* __restrict__ xh, const __half* __restrict__ xl) {
+                                           const __half* __restrict__ xth, const __half* __restrict__ xtl) {
   const int ctid = static_cast<int>(threadIdx.x) - k_wg_producers, wg = ctid >> 7;
-  // The consumers copy the tile's split x, two chunks ahead, 16 bytes per cp.async: token tt = (ctid & 7) +
-  // 8 ((ctid >> 7) + 2 k) (k = 0..7), core column ki = ((ctid >> 3) & 1) + 2 ((ctid >> 4) & 3), part hl =
-  // (ctid >> 6) & 1: a warp reads 8 tokens x 4 consecutive 16-byte pieces (whole 32-byte sectors) and each
-  // quarter-warp writes one core matrix (no bank conflicts).
-  const int hl = (ctid >> 6) & 1, ki = ((ctid >> 3) & 1) + 2 * ((ctid >> 4) & 3);
-  const __half* xbase = (hl ? xl : xh) + 8 * ki;
-  const int xofs0 = wg_off((ctid & 7) + 8 * (ctid >> 7), 8 * ki);  // + wg_off(16 k, 0) = 1024 k halves
+  // The tile's x, gathered in the stage layout (expert_gemm_gather_x_kernel): chunk c is r8 token rows of
+  // 128 bytes each for hi and for lo, two bulk copies issued by consumer thread 0, two chunks ahead.
+  const uint32_t r8 = (static_cast<uint32_t>(nt) + 7u) & ~7u;
   auto copy_x = [&](int c) {
-    if (c < n_chunks) {
-      WgStage& st = sm.st[c % k_eg_stages];
-      uint16_t* dst = hl ? st.xl : st.xh;
-      const __half* src = xbase + static_cast<int64_t>(c) * k_eg_bk;
-#pragma unroll
-      for (int k = 0; k < k_wg_tokens / 16; ++k) {
-        const int tt = (ctid & 7) + 8 * ((ctid >> 7) + 2 * k);
-        if (tt < nt) cp_async_vec(reinterpret_cast<uint4*>(dst + xofs0 + 1024 * k), reinterpret_cast<const uint4*>(src + sm.xoff[tt]));
-      }
+    if (ctid == 0 && c < n_chunks) {
+      const int s = c % k_eg_stages;
+      const int64_t at = static_cast<int64_t>(c) * r8 * k_eg_bk;
+      mbar_expect(&sm.xbar[s], 2 * r8 * 128);
+      bulk_copy(sm.st[s].xh, xth + at, r8 * 128, &sm.xbar[s]);
+      bulk_copy(sm.st[s].xl, xtl + at, r8 * 128, &sm.xbar[s]);
     }
-    cp_async_commit();  // possibly empty: one group per chunk on every thread
   };
   copy_x(0);
   copy_x(1);
@@ -191,9 +210,8 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
   const int a_base = wg_off(64 * wg, 0);
   for (int c = 0; c < n_chunks; ++c) {
     const int s = c % k_eg_stages;
-    cp_async_wait<1>();  // this thread's x copies of chunk c have landed (c + 1's may be in flight)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
-    wg_bar_sync(1 + s);  // full[s]: the producers' weights and every consumer's x of chunk c
+    mbar_wait(&sm.xbar[s], (c / k_eg_stages) & 1);  // chunk c's x has landed (the stage's (c / 3)-th phase)
+    wg_bar_sync(1 + s);  // full[s]: the producers' weights of chunk c
     const WgStage& st = sm.st[s];
     const bool fresh = c % k_wg_slice_chunks == 0;  // a slice starts: the first product overwrites part
     // (no wg_pin before the wgmmas: touching the accumulators while the previous chunk's group is in flight
@@ -241,7 +259,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(k_wg_threads, 1)
     expert_wgmma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_units,
                         const int32_t* __restrict__ list, const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
-                        const __half* __restrict__ xh, const __half* __restrict__ xl, const int* __restrict__ tok_exp,
+                        const __half* __restrict__ xth, const __half* __restrict__ xtl, const int* __restrict__ tok_exp,
                         int x_div, QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
   __trap();  // never launched: expert_wgmma_available() is false for this target
@@ -260,9 +278,10 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     const int64_t a = list[td.y + (i < nt ? i : 0)];
     const int32_t xr = static_cast<int32_t>(a / x_div);
     sm.arow[i] = a;
-    sm.xoff[i] = static_cast<int64_t>(xr) * cols;
     sm.e_t[i] = tok_exp[xr];
   }
+  if (tid < k_eg_stages) mbar_init(&sm.xbar[tid], 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the barriers, visible to the bulk copies
   __syncthreads();
   const int n_chunks = static_cast<int>(cols / k_eg_bk);
 
@@ -313,10 +332,11 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   // ---- consumers: warpgroup wg owns weight rows 64 wg .. 64 wg + 63 of the block, all the tile's tokens ----
   // The wgmma width follows the tile's assignment count: N = 32, 64, 96 or 128 (block-uniform; one loop per
   // width, so that no wgmma sits in a divergent path: ptxas would serialise them).
-  if (nt <= 32) wg_consume<32>(sm, out, R, r0, nt, n_chunks, xh, xl);
-  else if (nt <= 64) wg_consume<64>(sm, out, R, r0, nt, n_chunks, xh, xl);
-  else if (nt <= 96) wg_consume<96>(sm, out, R, r0, nt, n_chunks, xh, xl);
-  else wg_consume<128>(sm, out, R, r0, nt, n_chunks, xh, xl);
+  const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
+  if (nt <= 32) wg_consume<32>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  else if (nt <= 64) wg_consume<64>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  else if (nt <= 96) wg_consume<96>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  else wg_consume<128>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
 #endif
 }
 
@@ -359,7 +379,7 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R,
-                    static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / 32, a.list, a.tiles, a.n_tiles, a.xh, a.xl,
+                    static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl,
                     a.e_t, a.x_div, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {

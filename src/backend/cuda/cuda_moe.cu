@@ -282,7 +282,9 @@ __global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
 // (the small list). With big_min > 0, experts of >= big_min assignments go to
 // a second list, in tiles of big_tile: big[z] for z < n_tiles[1] (the grouped
 // GEMM's; both lists index list[]); such an expert's tail of fewer than big_min
-// assignments past its last full big tile stays in the small list.
+// assignments past its last full big tile stays in the small list. big[z].w:
+// the tile's first row in the gathered x (expert_gemm_gather_x_kernel), every
+// big tile padded to a multiple of 8 rows.
 // One block of k_plan_warps warps: a stable counting sort of the assignments
 // by expert. Warp w owns the contiguous segment [w seg, (w + 1) seg) of the
 // assignments and walks it 32 at a time in order; lanes with the same expert
@@ -310,6 +312,7 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
   int* toff = off + E;                     // [E] first tile index (small list)
   int* boff = toff + E;                    // [E] first tile index (big list)
   int* bcnt = boff + E;                    // [E] assignments in the big list
+  int* bpad = bcnt + E;                    // [E] first padded token row of its big tiles (multiples of 8)
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < k_plan_warps * E; i += blockDim.x) hist[i] = 0;
   __syncthreads();
@@ -334,7 +337,7 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
   if (threadIdx.x == 0) {
     // Expert e's first bcnt[e] assignments go to the big list: its full big tiles, and its last partial one if that
     // holds >= big_min (else those assignments go to the small list, where a few cost less).
-    int o = 0, t = 0, b = 0;
+    int o = 0, t = 0, b = 0, bp = 0;
     for (int i = 0; i < E; ++i) {
       const int c = cnt[i];
       int cb = 0;
@@ -345,7 +348,9 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
       off[i] = o;
       bcnt[i] = cb;
       boff[i] = b;
+      bpad[i] = bp;
       toff[i] = t;
+      bp += (cb + 7) & ~7;  // full tiles of 128, the partial one rounded up to 8
       o += c;
       b += (cb + big_tile - 1) / big_tile;
       t += (c - cb + tile - 1) / tile;
@@ -362,7 +367,8 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
       run += h;
     }
     const int c = cnt[e], cb = bcnt[e], cs = c - cb;
-    for (int j = 0; j * big_tile < cb; ++j) big[boff[e] + j] = make_int4(e, off[e] + j * big_tile, min(big_tile, cb - j * big_tile), 0);
+    for (int j = 0; j * big_tile < cb; ++j)
+      big[boff[e] + j] = make_int4(e, off[e] + j * big_tile, min(big_tile, cb - j * big_tile), bpad[e] + j * big_tile);
     for (int j = 0; j * tile < cs; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + cb + j * tile, min(tile, cs - j * tile), 0);
   }
   __syncthreads();
@@ -543,7 +549,9 @@ struct ExpertPlan {
   int64_t max_big = 0;
   void* split = nullptr;      // tensor cores: the split x of one expert matrix (cuda_mma.cuh)
   int64_t split_units = 0;    // its capacity in (row, unit) pairs
-  void* eg_split = nullptr;   // the big list: the grouped GEMM's split x (cuda_expert_gemm.cuh), same capacity
+  void* eg_split = nullptr;   // the big list: the grouped GEMM's split x by rows (cuda_expert_gemm.cuh), same capacity
+  void* eg_tiled = nullptr;   // and gathered per tile: hi then lo, eg_rows x eg_cols halves each
+  int64_t eg_rows = 0, eg_cols = 0;
 };
 int64_t plan_max_tiles(int64_t n_assign, int64_t E, int tile) { return ceil_div(n_assign, tile) + E; }
 // Big tiles: the full ones, plus at most one partial tile of >= big_min assignments per expert. Small tiles: the
@@ -568,7 +576,7 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
   p.big = p.tiles + p.max_tiles;
   p.list = reinterpret_cast<int32_t*>(p.big + p.max_big);
   p.n_tiles = p.list + n_assign;
-  const size_t smem = (k_plan_warps + 5) * static_cast<size_t>(E) * sizeof(int);
+  const size_t smem = (k_plan_warps + 6) * static_cast<size_t>(E) * sizeof(int);
   allow_smem(moe_plan_kernel, smem);
   launch_kernel(moe_plan_kernel, 1, k_plan_warps * 32, smem, ctx.stream, experts, n_assign, static_cast<int>(E), tile, p.list,
                 p.tiles, p.n_tiles, big_min, k_wg_tokens, p.big);
@@ -577,27 +585,35 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
 }
 
 // The grouped GEMM (cuda_expert_gemm.cuh, cuda_expert_wgmma.cu): x's hi/lo split
-// in the plan's split buffer, then one launch per expert matrix.
+// by rows in the plan's eg_split buffer, gathered per big tile into eg_tiled
+// (the stage layout), then one launch per expert matrix.
 struct EgSplit {
-  const __half* xh;
-  const __half* xl;
+  const __half* xth;
+  const __half* xtl;
   const int* e_t;
 };
+// Rows of the gathered x: every assignment of the big list, each tile padded to 8.
+int64_t eg_tiled_rows(int64_t n_assign, int64_t max_big) { return n_assign + 7 * max_big; }
 EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const float* x, int64_t x_rows, int64_t x_stride,
-                          int64_t cols) {
+                          int64_t cols, int x_div) {
   DSV4_ASSERT(p.eg_split && static_cast<size_t>(x_rows * cols) * 4 + static_cast<size_t>(x_rows) * 4 <=
-                                mma_split_bytes(1, p.split_units),
+                                mma_split_bytes(1, p.split_units) && cols <= p.eg_cols,
               "moe_experts: grouped GEMM split buffer");
   auto* xh = static_cast<__half*>(p.eg_split);
   auto* xl = xh + x_rows * cols;
   auto* e_t = reinterpret_cast<int*>(xl + x_rows * cols);
   launch_kernel(expert_gemm_split_x_kernel, static_cast<unsigned>(x_rows), 256, 0, ctx.stream, x, x_stride, cols, xh, xl, e_t);
   CUDA_CHECK_LAUNCH();
-  return {xh, xl, e_t};
+  auto* xth = static_cast<__half*>(p.eg_tiled);
+  auto* xtl = xth + p.eg_rows * cols;
+  launch_kernel(expert_gemm_gather_x_kernel, dim3(ceil_div(cols, k_eg_bk), static_cast<unsigned>(p.max_big)), 256, 0, ctx.stream,
+                xh, xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl);
+  CUDA_CHECK_LAUNCH();
+  return {xth, xtl, e_t};
 }
 void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const EgSplit& xs, int x_div) {
   DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
-  launch_expert_wgmma(ctx, out, R, w, ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xh, xs.xl, xs.e_t, x_div});
+  launch_expert_wgmma(ctx, out, R, w, ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div});
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
@@ -706,7 +722,8 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   // Decode with integer dot products: the split of x, then of mid, in turn.
   const int64_t digit_units = !grouped && ctx.int_dot ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
   const size_t split_pad = (mma_split_bytes(1, split_units) + 15) / 16 * 16;
-  const size_t eg_pad = big_min > 1 ? split_pad : 0;
+  const int64_t eg_rows = big_min > 0 ? eg_tiled_rows(n_assign, plan_max_big(n_assign, E, big_min)) : 0;
+  const size_t eg_pad = (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
   const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + static_cast<size_t>(digit_units) * sizeof(XDigits);
   auto* g8 = static_cast<uint8_t*>(ctx.scratch->get(bytes, ctx.stream));
   float* g = reinterpret_cast<float*>(g8);
@@ -721,8 +738,11 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       plan.split = split_units > 0 ? g8 + act_pad + plan_pad : nullptr;
       plan.split_units = split_units;
       plan.eg_split = big_min > 0 ? g8 + act_pad + plan_pad + (tiles_too ? split_pad : 0) : nullptr;
+      plan.eg_tiled = big_min > 0 ? g8 + act_pad + plan_pad + split_pad + (big_min > 1 ? split_pad : 0) : nullptr;
+      plan.eg_rows = eg_rows;
+      plan.eg_cols = std::max(D, F);
       if (big_min > 0) {
-        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D);
+        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k));
         expert_gemm(ctx, g, F, op.gate, plan, xs, static_cast<int>(k));
         expert_gemm(ctx, u, F, op.up, plan, xs, static_cast<int>(k));
       }
@@ -732,7 +752,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       }
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
       CUDA_CHECK_LAUNCH();
-      if (big_min > 0) expert_gemm(ctx, y, D, op.down, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F), 1);
+      if (big_min > 0) expert_gemm(ctx, y, D, op.down, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
       if (tiles_too) expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
