@@ -17,7 +17,7 @@
 // scales, not the codes), so that the row's largest |w| 2^e_r < 2^15 (f16
 // range); e_t from the row's largest |x| (expert_gemm_split_x_kernel).
 // Tensor-core f32 accumulation truncates (cuda_gemm.cu): each slice of
-// k_eg_slice_chunks chunks accumulates into fresh registers that are then added
+// k_wg_slice_chunks chunks (cuda_expert_wgmma.cu: one) accumulates into fresh registers that are then added
 // to the block's accumulators with one rounded f32 addition.
 // History (BENCHMARKS.md steps 20-21): the same GEMM on ldmatrix + mma.sync (v1,
 // v2; branch wip/expert-gemm) was slower than the tile of cuda_mma.cuh.
@@ -34,7 +34,6 @@ namespace dsv4::cuda {
 
 constexpr int k_eg_rows = 128;       // weight rows per block
 constexpr int k_eg_bk = 64;          // columns per chunk: 2 units of 32
-constexpr int k_eg_slice_chunks = 8; // chunks per accumulation slice (512 columns)
 
 template <GgmlType T>
 constexpr bool expert_gemm_type() {

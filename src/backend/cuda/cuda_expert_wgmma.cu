@@ -50,7 +50,7 @@ namespace dsv4::cuda {
 namespace {
 
 [[maybe_unused]] constexpr int k_wg_vs = 64;  // halves between the 8-element vectors of one row's chunk (one core matrix)
-// Chunks per accumulation slice. 8 (512 columns, cuda_expert_gemm.cuh's k_eg_slice_chunks: 96 truncating
+// Chunks per accumulation slice. 8 (512 columns: 96 truncating
 // tensor-core additions per slice) gave NMSE ~2.3e-11 against the CPU on the IQ2_XXS/Q2_K cases (the tile:
 // ~6e-13) and failed "x scaled 1e+15 n=40" with seed 16448866924283836166 (BENCHMARKS.md step 21). 1: fresh
 // accumulators per 64-column chunk (12 truncating additions): NMSE 6e-14..8e-13, that seed passes, and the
