@@ -74,6 +74,8 @@ void cases_moe(Harness& h) {
         // Mid-size rows (1,024 and 4,096 elements) at decode batch sizes.
         {G::IQ2_XXS, G::Q2_K, 8, 1024, 4096, 2, {1, 3}, false},
         {G::Q8_0, G::Q4_K, 8, 1024, 1024, 2, {1, 2}, false},
+        // Gate/up rows of 12 chunks of 1,024 columns (the decode kernel's K split: 8 warps, some with two chunks).
+        {G::IQ2_XXS, G::Q2_K, 2, 1024, 12288, 1, {1, 2}, false},
         // More than 64 assignments per expert (the grouped GEMM also under --expert-gemm auto): ~150 per expert
         // (a tile of 128; the tail of ~22 on the tile, or with --expert-gemm on a wgmma of width 32) and ~75
         // (one tile of width 96).
@@ -124,8 +126,8 @@ void cases_moe(Harness& h) {
         }
       }
     }
-    // x over a wide range of magnitudes (a decode path that splits x with one
-    // scale per 32 values must keep each value's precision): whole vectors
+    // x over a wide range of magnitudes (the decode path splits x with one
+    // scale per 256 values and must keep the precision the output needs): whole vectors
     // scaled by 1e-15 .. 1e15 (large ones saturate the SwiGLU clamp; the mid
     // vector is the down input), and one (scale 0) mixing zero units, small and
     // large units and a unit with one large value among small ones.

@@ -82,7 +82,7 @@ struct CudaContext {
   // cores (cuda_mma.cuh); false: the FFMA tiles (bitwise equal to the matvec).
   bool tensor_cores = false;
   // Decode expert matvecs (IQ2_XXS, Q2_K) as integer dot products with a
-  // digit-split x (cuda_idot.cuh): on with tensor cores (the same f32-rounding
+  // digit-split x on integer MMAs (cuda_idot.cuh, cuda_expert_imma.cuh): on with tensor cores (the same f32-rounding
   // contract); CudaBackendOptions::int_dot = false (--no-int-dot) turns it off.
   bool int_dot = false;
   // cuBLAS for the prefill matmuls of at least gemm_min_tokens tokens

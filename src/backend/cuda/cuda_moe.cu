@@ -24,9 +24,10 @@
 //   and up share a layout, steps 1-3 are one kernel: each warp dots 2 gate
 //   and the same 2 up rows with x in one pass and writes mid directly.
 //   IQ2_XXS/Q2_K with tensor cores on (CudaContext::int_dot): x (then mid) is
-//   first split into integer digits (split_x_digits_kernel) and the rows are
-//   dotted with dp4a (cuda_idot.cuh): within f32 rounding of the CPU like the
-//   tensor-core tiles, not bitwise equal to the float matvec.
+//   first split into integer digits (split_x_digits_kernel, cuda_idot.cuh) and
+//   16 rows at a time are multiplied by integer MMAs (cuda_expert_imma.cuh):
+//   within f32 rounding of the CPU like the tensor-core tiles, not bitwise
+//   equal to the float matvec.
 //   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
 //   block, a stable counting sort over 16 warps) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
@@ -52,6 +53,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_expert_gemm.cuh"
+#include "backend/cuda/cuda_expert_imma.cuh"
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -203,50 +205,36 @@ __device__ __forceinline__ float expert_mid(float g, float u, float w, float c) 
   return __fmul_rn(__fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up), w);
 }
 
-// How an expert matvec block reads x: straight from global memory, copied to
-// shared memory (cuda_quant.cuh, XShared), or split into integer digits for
-// integer dot products (cuda_idot.cuh; IQ2_XXS / Q2_K, staged rows, tensor
-// cores on). The block prologue (copy or split, the tables) overlaps the first
-// weight chunks in flight.
-enum class XMode { global, shared, digits };
+struct ExpertMid {
+  __device__ __forceinline__ float operator()(float g, float u, float w, float c) const { return expert_mid(g, u, w, c); }
+};
+
+// How an expert matvec block reads x: straight from global memory or copied to
+// shared memory (cuda_quant.cuh, XShared). The block prologue (the copy, the
+// tables) overlaps the first weight chunks in flight.
 
 // out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
 // Pair (decode): W = gate, W2 = up, both dotted with the same x in one pass
 // (2RW rows per warp) and out[a, r] = expert_mid(g, u, weights[a]) directly.
-// XMode::digits: xdig = the split x rows (n_units XDigits each); at least 3
-// blocks per SM (80 registers; the Q2_K down kernel had 106: 2 blocks). With
-// that and signed_codes' plain prmt a Flash decode step's experts went from
-// 47.7 to 45.9 us (bench_cuda_ops, 2026-12-01).
-template <GgmlType T, int RW, int S, bool Pair, XMode XM>
-__global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
+// (IQ2_XXS / Q2_K with tensor cores on take expert_imma_kernel instead.)
+template <GgmlType T, int RW, int S, bool Pair, bool XS>
+__global__ void __launch_bounds__(256)
     expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2, size_t row_bytes, int64_t n_units, int64_t E,
                          const int32_t* experts, const float* weights, float clamp, const float* x, int64_t x_stride, int x_div,
-                         const XDigits* xdig, QuantTables tab) {
+                         QuantTables tab) {
   constexpr int NR = Pair ? 2 * RW : RW;
   constexpr int U = WeightUnit<T>::U;
-  // Dynamic shared memory: [x copy (XShared floats) or split (XDigits)][8 x stage_bytes_per_warp<T, NR, S>()]
+  // Dynamic shared memory: [x copy (XShared floats, XS)][8 x stage_bytes_per_warp<T, NR, S>()]
   extern __shared__ __align__(16) unsigned char ex_smem[];
   pdl_enter();  // before the expert ids (the prologue's second call returns at once)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const size_t x_bytes = XM == XMode::shared    ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float)
-                         : XM == XMode::digits ? static_cast<size_t>(n_units) * sizeof(XDigits)
-                                               : 0;
+  const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
   auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + warp * stage_bytes_per_warp<T, NR, S>());
   const int64_t a = blockIdx.x;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
   const float* xr = x + (a / x_div) * x_stride;
   QuantTables tb = tab;
-  // The IQ2_XXS selector tables (XMode::digits; a placeholder otherwise).
-  __shared__ std::conditional_t<T == GgmlType::IQ2_XXS && XM == XMode::digits, IdotTables, int> idot_tables;
-  auto prologue = [&] {
-    if constexpr (XM == XMode::digits) {
-      if constexpr (T == GgmlType::IQ2_XXS) block_idot_tables(idot_tables, tab);
-      block_copy_digits(reinterpret_cast<XDigits*>(ex_smem), xdig + (a / x_div) * n_units, n_units);
-      __syncthreads();
-    } else {
-      matvec_block_prologue<T, XM == XMode::shared>(reinterpret_cast<float*>(ex_smem), xr, n_units, tab, tb);
-    }
-  };
+  auto prologue = [&] { matvec_block_prologue<T, XS>(reinterpret_cast<float*>(ex_smem), xr, n_units, tab, tb); };
   if (r0 >= R) {  // whole warps; they still join the prologue
     prologue();
     return;
@@ -262,9 +250,7 @@ __global__ void __launch_bounds__(256, XM == XMode::digits ? 3 : 1)
     if constexpr (Pair) rp[RW + i] = w2 + off;
   }
   float s[NR];
-  if constexpr (XM == XMode::digits)
-    warp_rows_idot<T, NR, S>(rp, n_units, reinterpret_cast<const XDigits*>(ex_smem), lane, idot_tables, stage, s, prologue);
-  else if constexpr (XM == XMode::shared)
+  if constexpr (XS)
     warp_rows_dot<T, NR, S>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s, prologue);
   else
     warp_rows_dot<T, NR, S>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
@@ -489,23 +475,32 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       const dim3 grid(static_cast<unsigned>(n_assign), ceil_div(R, 8 * RW));
       const size_t stage_bytes = 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR, S>());
       auto launch = [&](auto kernel, size_t smem) {
-        allow_smem(kernel, smem, std::max(sizeof(IdotTables), k_block_tables_smem));  // static: the tables
+        allow_smem(kernel, smem, k_block_tables_smem);  // static: the tables
         launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
-            x_stride, x_div, digits, ctx.tables);
+            x_stride, x_div, ctx.tables);
       };
-      // Integer dot products with tensor cores on (agreement to f32 rounding, as the tiles):
-      // x split once (one warp per unit), then every block copies its row's split.
+      // Integer MMAs with tensor cores on (agreement to f32 rounding, as the tiles): x split
+      // once (one warp per 32 values, one scale per 256), then 16 rows per block.
       if constexpr (idot_type<T>() && S > 0) {
         if (ctx.int_dot && digits) {
           const int64_t x_rows = n_assign / x_div, units = cols / U;
-          launch_kernel(split_x_digits_kernel, ceil_div(x_rows * units, 8), 256, 0, ctx.stream, digits, x, x_stride, x_rows, units);
+          DSV4_ASSERT(units % 8 == 0, "moe_experts: split x needs whole 256-value blocks");
+          launch_kernel(split_x_digits_kernel, x_rows * units / 8, 256, 0, ctx.stream, digits, x, x_stride, x_rows, units);
           CUDA_CHECK_LAUNCH();
-          launch(expert_matvec_kernel<T, RW, S, Pair, XMode::digits>, static_cast<size_t>(units) * sizeof(XDigits) + stage_bytes);
+          // cuda_expert_imma.cuh: blocks of 16 rows, one warp per 1,024-column chunk (at most 8).
+          const int64_t n_chunks = units / 32;
+          const int warps = static_cast<int>(std::min<int64_t>(n_chunks, k_imma_max_warps));
+          const size_t smem = static_cast<size_t>(warps) * (Pair ? 2 : 1) * k_imma_rows * UnitStaging<T>::chunk_bytes;
+          const dim3 grid_i(static_cast<unsigned>(n_assign), ceil_div(R, k_imma_rows));
+          auto kernel = expert_imma_kernel<T, Pair, ExpertMid>;
+          allow_smem(kernel, smem, sizeof(IdotTables) + sizeof(float) * k_imma_max_warps * 2 * k_imma_rows);
+          launch_kernel(kernel, grid_i, warps * 32, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), n_chunks, E, experts, weights,
+                        clamp, digits, x_div, ctx.tables);
           return;
         }
       }
-      if (xs) launch(expert_matvec_kernel<T, RW, S, Pair, XMode::shared>, x_bytes + stage_bytes);
-      else launch(expert_matvec_kernel<T, RW, S, Pair, XMode::global>, stage_bytes);
+      if (xs) launch(expert_matvec_kernel<T, RW, S, Pair, true>, x_bytes + stage_bytes);
+      else launch(expert_matvec_kernel<T, RW, S, Pair, false>, stage_bytes);
     };
     using yes = std::true_type;
     using no = std::false_type;
