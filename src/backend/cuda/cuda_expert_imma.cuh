@@ -14,9 +14,10 @@
 // Measured (2026-12-02, one H200, BENCHMARKS step 24): a Flash decode step's
 // experts 44.6 us vs 46.2 with dp4a; Nsight Compute: gate/up pair 29.0 vs 29.9
 // us with 28% fewer instructions (4.1 per weight), down 14.6 vs 15.9 with 42%
-// fewer. Both kernels are latency-bound, not issue-bound (20-30% of warp slots
-// active, IPC ~1.7): one warp stages its chunk, waits, then runs a dependent
-// chain per unit (loads -> table lookups -> prmt -> MMA -> IMAD). One commit
+// fewer. Both kernels are latency-bound, not issue-bound (0.55-0.59 issued per
+// scheduler cycle, 13-18 warps per SM, 1.4-1.9-way bank conflicts on the
+// selector-table lookups): one warp stages its chunk, waits, then runs a
+// dependent chain per unit (loads -> table lookups -> prmt -> MMA -> IMAD). One commit
 // group per 256-column block (MMAs on block 0 while 1..3 land) was slower: 49.5 us.
 //
 // Mapping (m16n8k32: lane = 4 g + t; a0/a2 hold row g's k 4t..4t+3 / 16+4t..,
