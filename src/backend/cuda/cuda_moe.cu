@@ -209,11 +209,10 @@ struct ExpertMid {
   __device__ __forceinline__ float operator()(float g, float u, float w, float c) const { return expert_mid(g, u, w, c); }
 };
 
-// How an expert matvec block reads x: straight from global memory or copied to
-// shared memory (cuda_quant.cuh, XShared). The block prologue (the copy, the
-// tables) overlaps the first weight chunks in flight.
-
 // out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
+// XS: x copied to shared memory (cuda_quant.cuh, XShared), else read from
+// global memory; the block prologue (the copy, the tables) overlaps the first
+// weight chunks in flight.
 // Pair (decode): W = gate, W2 = up, both dotted with the same x in one pass
 // (2RW rows per warp) and out[a, r] = expert_mid(g, u, weights[a]) directly.
 // (IQ2_XXS / Q2_K with tensor cores on take expert_imma_kernel instead.)
