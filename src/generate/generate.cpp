@@ -80,9 +80,12 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
     }
     r.tokens.push_back(t);
     pending = true;
-    if (t == tok.eos() && !o.ignore_eos) {
-      r.finish = FinishReason::STOP;
-      break;
+    if (t == tok.eos()) {
+      if (!o.ignore_eos) {
+        r.finish = FinishReason::STOP;
+        break;
+      }
+      continue;  // ignore_eos: generation goes on; EOS adds no text
     }
     if (reply.push(t)) break;
   }

@@ -27,7 +27,7 @@ struct GenerateOptions {
   ThinkingMode thinking = ThinkingMode::CHAT;
   bool stop_at_tool_calls = true;   // end generation when a tool-calls block closes
   int logprobs = -1;                // -1: off; k >= 0: record the chosen token's logprob and k alternatives
-  bool ignore_eos = false;          // keep generating past EOS (benchmarks)
+  bool ignore_eos = false;          // keep generating past EOS, which adds no text (benchmarks; the server's ignore_eos)
 };
 
 enum class FinishReason { STOP, LENGTH, TOOL_CALLS, CANCELLED };

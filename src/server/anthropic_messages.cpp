@@ -238,6 +238,8 @@ expected<ChatRequest> parse_anthropic_messages(const ordered_json& body, bool co
   if (top_k) r.top_k = static_cast<int>(*top_k);
   DSV4_TRY_ASSIGN(auto seed, f.integer("seed", INT64_MIN, INT64_MAX));  // extension: reproducible sampling
   if (seed) r.seed = static_cast<uint64_t>(*seed);
+  DSV4_TRY_ASSIGN(auto ignore_eos, f.boolean("ignore_eos"));  // extension: generate past EOS
+  r.ignore_eos = ignore_eos.value_or(false);
   DSV4_TRY(read_thinking(f, r));
   return r;
 }

@@ -9,7 +9,7 @@
 // "any" | "tool" (+ name) | "none", disable_parallel_tool_use},
 // stop_sequences, stream, temperature, top_p, top_k, thinking {"type":
 // "enabled" (+ budget_tokens) | "adaptive" | "disabled"}, output_config.effort,
-// and (an extension) seed.
+// and (extensions) seed and ignore_eos.
 //
 // Mapping to the chat model: a user message's tool_result blocks become tool
 // messages and its other blocks a user message, in block order; an

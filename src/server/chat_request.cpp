@@ -156,6 +156,7 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
   GenerateOptions& o = p.job.options;
   o.sampling = resolve_sampling(req, p.level);
   o.max_tokens = req.max_tokens.value_or(0);  // 0: until EOS or the context is full
+  o.ignore_eos = req.ignore_eos;
   o.stop = req.stop;
   o.parse_chat = true;
   o.thinking = parse_mode_for(p.level);

@@ -89,6 +89,7 @@ struct ChatRequest {
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
   std::optional<int> max_tokens;
+  bool ignore_eos = false;  // extension (as vLLM's): generate past EOS up to max_tokens (benchmarks, tests)
   std::vector<std::string> stop;
   int logprobs = -1;  // -1: off; k >= 0: chosen token + k alternatives
   bool stream = false;

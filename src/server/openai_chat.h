@@ -5,7 +5,7 @@
 // tool_call_id), tools (function tools), tool_choice ("auto" | "none" |
 // "required" | {"type": "function", "function": {"name"}}),
 // parallel_tool_calls, stream, stream_options.include_usage, temperature,
-// top_p, top_k, min_p, seed, max_tokens / max_completion_tokens, stop,
+// top_p, top_k, min_p, seed, max_tokens / max_completion_tokens, stop, ignore_eos,
 // presence_penalty, frequency_penalty, repetition_penalty, logprobs +
 // top_logprobs (0..20), reasoning_effort, thinking {"type":
 // "enabled"|"disabled"} (DeepSeek), think (bool, ds4), response_format

@@ -192,6 +192,7 @@ expected<PreparedRequest, ApiError> prepare_openai_completions(const ordered_jso
   GenerateOptions& o = p.job.options;
   o.sampling = resolve_sampling(req->sampling, ThinkingLevel::NONE);
   o.max_tokens = req->sampling.max_tokens.value_or(16);
+  o.ignore_eos = req->sampling.ignore_eos;
   o.stop = req->sampling.stop;
   o.parse_chat = false;
   o.thinking = ThinkingMode::CHAT;

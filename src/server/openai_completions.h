@@ -5,7 +5,7 @@
 //
 // Request fields: model, prompt (a string, an array holding one string, or
 // token ids as an array of integers), max_tokens (default 16, as OpenAI),
-// temperature, top_p, top_k, min_p, seed, stop, presence_penalty,
+// temperature, top_p, top_k, min_p, seed, stop, ignore_eos, presence_penalty,
 // frequency_penalty, repetition_penalty, logprobs (0..5), echo, stream,
 // stream_options.include_usage, n / best_of (1 only). suffix is refused.
 //

@@ -142,10 +142,13 @@ expected<GenerateResult> ScriptedBackend::generate(std::span<const int32_t> prom
     }
     r.tokens.push_back(t);
     session_.push_back(t);
-    if (t == tok_->eos() && !o.ignore_eos) {
-      last_done_ = true;
-      r.finish = FinishReason::STOP;
-      break;
+    if (t == tok_->eos()) {
+      if (!o.ignore_eos) {
+        last_done_ = true;
+        r.finish = FinishReason::STOP;
+        break;
+      }
+      continue;  // ignore_eos: as generate(), EOS adds no text
     }
     if (stream.push(t)) break;
   }

@@ -62,6 +62,7 @@ test('chat completion, streamed, with usage and session reuse', async () => {
     model: 'deepseek-reasoner',
     messages,
     max_tokens: 12,
+    ignore_eos: true, // (an extension) an early EOS of the random-weight model would leave too few chunks
     stream: true,
     stream_options: { include_usage: true },
   });
@@ -214,8 +215,16 @@ test('count_tokens matches the tokens a message request uses', async () => {
 test('a client that disconnects mid-stream cancels its work; the server keeps serving', async () => {
   const cancelledBefore = await metric(server.baseURL, 'dsv4_jobs_total{result="cancelled"}');
   const controller = new AbortController();
+  // ignore_eos (an extension): the random-weight model may sample EOS within a
+  // few tokens, which would end the stream before the client hangs up.
   const stream = await openai.chat.completions.create(
-    { model: 'deepseek-chat', messages: [{ role: 'user', content: 'Write a very long essay' }], max_tokens: 3000, stream: true },
+    {
+      model: 'deepseek-chat',
+      messages: [{ role: 'user', content: 'Write a very long essay' }],
+      max_tokens: 3000,
+      ignore_eos: true,
+      stream: true,
+    },
     { signal: controller.signal },
   );
   let seen = 0;

@@ -381,6 +381,50 @@ TEST(ServerStreamOpenAI, LogprobsInBodyAndFinalChunk) {
   EXPECT_EQ(last["choices"][0]["logprobs"]["content"].size(), lp.size());
 }
 
+TEST(ServerStreamOpenAI, IgnoreEosGeneratesToMaxTokensAndEosAddsNoText) {
+  const std::string script = "Hi" + std::string(k_token_eos) + "there";
+  {
+    Fixture f(script);
+    auto p = prepare_openai_chat(body_with(R"("model": "deepseek-chat", "max_tokens": 30)"), *f.ctx);
+    ASSERT_TRUE(p.has_value());
+    Ran r = run(*p, *f.backend, f.memory);
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"], "Hi");
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  }
+  {
+    Fixture f(script);
+    auto p = prepare_openai_chat(body_with(R"("model": "deepseek-chat", "max_tokens": 30, "ignore_eos": true)"), *f.ctx);
+    ASSERT_TRUE(p.has_value());
+    Ran r = run(*p, *f.backend, f.memory);
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"], "Hithere");  // (the script then repeats EOS)
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(r.body["usage"]["completion_tokens"], 30);
+  }
+  {
+    Fixture f(script);
+    auto p = prepare_anthropic_messages(ordered_json::parse(R"({"max_tokens": 12, "ignore_eos": true,
+        "thinking": {"type": "disabled"}, "messages": [{"role": "user", "content": "x"}]})"),
+                                        *f.ctx);
+    ASSERT_TRUE(p.has_value());
+    Ran r = run(*p, *f.backend, f.memory);
+    EXPECT_EQ(r.body["content"][0]["text"], "Hithere");
+    EXPECT_EQ(r.body["stop_reason"], "max_tokens");
+    EXPECT_EQ(r.body["usage"]["output_tokens"], 12);
+  }
+  {
+    Fixture f(script);
+    auto p = prepare_openai_completions(ordered_json::parse(R"({"prompt": "x", "max_tokens": 9, "ignore_eos": true})"), *f.ctx);
+    ASSERT_TRUE(p.has_value());
+    Ran r = run(*p, *f.backend, f.memory);
+    EXPECT_EQ(r.body["choices"][0]["text"], "Hithere");
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  }
+  Fixture f(script);
+  auto bad = prepare_openai_chat(body_with(R"("ignore_eos": "yes")"), *f.ctx);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("ignore_eos"), std::string::npos) << bad.error().message;
+}
+
 TEST(ServerToolPolicy, ToolChoiceNoneHandsABlockBackAsContent) {
   Fixture f("Sure." + weather_call());
   auto p = prepare_openai_chat(body_with(std::string(R"("model": "deepseek-chat", "tool_choice": "none", "stream": true, "tools": )") + k_tools_openai), *f.ctx);
