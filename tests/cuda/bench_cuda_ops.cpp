@@ -8,8 +8,9 @@
 // Cases: every matmul shape a Flash decode step runs (weight type, rows x cols,
 // groups; n = 1 by default, --n 512 times the prefill tiles), the layer's
 // MatmulsOp sets (projections of one input in one op), and the routed
-// experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token), and the core
-// attention of the three layer kinds (bench_attention). What a case
+// experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token), the core
+// attention of the three layer kinds (bench_attention), and the mHC ops
+// (bench_mhc: hc_pre with its fused norm, hc_post). What a case
 // measures: R ops recorded as one CUDA graph (as the decode step runs them,
 // back to back) and replayed; µs per op = wall time / (replays x R). Each op of
 // the graph reads a different copy of the weights (copies are made until they
@@ -234,6 +235,55 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o) {
   gpu.free(out);
 }
 
+// The mHC ops of a Flash sublayer (hc = 4 streams of D = 4096, F16 mix weights
+// of 16384 x 24): hc_pre with the fused input norm (as the model runs it) and
+// hc_post. GB/s: the state read once (hc_pre; read and written: hc_post) plus
+// the D-wide rows written (u and the norm) or read (y), and fn once.
+void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
+  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
+  const std::string pre_name = strfmt("hc_pre F16 %lldx%lld n=%lld", (long long)hc, (long long)D, (long long)n);
+  const std::string post_name = strfmt("hc_post %lldx%lld n=%lld", (long long)hc, (long long)D, (long long)n);
+  const bool want_pre = o.filter.empty() || pre_name.find(o.filter) != std::string::npos;
+  const bool want_post = o.filter.empty() || post_name.find(o.filter) != std::string::npos;
+  if (!want_pre && !want_post) return;
+  const int reps = o.reps > 0 ? o.reps : 8;
+  Tensor state = gpu.alloc(GgmlType::F32, D, hc, n);
+  {
+    const std::vector<float> v = random_normal(r, static_cast<size_t>(D * hc * n));
+    gpu.write(state, v.data(), v.size() * sizeof(float));
+  }
+  const double state_bytes = static_cast<double>(D * hc * n) * 4.0, row_bytes = static_cast<double>(D * n) * 4.0;
+  if (want_pre) {
+    Tensor fn = upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix);
+    Tensor scale = f32_input(gpu, r, 3, 1), base = f32_input(gpu, r, mix, 1), nw = f32_input(gpu, r, D, 1);
+    Tensor u = gpu.alloc(GgmlType::F32, D, n), xn = gpu.alloc(GgmlType::F32, D, n);
+    Tensor post = gpu.alloc(GgmlType::F32, hc, n), comb = gpu.alloc(GgmlType::F32, hc, hc, n);
+    const double sec = time_ops(gpu, reps, [&](int) {
+      gpu.hc_pre({u, post, comb, state, fn, scale, base, 1e-6f, 1e-6f, 20, xn, nw, 1e-6f});
+    });
+    row(pre_name.c_str(), sec, state_bytes + 2.0 * row_bytes + static_cast<double>(fn.row_bytes() * mix),
+        2.0 * static_cast<double>(hc * D * mix * n));
+    gpu.synchronize();
+    for (Tensor* t : {&fn, &scale, &base, &nw, &u, &xn, &post, &comb}) gpu.free(*t);
+  }
+  if (want_post) {
+    Tensor y = f32_input(gpu, r, D, n);
+    Tensor post = gpu.alloc(GgmlType::F32, hc, n), comb = gpu.alloc(GgmlType::F32, hc, hc, n);
+    {
+      const std::vector<float> pv = random_uniform(r, static_cast<size_t>(hc * n), 0.0f, 2.0f);
+      gpu.write(post, pv.data(), pv.size() * sizeof(float));
+      // (column sums <= 1: the state stays bounded over the replays, which run in place)
+      const std::vector<float> cv = random_uniform(r, static_cast<size_t>(hc * hc * n), 0.0f, 0.25f);
+      gpu.write(comb, cv.data(), cv.size() * sizeof(float));
+    }
+    const double sec = time_ops(gpu, reps, [&](int) { gpu.hc_post({state, y, post, comb, false}); });
+    row(post_name.c_str(), sec, 2.0 * state_bytes + row_bytes, 0);
+    gpu.synchronize();
+    for (Tensor* t : {&y, &post, &comb}) gpu.free(*t);
+  }
+  gpu.free(state);
+}
+
 // Core attention of a Flash layer (H = 64, d = 512, KV_FP8 rows, window 128)
 // for n tokens at the consecutive positions ending at max(2048, n) - 1: the
 // three layer kinds (window only; ratio 4 with the top-512 selection, which
@@ -292,7 +342,7 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
 const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
     "                      [--gemm-min-tokens N] [--no-int-dot] [--expert-gemm auto|on|off|N]\n"
-    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\")\n"
+    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
     "  --no-tensor-cores   batched matmuls on the FFMA tiles\n"
@@ -357,5 +407,6 @@ int main(int argc, char** argv) {
   bench_matmul_sets(**gpu, r, o);
   bench_experts(**gpu, r, o);
   bench_attention(**gpu, r, o);
+  bench_mhc(**gpu, r, o);
   return 0;
 }

@@ -6,16 +6,18 @@
 // hc_pre /  per token, over the flattened state x̄ = X[t] (hc*D floats):
 // hc_head   rho = 1/sqrt(mean(x̄^2) + eps), mix[m] = rho * (fn[m] · x̄).
 //           Two kernels:
-//           1. partials: one warp per (token, slice of 256 elements, group
-//              of mix rows): lane l forms its 8 products with each fn row of
-//              the group (one fmaf chain) and warp_sum adds the lane sums;
-//              the group-0 warp also sums x̄^2 (double). Into scratch
-//              [n][S][n_mix] + [n][S]. Groups of 4 rows for small batches (a
-//              decode step, Flash: hc*D = 16384, n_mix = 24, runs 64 x 6
-//              warps over the 0.75 MiB of F16 fn; each warp loads its fn
-//              bytes before pdl_enter), all rows for large ones (each state
-//              slice read once); the partials' bits do not depend on the
-//              grouping or the batch.
+//           1. partials, per (token, slice of 256 elements, mix row): lane l
+//              forms its 8 products with the fn row (one fmaf chain) and
+//              warp_sum adds the lane sums; x̄^2 is summed the same way in
+//              double. Into scratch [n][S][n_mix] + [n][S]. Small batches (a
+//              decode step, Flash: hc*D = 16384, n_mix = 24): one warp per
+//              (token, slice, group of 4 rows), 64 x 6 warps over the 0.75 MiB
+//              of F16 fn, each loading its fn bytes before pdl_enter. Larger
+//              ones: one warp per (slice, 4 tokens) over all rows, each fn unit
+//              loaded and decoded once for the 4 tokens, the 4 warps of a block
+//              on one slice (one token per warp read fn from L2 once per token
+//              and slice: 12x the state's bytes, ~0.4 ms of a 2,048-token call).
+//              The partials' bits do not depend on the grouping or the batch.
 //           2. finalize: one block per token; the block copies the partials
 //              to shared memory, one warp per mix row (and one for the sum of
 //              squares) adds its S partials, lane-strided then the warp tree
@@ -51,8 +53,10 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int k_mix_pass = 8;     // mix rows accumulated per pass over a slice
-constexpr int k_mix_pre = 4;      // groups of at most this many rows preload their weights (decode)
+constexpr int k_mix_pass = 8;     // mix rows accumulated per pass over a slice (batches)
+constexpr int k_mix_pre = 4;      // mix rows per warp in small batches, their weights preloaded (decode)
+constexpr int k_mix_tt = 4;       // tokens per warp in larger batches
+constexpr int64_t k_mix_tokens_min = 16;  // larger batches: the tokens kernel
 constexpr int64_t k_finalize_tr_min = 16;  // larger batches: the finalize's transposed partials (combine_mix)
 constexpr int k_max_hc = 8;
 
@@ -81,20 +85,24 @@ constexpr int k_mix_lane = 8;
 constexpr int k_mix_slice = 32 * k_mix_lane;
 
 // Partial sums of one slice: part_dot[(t*S + s) * n_mix + m] (float dot m) and
-// part_ss[t*S + s] (double sum of squares). One warp per (token t, slice s,
-// group of up to `rows` mix rows): lane l holds the 8 elements
-// [256 s + 8 l, +8) of x̄, forms its 8 products with each fn row in element
-// order (one fmaf chain) and warp_sum adds the 32 lane sums in a fixed tree;
-// the group-0 warp also sums x̄^2 in double the same way. Every partial is the
-// same sequence of operations whatever the batch size or the grouping.
-template <GgmlType T, bool Pre>
+// part_ss[t*S + s] (double sum of squares). Small batches: one warp per
+// (token t, slice s, group of up to k_mix_pre mix rows): lane l holds the 8
+// elements [256 s + 8 l, +8) of x̄, forms its 8 products with each fn row in
+// element order (one fmaf chain) and warp_sum adds the 32 lane sums in a fixed
+// tree; the group-0 warp also sums x̄^2 in double the same way. The lane's
+// weight units of every row are loaded before pdl_enter() (fn is a constant
+// weight), so their latency overlaps the predecessor instead of following the
+// state load. hc_mix_partial_tokens_kernel below does the same operations per
+// (t, s, m) for larger batches: every partial has the same bits whatever the
+// batch size or the grouping.
+template <GgmlType T>
 __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
-                                                             size_t fn_row_bytes, int n_mix, int S, int rows,
-                                                             float* part_dot, double* part_ss, QuantTables tab) {
+                                                             size_t fn_row_bytes, int n_mix, int S, float* part_dot,
+                                                             double* part_ss, QuantTables) {
   constexpr int U = WeightUnit<T>::U, E = k_mix_lane;
   static_assert(E % U == 0, "a lane's elements are whole units");
   const int lane = threadIdx.x & 31;
-  const int n_groups = (n_mix + rows - 1) / rows;
+  const int n_groups = (n_mix + k_mix_pre - 1) / k_mix_pre;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (w >= n * S * n_groups) {  // whole warps
     pdl_enter();
@@ -104,12 +112,9 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
   const int64_t s = (w / n_groups) % S, t = w / n_groups / S;
   const int64_t e0 = s * k_mix_slice + static_cast<int64_t>(lane) * E;
   const bool in = e0 < len;  // len % 8 == 0 (launcher)
-  const int m0 = grp * rows, m1 = min(n_mix, m0 + rows);
-  // Pre (groups of <= k_mix_pre rows: decode): the lane's weight units of
-  // every row are loaded before pdl_enter() (fn is a constant weight), so
-  // their latency overlaps the predecessor instead of following the state load.
-  uint4 wv_pre[Pre ? k_mix_pre : 1][E / U];
-  if (Pre && in) {
+  const int m0 = grp * k_mix_pre, m1 = min(n_mix, m0 + k_mix_pre);
+  uint4 wv_pre[k_mix_pre][E / U];
+  if (in) {
 #pragma unroll
     for (int k = 0; k < k_mix_pre; ++k)
       if (m0 + k < m1)
@@ -132,49 +137,95 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
     ss = warp_sum_double(ss);
     if (lane == 0) part_ss[t * S + s] = ss;
   }
-  if constexpr (Pre) {  // one pass over the preloaded rows: the same operations as the loop below
-    float acc[k_mix_pre];
+  float acc[k_mix_pre];
 #pragma unroll
-    for (int k = 0; k < k_mix_pre; ++k) {
-      acc[k] = 0.0f;
-      if (m0 + k < m1 && in) {
+  for (int k = 0; k < k_mix_pre; ++k) {
+    acc[k] = 0.0f;
+    if (m0 + k < m1 && in) {
+#pragma unroll
+      for (int u = 0; u < E / U; ++u) {
+        float wv[U];
+        WeightUnit<T>::decode_vec(wv_pre[k][u], wv);
+#pragma unroll
+        for (int j = 0; j < U; ++j) acc[k] = fmaf(wv[j], xv[u * U + j], acc[k]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < k_mix_pre; ++k) {
+    if (m0 + k >= m1) break;  // uniform across the warp
+    const float v = warp_sum(acc[k]);
+    if (lane == 0) part_dot[(t * S + s) * n_mix + m0 + k] = v;
+  }
+}
+
+// Larger batches: one warp per (slice s, k_mix_tt consecutive tokens), every
+// mix row in passes of k_mix_pass; each row's fn unit is loaded and decoded
+// once and multiplied into the k_mix_tt tokens' chains (registers: the tokens'
+// x̄ slices, 4 x 8, and the pass's accumulators, 8 x 4). Warps are numbered
+// slice-major, so a block's 4 warps share a slice's 24 x 512 bytes of fn (L1).
+// Per (t, s, m) the same operations as hc_mix_partial_kernel: the same bits.
+template <GgmlType T>
+__global__ void __launch_bounds__(128) hc_mix_partial_tokens_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
+                                                                    size_t fn_row_bytes, int n_mix, int S, float* part_dot,
+                                                                    double* part_ss, QuantTables tab) {
+  constexpr int U = WeightUnit<T>::U, E = k_mix_lane, TT = k_mix_tt;
+  static_assert(E % U == 0, "a lane's elements are whole units");
+  pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const int64_t n_tg = (n + TT - 1) / TT;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (w >= S * n_tg) return;  // whole warps
+  const int64_t s = w / n_tg, t0 = (w - s * n_tg) * TT;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(TT), n - t0));  // warp-uniform
+  const int64_t e0 = s * k_mix_slice + static_cast<int64_t>(lane) * E;
+  const bool in = e0 < len;  // len % 8 == 0 (launcher)
+  float xv[TT][E];
+#pragma unroll
+  for (int k = 0; k < TT; ++k) {
+    if (k < nt && in) {
+      load_f32x4s(state + (t0 + k) * len + e0, xv[k]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) xv[k][j] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < TT; ++k) {
+    if (k >= nt) break;  // uniform across the warp
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) ss += static_cast<double>(xv[k][j]) * static_cast<double>(xv[k][j]);
+    ss = warp_sum_double(ss);
+    if (lane == 0) part_ss[(t0 + k) * S + s] = ss;
+  }
+  for (int mb = 0; mb < n_mix; mb += k_mix_pass) {
+    float acc[k_mix_pass][TT];
+#pragma unroll
+    for (int r = 0; r < k_mix_pass; ++r) {
+#pragma unroll
+      for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
+      if (mb + r < n_mix && in) {
+        const uint8_t* row = fn + static_cast<int64_t>(mb + r) * fn_row_bytes;
 #pragma unroll
         for (int u = 0; u < E / U; ++u) {
           float wv[U];
-          WeightUnit<T>::decode_vec(wv_pre[k][u], wv);
+          WeightUnit<T>::decode(row, e0 / U + u, wv, tab);
 #pragma unroll
-          for (int j = 0; j < U; ++j) acc[k] = fmaf(wv[j], xv[u * U + j], acc[k]);
+          for (int k = 0; k < TT; ++k)
+#pragma unroll
+            for (int j = 0; j < U; ++j) acc[r][k] = fmaf(wv[j], xv[k][u * U + j], acc[r][k]);
         }
       }
     }
 #pragma unroll
-    for (int k = 0; k < k_mix_pre; ++k) {
-      if (m0 + k >= m1) break;  // uniform across the warp
-      const float v = warp_sum(acc[k]);
-      if (lane == 0) part_dot[(t * S + s) * n_mix + m0 + k] = v;
-    }
-  } else {
-    for (int mb = m0; mb < m1; mb += k_mix_pass) {
-      float acc[k_mix_pass];
+    for (int r = 0; r < k_mix_pass; ++r) {
+      if (mb + r >= n_mix) break;  // uniform across the warp
 #pragma unroll
-      for (int k = 0; k < k_mix_pass; ++k) {
-        acc[k] = 0.0f;
-        if (mb + k < m1 && in) {
-          const uint8_t* row = fn + static_cast<int64_t>(mb + k) * fn_row_bytes;
-#pragma unroll
-          for (int u = 0; u < E / U; ++u) {
-            float wv[U];
-            WeightUnit<T>::decode(row, e0 / U + u, wv, tab);
-#pragma unroll
-            for (int j = 0; j < U; ++j) acc[k] = fmaf(wv[j], xv[u * U + j], acc[k]);
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < k_mix_pass; ++k) {
-        if (mb + k >= m1) break;  // uniform across the warp
-        const float v = warp_sum(acc[k]);
-        if (lane == 0) part_dot[(t * S + s) * n_mix + mb + k] = v;
+      for (int k = 0; k < TT; ++k) {
+        if (k >= nt) break;  // uniform across the warp
+        const float v = warp_sum(acc[r][k]);
+        if (lane == 0) part_dot[((t0 + k) * S + s) * n_mix + mb + r] = v;
       }
     }
   }
@@ -467,8 +518,8 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
   DSV4_ASSERT(reinterpret_cast<uintptr_t>(state.data) % 16 == 0, "hc: state not 16-byte aligned");
   DSV4_ASSERT(len % 8 == 0, "hc: state width %lld (a multiple of 8)", static_cast<long long>(len));
   const int S = static_cast<int>((len + k_mix_slice - 1) / k_mix_slice);
-  const int rows = n <= 16 ? 4 : n_mix;  // mix rows per warp (the results do not depend on it)
-  const int64_t warps = n * S * ((n_mix + rows - 1) / rows);
+  const bool tokens = n > k_mix_tokens_min;  // the tokens kernel (the results do not depend on the choice)
+  const int64_t warps = tokens ? S * ((n + k_mix_tt - 1) / k_mix_tt) : n * S * ((n_mix + k_mix_pre - 1) / k_mix_pre);
   DSV4_ASSERT(S <= 65535 && warps / 4 < 0x7fffffff, "hc: state of %lld x %lld too large", static_cast<long long>(n),
               static_cast<long long>(len));
   const size_t dot_bytes = (static_cast<size_t>(n) * S * n_mix * sizeof(float) + 255) / 256 * 256;
@@ -477,17 +528,17 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
   *part_ss = reinterpret_cast<double*>(base + dot_bytes);
   auto go = [&](auto kernel) {
     launch_kernel(kernel, ceil_div(warps, 4), 128, 0, ctx.stream, state.f32(), n, len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(),
-        n_mix, S, rows, *part_dot, *part_ss, ctx.tables);
+        n_mix, S, *part_dot, *part_ss, ctx.tables);
     CUDA_CHECK_LAUNCH();
   };
-  auto go_type = [&](auto pre_tag) {
-    constexpr bool Pre = decltype(pre_tag)::value;
-    if (fn.type == GgmlType::F32) go(hc_mix_partial_kernel<GgmlType::F32, Pre>);
-    else if (fn.type == GgmlType::F16) go(hc_mix_partial_kernel<GgmlType::F16, Pre>);
-    else go(hc_mix_partial_kernel<GgmlType::BF16, Pre>);
+  auto go_type = [&](auto type_tag) {
+    constexpr GgmlType T = decltype(type_tag)::value;
+    if (tokens) go(hc_mix_partial_tokens_kernel<T>);
+    else go(hc_mix_partial_kernel<T>);
   };
-  if (rows <= k_mix_pre) go_type(std::true_type{});
-  else go_type(std::false_type{});
+  if (fn.type == GgmlType::F32) go_type(std::integral_constant<GgmlType, GgmlType::F32>{});
+  else if (fn.type == GgmlType::F16) go_type(std::integral_constant<GgmlType, GgmlType::F16>{});
+  else go_type(std::integral_constant<GgmlType, GgmlType::BF16>{});
   return S;
 }
 
