@@ -36,8 +36,9 @@
 //           S depends only on hc*D, so results never depend on the batch size.
 //           (Before 2026-11-30 a block per (token, slice, 8 rows) with block-wide
 //           reductions: 1.5 ms per prefill call of 2,048 tokens.)
-// hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round);
-//           one thread per (token, d), in place.
+// hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round),
+//           in place: one thread per (token, 4 consecutive d) for hc = 4 (16-byte
+//           accesses), else one per (token, d).
 //
 // Float operations outside the dot products repeat the CPU's (rounded
 // products and sums in the CPU's order, no contraction).
@@ -507,6 +508,46 @@ __global__ void hc_post_kernel(float* state, const float* y, const float* post, 
   }
 }
 
+// hc_post_kernel for hc = 4 and D % 4 == 0 (DeepSeek V4): one thread per
+// (token, 4 consecutive d) with 16-byte loads and stores, the token's post and
+// comb loaded once per 4 elements (the same addresses across a warp), no
+// 64-bit division per element (the generic kernel's t = i / D). Per element
+// the same operations as hc_post_kernel: the same bits. Grid: x over D / 4,
+// y over tokens (strided past 65,535).
+__global__ void hc_post4_kernel(float* state, const float* y, const float* post, const float* comb, int64_t D, int64_t n,
+                                bool round_bf16) {
+  pdl_enter();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (4 * c >= D) return;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    float* X = state + t * 4 * D + 4 * c;
+    float4 xi[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) xi[k] = *reinterpret_cast<const float4*>(X + k * D);
+    const float4 yv = *reinterpret_cast<const float4*>(y + t * D + 4 * c);
+    const float* po = post + t * 4;
+    const float* co = comb + t * 16;
+    float pj[4], cm[16];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pj[j] = po[j];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) cm[k] = co[k];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float4 s = make_float4(__fmul_rn(pj[j], yv.x), __fmul_rn(pj[j], yv.y), __fmul_rn(pj[j], yv.z), __fmul_rn(pj[j], yv.w));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        s.x = __fadd_rn(s.x, __fmul_rn(cm[k * 4 + j], xi[k].x));
+        s.y = __fadd_rn(s.y, __fmul_rn(cm[k * 4 + j], xi[k].y));
+        s.z = __fadd_rn(s.z, __fmul_rn(cm[k * 4 + j], xi[k].z));
+        s.w = __fadd_rn(s.w, __fmul_rn(cm[k * 4 + j], xi[k].w));
+      }
+      if (round_bf16) s = make_float4(bf16_round_dev(s.x), bf16_round_dev(s.y), bf16_round_dev(s.z), bf16_round_dev(s.w));
+      *reinterpret_cast<float4*>(X + j * D) = s;
+    }
+  }
+}
+
 // Runs the partial kernel for n tokens and returns the number of slices; the
 // partials land in ctx scratch: [n][S][n_mix] floats, then [n][S] doubles.
 int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& fn, int n_mix, float** part_dot,
@@ -608,6 +649,16 @@ void launch_hc_post(const CudaContext& ctx, const HcPostOp& op) {
   DSV4_ASSERT(hc >= 1 && hc <= k_max_hc, "hc_post: %lld streams (at most %d)", static_cast<long long>(hc), k_max_hc);
   const int64_t total = n * D;
   if (total == 0) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(op.state.data) % 16 == 0 && reinterpret_cast<uintptr_t>(op.y.data) % 16 == 0;
+  if (hc == 4 && D % 4 == 0 && aligned) {
+    const int64_t quads = D / 4;
+    const unsigned threads = quads >= 256 ? 256 : 128;
+    const dim3 grid(static_cast<unsigned>((quads + threads - 1) / threads), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+    launch_kernel(hc_post4_kernel, grid, threads, 0, ctx.stream, op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D, n,
+        op.round_bf16);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
   launch_kernel(hc_post_kernel, blocks, 256, 0, ctx.stream, op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D,
       static_cast<int>(hc), n, op.round_bf16);
