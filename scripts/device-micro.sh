@@ -3,6 +3,8 @@
 #   mma_sync_rate  mma.sync m16n8k16 f16->f32 issue rate vs warps per SM and accumulators per warp
 #   wgmma_f16      wgmma (sm_90a) from shared memory: which core-matrix layout / descriptor reading is right
 #                  (checked against the CPU), then m64n64 / m64n128 rates with 1 and 3 products per k-step
+#   decode_sync    one op-to-op hand-off: graph kernel boundaries (plain, PDL) vs grid barriers in a
+#                  persistent kernel (cooperative groups, a flag barrier), with and without a 16 KB dependency
 #
 #   device tool: command "scripts/device-micro.sh", carry ["build-device"]
 #   (or after scripts/device-check.sh in the same call: it reuses build-device-run/)
@@ -21,7 +23,7 @@ fi
 export LD_LIBRARY_PATH=$PWD/$RUN/lib:${LD_LIBRARY_PATH:-}
 rc=0
 : >"$O/micro.txt"
-for b in mma_sync_rate wgmma_f16; do
+for b in mma_sync_rate wgmma_f16 decode_sync; do
   echo "== $b" >>"$O/micro.txt"
   if [ -x "$RUN/bin/$b" ]; then
     timeout 120 "$RUN/bin/$b" >>"$O/micro.txt" 2>&1 || { echo "device-micro: $b failed (rc $?)" >>"$O/micro.txt"; rc=1; }
