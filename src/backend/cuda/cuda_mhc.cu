@@ -18,7 +18,8 @@
 //              on one slice (one token per warp read fn from L2 once per token
 //              and slice: 12x the state's bytes, ~0.4 ms of a 2,048-token call).
 //              The partials' bits do not depend on the grouping or the batch.
-//           2. finalize: one block per token; the block copies the partials
+//           2. finalize: one block per token (batches > 16 tokens: the
+//              register-light loop path below, 3 blocks per SM); the block copies the partials
 //              to shared memory, one warp per mix row (and one for the sum of
 //              squares) adds its S partials, lane-strided then the warp tree
 //              (combine_mix); then (hc = 4) warp 1
@@ -348,12 +349,13 @@ __device__ float sinkhorn_warp4(float v, float eps, int iters) {
   return v;
 }
 
-template <bool Tr>
-__global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
-                                       const double* part_ss, const float* scale, const float* base, float norm_eps,
-                                       float hc_eps, int iters, float* u, float* post, float* comb, float* xn,
-                                       const float* xn_w, float xn_eps) {
-  pdl_enter();
+// The finalize of one token (blockIdx.x); the kernels below call it after
+// pdl_enter().
+template <bool Tr, bool Regs>
+__device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t D, int hc, int S, const float* part_dot,
+                                                     const double* part_ss, const float* scale, const float* base,
+                                                     float norm_eps, float hc_eps, int iters, float* u, float* post,
+                                                     float* comb, float* xn, const float* xn_w, float xn_eps) {
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -367,8 +369,12 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
   // combined and Sinkhorn runs; u and the fused norm then work on registers
   // (block_rms_norm_regs: the column mapping of block_rms_norm_row, so the
   // same bits as the separate norm). The loop below instead reads X after the
-  // gates, a few dependent round trips, and the norm read u back.
-  const bool regs = hc == 4 && D <= k_norm_reg * static_cast<int64_t>(blockDim.x);
+  // gates, a few dependent round trips, and the norm read u back. Regs (small
+  // batches: latency) compiles the register path; larger batches (throughput)
+  // take the loop, whose registers let several blocks share an SM (the
+  // register path's ~160 registers per thread allow one 256-thread block per
+  // SM: a 2,048-token call took 123 us in 16 waves of 132 blocks).
+  const bool regs = Regs && hc == 4 && D <= k_norm_reg * static_cast<int64_t>(blockDim.x);
   float xr[4][k_norm_reg], wr[k_norm_reg];
   if (regs) {
 #pragma unroll
@@ -459,6 +465,29 @@ __global__ void hc_pre_finalize_kernel(const float* state, int64_t D, int hc, in
     block_rms_norm_row(xn + t * D, u + t * D, xn_w, D, xn_eps, red);
   }
 }
+
+#define DSV4_HC_FINALIZE_PARAMS                                                                                      \
+  const float *state, int64_t D, int hc, int S, const float *part_dot, const double *part_ss, const float *scale,    \
+      const float *base, float norm_eps, float hc_eps, int iters, float *u, float *post, float *comb, float *xn,      \
+      const float *xn_w, float xn_eps
+#define DSV4_HC_FINALIZE_ARGS \
+  state, D, hc, S, part_dot, part_ss, scale, base, norm_eps, hc_eps, iters, u, post, comb, xn, xn_w, xn_eps
+
+// Small batches (a decode step: latency): the register path.
+__global__ void hc_pre_finalize_kernel(DSV4_HC_FINALIZE_PARAMS) {
+  pdl_enter();
+  hc_pre_finalize_body<false, true>(DSV4_HC_FINALIZE_ARGS);
+}
+
+// Larger batches (throughput): the loop path, at most 85 registers (3 blocks
+// of 256 threads per SM; ptxas: 80 registers, a few bytes of spills).
+__global__ void __launch_bounds__(256, 3) hc_pre_finalize_loop_kernel(DSV4_HC_FINALIZE_PARAMS) {
+  pdl_enter();
+  hc_pre_finalize_body<true, false>(DSV4_HC_FINALIZE_ARGS);
+}
+
+#undef DSV4_HC_FINALIZE_PARAMS
+#undef DSV4_HC_FINALIZE_ARGS
 
 template <bool Tr>
 __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, int S, const float* part_dot,
@@ -619,8 +648,9 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
         op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
         op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
   };
-  if (n > k_finalize_tr_min) go(hc_pre_finalize_kernel<true>);  // the same bits either way (combine_mix)
-  else go(hc_pre_finalize_kernel<false>);
+  // The same bits either way (combine_mix; u and the norm per column).
+  if (n > k_finalize_tr_min) go(hc_pre_finalize_loop_kernel);
+  else go(hc_pre_finalize_kernel);
   CUDA_CHECK_LAUNCH();
 }
 
