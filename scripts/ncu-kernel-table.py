@@ -35,7 +35,7 @@ def kernel_name(full):
     # in its demangled CSV, a bare "unnamed>::".
     n = re.sub(r"\(anonymous namespace\)::|<?unnamed>::", "", full)
     n = re.sub(r"^void ", "", n)
-    n = re.sub(r"^dsv4::cuda::", "", n)
+    n = re.sub(r"^dsv4::(cuda::)?", "", n)
     depth, out = 0, []
     for ch in n:  # cut at the parameter list, keeping template arguments
         if ch == "<":
@@ -64,7 +64,7 @@ def main():
     for r in rows:
         if not r.get("Metric Name"):
             continue
-        k = kernels.setdefault(r["ID"], {"name": kernel_name(r["Kernel Name"]), "us": 0.0, "bytes": 0.0})
+        k = kernels.setdefault(r["ID"], {"name": kernel_name(r["Kernel Name"]), "us": 0.0, "bytes": 0.0, "grid": 0.0})
         v = r["Metric Value"].replace(",", "")
         try:
             val = float(v) * UNIT.get(r["Metric Unit"], 1.0)
@@ -75,6 +75,8 @@ def main():
             k["us"] = val
         elif m in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
             k["bytes"] += val
+        elif m == "launch__grid_size":
+            k["grid"] = val
     if not kernels:
         sys.exit(f"{a.csv}: no kernel rows")
     if a.step >= 0:
@@ -86,18 +88,20 @@ def main():
         if a.step + 1 >= len(starts):
             print(f"(step {a.step} is the last one profiled: it may be cut short)")
         kernels = collections.OrderedDict((kid, kernels[kid]) for kid in ids[starts[a.step]:end])
-    agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    agg = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for k in kernels.values():
         g = agg[k["name"]]
         g[0] += 1
         g[1] += k["us"]
         g[2] += k["bytes"]
+        g[3] += k["grid"]
     total = sum(g[1] for g in agg.values())
     print(f"{len(kernels)} kernel launches, {total:.0f} us of kernel time")
-    print(f"{'kernel':60s} {'calls':>6s} {'total us':>10s} {'us/call':>8s} {'share':>6s} {'MB':>9s} {'GB/s':>7s}")
-    for name, (n, us, b) in sorted(agg.items(), key=lambda x: -x[1][1])[: a.top]:
+    # blocks: the mean grid size (launch__grid_size, when the CSV has it; else 0)
+    print(f"{'kernel':60s} {'calls':>6s} {'total us':>10s} {'us/call':>8s} {'share':>6s} {'MB':>9s} {'GB/s':>7s} {'blocks':>7s}")
+    for name, (n, us, b, grid) in sorted(agg.items(), key=lambda x: -x[1][1])[: a.top]:
         rate = b / us / 1e3 if us else 0.0
-        print(f"{name[:60]:60s} {n:6d} {us:10.0f} {us / n:8.2f} {100 * us / total:5.1f}% {b / 1e6:9.1f} {rate:7.0f}")
+        print(f"{name[:60]:60s} {n:6d} {us:10.0f} {us / n:8.2f} {100 * us / total:5.1f}% {b / 1e6:9.1f} {rate:7.0f} {grid / n:7.0f}")
 
 
 if __name__ == "__main__":
