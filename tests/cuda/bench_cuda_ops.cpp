@@ -10,7 +10,8 @@
 // MatmulsOp sets (projections of one input in one op), and the routed
 // experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token), the core
 // attention of the three layer kinds (bench_attention), and the mHC ops
-// (bench_mhc: hc_pre with its fused norm, hc_post). What a case
+// (bench_mhc: hc_pre with its fused norm, hc_post), and how much of a small
+// op's time the next op hides (bench_overlap). What a case
 // measures: R ops recorded as one CUDA graph (as the decode step runs them,
 // back to back) and replayed; µs per op = wall time / (replays x R). Each op of
 // the graph reads a different copy of the weights (copies are made until they
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -354,6 +356,75 @@ const char* k_usage =
 
 }  // namespace
 
+// How much of a small op's time its successor hides (PDL): a graph of R ops
+// A, one of R ops B, and one of R pairs A -> B, as a decode step runs them.
+// hidden = (A + B - AB) / A: 0 = the pair costs the sum (A's chain is on the
+// critical path), 1 = A is free (B's pre-pdl_enter weight loads cover it).
+// Pairs at Flash's decode shapes: hc_pre (fused norm) -> the attention's first
+// projections (Q8_0 1024+512 x 4096), and the q norm (1024) -> q_b (Q8_0
+// 32768 x 1024). Each B reads its own weight copy (from DRAM, not L2).
+void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
+  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
+  const std::string names[2] = {
+      strfmt("overlap hc_pre F16 4x4096 > matmuls Q8_0 1024+512x4096 n=%lld", (long long)n),
+      strfmt("overlap rms_norm 1024 > matmul Q8_0 32768x1024 n=%lld", (long long)n)};
+  for (int which = 0; which < 2; ++which) {
+    if (!o.filter.empty() && names[which].find(o.filter) == std::string::npos) continue;
+    std::vector<Tensor> owned;
+    auto keep = [&](Tensor t) {
+      owned.push_back(t);
+      return t;
+    };
+    std::function<void(int)> op_a, op_b;
+    const int copies = which == 0 ? 48 : 8;  // >= 256 MiB of B weights in all
+    std::vector<std::vector<Tensor>> ws(static_cast<size_t>(copies));
+    if (which == 0) {
+      Tensor state = keep(f32_input(gpu, r, D * hc, n));
+      state = state.reshape(D, hc, n);
+      Tensor fn = keep(upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix));
+      Tensor scale = keep(f32_input(gpu, r, 3, 1)), base = keep(f32_input(gpu, r, mix, 1)), nw = keep(f32_input(gpu, r, D, 1));
+      Tensor u = keep(gpu.alloc(GgmlType::F32, D, n)), xn = keep(gpu.alloc(GgmlType::F32, D, n));
+      Tensor post = keep(gpu.alloc(GgmlType::F32, hc, n)), comb = keep(gpu.alloc(GgmlType::F32, hc, hc, n));
+      Tensor qa = keep(gpu.alloc(GgmlType::F32, 1024, n)), kv = keep(gpu.alloc(GgmlType::F32, 512, n));
+      for (const int64_t rows : {1024, 512}) {
+        const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, D, rows);
+        for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, D, rows));
+      }
+      op_a = [=, &gpu](int) { gpu.hc_pre({u, post, comb, state, fn, scale, base, 1e-6f, 1e-6f, 20, xn, nw, 1e-6f}); };
+      op_b = [=, &gpu, &ws](int i) {
+        MatmulsOp m;
+        m.x = xn;
+        m.count = 2;
+        m.w[0] = ws[static_cast<size_t>(i % copies)][0];
+        m.w[1] = ws[static_cast<size_t>(i % copies)][1];
+        m.out[0] = qa;
+        m.out[1] = kv;
+        gpu.matmuls(m);
+      };
+    } else {
+      Tensor x = keep(f32_input(gpu, r, 1024, n)), w = keep(f32_input(gpu, r, 1024, 1));
+      Tensor xn = keep(gpu.alloc(GgmlType::F32, 1024, n)), q = keep(gpu.alloc(GgmlType::F32, 32768, n));
+      const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, 1024, 32768);
+      for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, 1024, 32768));
+      op_a = [=, &gpu](int) { gpu.rms_norm({xn, x, w, 1e-6f}); };
+      op_b = [=, &gpu, &ws](int i) { gpu.matmul({q, ws[static_cast<size_t>(i % copies)][0], xn}); };
+    }
+    const int reps = o.reps > 0 ? o.reps : copies;
+    const double a = time_ops(gpu, reps, op_a), b = time_ops(gpu, reps, op_b);
+    const double ab = time_ops(gpu, reps, [&](int i) {
+      op_a(i);
+      op_b(i);
+    });
+    std::printf("%-46s %10.2f us   A %.2f us, B %.2f us, hidden %.0f%% of A\n", names[which].c_str(), ab * 1e6, a * 1e6,
+                b * 1e6, 100.0 * (a + b - ab) / a);
+    std::fflush(stdout);
+    gpu.synchronize();
+    for (auto& set : ws)
+      for (auto& t : set) gpu.free(t);
+    for (auto& t : owned) gpu.free(t);
+  }
+}
+
 int main(int argc, char** argv) {
   Opts o;
   for (int i = 1; i < argc; ++i) {
@@ -408,5 +479,6 @@ int main(int argc, char** argv) {
   bench_experts(**gpu, r, o);
   bench_attention(**gpu, r, o);
   bench_mhc(**gpu, r, o);
+  bench_overlap(**gpu, r, o);
   return 0;
 }
