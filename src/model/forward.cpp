@@ -385,7 +385,7 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], la});
 }
 
-void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
+Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   using LT = LayerTensor;
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
@@ -395,8 +395,9 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   // Shared expert (§6.5): independent of the routing. For one token on a
   // backend that overlaps branches (CUDA) it runs as a branch beside the router
   // and the routed experts — the router's small kernels leave most of the GPU
-  // idle — into sh_y, added to y after both (y + sh_y: the same single f32
-  // addition as the accumulating down projection, so the same bits);
+  // idle — into sh_y, added to y after both by the caller's hc_post (y + sh_y:
+  // the same single f32 addition as the accumulating down projection, so the
+  // same bits; one kernel fewer than an AddOp);
   // otherwise its down projection accumulates into y.
   const bool shexp = static_cast<bool>(L[LT::FFN_GATE_SHEXP]);
   Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
@@ -427,11 +428,13 @@ void Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
   backend_.moe_experts({y, xn, L[LT::FFN_GATE_EXPS], L[LT::FFN_UP_EXPS], L[LT::FFN_DOWN_EXPS], experts, weights, clamp, false});
   if (branch) {
     backend_.branch_join();
-    backend_.add({y, s.sh_y});  // y += W_down h
-  } else if (shexp) {
+    return s.sh_y;  // y += W_down h, in hc_post
+  }
+  if (shexp) {
     shexp_hidden();
     backend_.matmul({y, L[LT::FFN_DOWN_SHEXP], h, 1, /*accumulate=*/true});  // y += W_down h
   }
+  return {};
 }
 
 void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
@@ -494,8 +497,8 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
     backend_.hc_post({state, y, post, comb, ref});
     backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps,
                      P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::FFN_NORM], P.rms_eps});
-    ffn_block(L, n, il, P.is_hash_layer(il));
-    backend_.hc_post({state, y, post, comb, ref});
+    const Tensor y2 = ffn_block(L, n, il, P.is_hash_layer(il));
+    backend_.hc_post({state, y, post, comb, ref, y2});
   }
   // The last token's final state feeds the MTP block.
   backend_.copy(st.last_hidden, state.reshape(D * hc, n).rows(n - 1, 1).reshape(D, hc));
@@ -552,8 +555,8 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   backend_.hc_post({state, y, post, comb, ref});
   backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps, P.hc_eps,
                    static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::FFN_NORM], P.rms_eps});
-  ffn_block(L, 1, P.n_layer, false);
-  backend_.hc_post({state, y, post, comb, ref});
+  const Tensor y2 = ffn_block(L, 1, P.n_layer, false);
+  backend_.hc_post({state, y, post, comb, ref, y2});
   // Head with the MTP block's own hc_head and norm, the shared output matrix.
   Tensor h = s.h.rows(0, 1), hn = s.hn.rows(0, 1), lg = s.logits.rows(0, 1);
   backend_.hc_head({h, state, mtp_head_[static_cast<size_t>(MT::HC_HEAD_FN)], mtp_head_[static_cast<size_t>(MT::HC_HEAD_SCALE)],

@@ -109,7 +109,9 @@ class Model {
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w);
   void attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block);
-  void ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
+  // Returns the shared expert's output still to be added to y (a decode
+  // branch's: the caller passes it to hc_post as HcPostOp::y2), or an empty tensor.
+  Tensor ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
   void run_batch(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
   void batch_ops(KvState& s, int64_t n, bool logits, bool all_logits);
   LayerState alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor);

@@ -84,6 +84,9 @@ struct HcPostOp {
   Tensor post;   // [n, hc]
   Tensor comb;   // [n, hc, hc]
   bool round_bf16 = false;
+  // Optional: y is taken as y + y2 (one f32 addition per element, the AddOp
+  // it replaces: the shared expert's output of a decode branch).
+  Tensor y2;     // [n, D] f32, or empty
 };
 
 // mHC head (§4.4): w_i = sigmoid(s * rho * (fn · x̄)_i + b_i) + eps; h = sum_i w_i X_i.
@@ -104,7 +107,7 @@ struct HcHeadOp {
 struct RmsNormOp {
   Tensor out;  // [rows, d] f32 (may alias x)
   Tensor x;    // [rows, d] f32
-  Tensor w;    // [d] f32, or empty for the weightless norm
+  Tensor w;    // [d] f32 weight (constant: a GPU may read it before the previous op ends), or empty
   float eps = 1e-6f;
   Tensor rope_pos;  // [rows / rope_rows_per_token] i32, or empty: no RoPE
   RopeParams rope;

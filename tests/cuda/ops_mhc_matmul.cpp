@@ -1,4 +1,4 @@
-// Cases: embedding, mHC (hc_pre, hc_post, hc_head) and matmul (every weight
+// Cases: embedding, mHC (hc_pre, hc_post (also y + y2), hc_head) and matmul (every weight
 // type, grouped, batch invariance), tiny-model and Flash shapes.
 #include "ops_harness.h"
 
@@ -69,15 +69,18 @@ void cases_mhc(Harness& h) {
   if (h.want("hc_post")) {
     for (const C& c : shapes) {
       if (c.flash && !h.flash) continue;
-      for (bool round : {false, true}) {
+      for (int mode = 0; mode < 3; ++mode) {  // 0 plain, 1 bf16 rounding, 2 with y2 (y + y2: the decode FFN's shared expert)
+        const bool round = mode == 1, with_y2 = mode == 2;
         Bufs b(h);
         Pair state = b.f32(random_normal(r, static_cast<size_t>(c.n * c.hc * c.D)), Shape(c.D, c.hc, c.n));
         Pair y = b.f32(random_normal(r, static_cast<size_t>(c.n * c.D)), Shape(c.D, c.n));
         Pair post = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc), 0.0f, 2.0f), Shape(c.hc, c.n));
         Pair comb = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc * c.hc), 0.0f, 1.0f), Shape(c.hc, c.hc, c.n));
-        h.cpu.hc_post({state.c, y.c, post.c, comb.c, round});
-        h.gpu.hc_post({state.g, y.g, post.g, comb.g, round});
-        h.report.exact("hc_post", strfmt("[%lld,%lld,%lld]%s", (long long)c.n, (long long)c.hc, (long long)c.D, round ? " bf16" : ""),
+        Pair y2 = with_y2 ? b.f32(random_normal(r, static_cast<size_t>(c.n * c.D)), Shape(c.D, c.n)) : Pair{};
+        h.cpu.hc_post({state.c, y.c, post.c, comb.c, round, y2.c});
+        h.gpu.hc_post({state.g, y.g, post.g, comb.g, round, y2.g});
+        h.report.exact("hc_post",
+                       strfmt("[%lld,%lld,%lld]%s", (long long)c.n, (long long)c.hc, (long long)c.D, round ? " bf16" : with_y2 ? " y+y2" : ""),
                        b.diff(state));
       }
     }

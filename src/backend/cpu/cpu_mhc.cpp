@@ -106,11 +106,13 @@ void hc_post(const HcPostOp& op) {
     for (size_t t = b; t < e; ++t) {
       float* X = op.state.f32() + static_cast<int64_t>(t) * hc * D;
       const float* y = op.y.f32() + static_cast<int64_t>(t) * D;
+      const float* y2 = op.y2 ? op.y2.f32() + static_cast<int64_t>(t) * D : nullptr;
       const float* post = op.post.f32() + static_cast<int64_t>(t) * hc;
       const float* comb = op.comb.f32() + static_cast<int64_t>(t) * hc * hc;
       for (int64_t j = 0; j < hc; ++j) {
         for (int64_t d = 0; d < D; ++d) {
-          float s = post[j] * y[d];
+          const float yv = y2 ? y[d] + y2[d] : y[d];
+          float s = post[j] * yv;
           for (int64_t i = 0; i < hc; ++i) s += comb[i * hc + j] * X[i * D + d];
           nx[static_cast<size_t>(j * D + d)] = op.round_bf16 ? bf16_round(s) : s;
         }

@@ -39,16 +39,37 @@ unsigned grid_for(int64_t n, int threads) {
 
 // With rope_pos: the block then rotates its row's RoPE tail (rope_kernel's
 // rope_pair, pos of the row's token), after a barrier that makes the normed
-// row visible to the whole block.
+// row visible to the whole block. Rows of up to k_norm_reg * blockDim.x (every
+// decode norm): the weight (a constant) is loaded before pdl_enter and the
+// position with the row, so neither adds a round trip to the chain
+// (block_rms_norm_row's register path, the same operations).
 __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps, const int32_t* rope_pos,
                                 int64_t per_tok, RopeTable rt) {
-  pdl_enter();
   __shared__ double red[33];
-  const int64_t r = blockIdx.x;
-  block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red);
+  const int64_t r = blockIdx.x, nt = blockDim.x;
+  int32_t pos = 0;
+  if (d <= k_norm_reg * nt) {
+    float v[k_norm_reg], wv[k_norm_reg];
+#pragma unroll
+    for (int k = 0; k < k_norm_reg; ++k) {
+      const int64_t i = threadIdx.x + k * nt;
+      wv[k] = (w && i < d) ? w[i] : 1.0f;
+    }
+    pdl_enter();
+    if (rope_pos) pos = rope_pos[r / per_tok];
+#pragma unroll
+    for (int k = 0; k < k_norm_reg; ++k) {
+      const int64_t i = threadIdx.x + k * nt;
+      v[k] = i < d ? x[r * d + i] : 0.0f;
+    }
+    block_rms_norm_regs(out + r * d, v, wv, w != nullptr, d, eps, red);
+  } else {
+    pdl_enter();
+    block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red);
+    if (rope_pos) pos = rope_pos[r / per_tok];
+  }
   if (rope_pos) {
     __syncthreads();
-    const int32_t pos = rope_pos[r / per_tok];
     for (int j = threadIdx.x; j < rt.n_rot / 2; j += blockDim.x) rope_pair(out + r * d + (d - rt.n_rot), j, rt.omega[j], pos, false);
   }
 }

@@ -37,7 +37,8 @@
 //           S depends only on hc*D, so results never depend on the batch size.
 //           (Before 2026-11-30 a block per (token, slice, 8 rows) with block-wide
 //           reductions: 1.5 ms per prefill call of 2,048 tokens.)
-// hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round),
+// hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round; y
+//           optionally y + y2, fusing the decode FFN's shared-expert addition),
 //           in place: one thread per (token, 4 consecutive d) for hc = 4 (16-byte
 //           accesses), else one per (token, d).
 //
@@ -530,8 +531,8 @@ __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, i
   }
 }
 
-__global__ void hc_post_kernel(float* state, const float* y, const float* post, const float* comb, int64_t D, int hc,
-                               int64_t n, bool round_bf16) {
+__global__ void hc_post_kernel(float* state, const float* y, const float* y2, const float* post, const float* comb, int64_t D,
+                               int hc, int64_t n, bool round_bf16) {
   pdl_enter();
   const int64_t total = n * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -541,7 +542,7 @@ __global__ void hc_post_kernel(float* state, const float* y, const float* post, 
     float xi[k_max_hc];
 #pragma unroll
     for (int k = 0; k < k_max_hc; ++k) xi[k] = k < hc ? X[k * D + d] : 0.0f;
-    const float yv = y[t * D + d];
+    const float yv = y2 ? __fadd_rn(y[t * D + d], y2[t * D + d]) : y[t * D + d];
     const float* po = post + t * hc;
     const float* co = comb + t * hc * hc;
 #pragma unroll
@@ -562,8 +563,8 @@ __global__ void hc_post_kernel(float* state, const float* y, const float* post, 
 // 64-bit division per element (the generic kernel's t = i / D). Per element
 // the same operations as hc_post_kernel: the same bits. Grid: x over D / 4,
 // y over tokens (strided past 65,535).
-__global__ void hc_post4_kernel(float* state, const float* y, const float* post, const float* comb, int64_t D, int64_t n,
-                                bool round_bf16) {
+__global__ void hc_post4_kernel(float* state, const float* y, const float* y2, const float* post, const float* comb, int64_t D,
+                                int64_t n, bool round_bf16) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (4 * c >= D) return;
@@ -572,7 +573,11 @@ __global__ void hc_post4_kernel(float* state, const float* y, const float* post,
     float4 xi[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) xi[k] = *reinterpret_cast<const float4*>(X + k * D);
-    const float4 yv = *reinterpret_cast<const float4*>(y + t * D + 4 * c);
+    float4 yv = *reinterpret_cast<const float4*>(y + t * D + 4 * c);
+    if (y2) {  // HcPostOp::y2: y + y2, the addition AddOp made
+      const float4 v2 = *reinterpret_cast<const float4*>(y2 + t * D + 4 * c);
+      yv = make_float4(__fadd_rn(yv.x, v2.x), __fadd_rn(yv.y, v2.y), __fadd_rn(yv.z, v2.z), __fadd_rn(yv.w, v2.w));
+    }
     const float* po = post + t * 4;
     const float* co = comb + t * 16;
     float pj[4], cm[16];
@@ -698,18 +703,21 @@ void launch_hc_post(const CudaContext& ctx, const HcPostOp& op) {
   DSV4_ASSERT(hc >= 1 && hc <= k_max_hc, "hc_post: %lld streams (at most %d)", static_cast<long long>(hc), k_max_hc);
   const int64_t total = n * D;
   if (total == 0) return;
-  const bool aligned = reinterpret_cast<uintptr_t>(op.state.data) % 16 == 0 && reinterpret_cast<uintptr_t>(op.y.data) % 16 == 0;
+  DSV4_ASSERT(!op.y2 || (op.y2.ne[0] == D && op.y2.n_rows() >= n), "hc_post: y2 shape");
+  const float* y2 = op.y2 ? op.y2.f32() : nullptr;
+  const bool aligned = reinterpret_cast<uintptr_t>(op.state.data) % 16 == 0 && reinterpret_cast<uintptr_t>(op.y.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(y2) % 16 == 0;
   if (hc == 4 && D % 4 == 0 && aligned) {
     const int64_t quads = D / 4;
     const unsigned threads = quads >= 256 ? 256 : 128;
     const dim3 grid(static_cast<unsigned>((quads + threads - 1) / threads), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-    launch_kernel(hc_post4_kernel, grid, threads, 0, ctx.stream, op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D, n,
+    launch_kernel(hc_post4_kernel, grid, threads, 0, ctx.stream, op.state.f32(), op.y.f32(), y2, op.post.f32(), op.comb.f32(), D, n,
         op.round_bf16);
     CUDA_CHECK_LAUNCH();
     return;
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
-  launch_kernel(hc_post_kernel, blocks, 256, 0, ctx.stream, op.state.f32(), op.y.f32(), op.post.f32(), op.comb.f32(), D,
+  launch_kernel(hc_post_kernel, blocks, 256, 0, ctx.stream, op.state.f32(), op.y.f32(), y2, op.post.f32(), op.comb.f32(), D,
       static_cast<int>(hc), n, op.round_bf16);
   CUDA_CHECK_LAUNCH();
 }

@@ -100,6 +100,17 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
                                                                     const float* bias, const int32_t* hash,
                                                                     int64_t hash_rows, int64_t hash_w, const int32_t* ids,
                                                                     int E, int k, float alpha, bool normalize) {
+  // The selection bias is a weight: warp 0's lanes load theirs (experts lane +
+  // 32 j) before pdl_enter, off the chain.
+  const bool lane_select = !hash && E <= 32 * k_route_lane_experts;
+  float bias_pre[k_route_lane_experts];
+  if (lane_select && threadIdx.x < 32) {
+#pragma unroll
+    for (int j = 0; j < k_route_lane_experts; ++j) {
+      const int e = static_cast<int>(threadIdx.x) + 32 * j;
+      bias_pre[j] = (bias && e < E) ? bias[e] : 0.0f;
+    }
+  }
   pdl_enter();
   extern __shared__ float sm[];
   float* s = sm;                                          // [E] scores
@@ -121,7 +132,7 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
       DEVICE_CHECK(id >= 0 && id < hash_rows);
       for (int i = 0; i < k; ++i) sel[i] = hash[static_cast<int64_t>(id) * hash_w + i];
     }
-  } else if (E <= 32 * k_route_lane_experts) {
+  } else if (lane_select) {
     // Warp 0 alone, from registers: lane l holds experts l, l + 32, ...; each
     // round takes the lane's best untaken expert, then warp_route_best (lane
     // 0's winner is broadcast, so a NaN score cannot split the lanes). No
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
 #pragma unroll
       for (int j = 0; j < k_route_lane_experts; ++j) {
         const int e = lane + 32 * j;
-        v[j] = e < E ? (bias ? s[e] + bias[e] : s[e]) : 0.0f;
+        v[j] = e < E ? (bias ? s[e] + bias_pre[j] : s[e]) : 0.0f;
       }
       unsigned taken_bits = 0;  // bit j: expert lane + 32 j is taken
       for (int i = 0; i < k; ++i) {
@@ -184,17 +195,16 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < k) {  // thread i writes selection i; each forms the sum in the same order
     float sum = 0.0f;
     for (int i = 0; i < k; ++i) {
       DEVICE_CHECK(sel[i] >= 0 && sel[i] < E);
       sum += s[sel[i]];
     }
-    for (int i = 0; i < k; ++i) {
-      const float v = s[sel[i]];
-      experts[t * k + i] = sel[i];
-      weights[t * k + i] = (normalize ? v / fmaxf(sum, 1e-30f) : v) * alpha;
-    }
+    const int i = static_cast<int>(threadIdx.x);
+    const float v = s[sel[i]];
+    experts[t * k + i] = sel[i];
+    weights[t * k + i] = (normalize ? v / fmaxf(sum, 1e-30f) : v) * alpha;
   }
 }
 
