@@ -56,6 +56,10 @@ inline void add_cuda_flags(CLI::App* cmd, bool* tensor_cores, CudaSwitches* s) {
       ->group(group);
   cmd->add_flag_callback("--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
       ->group(group);
+  cmd->add_flag_callback("--no-gemm-weight-cache", [s] { s->gemm_weight_cache = false; },
+                "Split the cuBLAS matmuls' weights every prefill batch instead of keeping the splits (6 bytes per "
+                "dense weight, kept while 16 GiB of GPU memory stay free)")
+      ->group(group);
 }
 
 }  // namespace dsv4::tools

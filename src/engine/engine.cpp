@@ -37,6 +37,7 @@ std::string CudaSwitches::describe() const {
   if (branches != d.branches) add("branches=off");
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm != d.expert_gemm) add("expert_gemm=" + expert_gemm);
+  if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
   return s;
 }
 
@@ -69,6 +70,7 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
     co.branches = o.cuda.branches;
     co.pdl = o.cuda.pdl;
     co.expert_gemm = o.cuda.expert_gemm;
+    co.gemm_weight_cache = o.cuda.gemm_weight_cache;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
     if (o.backend == "cuda") return be.error().with_context("--backend cuda");

@@ -48,6 +48,7 @@ struct Opts {
   bool int_dot = true;
   int64_t gemm_min_tokens = 128;
   std::string expert_gemm = "auto";
+  bool gemm_cache = true;
 };
 
 Tensor upload(Backend& gpu, GgmlType t, const std::vector<uint8_t>& bytes, int64_t n0, int64_t n1, int64_t n2 = 1) {
@@ -343,7 +344,7 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
 
 const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
-    "                      [--gemm-min-tokens N] [--no-int-dot] [--expert-gemm auto|on|off|N]\n"
+    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
     "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
@@ -351,6 +352,7 @@ const char* k_usage =
     "  --cublas L          matmuls of >= --gemm-min-tokens tokens on cuBLAS: auto, off (the tile) or a library path\n"
     "  --gemm-min-tokens N the cuBLAS threshold (default 128)\n"
     "  --no-int-dot        decode experts on the float matvec\n"
+    "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
     "                      auto (default: N = 64), on (every expert), off (the tile), or N\n";
 
@@ -443,6 +445,7 @@ int main(int argc, char** argv) {
     else if (a == "--cublas") o.cublas = value();
     else if (a == "--gemm-min-tokens") o.gemm_min_tokens = std::atoll(value());
     else if (a == "--no-int-dot") o.int_dot = false;
+    else if (a == "--no-gemm-cache") o.gemm_cache = false;
     else if (a == "--expert-gemm" && i + 1 < argc) o.expert_gemm = argv[++i];
     else if (a == "--help" || a == "-h") {
       std::printf("%s", k_usage);
@@ -466,6 +469,7 @@ int main(int argc, char** argv) {
   gopt.gemm_min_tokens = o.gemm_min_tokens;
   gopt.int_dot = o.int_dot;
   gopt.expert_gemm = o.expert_gemm;
+  gopt.gemm_weight_cache = o.gemm_cache;
   gopt.print_properties = false;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {

@@ -258,12 +258,13 @@ int main(int argc, char** argv) {
   using namespace dsv4::cudatest;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  bool flash = true, tensor_cores = true, cublas = true, int_dot = true;
+  bool flash = true, tensor_cores = true, cublas = true, int_dot = true, gemm_cache = true;
   std::string expert_gemm = "auto";
   std::string filter;
   const std::string usage = std::string("usage: ") + argv[0] +
-                            " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--expert-gemm auto|on|off|N]\n"
+                            " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
                             "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
+                            "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
                             "  --no-int-dot  decode experts on the float matvec\n"
                             "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
                             "                 auto (default: N = 64), on (every expert), off (the tile), or N\n";
@@ -275,6 +276,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-tensor-cores") tensor_cores = false;
     else if (a == "--no-cublas") cublas = false;
     else if (a == "--no-int-dot") int_dot = false;
+    else if (a == "--no-gemm-cache") gemm_cache = false;
     else if (a == "--expert-gemm" && i + 1 < argc) expert_gemm = argv[++i];
     else if (a == "--help") {
       std::printf("%s", usage.c_str());
@@ -289,6 +291,7 @@ int main(int argc, char** argv) {
               tensor_cores ? "" : ", FFMA tiles (--no-tensor-cores)", cublas ? "" : ", no cuBLAS (--no-cublas)",
               int_dot ? "" : ", float decode experts (--no-int-dot)");
   if (expert_gemm != "auto") std::printf("test_backend_ops: --expert-gemm %s\n", expert_gemm.c_str());
+  if (!gemm_cache) std::printf("test_backend_ops: --no-gemm-cache\n");
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
@@ -297,6 +300,7 @@ int main(int argc, char** argv) {
   gopt.tensor_cores = tensor_cores;
   gopt.cublas = cublas ? "auto" : "off";
   gopt.int_dot = int_dot;
+  gopt.gemm_weight_cache = gemm_cache;
   gopt.expert_gemm = expert_gemm;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {

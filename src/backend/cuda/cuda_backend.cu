@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_compress.cuh"
 #include "backend/cuda/cuda_dense.cuh"
+#include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_indexer.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_mhc.cuh"
@@ -124,6 +125,10 @@ class CudaBackend final : public Backend {
     // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();
     ctx_.gemm_min_tokens = opts_.gemm_min_tokens;
+    if (blas_ && ctx_.tensor_cores && opts_.gemm_weight_cache) {
+      gemm_cache_ = std::make_unique<GemmWeightCache>(opts_.gemm_cache_reserve);
+      ctx_.gemm_cache = gemm_cache_.get();
+    }
     ctx_.expert_gemm_min = ctx_.tensor_cores && opts_.expert_gemm != "off" && expert_wgmma_available()
                                ? std::max(0, expert_gemm_min(opts_.expert_gemm))
                                : 0;
@@ -154,6 +159,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    gemm_cache_.reset();
     for (auto& [p, n] : allocs_) CUDA_CHECK(cudaFree(p));
     allocs_.clear();
     for (int i = 0; i < 2; ++i) {
@@ -210,13 +216,16 @@ class CudaBackend final : public Backend {
   void free(Tensor& t) override {
     if (!t.data) return;
     use_device();
+    size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = allocs_.find(t.data);
       DSV4_ASSERT(it != allocs_.end(), "free of a tensor this backend did not allocate");
+      bytes = it->second;
       allocs_.erase(it);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use it
+    if (gemm_cache_) gemm_cache_->drop_range(t.data, bytes);  // split copies of a freed weight
     CUDA_CHECK(cudaFree(t.data));
     t.data = nullptr;
     ++frees_;  // recorded graphs may point at it: they become stale
@@ -594,6 +603,7 @@ class CudaBackend final : public Backend {
   void* tables_mem_ = nullptr;
   DeviceScratch scratch_;
   std::unique_ptr<Blas> blas_;
+  std::unique_ptr<GemmWeightCache> gemm_cache_;  // declared after blas_: destroyed first
   CudaContext ctx_;
   std::mutex mu_;
   std::unordered_map<void*, size_t> allocs_;

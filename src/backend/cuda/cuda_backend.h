@@ -56,6 +56,12 @@ struct CudaBackendOptions {
   // assignments in a batch (the others on the tile): "auto" (N = 64), "on"
   // (every expert), "off" (never), or N as a whole number >= 1.
   std::string expert_gemm = "auto";
+  // Keep the cuBLAS matmuls' split weights across calls (cuda_gemm.cuh,
+  // GemmWeightCache: 6 bytes per dense weight, made by a weight's first prefill
+  // matmul) while at least gemm_cache_reserve bytes of device memory stay free;
+  // false: split every call (the same bits either way).
+  bool gemm_weight_cache = true;
+  size_t gemm_cache_reserve = size_t{16} << 30;
 };
 
 // Weight upload totals of a CUDA backend (load-rate reporting).

@@ -71,6 +71,7 @@ class DeviceScratch {
 };
 
 class Blas;  // cuda_blas.h
+class GemmWeightCache;  // cuda_gemm.cuh
 
 // Everything a launcher needs besides the op itself.
 struct CudaContext {
@@ -89,6 +90,8 @@ struct CudaContext {
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.
   Blas* blas = nullptr;
   int64_t gemm_min_tokens = 128;
+  // The split weights of the cuBLAS matmuls kept across calls; nullptr: split per call.
+  GemmWeightCache* gemm_cache = nullptr;
   // Prefill experts with >= expert_gemm_min assignments in a batch on the
   // grouped GEMM (cuda_expert_wgmma.cu); 0: never (tensor cores off, no sm_90a
   // kernel here, or CudaBackendOptions::expert_gemm "off"); 1: every expert

@@ -40,6 +40,9 @@
 // Traffic beyond the GEMM: W once (+ 6 bytes per weight written, read by the
 // GEMM), x (+ 6 bytes per value), C (8 bytes per output and slice). Worth it from about
 // a hundred tokens (ctx.gemm_min_tokens, default 128: --gemm-min-tokens).
+// With ctx.gemm_cache (GemmWeightCache, the default where memory allows:
+// --no-gemm-weight-cache), step 1 runs once per weight: its A' and e_r are kept
+// (a prefill batch's gemm_split_w was 4.9% of its kernel time; ncu, 2026-12-02).
 //
 // CPU reference: cpu::matmul (quant::dequantize_row + f32 dot products).
 #include "backend/cuda/cuda_gemm.cuh"
@@ -49,6 +52,7 @@
 #include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "core/log.h"
 
 namespace dsv4::cuda {
 
@@ -179,6 +183,64 @@ struct GemmScratch {
 
 }  // namespace
 
+GemmWeightCache::~GemmWeightCache() {
+  for (auto& [w, e] : map_)
+    if (e.mem) (void)cudaFree(e.mem);
+}
+
+GemmWeightCache::Entry* GemmWeightCache::find_or_make(const void* w, int64_t rows, int64_t cols, GgmlType type,
+                                                      cudaStream_t stream) {
+  auto it = map_.find(w);
+  if (it != map_.end()) {
+    Entry& e = it->second;
+    return e.rows == rows && e.cols == cols && e.type == type ? &e : nullptr;
+  }
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) return nullptr;  // no allocation inside a recording
+  const size_t a_bytes = (static_cast<size_t>(rows) * 3 * static_cast<size_t>(cols) * sizeof(__half) + 255) / 256 * 256;
+  const size_t bytes = a_bytes + static_cast<size_t>(rows) * sizeof(int);
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < bytes + reserve_) {
+    if (refused_++ == 0)
+      log_info("cuda: the split-weight cache holds %.2f GiB in %zu matrices; further prefill matmul weights are split "
+               "per call (%.2f GiB free, %.2f GiB kept free)",
+               static_cast<double>(bytes_) / (1 << 30), map_.size(), static_cast<double>(free_b) / (1 << 30),
+               static_cast<double>(reserve_) / (1 << 30));
+    return nullptr;
+  }
+  void* mem = nullptr;
+  if (cudaMalloc(&mem, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    ++refused_;
+    return nullptr;
+  }
+  Entry e;
+  e.mem = mem;
+  e.bytes = bytes;
+  e.exp_offset = a_bytes;
+  e.rows = rows;
+  e.cols = cols;
+  e.type = type;
+  bytes_ += bytes;
+  return &map_.emplace(w, e).first->second;
+}
+
+void GemmWeightCache::drop_range(const void* begin, size_t bytes) {
+  const auto* b = static_cast<const uint8_t*>(begin);
+  for (auto it = map_.begin(); it != map_.end();) {
+    const auto* k = static_cast<const uint8_t*>(it->first);
+    if (k >= b && k < b + bytes) {
+      CUDA_CHECK(cudaFree(it->second.mem));
+      bytes_ -= it->second.bytes;
+      it = map_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
   const int64_t cols = op.w.ne[0], rows = op.w.n_rows(), n = op.x.n_rows();
   const int groups = op.groups;
@@ -193,16 +255,22 @@ bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (gemm_type<T>()) {
       constexpr int U = WeightUnit<T>::U;
+      GemmWeightCache::Entry* cached =
+          ctx.gemm_cache ? ctx.gemm_cache->find_or_make(op.w.data, rows, cols, T, ctx.stream) : nullptr;
       auto* base = static_cast<uint8_t*>(ctx.scratch->get(layout.bytes, ctx.stream));
-      auto* a = reinterpret_cast<__half*>(base + layout.a);
+      auto* a = cached ? static_cast<__half*>(cached->mem) : reinterpret_cast<__half*>(base + layout.a);
       auto* b = reinterpret_cast<__half*>(base + layout.b);
       auto* c = reinterpret_cast<float*>(base + layout.c);
-      auto* row_exp = reinterpret_cast<int*>(base + layout.row_exp);
+      auto* row_exp = cached ? reinterpret_cast<int*>(static_cast<uint8_t*>(cached->mem) + cached->exp_offset)
+                             : reinterpret_cast<int*>(base + layout.row_exp);
       auto* tok_exp = reinterpret_cast<int*>(base + layout.tok_exp);
 
-      launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(op.w.data),
-                    op.w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
-      CUDA_CHECK_LAUNCH();
+      if (!cached || !cached->filled) {  // the split of W (once per weight with the cache)
+        launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(op.w.data),
+                      op.w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
+        CUDA_CHECK_LAUNCH();
+        if (cached) cached->filled = true;
+      }
       launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols * groups, groups, cols, b,
                     tok_exp);
       CUDA_CHECK_LAUNCH();
