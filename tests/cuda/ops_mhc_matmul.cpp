@@ -235,10 +235,11 @@ void cases_matmul(Harness& h) {
     const char* what;
   };
   const std::vector<M> sets = {
-      {{{G::F16, 64}, {G::F16, 8}, {G::F16, 24}}, 256, {1, 3}, false, "tiny f16 x3"},
-      {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2}, false, "tiny q8_0 x2"},
-      {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1}, false, "mixed types (separate launches)"},
-      {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1, 2}, true, "flash wq_a + wkv"},
+      // (n >= 128: the cuBLAS path with x split once for all matrices, cuda_gemm.cu)
+      {{{G::F16, 64}, {G::F16, 8}, {G::F16, 24}}, 256, {1, 3, 129}, false, "tiny f16 x3"},
+      {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2, 130}, false, "tiny q8_0 x2"},
+      {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1, 140}, false, "mixed types (separate launches)"},
+      {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1, 2, 256}, true, "flash wq_a + wkv"},
       {{{G::F16, 1024}, {G::F16, 1024}, {G::F16, 64}, {G::F16, 256}, {G::F16, 256}}, 4096, {1}, true, "flash compressors + indexer"},
       {{{G::Q8_0, 2048}, {G::Q8_0, 2048}}, 4096, {1}, true, "flash shared expert gate + up"},
   };

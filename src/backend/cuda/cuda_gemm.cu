@@ -37,6 +37,8 @@
 //   2. gemm_split_x_kernel: one block per token: B' [n, G, 3 cols] f16 and e_t.
 //   3. Blas::gemm_tn_f16 per K' slice, batched over the G groups: C [n, rows] f32.
 //   4. gemm_scale_out_kernel: out[t, r] = ldexp(C[t, r], -(e_r + e_t)) (+ out).
+// A MatmulsOp (several matrices reading one x: launch_matmuls_gemm) runs step 2
+// once and steps 1, 3, 4 per matrix.
 // Traffic beyond the GEMM: W once (+ 6 bytes per weight written, read by the
 // GEMM), x (+ 6 bytes per value), C (8 bytes per output and slice). Worth it from about
 // a hundred tokens (ctx.gemm_min_tokens, default 128: --gemm-min-tokens).
@@ -47,6 +49,7 @@
 // CPU reference: cpu::matmul (quant::dequantize_row + f32 dot products).
 #include "backend/cuda/cuda_gemm.cuh"
 
+#include <algorithm>
 #include <climits>
 
 #include "backend/cuda/cuda_blas.h"
@@ -241,51 +244,89 @@ void GemmWeightCache::drop_range(const void* begin, size_t bytes) {
   }
 }
 
-bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
-  const int64_t cols = op.w.ne[0], rows = op.w.n_rows(), n = op.x.n_rows();
-  const int groups = op.groups;
-  if (!ctx.blas || !ctx.tensor_cores || n < ctx.gemm_min_tokens || n < 2 || cols % 32 != 0) return false;
-  const int64_t rows_g = rows / groups;
-  // cuBLAS takes int sizes and leading dimensions; the epilogue's grid y is the token count.
-  if (rows > INT_MAX || n > 65535 || 3 * cols * groups > INT_MAX) return false;
-  const GemmScratch layout(rows, cols, groups, n);
-  if (layout.bytes > k_gemm_max_scratch) return false;
-  bool done = false;
-  dispatch_weight_type(op.w.type, [&](auto tag) {
+namespace {
+
+// Whether a matmul of this shape takes the GEMM path (cuBLAS, tensor cores, enough tokens, int-sized).
+bool gemm_applies(const CudaContext& ctx, GgmlType type, int64_t rows, int64_t cols, int groups, int64_t n) {
+  bool typed = false;
+  dispatch_weight_type(type, [&](auto tag) { typed = gemm_type<decltype(tag)::value>(); });
+  return typed && ctx.blas && ctx.tensor_cores && n >= ctx.gemm_min_tokens && n >= 2 && cols % 32 == 0 && rows <= INT_MAX &&
+         n <= 65535 && 3 * cols * groups <= INT_MAX && GemmScratch(rows, cols, groups, n).bytes <= k_gemm_max_scratch;
+}
+
+// Steps 1, 3 and 4 of one matrix on an x already split into b / tok_exp (step 2):
+// A' and e_r from the cache or split into `own_a` / `own_exp` (scratch), the
+// sliced GEMMs into c, the epilogue into out.
+void gemm_matrix(const CudaContext& ctx, const Tensor& w, int groups, int64_t n, const __half* b, const int* tok_exp,
+                 float* c, __half* own_a, int* own_exp, float* out, bool accumulate) {
+  const int64_t cols = w.ne[0], rows = w.n_rows(), rows_g = rows / groups;
+  dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (gemm_type<T>()) {
       constexpr int U = WeightUnit<T>::U;
-      GemmWeightCache::Entry* cached =
-          ctx.gemm_cache ? ctx.gemm_cache->find_or_make(op.w.data, rows, cols, T, ctx.stream) : nullptr;
-      auto* base = static_cast<uint8_t*>(ctx.scratch->get(layout.bytes, ctx.stream));
-      auto* a = cached ? static_cast<__half*>(cached->mem) : reinterpret_cast<__half*>(base + layout.a);
-      auto* b = reinterpret_cast<__half*>(base + layout.b);
-      auto* c = reinterpret_cast<float*>(base + layout.c);
-      auto* row_exp = cached ? reinterpret_cast<int*>(static_cast<uint8_t*>(cached->mem) + cached->exp_offset)
-                             : reinterpret_cast<int*>(base + layout.row_exp);
-      auto* tok_exp = reinterpret_cast<int*>(base + layout.tok_exp);
-
+      GemmWeightCache::Entry* cached = ctx.gemm_cache ? ctx.gemm_cache->find_or_make(w.data, rows, cols, T, ctx.stream) : nullptr;
+      __half* a = cached ? static_cast<__half*>(cached->mem) : own_a;
+      int* row_exp = cached ? reinterpret_cast<int*>(static_cast<uint8_t*>(cached->mem) + cached->exp_offset) : own_exp;
       if (!cached || !cached->filled) {  // the split of W (once per weight with the cache)
-        launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(op.w.data),
-                      op.w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
+        launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(w.data),
+                      w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
         CUDA_CHECK_LAUNCH();
         if (cached) cached->filled = true;
       }
-      launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols * groups, groups, cols, b,
-                    tok_exp);
-      CUDA_CHECK_LAUNCH();
       const int64_t k3 = 3 * cols, slices = gemm_slices(k3), ks = k3 / slices;
       for (int64_t sl = 0; sl < slices; ++sl)
         ctx.blas->gemm_tn_f16(ctx.stream, static_cast<int>(rows_g), static_cast<int>(n), static_cast<int>(ks), a + sl * ks,
                               static_cast<int>(k3), rows_g * k3, b + sl * ks, static_cast<int>(k3 * groups), k3, c,
                               static_cast<int>(rows), rows_g, groups, sl > 0);
       launch_kernel(gemm_scale_out_kernel, dim3(ceil_div(rows, 256), static_cast<unsigned>(n)), 256, 0, ctx.stream, c, row_exp,
-                    tok_exp, rows, op.out.f32(), op.accumulate);
+                    tok_exp, rows, out, accumulate);
       CUDA_CHECK_LAUNCH();
-      done = true;
     }
   });
-  return done;
+}
+
+}  // namespace
+
+bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
+  const int64_t cols = op.w.ne[0], rows = op.w.n_rows(), n = op.x.n_rows();
+  const int groups = op.groups;
+  if (!gemm_applies(ctx, op.w.type, rows, cols, groups, n)) return false;
+  const GemmScratch layout(rows, cols, groups, n);
+  auto* base = static_cast<uint8_t*>(ctx.scratch->get(layout.bytes, ctx.stream));
+  auto* b = reinterpret_cast<__half*>(base + layout.b);
+  auto* tok_exp = reinterpret_cast<int*>(base + layout.tok_exp);
+  launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols * groups, groups, cols, b,
+                tok_exp);
+  CUDA_CHECK_LAUNCH();
+  gemm_matrix(ctx, op.w, groups, n, b, tok_exp, reinterpret_cast<float*>(base + layout.c), reinterpret_cast<__half*>(base + layout.a),
+              reinterpret_cast<int*>(base + layout.row_exp), op.out.f32(), op.accumulate);
+  return true;
+}
+
+bool launch_matmuls_gemm(const CudaContext& ctx, const MatmulsOp& op) {
+  const int64_t n = op.x.n_rows(), cols = op.count > 0 ? op.w[0].ne[0] : 0;
+  if (op.count < 2 || op.x.ne[0] != cols || op.x.type != GgmlType::F32) return false;
+  size_t most = 0;  // the largest matrix's scratch (A', C, e_r are reused matrix after matrix, in stream order)
+  for (int i = 0; i < op.count; ++i) {
+    if (op.w[i].ne[0] != cols || !gemm_applies(ctx, op.w[i].type, op.w[i].n_rows(), cols, 1, n) ||
+        op.out[i].type != GgmlType::F32 || op.out[i].ne[0] != op.w[i].n_rows() || op.out[i].n_rows() != n)
+      return false;
+    most = std::max(most, GemmScratch(op.w[i].n_rows(), cols, 1, n).bytes);
+  }
+  // x split once (step 2) for every matrix: B' and e_t first, then the largest matrix's layout.
+  const GemmScratch xl(0, cols, 1, n);
+  auto* base = static_cast<uint8_t*>(ctx.scratch->get(xl.bytes + most, ctx.stream));
+  auto* b = reinterpret_cast<__half*>(base + xl.b);
+  auto* tok_exp = reinterpret_cast<int*>(base + xl.tok_exp);
+  launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols, 1, cols, b, tok_exp);
+  CUDA_CHECK_LAUNCH();
+  for (int i = 0; i < op.count; ++i) {
+    const GemmScratch l(op.w[i].n_rows(), cols, 1, n);
+    uint8_t* m = base + xl.bytes;
+    gemm_matrix(ctx, op.w[i], 1, n, b, tok_exp, reinterpret_cast<float*>(m + l.c), reinterpret_cast<__half*>(m + l.a),
+                reinterpret_cast<int*>(m + l.row_exp), op.out[i].f32(), false);
+  }
+  return true;
 }
 
 }  // namespace dsv4::cuda

@@ -13,6 +13,10 @@ namespace dsv4::cuda {
 // whole 32-element units, and scratch within k_gemm_max_scratch. Returns false
 // (nothing launched) otherwise.
 bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op);
+// MatmulsOp (one x, several matrices of its width) on the GEMM path with x split
+// once for all of them (the same bits as one launch_matmul_gemm each); false
+// when any matrix does not take the GEMM path (the caller runs them one by one).
+bool launch_matmuls_gemm(const CudaContext& ctx, const MatmulsOp& op);
 
 // The split weights A' = [hi | lo | hi] and row exponents e_r of the GEMM path
 // (cuda_gemm.cu), kept across calls: W never changes, so its split is made by

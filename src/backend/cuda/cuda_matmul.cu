@@ -371,6 +371,7 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
           op.out[i].type == GgmlType::F32 && op.out[i].ne[0] == op.w[i].n_rows() && op.out[i].n_rows() == 1 &&
           reinterpret_cast<uintptr_t>(op.w[i].data) % 16 == 0;
   if (!one || op.count == 1) {  // separate launches (batches, mixed types), each checked by launch_matmul
+    if (n > 1 && launch_matmuls_gemm(ctx, op)) return;  // batches on cuBLAS: x split once for all matrices
     for (int i = 0; i < op.count; ++i) launch_matmul(ctx, {op.out[i], op.w[i], op.x});
     return;
   }
