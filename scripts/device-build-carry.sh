@@ -4,7 +4,7 @@
 # packs it into build-device/, the folder the device tool carries there:
 #
 #   build-device/dsv4-device.tar.xz   bin/ and lib/ (about 12 MiB packed):
-#       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_golden,
+#       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_memory, test_cuda_golden,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
 #             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16 and decode_sync of bench/micro/,
 #             optional like dsv4; scripts/device-micro.sh runs them)
@@ -42,7 +42,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 echo "device-build-carry: configuring $TREE (Release, CUDA arch $ARCH)"
 cmake -S . -B "$TREE" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DDSV4_BUILD_TESTS=ON >/dev/null
-ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine test_cuda_golden bench_cuda_ops
+ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine test_cuda_memory test_cuda_golden bench_cuda_ops
 # The CLI is optional: a build break elsewhere in the tree must not block the kernel tests.
 with_cli=1
 ninja -C "$TREE" -j"$(nproc)" dsv4 || {
@@ -61,7 +61,7 @@ STAGE="$TREE/device-payload"
 rm -rf "$STAGE" "$PAYLOAD"
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$PAYLOAD"
 cp "$TREE/tests/cuda/test_cuda_decode" "$TREE/tests/cuda/test_cuda_ops" "$TREE/tests/cuda/test_cuda_model" \
-  "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
+  "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_memory" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
 [ "$with_cli" -eq 1 ] && cp "$TREE/tools/dsv4" "$STAGE/bin/"
 [ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$TREE/bench/decode_sync" "$STAGE/bin/"
 strip "$STAGE"/bin/*

@@ -22,6 +22,8 @@
 #                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
+#   test_cuda_memory  out of device memory while the split-weight cache holds some: it is released and the
+#                     allocation succeeds; the matmuls keep their bits
 #   test_cuda_golden  the Hugging Face golden fixture (f32, q8, q2 conversions, plain numerics): CUDA vs CPU
 #                     at every position, and vs transformers' logits
 #   cli smoke         dsv4 synth + dsv4 logits --backend cuda vs cpu (python3 + numpy compare), and
@@ -160,6 +162,7 @@ run_step test_cuda_ops_noeg "$BIN/test_cuda_ops" --filter moe --expert-gemm off
 run_step test_cuda_ops_nogc "$BIN/test_cuda_ops" --filter matmul --no-gemm-cache
 run_step test_cuda_model "$BIN/test_cuda_model"
 [ -x "$BIN/test_cuda_engine" ] && run_step test_cuda_engine "$BIN/test_cuda_engine"
+[ -x "$BIN/test_cuda_memory" ] && run_step test_cuda_memory "$BIN/test_cuda_memory"
 [ -x "$BIN/test_cuda_golden" ] && run_step test_cuda_golden "$BIN/test_cuda_golden" --data tests/fixtures/golden/flash_tiny
 
 cli_smoke() {

@@ -56,7 +56,7 @@ void* DeviceScratch::get(size_t bytes, cudaStream_t stream) {
   }
   const size_t mib = size_t{1} << 20;
   const size_t want = (std::max({bytes, bytes_ + bytes_ / 2, mib}) + mib - 1) / mib * mib;
-  const cudaError_t e = cudaMalloc(&ptr_, want);
+  const cudaError_t e = malloc_evicting(&ptr_, want, evictable_, stream);
   if (e == cudaErrorMemoryAllocation) {
     size_t free_b = 0, total_b = 0;
     (void)cudaGetLastError();
@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
     if (blas_ && ctx_.tensor_cores && opts_.gemm_weight_cache) {
       gemm_cache_ = std::make_unique<GemmWeightCache>(opts_.gemm_cache_reserve);
       ctx_.gemm_cache = gemm_cache_.get();
+      scratch_.set_evictable(gemm_cache_.get());  // out of memory: the splits go before an allocation fails
+      side_scratch_.set_evictable(gemm_cache_.get());
     }
     ctx_.expert_gemm_min = ctx_.tensor_cores && opts_.expert_gemm != "off" && expert_wgmma_available()
                                ? std::max(0, expert_gemm_min(opts_.expert_gemm))
@@ -159,6 +161,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    scratch_.set_evictable(nullptr);
+    side_scratch_.set_evictable(nullptr);
     gemm_cache_.reset();
     for (auto& [p, n] : allocs_) CUDA_CHECK(cudaFree(p));
     allocs_.clear();
@@ -318,7 +322,7 @@ class CudaBackend final : public Backend {
     const size_t bytes = t.n_bytes();
     const size_t padded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, padded);
+    const cudaError_t e = malloc_evicting(&p, padded, gemm_cache_.get(), stream_);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;
@@ -543,7 +547,7 @@ class CudaBackend final : public Backend {
 
   void* device_malloc(size_t bytes, const char* what) {
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
+    const cudaError_t e = malloc_evicting(&p, bytes, gemm_cache_.get(), stream_);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;

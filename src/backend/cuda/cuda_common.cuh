@@ -54,6 +54,8 @@ struct QuantTables {
 // Device scratch memory of one backend, grown on demand. The pointer stays the
 // same until a larger request arrives; growing synchronises the stream first
 // (never on the steady decode path, whose sizes repeat).
+class GemmWeightCache;  // cuda_gemm.cuh
+
 class DeviceScratch {
  public:
   DeviceScratch() = default;
@@ -63,15 +65,17 @@ class DeviceScratch {
   void* get(size_t bytes, cudaStream_t stream);
   size_t capacity() const { return bytes_; }
   uint64_t generation() const { return generation_; }  // +1 whenever the buffer moves
+  // Released when growing finds the device out of memory (malloc_evicting); null: none.
+  void set_evictable(GemmWeightCache* cache) { evictable_ = cache; }
 
  private:
+  GemmWeightCache* evictable_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   uint64_t generation_ = 0;
 };
 
 class Blas;  // cuda_blas.h
-class GemmWeightCache;  // cuda_gemm.cuh
 
 // Everything a launcher needs besides the op itself.
 struct CudaContext {

@@ -198,6 +198,7 @@ GemmWeightCache::Entry* GemmWeightCache::find_or_make(const void* w, int64_t row
     Entry& e = it->second;
     return e.rows == rows && e.cols == cols && e.type == type ? &e : nullptr;
   }
+  if (released_) return nullptr;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
   if (cap != cudaStreamCaptureStatusNone) return nullptr;  // no allocation inside a recording
@@ -242,6 +243,32 @@ void GemmWeightCache::drop_range(const void* begin, size_t bytes) {
       ++it;
     }
   }
+}
+
+size_t GemmWeightCache::release_all(cudaStream_t stream) {
+  if (map_.empty()) return 0;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) return 0;
+  CUDA_CHECK(cudaDeviceSynchronize());  // queued GEMMs (either stream) may still read the splits
+  const size_t freed = bytes_;
+  for (auto& [w, e] : map_) CUDA_CHECK(cudaFree(e.mem));
+  map_.clear();
+  bytes_ = 0;
+  released_ = true;
+  log_info("cuda: the device ran out of memory: released the split-weight cache (%.2f GiB); prefill matmul weights "
+           "are split per call from now on",
+           static_cast<double>(freed) / (1 << 30));
+  return freed;
+}
+
+cudaError_t malloc_evicting(void** p, size_t bytes, GemmWeightCache* cache, cudaStream_t stream) {
+  cudaError_t e = cudaMalloc(p, bytes);
+  if (e == cudaErrorMemoryAllocation && cache && cache->release_all(stream) > 0) {
+    (void)cudaGetLastError();
+    e = cudaMalloc(p, bytes);
+  }
+  return e;
 }
 
 namespace {

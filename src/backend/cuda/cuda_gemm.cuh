@@ -45,15 +45,27 @@ class GemmWeightCache {
   // being recorded, or the address cached with another shape).
   Entry* find_or_make(const void* w, int64_t rows, int64_t cols, GgmlType type, cudaStream_t stream);
   void drop_range(const void* begin, size_t bytes);  // the stream must be idle (free() synchronises first)
+  // Frees every entry once the device has finished the work queued on it, and
+  // makes no new ones from then on: the backend's allocations call it when the
+  // device is out of memory (malloc_evicting), so the cache never costs one.
+  // Returns the bytes freed; 0 (nothing done) when empty or while `stream` is
+  // recording a graph (a device synchronisation would break the recording).
+  size_t release_all(cudaStream_t stream);
   size_t bytes() const { return bytes_; }
   size_t entries() const { return map_.size(); }
   uint64_t refused() const { return refused_; }
+  bool released() const { return released_; }
 
  private:
   size_t reserve_, bytes_ = 0;
   uint64_t refused_ = 0;
+  bool released_ = false;
   std::unordered_map<const void*, Entry> map_;
 };
+
+// cudaMalloc that, when the device is out of memory and `cache` (may be null)
+// holds split weights, releases them (release_all(stream)) and tries once more.
+cudaError_t malloc_evicting(void** p, size_t bytes, GemmWeightCache* cache, cudaStream_t stream);
 
 // Most scratch one GEMM-path matmul may take (W', x', C; above it the launcher
 // leaves the matmul to the tensor-core tile, e.g. the output head over many tokens).
