@@ -154,6 +154,7 @@ void cases_matmul(Harness& h) {
       {G::Q2_K, 256, 256, 1, {131}, false, "q2_k, |x| ~ 1e-6, GEMM path", 1e-6f},
       {G::IQ2_XXS, 256, 256, 1, {132}, false, "iq2_xxs, |x| ~ 1e6, GEMM path", 1e6f},
       {G::F16, 64, 256, 1, {133}, false, "f16, |x| ~ 1e-15, GEMM path", 1e-15f},
+      {G::Q8_0, 66, 256, 1, {128}, false, "q8_0, rows % 4 = 2, GEMM path (scale-out 1 row per thread)"},
       {G::Q8_0, 64, 1024, 1, {130}, false, "q8_0, GEMM in 2 K slices"},
       {G::IQ2_XXS, 64, 4096, 1, {128}, false, "iq2_xxs, GEMM in 6 K slices"},
       // DeepSeek V4 Flash shapes
