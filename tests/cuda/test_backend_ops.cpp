@@ -190,7 +190,8 @@ void cases_dense(Harness& h) {
     for (C c : {C{KvQuantSim::FP8_BF16, 512, 24, 448}, C{KvQuantSim::FP8_BF16, 128, 33, 64}, C{KvQuantSim::FP8_BF16, 160, 12, 96},
                 C{KvQuantSim::FP8_BF16, 512, 7, 512}, C{KvQuantSim::HADAMARD_FP4, 128, 128, 0},
                 C{KvQuantSim::HADAMARD_FP4, 64, 12, 0}, C{KvQuantSim::HADAMARD_FP4, 256, 18, 0},
-                C{KvQuantSim::HADAMARD_FP4, 512, 6, 0}}) {
+                C{KvQuantSim::HADAMARD_FP4, 512, 6, 0}, C{KvQuantSim::HADAMARD_FP4, 1024, 3, 0},
+                C{KvQuantSim::HADAMARD_FP4, 32, 5, 0}, C{KvQuantSim::HADAMARD_FP4, 2048, 2, 0}}) {
       Bufs b(h);
       Pair x = b.f32(sim_rows(r, c.d, c.rows), Shape(c.d, c.rows));
       h.cpu.quant_sim({x.c, c.sim, c.n_quant});

@@ -9,8 +9,9 @@
 //   rope        one thread per rotated pair; pos[t] read from device memory.
 //               CPU reference: cpu::rope / rope_row.
 //   quant_sim   one block per row (FP8: a warp per 64-block; Hadamard: in-place
-//               butterflies with barriers, then a warp per 32-block). Bit-exact
-//               with cpu::quant_sim_row.
+//               butterflies with barriers, then a warp per 32-block); Hadamard
+//               rows of 64..1024: one warp per row in registers, butterflies by
+//               shuffles. Bit-exact with cpu::quant_sim_row.
 //   store_rows  one block per token: ring[pos[t] % cap] = rows[t], packed
 //               when the ring is compact (cuda_kv_rows.cuh); a later token of
 //               the batch with the same slot wins (sequential semantics of
@@ -139,6 +140,73 @@ __global__ void quant_sim_kernel(float* x, int64_t d, KvQuantSim sim, int n_quan
   block_quant_sim_row(x + static_cast<int64_t>(blockIdx.x) * d, d, sim, n_quant);
 }
 
+// HADAMARD_FP4 rows of d = 32 E (E = 2..32, a power of two; V4's indexer heads:
+// d = 128): one warp per row, 8 rows per block, the row in registers — lane l
+// holds x[E l, E l + E) (16-byte loads). Butterflies of stride h < E inside a
+// lane; h >= E between lanes l and l ^ (h / E) by a shuffle, the lower lane
+// keeping a + b and the upper a - b; then * 1/sqrt(d) and the FP4 blocks of 32
+// (32 / E lanes: amax by shuffles inside the group). The same operations in the
+// same order as block_hadamard_fp4_row (bit-identical; fmaxf is order-free),
+// without its log2(d) block barriers on a row in global memory (a 2,048-token
+// batch's 131,072 rows of 128 took 280 us per call at 0.38 TB/s; ncu, 2026-12-02).
+template <int E>
+__global__ void __launch_bounds__(256) hadamard_fp4_warp_kernel(float* x, int64_t rows) {
+  static_assert(E >= 2 && E <= 32 && (E & (E - 1)) == 0, "E: a power of two in 2..32");
+  constexpr int d = 32 * E;
+  pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (r >= rows) return;  // whole warps: the shuffles below see all 32 lanes
+  float* xr = x + r * d + E * lane;
+  float v[E];
+  if constexpr (E % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < E; j += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(xr + j);
+      v[j] = q.x, v[j + 1] = q.y, v[j + 2] = q.z, v[j + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = xr[j];
+  }
+#pragma unroll
+  for (int h = 1; h < E; h *= 2)
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if ((j & h) == 0) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2)  // stride h = E m
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const float o = __shfl_xor_sync(k_full_mask, v[j], m);
+      v[j] = (lane & m) ? o - v[j] : v[j] + o;  // upper: a - b with a the lower lane's; lower: a + b
+    }
+  const float s = 1.0f / sqrtf(static_cast<float>(d));
+  float amax = 6.0f * 0x1p-126f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) {
+    v[j] = __fmul_rn(v[j], s);
+    amax = fmaxf(amax, fabsf(v[j]));
+  }
+#pragma unroll
+  for (int m = 1; m < 32 / E; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(k_full_mask, amax, m));
+  const float scale = pow2_ceil_dev(amax / k_fp4_max_dev);
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+    v[j] = bf16_round_dev(__fmul_rn(fp4_e2m1_round_dev(clamp_dev(v[j] / scale, -k_fp4_max_dev, k_fp4_max_dev)), scale));
+  if constexpr (E % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < E; j += 4) *reinterpret_cast<float4*>(xr + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) xr[j] = v[j];
+  }
+}
+
 __global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, const int32_t* pos, int64_t n, int64_t d,
                                   int64_t cap) {
   pdl_enter();
@@ -235,6 +303,19 @@ void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op) {
   DSV4_ASSERT(op.sim != KvQuantSim::FP8_BF16 || (op.n_quant >= 0 && op.n_quant <= d), "quant_sim: n_quant out of range");
   DSV4_ASSERT(rows <= 0x7fffffff, "quant_sim: too many rows");
   if (rows == 0) return;
+  if (op.sim == KvQuantSim::HADAMARD_FP4 && d >= 64 && d <= 1024 && reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0) {
+    const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
+    auto launch = [&](auto kernel) { launch_kernel(kernel, grid, 256, 0, ctx.stream, op.x.f32(), rows); };
+    switch (d) {
+      case 64: launch(hadamard_fp4_warp_kernel<2>); break;
+      case 128: launch(hadamard_fp4_warp_kernel<4>); break;
+      case 256: launch(hadamard_fp4_warp_kernel<8>); break;
+      case 512: launch(hadamard_fp4_warp_kernel<16>); break;
+      default: launch(hadamard_fp4_warp_kernel<32>); break;  // 1024
+    }
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   launch_kernel(quant_sim_kernel, static_cast<unsigned>(rows), d > 256 ? 256 : 128, 0, ctx.stream, op.x.f32(), d, op.sim, op.n_quant);
   CUDA_CHECK_LAUNCH();
 }
