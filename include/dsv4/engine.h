@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -113,6 +114,9 @@ class Engine {
   expected<std::unique_ptr<Session>> new_session(uint32_t ctx = 0);
   // Bytes of state a session of `ctx` tokens takes in backend memory.
   uint64_t session_bytes(uint32_t ctx) const;
+  // Backend memory still free for sessions where the backend knows it (CUDA:
+  // the GPU's), else nullopt. new_session() refuses a session that cannot fit.
+  std::optional<uint64_t> free_memory() const;
 
   // Per-op timing (device time on GPUs) for `dsv4 bench --profile`: while on,
   // every backend op is timed; the report lists op kinds by total time

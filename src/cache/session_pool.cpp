@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/log.h"
+
 namespace dsv4 {
 
 const char* pool_pick_name(PoolPick p) {
@@ -65,9 +67,16 @@ expected<PoolLease> SessionPool::acquire(size_t prompt_tokens, const ReuseFn& re
   i = best([&](size_t k) { return n(k) == 0; }, [](size_t) { return 0; });
   if (i < slots_.size()) return lease(i, 0, PoolPick::NEW, prompt_tokens);
   if (slots_.size() < options_.max_sessions) {
-    DSV4_TRY_ASSIGN(std::unique_ptr<Session> s, engine_.new_session(options_.ctx));
-    slots_.push_back(Slot{std::move(s), 0, 0});
-    return lease(slots_.size() - 1, 0, PoolPick::NEW, prompt_tokens);
+    expected<std::unique_ptr<Session>> s =
+        options_.make_session ? options_.make_session(options_.ctx) : engine_.new_session(options_.ctx);
+    if (s) {
+      slots_.push_back(Slot{std::move(*s), 0, 0});
+      return lease(slots_.size() - 1, 0, PoolPick::NEW, prompt_tokens);
+    }
+    if (slots_.empty()) return s.error();
+    log_warn("no room for resident session %zu of %zu (%s): keeping %zu", slots_.size() + 1, options_.max_sessions,
+             s.error().message.c_str(), slots_.size());
+    options_.max_sessions = slots_.size();
   }
   // 4. DISPLACED: the least recently used.
   i = 0;

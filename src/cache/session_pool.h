@@ -17,6 +17,10 @@
 //      A partially matching session (say a sibling conversation sharing the
 //      system prompt) is not cut: its owner is likely to come back, and the
 //      shared prefix is what the disk cache's cold files hold.
+//      When a new session cannot be made (say the GPU has no room for its
+//      state) and others are live, the pool keeps the ones it has from then
+//      on (capacity() drops, logged once) and goes on to 4 instead of failing
+//      the request; with none live the error is returned.
 //   4. DISPLACED: the least recently used session; `on_displace` runs first
 //      (the server saves it to the disk cache), then it is handed out as is
 //      (generate() keeps whatever prefix it shares).
@@ -41,6 +45,8 @@ struct SessionPoolOptions {
   size_t max_sessions = 1;
   uint32_t ctx = 0;                             // context of new sessions (0: the engine default)
   std::function<void(Session&)> on_displace;    // before a session goes to an unrelated request
+  // Makes a new session (null: engine.new_session(ctx)); tests inject failures.
+  std::function<expected<std::unique_ptr<Session>>(uint32_t ctx)> make_session;
 };
 
 enum class PoolPick { EXTENDS, REGENERATES, NEW, DISPLACED };

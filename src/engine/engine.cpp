@@ -298,6 +298,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
 }
 
 uint64_t Engine::session_bytes(uint32_t ctx) const { return impl_->model->state_bytes(ctx ? ctx : impl_->opts.ctx); }
+std::optional<uint64_t> Engine::free_memory() const { return impl_->backend->free_memory(); }
 
 void Engine::set_op_profiling(bool on) { impl_->backend->set_profiling(on); }
 
@@ -322,6 +323,17 @@ std::string Engine::take_op_profile_report(double per, int max_rows) {
 expected<std::unique_ptr<Session>> Engine::new_session(uint32_t ctx) {
   if (ctx == 0) ctx = impl_->opts.ctx;
   if (ctx > impl_->info.max_ctx) return make_error("context %u exceeds the model's maximum of %u", ctx, impl_->info.max_ctx);
+  // A session's state is allocated whole; where the backend knows its free
+  // memory, a session that cannot fit is an error here instead of a failed
+  // allocation halfway (256 MiB kept for allocation rounding and scratch growth).
+  if (const std::optional<uint64_t> free_b = free_memory()) {
+    const uint64_t need = session_bytes(ctx), margin = uint64_t{256} << 20;
+    if (need + margin > *free_b)
+      return make_error("not enough %s memory for a session of %u tokens: it needs %.2f GiB, %.2f GiB are free (a "
+                        "smaller --ctx or fewer --sessions)",
+                        impl_->backend->kind() == BackendKind::CUDA ? "GPU" : "backend", ctx,
+                        static_cast<double>(need) / (1 << 30), static_cast<double>(*free_b) / (1 << 30));
+  }
   auto s = std::make_unique<Session::Impl>();
   s->eng = impl_.get();
   s->state = impl_->model->new_state(ctx);

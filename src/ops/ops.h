@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -312,6 +313,10 @@ class Backend {
   virtual void fill(const Tensor& dst, float value) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same byte size
   virtual void synchronize() = 0;
+  // Bytes alloc() can still get where the backend knows (CUDA: the device's
+  // free memory plus what it would release for an allocation); nullopt where
+  // it does not (CPU: host memory, left to the OS).
+  virtual std::optional<uint64_t> free_memory() { return std::nullopt; }
 
   // Per-op timing: while enabled, every op's time (device time on GPUs) is
   // accumulated by op_profile_key. take_profile() returns the totals (largest

@@ -27,6 +27,16 @@ expected<std::unique_ptr<EngineBackend>> EngineBackend::create(std::unique_ptr<E
   b->current_ = first.slot;
   b->ctx_ = first.session->ctx();
   b->state(first.slot);
+  // The other sessions are made when requests need them; say now if they will not all fit.
+  if (const std::optional<uint64_t> free_b = b->engine_->free_memory(); free_b && cache.sessions > 1) {
+    const uint64_t each = b->engine_->session_bytes(b->ctx_);
+    const uint64_t fit = 1 + *free_b / std::max<uint64_t>(each + (uint64_t{256} << 20), 1);
+    if (fit < cache.sessions)
+      log_warn("--sessions %zu: the backend has room for about %llu sessions of %u tokens (%.2f GiB each, %.2f GiB free "
+               "after the first); the pool will keep the ones that fit",
+               cache.sessions, static_cast<unsigned long long>(fit), b->ctx_, static_cast<double>(each) / (1 << 30),
+               static_cast<double>(*free_b) / (1 << 30));
+  }
 
   if (!cache.disk_dir.empty()) {
     DiskCacheOptions o;
@@ -316,7 +326,7 @@ CacheReport EngineBackend::cache_report() const {
     std::lock_guard<std::mutex> lock(report_mu_);
     r = report_;
   }
-  r.max_sessions = options_.sessions;
+  r.max_sessions = pool_->capacity();  // --sessions, or fewer when the backend had no room for more
   r.session_bytes = engine_->session_bytes(ctx_);
   if (disk_) {
     r.disk_enabled = true;

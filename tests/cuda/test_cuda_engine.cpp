@@ -9,7 +9,8 @@
 // (NMSE <= 1e-7 and the same top-1 unless the CPU's top-2 margin is within 4x
 // the largest logit difference; test_cuda_model compares every position in
 // both numerics); the CUDA switches (all fall-backs; cuBLAS from 2 tokens)
-// against the CPU the same way, and bad switch values as clear load errors.
+// against the CPU the same way, and bad switch values as clear load errors; and
+// with the GPU's memory taken, new_session as a clear error.
 //
 //   test_cuda_engine [--seed N]
 //
@@ -22,6 +23,7 @@
 #include <filesystem>
 #include <random>
 
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
@@ -268,6 +270,21 @@ int main(int argc, char** argv) {
       ok = ok && bitwise(s->logits(), want);
     }
     check(ok, "cuda: rewind to 350, 301, 300, 299, 130, 1 restores the exact logits");
+  }
+
+  // A full GPU: new_session is a clear error, not a failed allocation halfway; room again, a session again.
+  {
+    const std::optional<uint64_t> before = cuda->free_memory();
+    check(before.has_value() && *before > cuda->session_bytes(0), "cuda: free_memory() known and larger than a session");
+    std::vector<void*> blocks;
+    for (void* p = nullptr; blocks.size() < (size_t{1} << 16) && cudaMalloc(&p, size_t{16} << 20) == cudaSuccess;)
+      blocks.push_back(p);
+    (void)cudaGetLastError();
+    auto full = cuda->new_session();
+    check(!full.has_value() && full.error().message.find("not enough GPU memory") != std::string::npos,
+          "cuda: a full GPU makes new_session an error (" + (full ? std::string("it succeeded") : full.error().message) + ")");
+    for (void* p : blocks) (void)cudaFree(p);
+    check(cuda->new_session().has_value(), "cuda: with the memory back, new_session succeeds");
   }
 
   cuda.reset();

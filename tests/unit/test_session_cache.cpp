@@ -551,6 +551,45 @@ TEST(SessionPool, TwoAlternatingConversationsBothHit) {
   EXPECT_EQ(order[0], &pool.session(slot[0]));
 }
 
+TEST(SessionPool, NoRoomForAnotherSessionKeepsTheLiveOnes) {
+  // --sessions 3, but the backend has room for one session only (the second
+  // new_session fails, as it does on a full GPU): the request that wanted a new
+  // session displaces the live one instead of failing, and the pool keeps one.
+  const Tokenizer& tok = engine().tokenizer();
+  int made = 0;
+  std::vector<Session*> displaced;
+  SessionPoolOptions o{3, 0, [&](Session& s) { displaced.push_back(&s); }};
+  o.make_session = [&](uint32_t ctx) -> expected<std::unique_ptr<Session>> {
+    if (made++ >= 1) return make_error("not enough GPU memory for a session (test)");
+    return engine().new_session(ctx);
+  };
+  SessionPool pool(engine(), o);
+  const std::vector<int32_t> a = encode(first_turn("system a", "hello from agent one"));
+  const std::vector<int32_t> b = encode(first_turn("another system prompt", "hello from agent two"));
+  auto first = pool.acquire(a);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->pick, PoolPick::NEW);
+  ASSERT_TRUE(generate(*first->session, tok, a, greedy(2)).has_value());
+  auto second = pool.acquire(b);
+  ASSERT_TRUE(second.has_value()) << second.error().message;
+  EXPECT_EQ(second->pick, PoolPick::DISPLACED);
+  EXPECT_EQ(second->slot, first->slot);
+  EXPECT_EQ(displaced.size(), 1u);
+  EXPECT_EQ(pool.size(), 1u);
+  EXPECT_EQ(pool.capacity(), 1u);
+  EXPECT_EQ(made, 2);
+  ASSERT_TRUE(pool.acquire(a).has_value());
+  EXPECT_EQ(made, 2);  // no further attempts once the capacity dropped
+
+  // With no live session the error is the request's.
+  SessionPoolOptions none{2, 0, nullptr};
+  none.make_session = [](uint32_t) -> expected<std::unique_ptr<Session>> { return make_error("no memory (test)"); };
+  SessionPool empty(engine(), none);
+  auto failed = empty.acquire(a);
+  ASSERT_FALSE(failed.has_value());
+  EXPECT_NE(failed.error().message.find("no memory"), std::string::npos);
+}
+
 TEST(SessionPool, DisplacedSessionsGoToDiskAndComeBack) {
   // One resident session, two agents: each request displaces the other's
   // session, which is saved first and restored from disk when its agent returns.

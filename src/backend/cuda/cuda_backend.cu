@@ -315,6 +315,13 @@ class CudaBackend final : public Backend {
     branch_open_ = false;
   }
 
+  std::optional<uint64_t> free_memory() override {
+    use_device();
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return static_cast<uint64_t>(free_b) + (gemm_cache_ ? gemm_cache_->bytes() : 0);  // the splits give way (malloc_evicting)
+  }
+
   expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
     use_device();
     const auto t0 = std::chrono::steady_clock::now();
