@@ -60,6 +60,12 @@ inline void add_cuda_flags(CLI::App* cmd, bool* tensor_cores, CudaSwitches* s) {
                 "Split the cuBLAS matmuls' weights every prefill batch instead of keeping the splits (6 bytes per "
                 "dense weight, kept while 16 GiB of GPU memory stay free)")
       ->group(group);
+  cmd->add_option("--dup-ops", s->dup_ops,
+                  "Profiling: launch these ops twice (comma-separated, ops that give the same result when run again: "
+                  "hc_pre, hc_head, rms_norm, matmul, matmuls, store_rows, indexer_scores, topk, attention, moe_route, "
+                  "moe_experts, swiglu); the slowdown is their cost inside the decode graph")
+      ->type_name("OP[,OP...]")
+      ->group(group);
 }
 
 }  // namespace dsv4::tools

@@ -33,6 +33,7 @@ struct CudaSwitches {
   bool pdl = true;                // programmatic dependent launch (sm_90+)
   std::string expert_gemm = "auto";  // prefill experts of >= N assignments on the grouped wgmma GEMM: auto | on | off | N
   bool gemm_weight_cache = true;  // keep the cuBLAS matmuls' split weights while memory allows
+  std::string dup_ops;            // profiling: these idempotent ops launched twice (CudaBackendOptions::dup_ops)
 
   std::string describe() const;  // the switches that differ from the defaults ("" when none)
 };

@@ -38,6 +38,7 @@ std::string CudaSwitches::describe() const {
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm != d.expert_gemm) add("expert_gemm=" + expert_gemm);
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
+  if (!dup_ops.empty()) add("dup_ops=" + dup_ops);
   return s;
 }
 
@@ -71,6 +72,7 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
     co.pdl = o.cuda.pdl;
     co.expert_gemm = o.cuda.expert_gemm;
     co.gemm_weight_cache = o.cuda.gemm_weight_cache;
+    co.dup_ops = o.cuda.dup_ops;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
     if (o.backend == "cuda") return be.error().with_context("--backend cuda");

@@ -197,6 +197,35 @@ int main(int argc, char** argv) {
     check(false, "loading the plain-numerics engines");
   }
 
+  // --dup-ops (profiling): every op it allows launched twice gives the same
+  // logits, bit for bit (they do not read what they write); a name it does not
+  // allow is an error.
+  {
+    CudaSwitches dup_all;
+    dup_all.dup_ops = cuda_dup_op_names();
+    dup_all.dup_ops.erase(std::remove(dup_all.dup_ops.begin(), dup_all.dup_ops.end(), ' '), dup_all.dup_ops.end());
+    auto e = load(path, "cuda", 64, "reference", false, dup_all);
+    bool same = e != nullptr;
+    if (same) {
+      auto sd = *e->new_session();
+      auto sr = *cuda->new_session();
+      const std::span<const int32_t> p(t.data(), 300);
+      same = sd->prefill(p).has_value() && sr->prefill(p).has_value() && bitwise(sd->logits(), sr->logits());
+      for (int i = 0; same && i < 4; ++i)
+        same = sd->decode(t[300 + static_cast<size_t>(i)]).has_value() && sr->decode(t[300 + static_cast<size_t>(i)]).has_value() &&
+               bitwise(sd->logits(), sr->logits());
+    }
+    check(same, "cuda: --dup-ops " + dup_all.dup_ops + ": the same logits after 300 + 4 tokens (bitwise)");
+    EngineOptions o;
+    o.model_path = path;
+    o.backend = "cuda";
+    o.show_progress = false;
+    o.cuda.dup_ops = "matmul,hc_post";
+    auto bad = Engine::load(o);
+    check(!bad && bad.error().message.find("\"hc_post\"") != std::string::npos,
+          "--dup-ops with an op that cannot run twice is an error: " + (bad ? std::string("loaded") : bad.error().message));
+  }
+
   // Decode == prefill, bitwise, on CUDA.
   {
     auto s1 = *cuda->new_session();

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -97,6 +98,34 @@ constexpr int k_copy_threads = 8;                     // threads filling a stagi
 
 double gib(size_t b) { return static_cast<double>(b) / static_cast<double>(size_t{1} << 30); }
 
+// CudaBackendOptions::dup_ops: the ops that may be launched twice (they do not
+// read what they write; the calls that do, e.g. an in-place norm or an
+// accumulating matmul, still run once), as bits of a mask.
+constexpr const char* k_dup_names[] = {"hc_pre",         "hc_head", "rms_norm", "matmul",    "matmuls",     "store_rows",
+                                       "indexer_scores", "topk",    "attention", "moe_route", "moe_experts", "swiglu"};
+enum DupBit : unsigned {
+  kDupHcPre, kDupHcHead, kDupRmsNorm, kDupMatmul, kDupMatmuls, kDupStoreRows,
+  kDupIndexerScores, kDupTopK, kDupAttention, kDupMoeRoute, kDupMoeExperts, kDupSwiglu
+};
+
+// The mask of a comma-separated list of names; an unknown name is an error.
+expected<unsigned> parse_dup_ops(const std::string& list) {
+  unsigned mask = 0;
+  size_t at = 0;
+  while (at < list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    at = end + 1;
+    if (name.empty()) continue;
+    unsigned bit = ~0u;
+    for (unsigned i = 0; i < std::size(k_dup_names); ++i)
+      if (name == k_dup_names[i]) bit = i;
+    if (bit == ~0u) return make_error("cannot launch op \"%s\" twice (the ops that can: %s)", name.c_str(), cuda_dup_op_names());
+    mask |= 1u << bit;
+  }
+  return mask;
+}
+
 class CudaBackend final : public Backend {
  public:
   // `blas`: the loaded cuBLAS or nullptr, with `blas_why` saying why not (make_cuda_backend).
@@ -136,6 +165,7 @@ class CudaBackend final : public Backend {
                                : 0;
     // Branches on a second stream (branch_begin), unless turned off.
     branches_ = opts_.branches;
+    if (const auto d = parse_dup_ops(opts_.dup_ops)) dup_ = *d;  // an error: make_cuda_backend refused it
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.
     set_pdl_enabled(prop.major >= 9 && opts_.pdl);
     name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
@@ -407,6 +437,7 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("hc_pre") : std::string());
     launch_hc_pre(ctx_, op);
+    if (dup(kDupHcPre)) launch_hc_pre(ctx_, op);  // --dup-ops
   }
   void hc_post(const HcPostOp& op) override {
     use_device();
@@ -417,16 +448,19 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("hc_head") : std::string());
     launch_hc_head(ctx_, op);
+    if (dup(kDupHcHead)) launch_hc_head(ctx_, op);  // --dup-ops
   }
   void rms_norm(const RmsNormOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("rms_norm") : std::string());
     launch_rms_norm(ctx_, op);
+    if (dup(kDupRmsNorm) && op.out.data != op.x.data) launch_rms_norm(ctx_, op);  // --dup-ops
   }
   void matmul(const MatmulOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("matmul", &op) : std::string());
     launch_matmul(ctx_, op);
+    if (dup(kDupMatmul) && !op.accumulate && op.out.data != op.x.data) launch_matmul(ctx_, op);  // --dup-ops
   }
   void matmuls(const MatmulsOp& op) override {
     use_device();
@@ -438,6 +472,7 @@ class CudaBackend final : public Backend {
     }
     Timed t(this, key);
     launch_matmuls(ctx_, op);
+    if (dup(kDupMatmuls)) launch_matmuls(ctx_, op);  // --dup-ops
   }
   void rope(const RopeOp& op) override {
     use_device();
@@ -453,6 +488,7 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());
     launch_store_rows(ctx_, op);
+    if (dup(kDupStoreRows)) launch_store_rows(ctx_, op);  // --dup-ops
   }
   void compress(const CompressOp& op) override {
     use_device();
@@ -463,31 +499,37 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("indexer_scores") : std::string());
     launch_indexer_scores(ctx_, op);
+    if (dup(kDupIndexerScores)) launch_indexer_scores(ctx_, op);  // --dup-ops
   }
   void topk(const TopKOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("topk") : std::string());
     launch_topk(ctx_, op);
+    if (dup(kDupTopK)) launch_topk(ctx_, op);  // --dup-ops
   }
   void attention(const AttentionOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("attention") : std::string());
     launch_attention(ctx_, op);
+    if (dup(kDupAttention) && op.out.data != op.q.data) launch_attention(ctx_, op);  // --dup-ops
   }
   void moe_route(const MoeRouteOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_route") : std::string());
     launch_moe_route(ctx_, op);
+    if (dup(kDupMoeRoute)) launch_moe_route(ctx_, op);  // --dup-ops
   }
   void moe_experts(const MoeExpertsOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_experts") : std::string());
     launch_moe_experts(ctx_, op);
+    if (dup(kDupMoeExperts) && !op.accumulate && op.out.data != op.x.data) launch_moe_experts(ctx_, op);  // --dup-ops
   }
   void swiglu(const SwigluOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("swiglu") : std::string());
     launch_swiglu(ctx_, op);
+    if (dup(kDupSwiglu) && op.out.data != op.gate.data && op.out.data != op.up.data) launch_swiglu(ctx_, op);  // --dup-ops
   }
   void add(const AddOp& op) override {
     use_device();
@@ -534,6 +576,8 @@ class CudaBackend final : public Backend {
     return e;
   }
   bool profiling_ = false;
+  unsigned dup_ = 0;  // CudaBackendOptions::dup_ops (DupBit mask)
+  bool dup(DupBit b) const { return (dup_ >> b) & 1u; }
   std::vector<Record> records_;
   struct Recording {
     cudaGraphExec_t exec = nullptr;
@@ -670,6 +714,7 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
   if (cuda::expert_gemm_min(options.expert_gemm) < 0)
     return make_error("expert GEMM mode \"%s\" (want auto, on, off or a number of assignments >= 1)",
                       options.expert_gemm.c_str());
+  if (auto dup = parse_dup_ops(options.dup_ops); !dup) return dup.error().with_context("dup_ops");
   // cuBLAS for the prefill matmuls, with tensor cores only. "auto" falls back to the tile when the library is
   // missing (the start-up log says why); a library named by path must load.
   std::unique_ptr<Blas> blas;
@@ -679,6 +724,15 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
     if (!blas && options.cublas != "auto" && options.cublas != "off") return make_error("cuBLAS: %s", blas_why.c_str());
   }
   return std::unique_ptr<Backend>(new CudaBackend(device, prop, options, std::move(blas), blas_why));
+}
+
+const char* cuda_dup_op_names() {
+  static const std::string names = [] {
+    std::string n;
+    for (const char* k : k_dup_names) n += (n.empty() ? "" : ", ") + std::string(k);
+    return n;
+  }();
+  return names.c_str();
 }
 
 CudaUploadStats cuda_upload_stats(Backend& backend) {

@@ -62,7 +62,15 @@ struct CudaBackendOptions {
   // false: split every call (the same bits either way).
   bool gemm_weight_cache = true;
   size_t gemm_cache_reserve = size_t{16} << 30;
+  // Profiling: the ops named here (comma-separated; cuda_dup_op_names() lists
+  // the ones allowed: those that can run twice with the same result, since they
+  // do not read what they write) are launched twice, so a run's slowdown is
+  // their marginal cost inside the decode graph and the prefill stream. "" = none.
+  std::string dup_ops;
 };
+
+// The op names CudaBackendOptions::dup_ops accepts, comma-separated.
+const char* cuda_dup_op_names();
 
 // Weight upload totals of a CUDA backend (load-rate reporting).
 struct CudaUploadStats {
