@@ -18,7 +18,7 @@ inline void add_cuda_flags(CLI::App* cmd, bool* tensor_cores, CudaSwitches* s) {
                 "also turns off the switches below that need tensor cores")
       ->group(group);
   cmd->add_flag_callback("--no-int-dot", [s] { s->int_dot = false; },
-                "Decode experts' IQ2_XXS/Q2_K rows and the Q8_0 matvecs on the float matvec instead of integer tensor-core MMAs")
+                "Decode experts' IQ2_XXS/Q2_K rows on the float matvec instead of integer tensor-core MMAs")
       ->group(group);
   cmd->add_option("--cublas", s->cublas,
                   "Prefill matmuls on cuBLAS: auto (libcublas.so.13 when it loads, else the built-in tile), off, "

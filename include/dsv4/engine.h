@@ -26,7 +26,7 @@ class Session;
 // fall-backs (`--no-int-dot`, `--cublas`, ... on dsv4 run/serve/bench/logits);
 // the defaults are the fast path. The CPU backend ignores them.
 struct CudaSwitches {
-  bool int_dot = true;            // decode experts' IQ2_XXS/Q2_K rows and Q8_0 matvecs on integer (int8 MMA) dot products
+  bool int_dot = true;            // decode experts' IQ2_XXS/Q2_K rows on integer (int8 MMA) dot products
   std::string cublas = "auto";    // prefill matmuls on cuBLAS: auto | off | path of libcublas
   int64_t gemm_min_tokens = 128;  // matmuls of >= this many tokens (>= 2) go to cuBLAS
   bool branches = true;           // the shared expert on a second stream

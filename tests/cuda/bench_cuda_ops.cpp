@@ -351,7 +351,7 @@ const char* k_usage =
     "  --no-tensor-cores   batched matmuls on the FFMA tiles\n"
     "  --cublas L          matmuls of >= --gemm-min-tokens tokens on cuBLAS: auto, off (the tile) or a library path\n"
     "  --gemm-min-tokens N the cuBLAS threshold (default 128)\n"
-    "  --no-int-dot        decode experts and Q8_0 matvecs on the float matvec\n"
+    "  --no-int-dot        decode experts on the float matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
     "                      auto (default: N = 64), on (every expert), off (the tile), or N\n";

@@ -35,10 +35,9 @@ struct CudaBackendOptions {
   // summation order, so chunked prefill, whole prefill and decode agree
   // bitwise (and every switch below that needs tensor cores is off).
   bool tensor_cores = true;
-  // The decode experts' IQ2_XXS/Q2_K rows and the Q8_0 matvecs as integer dot
-  // products on int8 MMAs with a digit-split x (cuda_idot.cuh,
-  // cuda_expert_imma.cuh, cuda_matmul.cu; with tensor_cores only); false: the
-  // float matvec.
+  // The decode experts' IQ2_XXS/Q2_K rows as integer dot products on int8 MMAs
+  // with a digit-split x (cuda_idot.cuh, cuda_expert_imma.cuh; with tensor_cores
+  // only); false: the float matvec.
   bool int_dot = true;
   // cuBLAS for the prefill matmuls (cuda_gemm.cu; with tensor_cores only):
   // "auto" = libcublas.so.13 from the library path or /usr/local/cuda, "off" =

@@ -86,9 +86,9 @@ struct CudaContext {
   // Prefill matmuls / grouped experts of block-quantised weights on tensor
   // cores (cuda_mma.cuh); false: the FFMA tiles (bitwise equal to the matvec).
   bool tensor_cores = false;
-  // Decode expert matvecs (IQ2_XXS, Q2_K) and Q8_0 matvecs as integer dot products with a
-  // digit-split x on integer MMAs (cuda_idot.cuh, cuda_expert_imma.cuh, cuda_matmul.cu): on with tensor cores (the
-  // same f32-rounding contract); CudaBackendOptions::int_dot = false (--no-int-dot) turns it off.
+  // Decode expert matvecs (IQ2_XXS, Q2_K) as integer dot products with a
+  // digit-split x on integer MMAs (cuda_idot.cuh, cuda_expert_imma.cuh): on with tensor cores (the same f32-rounding
+  // contract); CudaBackendOptions::int_dot = false (--no-int-dot) turns it off.
   bool int_dot = false;
   // cuBLAS for the prefill matmuls of at least gemm_min_tokens tokens
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.

@@ -186,49 +186,6 @@ struct ImmaBlock<GgmlType::Q2_K> {
   }
 };
 
-// Q8_0: 8 blocks of 34 bytes (f16 d, 32 int8 q) per 256 columns; unit i =
-// block i, its q bytes are the A fragment as they are (no decoding). Lane t's
-// elements 8t..8t+7 are bytes 34 i + 2 + 8t..: 4-byte aligned for odd i, 2-byte
-// aligned for even i (read as three aligned words and funnel-shifted) when the
-// 272-byte group starts 4-byte aligned (cuda_matmul.cu's staged copies).
-// dot = xs sum_i d_i (digit sums of unit i): the float work is per unit (d
-// differs per unit), the digit sums are exact in int32 (|q| <= 128).
-template <>
-struct ImmaBlock<GgmlType::Q8_0> {
-  __device__ __forceinline__ static void unit(const uint8_t* p, int i, int t, uint32_t& lo, uint32_t& hi, float& d) {
-    const int o = 34 * i + 2 + 8 * t;
-    if (i & 1) {
-      lo = *reinterpret_cast<const uint32_t*>(p + o);
-      hi = *reinterpret_cast<const uint32_t*>(p + o + 4);
-    } else {
-      const uint32_t* w = reinterpret_cast<const uint32_t*>(p + o - 2);
-      const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
-      lo = __funnelshift_r(w0, w1, 16);
-      hi = __funnelshift_r(w1, w2, 16);
-    }
-    d = f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(p + 34 * i));
-  }
-  template <class Tables>
-  __device__ __forceinline__ static void dot(const uint8_t* pg, const uint8_t* pg8, bool, const ImmaXBlock& x, int t, float w0,
-                                             float w1, const Tables&, float (&acc)[2]) {
-    const int32_t zero[4] = {0, 0, 0, 0};
-    float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint32_t lo0, hi0, lo1, hi1;
-      float d0, d1;
-      unit(pg, i, t, lo0, hi0, d0);
-      unit(pg8, i, t, lo1, hi1, d1);
-      int32_t c[4];
-      imma_16832(c, lo0, lo1, hi0, hi1, x.b[i][0], x.b[i][1], zero);
-      a0 = __fmaf_rn(imma_digits(c[0], c[1], w0, w1), d0, a0);
-      a1 = __fmaf_rn(imma_digits(c[2], c[3], w0, w1), d1, a1);
-    }
-    acc[0] = __fmaf_rn(a0, x.scale, acc[0]);
-    acc[1] = __fmaf_rn(a1, x.scale, acc[1]);
-  }
-};
-
 // out[a, r] = W[e_a, r, :] . x[a / x_div] for the 16 rows of blockIdx.y; Pair:
 // W = gate, W2 = up and out[a, r] = expert_mid(gate, up, weights[a]) (cuda_moe.cu
 // passes it as Mid). xdig: the split x rows (32 n_chunks XDigits each).

@@ -47,7 +47,6 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_matmul.cuh"
-#include "backend/cuda/cuda_expert_imma.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -193,157 +192,11 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
   with_kernel(std::integral_constant<int, 0>{}, launch);
 }
 
-// The Q8_0 matvec on integer tensor cores (ctx.int_dot: tensor cores on, the
-// default), where results need only agree with the CPU to f32 rounding (the
-// float matvec above stays the bitwise path of --no-tensor-cores/--no-int-dot).
-// Why: the float matvec spends ~4 instructions per weight (byte to float, the
-// scale, the FMA) and ran at ~2.0-2.6 TB/s in a decode step (Nsight Compute,
-// BENCHMARKS step 25); here the weights' int8 bytes are the MMA's A fragments as
-// they are (cuda_expert_imma.cuh, ImmaBlock<Q8_0>), x is split once per call
-// into int8 digit planes (split_x_digits_kernel), and what is left per 512
-// weights is ~25 warp instructions.
-//
-// Work split: a block computes 16 rows (the MMA's M) with W = min(8, ceil(n_blk
-// / 4)) warps, n_blk = 256-column blocks per row; warp w takes 1,024-column
-// chunks w, w + W, ... (4 blocks each) and streams them block by block through a
-// ring of S shared-memory buffers (16 rows x 272 bytes, cp.async; the first S -
-// 1, at least one, requested before pdl_enter: weights are constants). Per row:
-// the warp's blocks in order, then the warps' sums in warp order — W depends
-// only on the row width, so a MatmulsOp set and a single matmul give the same
-// bits. Rows past a matrix's end repeat its last row and are not stored.
-constexpr int k_q8i_rows = 16;
-constexpr int k_q8i_blk_bytes = 8 * 34;                // one 256-column block of a row
-constexpr int k_q8i_blk_vecs = k_q8i_blk_bytes / 16;  // 17 x 16 bytes
-constexpr int k_q8i_max_warps = 8;
-
-__host__ __device__ constexpr int q8i_warps(int64_t n_blk) {
-  const int64_t w = (n_blk + 3) / 4;
-  return static_cast<int>(w < k_q8i_max_warps ? w : k_q8i_max_warps);
-}
-
-template <int S>
-__global__ void __launch_bounds__(k_q8i_max_warps * 32) matvec_q8_imma_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group,
-                                                                          int64_t n_blk, const XDigits* __restrict__ xd,
-                                                                          int64_t xd_per_group, bool acc) {
-  extern __shared__ __align__(16) unsigned char q8i_smem[];
-  __shared__ float red[k_q8i_max_warps][k_q8i_rows];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  // This block's matrix (constant indices only, as matvec_kernel).
-  const uint8_t* w = set.w[0];
-  float* out = set.out[0];
-  int64_t rows = set.rows[0];
-  unsigned first = 0;
-#pragma unroll
-  for (int i = 1; i < MatmulsOp::k_max; ++i)
-    if (i < set.count && blockIdx.x >= set.first[i]) {
-      w = set.w[i];
-      out = set.out[i];
-      rows = set.rows[i];
-      first = set.first[i];
-    }
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x - first) * k_q8i_rows;
-  // Block k of this warp's sequence: chunk k / 4 of the warp, block k % 4 of it.
-  auto blk = [&](int64_t k) { return (k / 4) * 4 * n_warps + 4 * warp + (k % 4); };
-  int64_t nb = 0;
-  while (blk(nb) < n_blk) ++nb;  // <= n_blk / W + 4 steps
-  uint4* stage = reinterpret_cast<uint4*>(q8i_smem) + warp * S * k_q8i_rows * k_q8i_blk_vecs;
-  auto issue = [&](int64_t k) {
-    if (k < nb) {
-      uint4* buf = stage + static_cast<int>(k % S) * k_q8i_rows * k_q8i_blk_vecs;
-      const int64_t off = blk(k) * k_q8i_blk_bytes;
-      for (int i = lane; i < k_q8i_rows * k_q8i_blk_vecs; i += 32) {
-        const int rr = i / k_q8i_blk_vecs, v = i - rr * k_q8i_blk_vecs;
-        const int64_t r = r0 + rr < rows ? r0 + rr : rows - 1;
-        cp_async_vec(buf + i, reinterpret_cast<const uint4*>(w + r * static_cast<int64_t>(row_bytes) + off) + v);
-      }
-    }
-    cp_async_commit();
-  };
-  constexpr int P = S > 1 ? S - 1 : 1;  // groups requested before pdl_enter
-#pragma unroll
-  for (int k = 0; k < P; ++k) issue(k);
-  pdl_enter();
-  const XDigits* xg = xd + (r0 / rows_per_group) * xd_per_group;
-  const float w0 = t == 0 ? 16777216.0f : t == 1 ? 256.0f : 0.0f;
-  const float w1 = t == 0 ? 65536.0f : t == 1 ? 1.0f : 0.0f;
-  float a[2] = {0.0f, 0.0f};
-  for (int64_t k = 0; k < nb; ++k) {
-    if (k + S - 1 >= P) issue(k + S - 1);  // into the buffer consumed at step k - 1
-    ImmaXBlock xb;
-    xb.load(xg + blk(k) * 8, g, t);
-    cp_async_wait<S - 1>();
-    __syncwarp();  // block k has landed for every lane
-    const auto* sb = reinterpret_cast<const uint8_t*>(stage + static_cast<int>(k % S) * k_q8i_rows * k_q8i_blk_vecs);
-    ImmaBlock<GgmlType::Q8_0>::dot(sb + g * k_q8i_blk_bytes, sb + (g + 8) * k_q8i_blk_bytes, false, xb, t, w0, w1, 0, a);
-    __syncwarp();  // the buffer is refilled by a later step
-  }
-  // Lanes t = 0 and 1 hold the (T, H) and (M, L) parts of rows g, g + 8.
-  a[0] += __shfl_xor_sync(k_full_mask, a[0], 1);
-  a[1] += __shfl_xor_sync(k_full_mask, a[1], 1);
-  if (t == 0) {
-    red[warp][g] = a[0];
-    red[warp][g + 8] = a[1];
-  }
-  __syncthreads();
-  if (threadIdx.x < k_q8i_rows && r0 + threadIdx.x < rows) {
-    float s = red[0][threadIdx.x];
-    for (int j = 1; j < n_warps; ++j) s += red[j][threadIdx.x];
-    float& o = out[r0 + threadIdx.x];
-    o = acc ? o + s : s;
-  }
-}
-
-// The integer path for a Q8_0 matvec set when its layout allows it (rows of
-// whole 256-column blocks, 16-byte aligned; grouped rows in groups of whole
-// 16-row blocks); false: not taken (the caller runs the float matvec).
-// x: x_len floats (every group's x), split into scratch first.
-bool launch_matvec_q8_imma(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t cols,
-                           const float* x, bool acc) {
-  if (!ctx.int_dot || cols % 256 != 0 || row_bytes != static_cast<size_t>(cols / 32 * 34)) return false;
-  if (set.count == 1 && rows_per_group != set.rows[0] && rows_per_group % k_q8i_rows != 0) return false;
-  for (int i = 0; i < set.count; ++i)
-    if (!can_stage<GgmlType::Q8_0>(set.w[i], row_bytes)) return false;
-  const int64_t groups = set.count == 1 ? set.rows[0] / rows_per_group : 1;
-  const int64_t x_len = cols * groups, x_units = x_len / 32;
-  auto* digits = static_cast<XDigits*>(ctx.scratch->get(static_cast<size_t>(x_units) * sizeof(XDigits), ctx.stream));
-  launch_kernel(split_x_digits_kernel, static_cast<unsigned>(x_units / 8), 256, 0, ctx.stream, digits, x, x_len, int64_t{1},
-                x_units);
-  CUDA_CHECK_LAUNCH();
-  set.first[0] = 0;
-  for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_q8i_rows);
-  const unsigned grid = set.first[set.count];
-  const int64_t n_blk = cols / 256;
-  const int warps = q8i_warps(n_blk);
-  const int64_t per_warp = (n_blk + warps - 1) / warps;
-  const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
-  // Ring depth: 3 when every block is then resident at once, else 2 (more blocks per SM); 1 for one block per warp.
-  auto go = [&](auto stages_tag, bool check_fit) {
-    constexpr int S = decltype(stages_tag)::value;
-    const size_t smem = static_cast<size_t>(warps) * S * k_q8i_rows * k_q8i_blk_bytes;
-    allow_smem(matvec_q8_imma_kernel<S>, smem, sizeof(float) * k_q8i_max_warps * k_q8i_rows);
-    if (check_fit) {
-      int per_sm = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_imma_kernel<S>, warps * 32, smem));
-      if (static_cast<int64_t>(per_sm) * sms < grid) return false;
-    }
-    launch_kernel(matvec_q8_imma_kernel<S>, grid, warps * 32, smem, ctx.stream, set, row_bytes, rows_per_group, n_blk, digits,
-                  cols / 32, acc);
-    CUDA_CHECK_LAUNCH();
-    return true;
-  };
-  if (per_warp <= 1) go(std::integral_constant<int, 1>{}, false);
-  else if (!go(std::integral_constant<int, 3>{}, true)) go(std::integral_constant<int, 2>{}, false);
-  return true;
-}
-
 // R: the largest of 4, 2, 1 that divides every matrix's rows (or rows per
 // group) and still gives every SM a block.
 template <GgmlType T>
 void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                    int64_t cols, const float* x, bool acc) {
-  if constexpr (T == GgmlType::Q8_0)
-    if (launch_matvec_q8_imma(ctx, set, row_bytes, rows_per_group, cols, x, acc)) return;
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
   auto fits = [&](int64_t r) {
     int64_t blocks = 0;
