@@ -45,6 +45,8 @@
 // value does not depend on the batch).
 #pragma once
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
@@ -109,6 +111,89 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
     lo = signed_codes(sel);
     hi = signed_codes(sel >> 16);
     ls2 = static_cast<int32_t>((wb >> 27) | 1u);
+  }
+  // The words of one row's block b (0..3) within a staged chunk, read with
+  // 8-byte loads where the offset allows (rows start 8-byte aligned: the
+  // chunk is 264 bytes). Odd blocks: the 16 words of units 0..7 (unit i =
+  // words 2i (grid indices) and 2i + 1 (signs, scale)); even blocks, whose
+  // units start 2 bytes past a word: the 9 words from the block's start
+  // covering units 4h..4h+3 of half h.
+  template <int B, int H, int N>
+  __device__ __forceinline__ static void half_words(const uint8_t* row, uint32_t (&w)[N]) {
+    constexpr int off = (B & 1) ? 66 * B + 2 + 32 * H : 66 * B + 32 * H;
+    static_assert(off % 4 == 0, "word-aligned");
+    int k = 0;
+    if constexpr (off % 8 != 0) {
+      w[0] = *reinterpret_cast<const uint32_t*>(row + off);
+      k = 1;
+    }
+#pragma unroll
+    for (; k + 1 < N; k += 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(row + off + 4 * k);
+      w[k] = v.x;
+      w[k + 1] = v.y;
+    }
+    if (k < N) w[k] = *reinterpret_cast<const uint32_t*>(row + off + 4 * k);
+  }
+  // unit() from the unit's grid-index word and sign word; sel_t = 0x4440 | t.
+  __device__ __forceinline__ static void unit_w(uint32_t iw, uint32_t wb, int t, uint32_t sel_t, const IdotTables& tab, uint32_t& lo,
+                                                uint32_t& hi, int32_t& ls2) {
+    const uint32_t idx = __byte_perm(iw, 0u, sel_t);
+    const uint32_t sel = tab.grid_sel[idx] | tab.sign_sel[(wb >> (7 * t)) & 127u];
+    lo = signed_codes(sel);
+    hi = signed_codes(sel >> 16);
+    ls2 = static_cast<int32_t>((wb >> 27) | 1u);
+  }
+  // dot() for block B of the chunk, the unit bytes read as whole words (fewer
+  // shared loads; same operations on the same values).
+  template <int B>
+  __device__ __forceinline__ static void dot_wide(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0,
+                                                  float w1, const IdotTables& tab, float (&acc)[2]) {
+    constexpr bool odd = (B & 1) != 0;
+    constexpr int NW = odd ? 8 : 9;
+    const uint32_t sel_t = 0x4440u | static_cast<uint32_t>(t);
+    int32_t s[4] = {0, 0, 0, 0};
+    const int32_t zero[4] = {0, 0, 0, 0};
+    auto half = [&](auto h_tag) {
+      constexpr int H = decltype(h_tag)::value;
+      uint32_t a[NW], c[NW];
+      half_words<B, H>(rg, a);
+      half_words<B, H>(rg8, c);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * H + j;
+        uint32_t ia, wa, ic, wc;
+        if constexpr (odd) {
+          ia = a[2 * j];
+          wa = a[2 * j + 1];
+          ic = c[2 * j];
+          wc = c[2 * j + 1];
+        } else {  // unit bytes 2 past the words
+          ia = __byte_perm(a[2 * j], a[2 * j + 1], 0x5432);
+          wa = __byte_perm(a[2 * j + 1], a[2 * j + 2], 0x5432);
+          ic = __byte_perm(c[2 * j], c[2 * j + 1], 0x5432);
+          wc = __byte_perm(c[2 * j + 1], c[2 * j + 2], 0x5432);
+        }
+        uint32_t lo0, hi0, lo1, hi1;
+        int32_t f0, f1;
+        unit_w(ia, wa, t, sel_t, tab, lo0, hi0, f0);
+        unit_w(ic, wc, t, sel_t, tab, lo1, hi1, f1);
+        int32_t d[4];
+        imma_16832(d, lo0, lo1, hi0, hi1, x.b[i][0], x.b[i][1], zero);
+        s[0] += d[0] * f0;
+        s[1] += d[1] * f0;
+        s[2] += d[2] * f1;
+        s[3] += d[3] * f1;
+      }
+    };
+    half(std::integral_constant<int, 0>{});
+    half(std::integral_constant<int, 1>{});
+    const uint8_t* pg = rg + 66 * B;
+    const uint8_t* pg8 = rg8 + 66 * B;
+    const float sg = __fmul_rn(f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(pg)), 0.125f) * x.scale;
+    const float sg8 = __fmul_rn(f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(pg8)), 0.125f) * x.scale;
+    acc[0] = __fmaf_rn(imma_digits(s[0], s[1], w0, w1), sg, acc[0]);
+    acc[1] = __fmaf_rn(imma_digits(s[2], s[3], w0, w1), sg8, acc[1]);
   }
   // acc[0..1] (rows g, g + 8) += xs * value of the block for this lane's digit pair.
   __device__ __forceinline__ static void dot(const uint8_t* pg, const uint8_t* pg8, bool odd, const ImmaXBlock& x, int t, float w0,
@@ -191,7 +276,7 @@ struct ImmaBlock<GgmlType::Q2_K> {
 // passes it as Mid). xdig: the split x rows (32 n_chunks XDigits each).
 // blockDim.x = 32 W, W <= k_imma_max_warps; dynamic shared memory W * NM * 16 *
 // chunk_bytes. Requires can_stage<T> (rows of whole 1,024-column chunks).
-template <GgmlType T, bool Pair, class Mid>
+template <GgmlType T, bool Pair, class Mid, bool Wide = false>
 __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
     expert_imma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                        size_t row_bytes, int64_t n_chunks, int64_t E, const int32_t* __restrict__ experts,
@@ -247,7 +332,22 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
         ImmaBlock<T>::dot(pg, pg + 8 * CB, odd, xb, t, w0, w1, tables, acc[mi]);
       }
     };
-    if constexpr (T == GgmlType::IQ2_XXS) {
+    if constexpr (T == GgmlType::IQ2_XXS && Wide) {
+      auto block_w = [&](auto b_tag) {
+        constexpr int B = decltype(b_tag)::value;
+        ImmaXBlock xb;
+        xb.load(xd + c * 32 + B * 8, g, t);
+#pragma unroll
+        for (int mi = 0; mi < NM; ++mi) {
+          const uint8_t* rg = sb + (mi * k_imma_rows + g) * CB;
+          ImmaBlock<T>::template dot_wide<B>(rg, rg + 8 * CB, xb, t, w0, w1, tables, acc[mi]);
+        }
+      };
+      block_w(std::integral_constant<int, 0>{});
+      block_w(std::integral_constant<int, 1>{});
+      block_w(std::integral_constant<int, 2>{});
+      block_w(std::integral_constant<int, 3>{});
+    } else if constexpr (T == GgmlType::IQ2_XXS) {
       // Blocks in pairs, so that a block's parity (which of its unit loads are
       // 4-byte aligned) is a constant in each call: with b in a loop of 4 the
       // parity was a branch per unit and row (PTX per MMA 82.5 -> 55.7). Same
