@@ -93,25 +93,12 @@ __device__ __forceinline__ float imma_digits(int32_t c0, int32_t c1, float w0, f
 template <GgmlType T>
 struct ImmaBlock;
 
-// IQ2_XXS block at p (66 bytes: f16 d, 8 units of 8 bytes: 4 grid indices,
-// then 4 x 7 sign bits and the 4-bit scale ls in the top nibble). odd: the
-// block's index within its staged chunk is odd (its units' second words are
-// then 4-byte aligned; even blocks' are 2-byte aligned).
+// IQ2_XXS block (66 bytes: f16 d, 8 units of 8 bytes: 4 grid indices, then
+// 4 x 7 sign bits and the 4-bit scale ls in the top nibble), at byte 66 B of
+// its row's staged 1,024-column chunk (264 bytes per row, rows 8-byte
+// aligned): odd blocks' units start on a word, even blocks' 2 bytes past one.
 template <>
 struct ImmaBlock<GgmlType::IQ2_XXS> {
-  // The lane's A fragments of unit i of one row and the unit's factor 2 ls + 1.
-  __device__ __forceinline__ static void unit(const uint8_t* p, int i, int t, bool odd, const IdotTables& tab, uint32_t& lo,
-                                              uint32_t& hi, int32_t& ls2) {
-    const uint8_t* o = p + 2 + 8 * i;
-    const uint32_t idx = o[t];
-    uint32_t wb;
-    if (odd) wb = *reinterpret_cast<const uint32_t*>(o + 4);
-    else wb = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(o + 4)) | (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(o + 6)) << 16);
-    const uint32_t sel = tab.grid_sel[idx] | tab.sign_sel[(wb >> (7 * t)) & 127u];
-    lo = signed_codes(sel);
-    hi = signed_codes(sel >> 16);
-    ls2 = static_cast<int32_t>((wb >> 27) | 1u);
-  }
   // The words of one row's block b (0..3) within a staged chunk, read with
   // 8-byte loads where the offset allows (rows start 8-byte aligned: the
   // chunk is 264 bytes). Odd blocks: the 16 words of units 0..7 (unit i =
@@ -135,7 +122,9 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
     }
     if (k < N) w[k] = *reinterpret_cast<const uint32_t*>(row + off + 4 * k);
   }
-  // unit() from the unit's grid-index word and sign word; sel_t = 0x4440 | t.
+  // The lane's A fragments of one unit of one row from its grid-index word iw
+  // and sign word wb, and the unit's factor 2 ls + 1; sel_t = 0x4440 | t
+  // (byte t of iw, zero-extended).
   __device__ __forceinline__ static void unit_w(uint32_t iw, uint32_t wb, int t, uint32_t sel_t, const IdotTables& tab, uint32_t& lo,
                                                 uint32_t& hi, int32_t& ls2) {
     const uint32_t idx = __byte_perm(iw, 0u, sel_t);
@@ -144,10 +133,14 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
     hi = signed_codes(sel >> 16);
     ls2 = static_cast<int32_t>((wb >> 27) | 1u);
   }
-  // dot() for block B of the chunk, the unit bytes read as whole words (fewer
-  // shared loads; same operations on the same values).
+  // acc[0..1] (rows g, g + 8) += xs * value of block B of the chunk for this
+  // lane's digit pair; rg, rg8: the rows' staged chunks. The unit bytes are
+  // read as whole words, 8-byte loads where aligned: ~1.1 shared loads per
+  // unit and row instead of 2.5 byte/halfword loads (measured 2026-12-03 on
+  // the H200, bench_cuda_ops --filter moe, 3 rounds: a decode step's experts
+  // 41.4 -> 40.5 us; PTX per MMA 55.7 -> 49.4, loads 9.9 -> 7.1).
   template <int B>
-  __device__ __forceinline__ static void dot_wide(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0,
+  __device__ __forceinline__ static void dot(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0,
                                                   float w1, const IdotTables& tab, float (&acc)[2]) {
     constexpr bool odd = (B & 1) != 0;
     constexpr int NW = odd ? 8 : 9;
@@ -190,30 +183,6 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
     half(std::integral_constant<int, 1>{});
     const uint8_t* pg = rg + 66 * B;
     const uint8_t* pg8 = rg8 + 66 * B;
-    const float sg = __fmul_rn(f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(pg)), 0.125f) * x.scale;
-    const float sg8 = __fmul_rn(f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(pg8)), 0.125f) * x.scale;
-    acc[0] = __fmaf_rn(imma_digits(s[0], s[1], w0, w1), sg, acc[0]);
-    acc[1] = __fmaf_rn(imma_digits(s[2], s[3], w0, w1), sg8, acc[1]);
-  }
-  // acc[0..1] (rows g, g + 8) += xs * value of the block for this lane's digit pair.
-  __device__ __forceinline__ static void dot(const uint8_t* pg, const uint8_t* pg8, bool odd, const ImmaXBlock& x, int t, float w0,
-                                             float w1, const IdotTables& tab, float (&acc)[2]) {
-    int32_t s[4] = {0, 0, 0, 0};
-    const int32_t zero[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint32_t lo0, hi0, lo1, hi1;
-      int32_t f0, f1;
-      unit(pg, i, t, odd, tab, lo0, hi0, f0);
-      unit(pg8, i, t, odd, tab, lo1, hi1, f1);
-      int32_t d[4];
-      imma_16832(d, lo0, lo1, hi0, hi1, x.b[i][0], x.b[i][1], zero);
-      s[0] += d[0] * f0;
-      s[1] += d[1] * f0;
-      s[2] += d[2] * f1;
-      s[3] += d[3] * f1;
-    }
-    // db = d (2 ls + 1) / 8: the factor is in s.
     const float sg = __fmul_rn(f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(pg)), 0.125f) * x.scale;
     const float sg8 = __fmul_rn(f16_bits_to_f32(*reinterpret_cast<const uint16_t*>(pg8)), 0.125f) * x.scale;
     acc[0] = __fmaf_rn(imma_digits(s[0], s[1], w0, w1), sg, acc[0]);
@@ -276,7 +245,7 @@ struct ImmaBlock<GgmlType::Q2_K> {
 // passes it as Mid). xdig: the split x rows (32 n_chunks XDigits each).
 // blockDim.x = 32 W, W <= k_imma_max_warps; dynamic shared memory W * NM * 16 *
 // chunk_bytes. Requires can_stage<T> (rows of whole 1,024-column chunks).
-template <GgmlType T, bool Pair, class Mid, bool Wide = false>
+template <GgmlType T, bool Pair, class Mid>
 __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
     expert_imma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                        size_t row_bytes, int64_t n_chunks, int64_t E, const int32_t* __restrict__ experts,
@@ -322,17 +291,11 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
     cp_async_commit();
     cp_async_wait<0>();
     __syncwarp();
-    // The 256-column block b of the chunk (one block's B fragments, 16 registers, live at a time).
-    auto block = [&](int b, bool odd) {
-      ImmaXBlock xb;
-      xb.load(xd + c * 32 + b * 8, g, t);
-#pragma unroll
-      for (int mi = 0; mi < NM; ++mi) {
-        const uint8_t* pg = sb + (mi * k_imma_rows + g) * CB + b * BB;
-        ImmaBlock<T>::dot(pg, pg + 8 * CB, odd, xb, t, w0, w1, tables, acc[mi]);
-      }
-    };
-    if constexpr (T == GgmlType::IQ2_XXS && Wide) {
+    if constexpr (T == GgmlType::IQ2_XXS) {
+      // The 4 blocks unrolled, each with its own alignment. (History: blocks
+      // in a loop with the parity a branch per unit and row, PTX per MMA 82.5;
+      // in pairs, parity a constant, 55.7: a decode step's experts 44.1 -> 41.3
+      // us; as words, 49.4: 40.5 us.)
       auto block_w = [&](auto b_tag) {
         constexpr int B = decltype(b_tag)::value;
         ImmaXBlock xb;
@@ -340,27 +303,25 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
 #pragma unroll
         for (int mi = 0; mi < NM; ++mi) {
           const uint8_t* rg = sb + (mi * k_imma_rows + g) * CB;
-          ImmaBlock<T>::template dot_wide<B>(rg, rg + 8 * CB, xb, t, w0, w1, tables, acc[mi]);
+          ImmaBlock<T>::template dot<B>(rg, rg + 8 * CB, xb, t, w0, w1, tables, acc[mi]);
         }
       };
       block_w(std::integral_constant<int, 0>{});
       block_w(std::integral_constant<int, 1>{});
       block_w(std::integral_constant<int, 2>{});
       block_w(std::integral_constant<int, 3>{});
-    } else if constexpr (T == GgmlType::IQ2_XXS) {
-      // Blocks in pairs, so that a block's parity (which of its unit loads are
-      // 4-byte aligned) is a constant in each call: with b in a loop of 4 the
-      // parity was a branch per unit and row (PTX per MMA 82.5 -> 55.7). Same
-      // operations in the same order. Measured 2026-12-03 on the H200: a decode
-      // step's experts 44.1 -> 41.3 us (bench_cuda_ops --filter moe, 3 rounds).
-#pragma unroll 1
-      for (int b = 0; b < 4; b += 2) {
-        block(b, false);
-        block(b + 1, true);
-      }
     } else {
+      // The 256-column block b of the chunk (one block's B fragments, 16 registers, live at a time).
 #pragma unroll 1
-      for (int b = 0; b < 4; ++b) block(b, (b & 1) != 0);
+      for (int b = 0; b < 4; ++b) {
+        ImmaXBlock xb;
+        xb.load(xd + c * 32 + b * 8, g, t);
+#pragma unroll
+        for (int mi = 0; mi < NM; ++mi) {
+          const uint8_t* pg = sb + (mi * k_imma_rows + g) * CB + b * BB;
+          ImmaBlock<T>::dot(pg, pg + 8 * CB, (b & 1) != 0, xb, t, w0, w1, tables, acc[mi]);
+        }
+      }
     }
     __syncwarp();  // the stage is refilled by the next chunk
   }

@@ -50,7 +50,6 @@
 //   rounding. Scratch: [n*k][2F + D] floats, the plan, the split x.
 //   CPU reference: cpu::moe_experts (cpu_moe.cpp).
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_expert_gemm.cuh"
@@ -502,13 +501,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
           const int warps = static_cast<int>(std::min<int64_t>(n_chunks, k_imma_max_warps));
           const size_t smem = static_cast<size_t>(warps) * (Pair ? 2 : 1) * k_imma_rows * UnitStaging<T>::chunk_bytes;
           const dim3 grid_i(static_cast<unsigned>(n_assign), ceil_div(R, k_imma_rows));
-          // TEMPORARY A/B knob (branch wip/iq2-wide): DSV4_EXP_IQ2_WIDE=1 reads the IQ2_XXS unit bytes as words.
-          static const bool wide = [] {
-            const char* e = std::getenv("DSV4_EXP_IQ2_WIDE");
-            return e && e[0] == '1';
-          }();
-          auto kernel = (wide && Pair && T == GgmlType::IQ2_XXS) ? expert_imma_kernel<T, Pair, ExpertMid, true>
-                                                                 : expert_imma_kernel<T, Pair, ExpertMid, false>;
+          auto kernel = expert_imma_kernel<T, Pair, ExpertMid>;
           allow_smem(kernel, smem, sizeof(IdotTables) + sizeof(float) * k_imma_max_warps * 2 * k_imma_rows);
           launch_kernel(kernel, grid_i, warps * 32, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), n_chunks, E, experts, weights,
                         clamp, digits, x_div, ctx.tables);
