@@ -140,8 +140,8 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
   // the H200, bench_cuda_ops --filter moe, 3 rounds: a decode step's experts
   // 41.4 -> 40.5 us; PTX per MMA 55.7 -> 49.4, loads 9.9 -> 7.1).
   template <int B>
-  __device__ __forceinline__ static void dot(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0,
-                                                  float w1, const IdotTables& tab, float (&acc)[2]) {
+  __device__ __forceinline__ static void dot(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0, float w1,
+                                             const IdotTables& tab, float (&acc)[2]) {
     constexpr bool odd = (B & 1) != 0;
     constexpr int NW = odd ? 8 : 9;
     const uint32_t sel_t = 0x4440u | static_cast<uint32_t>(t);
