@@ -5,9 +5,29 @@
 
 namespace dsv4::server {
 
-void Metrics::request_done(const std::string& endpoint, int status, double seconds) {
+const char* route_label(std::string_view path) {
+  static constexpr const char* k_routes[] = {"/health",         "/metrics",       "/v1/models",   "/v1/chat/completions",
+                                             "/v1/completions", "/v1/responses",  "/v1/messages", "/v1/messages/count_tokens"};
+  path = path.substr(0, path.find('?'));
+  for (const char* r : k_routes)
+    if (path == r) return r;
+  return "other";
+}
+
+std::string prometheus_escape(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+void Metrics::request_done(std::string_view path, int status, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++requests_[{endpoint, status}];
+  ++requests_[{route_label(path), status}];
   request_seconds_ += seconds;
   ++request_count_;
 }
@@ -47,7 +67,7 @@ std::string Metrics::prometheus(size_t queue_depth, bool running, const CacheRep
 
   head("dsv4_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
   for (const auto& [key, n] : requests_)
-    s += strfmt("dsv4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", key.first.c_str(), key.second,
+    s += strfmt("dsv4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", prometheus_escape(key.first).c_str(), key.second,
                 static_cast<unsigned long long>(n));
   head("dsv4_request_seconds", "summary", "Wall time of answered requests.");
   line_d("dsv4_request_seconds_sum", request_seconds_);

@@ -1,7 +1,9 @@
 // Server counters, exported at GET /metrics in the Prometheus text format
 // (version 0.0.4): "# HELP" / "# TYPE" lines, then "name{labels} value".
 //
-//   dsv4_requests_total{endpoint,status}   counter  HTTP requests answered
+//   dsv4_requests_total{endpoint,status}   counter  HTTP requests answered; endpoint is a route of
+//                                                   the server (route_label) or "other", so clients
+//                                                   cannot add series
 //   dsv4_request_seconds_sum/_count        counter  wall time of answered requests
 //   dsv4_prompt_tokens_total               counter  prompt tokens of finished jobs
 //   dsv4_cached_prompt_tokens_total        counter  prompt tokens reused (resident session or disk cache)
@@ -41,6 +43,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -63,15 +66,23 @@ struct CacheReport {
   uint64_t skipped_busy = 0, skipped_present = 0, write_failures = 0;
 };
 
+// The metrics label of a request path: one of the server's routes (the path
+// without its query), else "other". A fixed set: labels never grow with input.
+const char* route_label(std::string_view path);
+
+// A label value escaped for the Prometheus text format (\\, \", \n).
+std::string prometheus_escape(std::string_view value);
+
 class Metrics {
  public:
-  void request_done(const std::string& endpoint, int status, double seconds);
+  // `path`: the request path as received; it is reduced to route_label().
+  void request_done(std::string_view path, int status, double seconds);
   void job_done(const JobOutcome& outcome);
   std::string prometheus(size_t queue_depth, bool running, const CacheReport& cache = {}) const;
 
  private:
   mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::pair<std::string_view, int>, uint64_t> requests_;  // (route_label, status)
   double request_seconds_ = 0;
   uint64_t request_count_ = 0;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, prefilled_tokens_ = 0, completion_tokens_ = 0;
