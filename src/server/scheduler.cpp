@@ -1,5 +1,7 @@
 #include "server/scheduler.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "server/job_runner.h"
 
@@ -13,14 +15,56 @@ Scheduler::Scheduler(Backend& backend, size_t max_queue, Metrics& metrics)
 Scheduler::~Scheduler() { stop(); }
 
 Scheduler::Admit Scheduler::submit(std::shared_ptr<Job> job) {
+  std::vector<std::shared_ptr<Job>> gone;
+  Admit admit = Admit::OK;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (draining_ || stopping_) return Admit::STOPPING;
-    if (queue_.size() >= max_queue_) return Admit::QUEUE_FULL;
-    queue_.push_back(std::move(job));
+    gone = take_cancelled_locked();
+    if (draining_ || stopping_)
+      admit = Admit::STOPPING;
+    else if (queue_.size() >= max_queue_)
+      admit = Admit::QUEUE_FULL;
+    else
+      queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
-  return Admit::OK;
+  finish_cancelled(std::move(gone));
+  if (admit == Admit::OK) cv_.notify_one();
+  return admit;
+}
+
+void Scheduler::withdraw(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it == queue_.end()) return;
+    queue_.erase(it);
+    if (queue_.empty() && !running_) idle_cv_.notify_all();
+  }
+  job->cancel = true;
+  finish_cancelled({job});
+}
+
+std::vector<std::shared_ptr<Job>> Scheduler::take_cancelled_locked() {
+  std::vector<std::shared_ptr<Job>> out;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if ((*it)->cancel.load()) {
+      out.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void Scheduler::finish_cancelled(std::vector<std::shared_ptr<Job>> jobs) {
+  for (auto& job : jobs) {
+    JobOutcome outcome;
+    outcome.result.finish = FinishReason::CANCELLED;
+    outcome.queued = std::chrono::steady_clock::now() - job->created();
+    metrics_.job_done(outcome);
+    job->finish(std::move(outcome));
+  }
 }
 
 void Scheduler::drain() {

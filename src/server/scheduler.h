@@ -3,6 +3,8 @@
 //
 //   submit()   HTTP threads; refused when the queue holds `max_queue` jobs
 //              (the caller answers 503 with Retry-After) or after drain().
+//              Jobs cancelled while queued hold no slot: withdraw() (the
+//              HTTP thread saw its client go) and submit() take them out.
 //   worker     pops jobs in order; a job cancelled while queued finishes at
 //              once without touching the model; otherwise run_job() with
 //              cancellation polled before every token and prefill batch.
@@ -19,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "server/backend.h"
 #include "server/job.h"
@@ -35,6 +38,10 @@ class Scheduler {
 
   enum class Admit { OK, QUEUE_FULL, STOPPING };
   Admit submit(std::shared_ptr<Job> job);
+  // Takes a job that is still queued out of the queue (its client is gone):
+  // it finishes at once as cancelled and its slot is free. No effect on a
+  // job that is running or done.
+  void withdraw(const std::shared_ptr<Job>& job);
 
   void drain();
   // True when nothing is queued or running (waits up to `timeout`).
@@ -49,6 +56,9 @@ class Scheduler {
 
  private:
   void worker_loop();
+  // Removes the cancelled jobs from the queue (mu_ held); the caller finishes them.
+  std::vector<std::shared_ptr<Job>> take_cancelled_locked();
+  void finish_cancelled(std::vector<std::shared_ptr<Job>> jobs);
 
   Backend& backend_;
   const size_t max_queue_;
