@@ -96,6 +96,16 @@ void attach_response_format(std::vector<ChatMessage>& messages, const ordered_js
 
 }  // namespace
 
+ApiError context_length_error(uint32_t ctx, const std::string& field, size_t tokens) {
+  const std::string counted = tokens > 0 ? strfmt("%zu tokens", tokens) : strfmt("more than %u tokens", ctx);
+  const char* what = field == "prompt" ? "prompt" : "messages";
+  return ApiError{ApiErrorKind::CONTEXT_LENGTH,
+                  strfmt("This model's maximum context length is %u tokens. However, your %s resulted in %s. Please "
+                         "reduce the length of the %s.",
+                         ctx, what, counted.c_str(), what),
+                  field, ""};
+}
+
 expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContext& ctx, bool check_context) {
   auto alias = resolve_model(ctx.models, req.model);
   if (!alias) return unexpected(alias.error());
@@ -143,15 +153,19 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
   p.job.hidden_reasoning = ro.thinking_mode == ThinkingMode::THINKING && ro.drop_thinking && !any_tools;
   auto rendered = render_official(req.messages, ro);
   if (!rendered) return unexpected(invalid_request(rendered.error()));
-  auto tokens = ctx.tok.encode_prompt(*rendered);
+  // An oversized prompt is refused cheaply: by its length in bytes when no
+  // tokenisation could fit it, else by tokenising only until it passes the
+  // context (encode_prompt's stop_after).
+  if (check_context) {
+    size_t bytes = 0;
+    for (const auto& piece : *rendered) bytes += piece.text.size();
+    if (bytes / ctx.tok.max_token_bytes() >= ctx.ctx) return unexpected(context_length_error(ctx.ctx, "messages", 0));
+  }
+  auto tokens = ctx.tok.encode_prompt(*rendered, check_context ? ctx.ctx : SIZE_MAX);
   if (!tokens) return unexpected(internal_error("tokenizing the prompt failed: " + tokens.error().message));
   p.prompt_tokens = tokens->size();
   if (check_context && tokens->size() >= ctx.ctx)
-    return unexpected(ApiError{ApiErrorKind::CONTEXT_LENGTH,
-                               strfmt("This model's maximum context length is %u tokens. However, your messages "
-                                      "resulted in %zu tokens. Please reduce the length of the messages.",
-                                      ctx.ctx, tokens->size()),
-                               "messages", ""});
+    return unexpected(context_length_error(ctx.ctx, "messages", tokens->size() > ctx.ctx ? 0 : tokens->size()));
 
   GenerateOptions& o = p.job.options;
   o.sampling = resolve_sampling(req, p.level);

@@ -111,6 +111,10 @@ struct PreparedChat {
 ThinkingLevel resolve_thinking(const ThinkingControl& t, ModelCatalog::Alias alias, uint32_t ctx);
 SamplingParams resolve_sampling(const ChatRequest& r, ThinkingLevel level);
 
+// The 400 for a prompt that does not fit the context: `tokens` is its exact
+// length, or 0 when tokenising stopped past the context ("more than ctx").
+ApiError context_length_error(uint32_t ctx, const std::string& field, size_t tokens);
+
 // Validates and prepares; `check_context` false only counts (count_tokens).
 expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContext& ctx, bool check_context = true);
 

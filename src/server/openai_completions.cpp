@@ -178,16 +178,15 @@ expected<PreparedRequest, ApiError> prepare_openai_completions(const ordered_jso
     tokens = req->prompt_ids;
     prompt_text = utf8_lossy(ctx.tok.decode(tokens));
   } else {
-    tokens = ctx.tok.encode_with_specials(req->prompt_text);
+    // Refused cheaply when it cannot fit (chat_request.cpp does the same).
+    if (req->prompt_text.size() / ctx.tok.max_token_bytes() >= ctx.ctx)
+      return unexpected(context_length_error(ctx.ctx, "prompt", 0));
+    tokens = ctx.tok.encode_with_specials(req->prompt_text, ctx.ctx);
     prompt_text = req->prompt_text;
   }
   if (tokens.empty()) return unexpected(invalid_request("'prompt' must not be empty", "prompt"));
   if (tokens.size() >= ctx.ctx)
-    return unexpected(ApiError{ApiErrorKind::CONTEXT_LENGTH,
-                               strfmt("This model's maximum context length is %u tokens. However, your prompt "
-                                      "resulted in %zu tokens.",
-                                      ctx.ctx, tokens.size()),
-                               "prompt", ""});
+    return unexpected(context_length_error(ctx.ctx, "prompt", tokens.size() > ctx.ctx ? 0 : tokens.size()));
   PreparedRequest p;
   GenerateOptions& o = p.job.options;
   o.sampling = resolve_sampling(req->sampling, ThinkingLevel::NONE);

@@ -1,5 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
+
 #include "core/utf8.h"
 #include "tokenizer/pretokenize.h"
 
@@ -145,6 +147,8 @@ Status Tokenizer::init() {
     if (decoded_.size() > UINT32_MAX) return make_error("token texts add up to more than 4 GiB");
   }
   decoded_off_.push_back(static_cast<uint32_t>(decoded_.size()));
+  for (size_t i = 0; i + 1 < decoded_off_.size(); ++i)
+    max_token_bytes_ = std::max<size_t>(max_token_bytes_, decoded_off_[i + 1] - decoded_off_[i]);
 
   // Trie of the special-token texts.
   trie_.assign(1, TrieNode{});
@@ -238,13 +242,16 @@ std::pair<int32_t, size_t> Tokenizer::match_special(std::string_view text, size_
   return best;
 }
 
-void Tokenizer::encode_plain_into(std::string_view text, std::vector<int32_t>* out) const {
-  if (text.empty()) return;
+void Tokenizer::encode_plain_into(std::string_view text, std::vector<int32_t>* out, size_t stop_after) const {
+  if (text.empty() || out->size() > stop_after) return;
   std::vector<std::string_view> pieces;
   pretokenize(text, &pieces);
-  out->reserve(out->size() + text.size() / 3);
+  out->reserve(out->size() + std::min(text.size() / 3, stop_after));
   BpeWorkspace ws;
-  for (std::string_view piece : pieces) bpe_.encode_piece(piece, out, &ws);
+  for (std::string_view piece : pieces) {
+    bpe_.encode_piece(piece, out, &ws);
+    if (out->size() > stop_after) return;
+  }
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
@@ -253,7 +260,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return out;
 }
 
-std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text, size_t stop_after) const {
   std::vector<int32_t> out;
   size_t plain_begin = 0;
   size_t pos = 0;
@@ -261,7 +268,8 @@ std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text) cons
     if (special_first_byte_[static_cast<uint8_t>(text[pos])]) {
       const auto [id, len] = match_special(text, pos);
       if (len > 0) {
-        encode_plain_into(text.substr(plain_begin, pos - plain_begin), &out);
+        encode_plain_into(text.substr(plain_begin, pos - plain_begin), &out, stop_after);
+        if (out.size() > stop_after) return out;
         out.push_back(id);
         pos += len;
         plain_begin = pos;
@@ -270,11 +278,11 @@ std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text) cons
     }
     ++pos;
   }
-  encode_plain_into(text.substr(plain_begin), &out);
+  encode_plain_into(text.substr(plain_begin), &out, stop_after);
   return out;
 }
 
-expected<std::vector<int32_t>> Tokenizer::encode_prompt(const RenderedPrompt& p) const {
+expected<std::vector<int32_t>> Tokenizer::encode_prompt(const RenderedPrompt& p, size_t stop_after) const {
   std::vector<int32_t> out;
   std::string text;  // consecutive text pieces, joined
   for (size_t i = 0; i < p.size(); ++i) {
@@ -283,7 +291,8 @@ expected<std::vector<int32_t>> Tokenizer::encode_prompt(const RenderedPrompt& p)
       text += piece.text;
       continue;
     }
-    encode_plain_into(text, &out);
+    encode_plain_into(text, &out, stop_after);
+    if (out.size() > stop_after) return out;
     text.clear();
     if (piece.text.empty()) return make_error("rendered prompt piece %zu is an empty control marker", i);
     const std::optional<int32_t> id = find(piece.text);
@@ -292,7 +301,7 @@ expected<std::vector<int32_t>> Tokenizer::encode_prompt(const RenderedPrompt& p)
                         piece.text.c_str());
     out.push_back(*id);
   }
-  encode_plain_into(text, &out);
+  encode_plain_into(text, &out, stop_after);
   return out;
 }
 

@@ -62,8 +62,14 @@ class Tokenizer {
                                                          std::vector<int32_t> token_types);
 
   std::vector<int32_t> encode(std::string_view text) const;
-  std::vector<int32_t> encode_with_specials(std::string_view text) const;
-  expected<std::vector<int32_t>> encode_prompt(const RenderedPrompt& p) const;
+  // `stop_after`: stop once more than this many tokens were produced (the
+  // result is then a prefix longer than stop_after, enough to refuse a
+  // prompt that cannot fit a context without tokenising all of it).
+  std::vector<int32_t> encode_with_specials(std::string_view text, size_t stop_after = SIZE_MAX) const;
+  expected<std::vector<int32_t>> encode_prompt(const RenderedPrompt& p, size_t stop_after = SIZE_MAX) const;
+  // Bytes of the longest token: a text of n bytes is at least
+  // n / max_token_bytes() tokens.
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
   // Bytes of one token ("" for an id outside the vocabulary).
   std::string decode(int32_t id) const { return std::string(token_bytes(id)); }
@@ -93,7 +99,7 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   Status init();
-  void encode_plain_into(std::string_view text, std::vector<int32_t>* out) const;
+  void encode_plain_into(std::string_view text, std::vector<int32_t>* out, size_t stop_after = SIZE_MAX) const;
   // Longest special token spelled at text[pos...]: (id, length), or length 0.
   std::pair<int32_t, size_t> match_special(std::string_view text, size_t pos) const;
 
@@ -108,6 +114,7 @@ class Tokenizer {
   BpeModel bpe_;
   std::string decoded_;                 // every token's bytes, concatenated
   std::vector<uint32_t> decoded_off_;   // token id -> offset in decoded_ (n_vocab + 1 entries)
+  size_t max_token_bytes_ = 1;
   std::vector<TrieNode> trie_;          // special-token texts; node 0 is the root
   bool special_first_byte_[256] = {};  // quick filter for match_special
 
