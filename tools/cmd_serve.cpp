@@ -3,6 +3,9 @@
 // thread, and serves until SIGINT/SIGTERM: the first signal drains (new
 // requests get 503, in-flight ones get --shutdown-grace seconds, then are
 // cancelled), a second one cancels at once; the exit status is 0.
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -35,6 +38,32 @@ struct ServeArgs {
 
 std::atomic<int> g_signals{0};
 
+// Connections are file descriptors: raise the soft open-file limit to the
+// hard one and keep --max-connections below it (a reserve stays for the
+// model, cache files and logs), so a flood of connections meets 503s, not
+// an accept() that fails for everyone.
+Status fit_open_files(server::ServerOptions& o) {
+  constexpr rlim_t k_reserve = 128;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return {};
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max == RLIM_INFINITY ? std::max<rlim_t>(lim.rlim_cur, 65536) : lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  if (lim.rlim_cur == RLIM_INFINITY) return {};
+  if (lim.rlim_cur <= k_reserve + 16)
+    return make_error("the open-file limit (%llu) is too low to serve; raise it with ulimit -n",
+                      static_cast<unsigned long long>(lim.rlim_cur));
+  const size_t fit = static_cast<size_t>(lim.rlim_cur - k_reserve);
+  if (o.max_connections > fit) {
+    std::fprintf(stderr, "dsv4 serve: --max-connections %zu lowered to %zu (open-file limit %llu)\n", o.max_connections,
+                 fit, static_cast<unsigned long long>(lim.rlim_cur));
+    o.max_connections = fit;
+  }
+  return {};
+}
+
 extern "C" void on_stop_signal(int) { g_signals.fetch_add(1); }
 
 expected<std::unique_ptr<server::Backend>> make_backend(const ServeArgs& a) {
@@ -66,7 +95,11 @@ int run_serve(ServeArgs a) {
   };
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be between 0 and 65535");
   if (a.server.max_queue == 0) return fail("--queue must be at least 1");
-  if (a.max_body_mb == 0) return fail("--max-body-mb must be at least 1");
+  if (a.max_body_mb == 0 || a.max_body_mb > 4096) return fail("--max-body-mb must be between 1 and 4096");
+  if (!(a.server.read_timeout_seconds >= 0.1 && a.server.read_timeout_seconds <= 3600))
+    return fail("--read-timeout must be between 0.1 and 3600 seconds");
+  if (a.server.max_client_connections < 1) return fail("--max-client-connections must be at least 1");
+  if (auto st = fit_open_files(a.server); !st) return fail(st.error().message);
   if (a.cache.sessions < 1 || a.cache.sessions > 64) return fail("--sessions must be between 1 and 64");
   if (a.cache.disk_space_mb < 1 || a.cache.disk_space_mb > (uint64_t{1} << 30))
     return fail("--kv-disk-space-mb must be between 1 and 1073741824");
@@ -112,11 +145,22 @@ int run_serve(ServeArgs a) {
       if (n >= 1 && !started) {
         started = true;
         std::fprintf(stderr, "dsv4 serve: stopping (send the signal again to cancel running requests now)\n");
-        graceful = std::thread([&] { http.shutdown(false); });
+        // An exception must not escape a thread (std::terminate: no saves).
+        graceful = std::thread([&] {
+          try {
+            http.shutdown(false);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "dsv4 serve: error while stopping: %s\n", e.what());
+          }
+        });
       }
       if (n >= 2 && !forced) {
         forced = true;
-        http.shutdown(true);
+        try {
+          http.shutdown(true);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "dsv4 serve: error while stopping: %s\n", e.what());
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -151,7 +195,13 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", a->server.api_key,
                   "Require this key on every endpoint but /health ('Authorization: Bearer KEY' or 'x-api-key: KEY')")
       ->envname("DSV4_API_KEY");
-  cmd->add_option("--cors", a->server.cors_origin, "Send CORS headers allowing this origin (e.g. * or http://localhost:3000)");
+  cmd->add_option("--cors", a->server.cors_origin,
+                  "Send CORS headers allowing this origin (e.g. * or http://localhost:3000); without --api-key, browser "
+                  "requests from any other origin are refused");
+  cmd->add_option("--allowed-hosts", a->server.allowed_hosts,
+                  "Without --api-key, Host names accepted beside localhost, 127.0.0.1, [::1] and the bound address "
+                  "(comma-separated or repeated; * accepts any)")
+      ->delimiter(',');
   cmd->add_option("--model-id", a->server.model_id, "Model id to serve (default: the model file name without .gguf)");
   cmd->add_option("--alias", a->server.aliases,
                   "Another model name to accept (repeatable); deepseek-v4-flash, deepseek-chat (thinking off) and "
@@ -160,7 +210,17 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-body-mb", a->max_body_mb, "Largest request body in MiB; larger ones get 413")
       ->capture_default_str();
-  cmd->add_option("--http-threads", a->server.http_threads, "HTTP connection threads (0: queue + 16)")
+  cmd->add_option("--http-threads", a->server.http_threads,
+                  "HTTP threads, which serve complete requests (0: queue + 16); slow or idle connections hold none")
+      ->capture_default_str();
+  cmd->add_option("--read-timeout", a->server.read_timeout_seconds,
+                  "Seconds a request's headers and body may take to arrive from its first byte; slower ones get 408")
+      ->capture_default_str();
+  cmd->add_option("--max-client-connections", a->server.max_client_connections,
+                  "Open connections one client address may hold; more are answered 429 and closed")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", a->server.max_connections,
+                  "Open connections in all (at most the open-file limit less a reserve); more are answered 503")
       ->capture_default_str();
   cmd->add_option("--keepalive", a->server.keepalive_seconds,
                   "Seconds of silence after which a stream gets a keepalive (comment or Anthropic ping)")

@@ -5,12 +5,17 @@ namespace dsv4::server {
 using ordered_json = nlohmann::ordered_json;
 
 int ApiError::status() const {
+  if (http_status != 0) return http_status;
   switch (kind) {
     case ApiErrorKind::INVALID_REQUEST: return 400;
     case ApiErrorKind::CONTEXT_LENGTH: return 400;
     case ApiErrorKind::AUTHENTICATION: return 401;
+    case ApiErrorKind::PERMISSION: return 403;
     case ApiErrorKind::NOT_FOUND: return 404;
+    case ApiErrorKind::REQUEST_TIMEOUT: return 408;
     case ApiErrorKind::PAYLOAD_TOO_LARGE: return 413;
+    case ApiErrorKind::UNSUPPORTED_MEDIA: return 415;
+    case ApiErrorKind::RATE_LIMITED: return 429;
     case ApiErrorKind::INVALID_OUTPUT: return 422;
     case ApiErrorKind::OVERLOADED: return 503;
     case ApiErrorKind::INTERNAL: return 500;
@@ -35,9 +40,13 @@ const char* openai_type(ApiErrorKind k) {
     case ApiErrorKind::INVALID_REQUEST:
     case ApiErrorKind::CONTEXT_LENGTH:
     case ApiErrorKind::AUTHENTICATION:
+    case ApiErrorKind::PERMISSION:
     case ApiErrorKind::NOT_FOUND:
+    case ApiErrorKind::REQUEST_TIMEOUT:
     case ApiErrorKind::PAYLOAD_TOO_LARGE:
+    case ApiErrorKind::UNSUPPORTED_MEDIA:
     case ApiErrorKind::INVALID_OUTPUT: return "invalid_request_error";
+    case ApiErrorKind::RATE_LIMITED: return "rate_limit_error";
     case ApiErrorKind::OVERLOADED:
     case ApiErrorKind::INTERNAL: return "server_error";
   }
@@ -50,8 +59,12 @@ const char* openai_code(ApiErrorKind k) {
     case ApiErrorKind::INTERNAL: return nullptr;
     case ApiErrorKind::CONTEXT_LENGTH: return "context_length_exceeded";
     case ApiErrorKind::AUTHENTICATION: return "invalid_api_key";
+    case ApiErrorKind::PERMISSION: return "permission_denied";
     case ApiErrorKind::NOT_FOUND: return "not_found";
+    case ApiErrorKind::REQUEST_TIMEOUT: return "request_timeout";
     case ApiErrorKind::PAYLOAD_TOO_LARGE: return "request_too_large";
+    case ApiErrorKind::UNSUPPORTED_MEDIA: return "unsupported_media_type";
+    case ApiErrorKind::RATE_LIMITED: return "rate_limit_exceeded";
     case ApiErrorKind::INVALID_OUTPUT: return "invalid_json_output";
     case ApiErrorKind::OVERLOADED: return "overloaded";
   }
@@ -62,9 +75,13 @@ const char* anthropic_type(ApiErrorKind k) {
   switch (k) {
     case ApiErrorKind::INVALID_REQUEST:
     case ApiErrorKind::CONTEXT_LENGTH:
+    case ApiErrorKind::REQUEST_TIMEOUT:
+    case ApiErrorKind::UNSUPPORTED_MEDIA:
     case ApiErrorKind::INVALID_OUTPUT: return "invalid_request_error";
     case ApiErrorKind::AUTHENTICATION: return "authentication_error";
+    case ApiErrorKind::PERMISSION: return "permission_error";
     case ApiErrorKind::NOT_FOUND: return "not_found_error";
+    case ApiErrorKind::RATE_LIMITED: return "rate_limit_error";
     case ApiErrorKind::PAYLOAD_TOO_LARGE: return "request_too_large";
     case ApiErrorKind::OVERLOADED: return "overloaded_error";
     case ApiErrorKind::INTERNAL: return "api_error";

@@ -9,8 +9,12 @@
 //   INVALID_REQUEST   400  invalid_request_error / -                       invalid_request_error
 //   CONTEXT_LENGTH    400  invalid_request_error / context_length_exceeded invalid_request_error
 //   AUTHENTICATION    401  invalid_request_error / invalid_api_key         authentication_error
+//   PERMISSION        403  invalid_request_error / permission_denied       permission_error
 //   NOT_FOUND         404  invalid_request_error / model_not_found|not_found not_found_error
+//   REQUEST_TIMEOUT   408  invalid_request_error / request_timeout         invalid_request_error
 //   PAYLOAD_TOO_LARGE 413  invalid_request_error / request_too_large       request_too_large
+//   UNSUPPORTED_MEDIA 415  invalid_request_error / unsupported_media_type  invalid_request_error
+//   RATE_LIMITED      429  rate_limit_error / rate_limit_exceeded           rate_limit_error
 //   INVALID_OUTPUT    422  invalid_request_error / invalid_json_output     invalid_request_error
 //   OVERLOADED        503  server_error / overloaded                      overloaded_error
 //   INTERNAL          500  server_error / -                               api_error
@@ -30,8 +34,12 @@ enum class ApiErrorKind {
   INVALID_REQUEST,
   CONTEXT_LENGTH,
   AUTHENTICATION,
+  PERMISSION,
   NOT_FOUND,
+  REQUEST_TIMEOUT,
   PAYLOAD_TOO_LARGE,
+  UNSUPPORTED_MEDIA,
+  RATE_LIMITED,
   INVALID_OUTPUT,
   OVERLOADED,
   INTERNAL,
@@ -42,6 +50,7 @@ struct ApiError {
   std::string message;
   std::string param;  // the offending request field, when known
   std::string code;   // OpenAI `code` override ("" = the kind's default)
+  int http_status = 0;  // overrides the kind's status (the transport's 417, 431, 501, 505)
 
   int status() const;
 };

@@ -1,7 +1,9 @@
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <ctime>
@@ -10,6 +12,7 @@
 #include "core/log.h"
 #include "server/anthropic_messages.h"
 #include "server/connection.h"
+#include "server/http_transport.h"
 #include "server/json_util.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
@@ -58,6 +61,128 @@ void record_tokens(const FinalReply& r) {
   t_log.completion = r.completion_tokens;
 }
 
+void record_tokens(const GenerateResult& r) {
+  t_log.has_tokens = true;
+  t_log.prompt = r.prompt_tokens;
+  t_log.cached = r.cached_tokens;
+  t_log.completion = r.tokens.size();
+}
+
+// At most `n` bytes of client-supplied text for a log line (the logger
+// escapes control characters).
+std::string clip(std::string_view s, size_t n = 200) {
+  return s.size() <= n ? std::string(s) : std::string(s.substr(0, n)) + "...";
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// The host of a Host header value ("name", "name:port", "[v6]", "[v6]:port"),
+// lowercase, without brackets or a trailing dot.
+std::string host_of(std::string_view value) {
+  value = trim(value);
+  std::string_view h = value;
+  if (!h.empty() && h.front() == '[') {
+    const size_t close = h.find(']');
+    h = close == std::string_view::npos ? h.substr(1) : h.substr(1, close - 1);
+  } else if (std::count(h.begin(), h.end(), ':') == 1) {
+    h = h.substr(0, h.find(':'));
+  }
+  if (!h.empty() && h.back() == '.') h.remove_suffix(1);
+  return lower(h);
+}
+
+bool is_ip_literal(const std::string& h) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, h.c_str(), buf) == 1 || inet_pton(AF_INET6, h.c_str(), buf) == 1;
+}
+
+// A keyless server answers only requests addressed to itself (DNS rebinding:
+// a page of another site whose name now resolves to this machine sends its
+// own name as Host): localhost, the loopback addresses, the bound address
+// (any IP literal when bound to all interfaces), and --allowed-hosts.
+bool host_allowed(const std::string& host, const ServerOptions& o) {
+  for (const auto& a : o.allowed_hosts)
+    if (a == "*" || host_of(a) == host) return true;
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1") return true;
+  const std::string bound = host_of(o.host);
+  if (host == bound) return true;
+  return (bound == "0.0.0.0" || bound == "::" || bound.empty()) && is_ip_literal(host);
+}
+
+// application/json, with or without parameters (charset).
+bool is_json_media_type(std::string_view content_type) {
+  return iequals(trim(content_type.substr(0, content_type.find(';'))), "application/json");
+}
+
+// The rules for a server without an API key, where any local process and
+// any web page the user opens can reach the port: the request must be
+// addressed to this server (Host), not come from a page of another origin
+// (Origin, unless --cors allows it), and POST bodies must be JSON (a
+// text/plain POST needs no CORS preflight, so a page could send one).
+std::optional<ApiError> keyless_refusal(const httplib::Request& req, const ServerOptions& o) {
+  if (req.has_header("Host")) {
+    const std::string host = host_of(req.get_header_value("Host"));
+    if (!host_allowed(host, o))
+      return ApiError{ApiErrorKind::PERMISSION,
+                      "the Host header names '" + clip(host, 100) +
+                          "', which is not this server: a server without --api-key answers requests to localhost, "
+                          "127.0.0.1, [::1] and its own address (--allowed-hosts adds names)",
+                      "", ""};
+  }
+  if (req.has_header("Origin")) {
+    const std::string origin = req.get_header_value("Origin");
+    if (o.cors_origin != "*" && !iequals(o.cors_origin, origin))
+      return ApiError{ApiErrorKind::PERMISSION,
+                      "cross-origin request refused: a server without --api-key answers browsers only from the origin "
+                      "--cors allows",
+                      "", ""};
+  }
+  if (req.method == "POST" && !is_json_media_type(req.get_header_value("Content-Type")))
+    return ApiError{ApiErrorKind::UNSUPPORTED_MEDIA, "the request body must be sent with Content-Type: application/json",
+                    "", ""};
+  return std::nullopt;
+}
+
+// The API key of a request: "x-api-key: KEY" or "Authorization: Bearer KEY"
+// (the scheme is case-insensitive); either one matching is enough.
+bool key_matches(const httplib::Request& req, const std::string& key, bool& any_given) {
+  const std::string x = req.get_header_value("x-api-key");
+  const std::string auth = req.get_header_value("Authorization");
+  std::string bearer;
+  if (auth.size() > 7 && iequals(std::string_view(auth).substr(0, 7), "bearer ")) bearer = trim(std::string_view(auth).substr(7));
+  any_given = !x.empty() || !bearer.empty();
+  // Both are compared, so the time taken does not tell which one matched.
+  const bool x_ok = !x.empty() && api_key_matches(x, key);
+  const bool bearer_ok = !bearer.empty() && api_key_matches(bearer, key);
+  return x_ok || bearer_ok;
+}
+
+ApiError refusal_error(const TransportRefusal& r) {
+  switch (r.status) {
+    case 408: return ApiError{ApiErrorKind::REQUEST_TIMEOUT, r.message, "", ""};
+    case 413: return ApiError{ApiErrorKind::PAYLOAD_TOO_LARGE, r.message, "", ""};
+    case 429: return ApiError{ApiErrorKind::RATE_LIMITED, r.message, "", ""};
+    case 503: return ApiError{ApiErrorKind::OVERLOADED, r.message, "", ""};
+    default: return ApiError{ApiErrorKind::INVALID_REQUEST, r.message, "", "", r.status == 400 ? 0 : r.status};
+  }
+}
+
 // Decrements the active-request count when the last owner lets go (the
 // handler for plain replies, the stream provider for streams).
 struct ActiveToken {
@@ -86,6 +211,7 @@ ApiError invalid_output_error(ResponseFormat f) {
 // connection's thread until the job has finished and the last frame is written.
 struct StreamSession {
   std::shared_ptr<Job> job;
+  Scheduler& scheduler;
   ReplyAssembler assembler;
   std::unique_ptr<ReplyWriter> writer;
   ResponseFormat format;
@@ -95,14 +221,22 @@ struct StreamSession {
   bool begun = false;
   clock_type::time_point last_write = clock_type::now();
 
-  StreamSession(std::shared_ptr<Job> j, ReplyAssembler a, std::unique_ptr<ReplyWriter> w, ResponseFormat f, int socket,
-                clock_type::duration ka, std::shared_ptr<ActiveToken> act)
-      : job(std::move(j)), assembler(std::move(a)), writer(std::move(w)), format(f), fd(socket), keepalive(ka),
-        active(std::move(act)) {}
+  StreamSession(std::shared_ptr<Job> j, Scheduler& s, ReplyAssembler a, std::unique_ptr<ReplyWriter> w, ResponseFormat f,
+                int socket, clock_type::duration ka, std::shared_ptr<ActiveToken> act)
+      : job(std::move(j)), scheduler(s), assembler(std::move(a)), writer(std::move(w)), format(f), fd(socket),
+        keepalive(ka), active(std::move(act)) {}
   // The response (and with it this session) goes before the connection closes.
   ~StreamSession() { job->unwatch_client(); }
   StreamSession(const StreamSession&) = delete;
   StreamSession& operator=(const StreamSession&) = delete;
+
+  // The client is gone: stop the job, and free its queue slot if it still waits.
+  bool client_gone() {
+    job->cancel = true;
+    scheduler.withdraw(job);
+    t_log.note = "client disconnected";
+    return false;
+  }
 
   bool write(httplib::DataSink& sink, const std::string& s) {
     if (s.empty()) return true;
@@ -130,6 +264,7 @@ struct StreamSession {
         out += writer->stream_error(*o.error);
         t_log.note = "stream error: " + o.error->message;
       } else if (o.result.finish == FinishReason::CANCELLED) {
+        record_tokens(o.result);
         if (connection_closed(fd)) {  // the worker noticed the hang-up first
           t_log.note = "client disconnected";
           return false;
@@ -152,37 +287,39 @@ struct StreamSession {
       sink.done();
       return true;
     }
-    if (connection_closed(fd)) {
-      job->cancel = true;
-      t_log.note = "client disconnected";
-      return false;
-    }
+    if (connection_closed(fd)) return client_gone();
     if (out.empty() && clock_type::now() - last_write >= keepalive) out = writer->stream_keepalive();
-    if (!write(sink, out)) {
-      job->cancel = true;
-      t_log.note = "client disconnected";
-      return false;
-    }
+    if (!write(sink, out)) return client_gone();
     return true;
   }
 };
 
 }  // namespace
 
-// cpp-httplib's server, with the accept backlog raised after binding (the
-// Debian build listens with a backlog of 5, too few for bursts of clients).
-class Listener : public httplib::Server {
- public:
-  void raise_backlog(int n) {
-    const auto s = svr_sock_.load();
-    if (s != INVALID_SOCKET) ::listen(s, n);
-  }
+struct HttpServer::Impl {
+  std::unique_ptr<HttpTransport> transport;
+  int64_t started = unix_time();
+  // Connection refusals (429/503 at accept) are logged at most once a second.
+  std::mutex refusal_mu;
+  clock_type::time_point refusal_logged{};
+  size_t refusals_unlogged = 0;
 };
 
-struct HttpServer::Impl {
-  Listener svr;
-  int64_t started = unix_time();
-};
+namespace {
+
+TransportOptions transport_options(const ServerOptions& o) {
+  TransportOptions t;
+  t.threads = o.effective_http_threads();
+  t.read_timeout_seconds = o.read_timeout_seconds;
+  t.idle_timeout_seconds = o.idle_timeout_seconds;
+  t.write_timeout_seconds = o.write_timeout_seconds;
+  t.max_connections_per_client = o.max_client_connections;
+  t.max_connections = o.max_connections;
+  t.framing.max_body_bytes = o.max_body_bytes;
+  return t;
+}
+
+}  // namespace
 
 HttpServer::HttpServer(ServerOptions options, Backend& backend)
     : options_(std::move(options)), backend_(backend),
@@ -191,14 +328,31 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
                tool_memory_, [&backend](const std::vector<std::string>& ids) { return backend.find_tool_calls(ids); }},
       impl_(std::make_unique<Impl>()) {
   backend_.set_tool_memory(&tool_memory_);
-  auto& svr = impl_->svr;
-  const int threads = options_.effective_http_threads();
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  svr.set_payload_max_length(options_.max_body_bytes);
-  svr.set_read_timeout(60);
-  svr.set_write_timeout(60);
-  svr.set_keep_alive_max_count(1000);
-  svr.set_tcp_nodelay(true);
+  // Requests the transport refuses (framing, limits, timeouts, connection
+  // caps) get the dialect's error body and a log line like any other.
+  impl_->transport = std::make_unique<HttpTransport>(transport_options(options_), [this](const TransportRefusal& r) {
+    const ApiError e = refusal_error(r);
+    metrics_.request_done(r.target, r.status, 0);
+    bool log = true;
+    size_t unlogged = 0;
+    if (r.method.empty() && (r.status == 429 || r.status == 503)) {
+      std::lock_guard<std::mutex> lock(impl_->refusal_mu);
+      const auto now = clock_type::now();
+      log = now - impl_->refusal_logged >= std::chrono::seconds(1);
+      if (log) {
+        impl_->refusal_logged = now;
+        unlogged = std::exchange(impl_->refusals_unlogged, 0);
+      } else {
+        ++impl_->refusals_unlogged;
+      }
+    }
+    if (log)
+      log_info("%s %s %d from %s - %s%s", r.method.empty() ? "-" : r.method.c_str(),
+               r.target.empty() ? "-" : clip(r.target).c_str(), r.status, r.client.c_str(), e.message.c_str(),
+               unlogged ? strfmt(" (%zu more refused since the last such line)", unlogged).c_str() : "");
+    return json_dump(error_json(e, shape_for_path(r.target)));
+  });
+  auto& svr = *impl_->transport;
   if (!options_.cors_origin.empty()) {
     svr.set_default_headers({{"Access-Control-Allow-Origin", options_.cors_origin},
                              {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
@@ -212,20 +366,23 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
     svr.Options(".*", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
   }
 
-  // Authentication (and the start of the request's log entry).
+  // Who may ask (and the start of the request's log entry): with an API
+  // key, the key; without one, the keyless rules (keyless_refusal).
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     t_log = RequestLog{};
-    if (options_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+    if (options_.api_key.empty()) {
+      if (auto e = keyless_refusal(req, options_)) {
+        send_error(res, *e, shape_for_path(req.path));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       return httplib::Server::HandlerResponse::Unhandled;
-    std::string key = req.get_header_value("x-api-key");
-    const std::string auth = req.get_header_value("Authorization");
-    if (key.empty() && auth.size() > 7 && (auth.compare(0, 7, "Bearer ") == 0 || auth.compare(0, 7, "bearer ") == 0))
-      key = auth.substr(7);
-    if (!key.empty() && api_key_matches(key, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+    }
+    if (req.path == "/health" || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
+    bool given = false;
+    if (key_matches(req, options_.api_key, given)) return httplib::Server::HandlerResponse::Unhandled;
     send_error(res,
                ApiError{ApiErrorKind::AUTHENTICATION,
-                        key.empty() ? "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-                                    : "invalid API key",
+                        given ? "invalid API key" : "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                         "", ""},
                shape_for_path(req.path));
     return httplib::Server::HandlerResponse::Handled;
@@ -259,8 +416,8 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
     metrics_.request_done(req.path, res.status, seconds);
     std::string tokens;
     if (t_log.has_tokens) tokens = strfmt(" prompt=%zu cached=%zu completion=%zu", t_log.prompt, t_log.cached, t_log.completion);
-    log_info("%s %s %d%s %.0f ms%s%s", req.method.c_str(), req.path.c_str(), res.status, tokens.c_str(), seconds * 1000,
-             t_log.note.empty() ? "" : " - ", t_log.note.c_str());
+    log_info("%s %s %d%s %.0f ms%s%s", req.method.c_str(), clip(req.path).c_str(), res.status, tokens.c_str(),
+             seconds * 1000, t_log.note.empty() ? "" : " - ", t_log.note.c_str());
   });
 
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -321,7 +478,7 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
       t_log.prompt = p.prompt_tokens;
       auto active = std::make_shared<ActiveToken>(active_);
       auto job = std::make_shared<Job>(std::move(p.job));
-      const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
+      const int fd = HttpTransport::current_socket();
       job->watch_client(fd);
       switch (scheduler_->submit(job)) {
         case Scheduler::Admit::OK: break;
@@ -339,7 +496,7 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
 
       if (p.stream) {
         auto session = std::make_shared<StreamSession>(
-            job, std::move(assembler), std::move(p.writer), p.response_format, fd,
+            job, *scheduler_, std::move(assembler), std::move(p.writer), p.response_format, fd,
             std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(options_.keepalive_seconds)),
             active);
         res.set_header("Cache-Control", "no-cache");
@@ -366,6 +523,7 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
         if (done) break;
         if (connection_closed(fd)) {
           job->cancel = true;
+          scheduler_->withdraw(job);  // a queued job gives its slot back now
           t_log.note = "client disconnected";
           res.status = 499;  // nginx's "client closed request": nobody reads it, the log shows it
           return;
@@ -374,6 +532,7 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
       const JobOutcome& o = job->outcome();
       if (o.error) return send_error(res, *o.error, shape);
       if (o.result.finish == FinishReason::CANCELLED) {
+        record_tokens(o.result);
         if (connection_closed(fd)) {  // the worker noticed the hang-up first
           t_log.note = "client disconnected";
           res.status = 499;
@@ -409,7 +568,7 @@ HttpServer::~HttpServer() {
 }
 
 Status HttpServer::bind() {
-  auto& svr = impl_->svr;
+  auto& svr = *impl_->transport;
   if (options_.port == 0) {
     port_ = svr.bind_to_any_port(options_.host);
   } else {
@@ -427,7 +586,7 @@ Status HttpServer::serve() {
   // A client that hangs up makes the next write fail with EPIPE; without this
   // the process would die of SIGPIPE instead (cpp-httplib sends with flags 0).
   std::signal(SIGPIPE, SIG_IGN);
-  if (!impl_->svr.listen_after_bind() && !draining_) return make_error("the HTTP listener stopped unexpectedly");
+  if (!impl_->transport->listen_after_bind() && !draining_) return make_error("the HTTP listener stopped unexpectedly");
   return {};
 }
 
@@ -452,8 +611,14 @@ void HttpServer::shutdown(bool now) {
   scheduler_->stop();
   // The worker is gone: the live sessions go to the disk cache (clean
   // shutdown only; a forced one just waits for writes already under way).
-  backend_.shutdown(!force_);
-  impl_->svr.stop();
+  // A failure there is logged; the listener stops regardless.
+  try {
+    backend_.shutdown(!force_);
+  } catch (const std::exception& e) {
+    log_error("shutdown: saving the sessions failed: %s", e.what());
+  }
+  impl_->transport->stop();
+  impl_->transport->stop_connections();
   stopped_ = true;
 }
 

@@ -1,8 +1,10 @@
-// The HTTP transport of `dsv4 serve` (cpp-httplib): routes, authentication,
-// CORS, body limit, request log, metrics, SSE streaming with keepalive,
-// disconnect detection and graceful shutdown. It parses nothing itself: each
-// route hands the JSON body to its dialect adapter, which returns a typed job
-// for the scheduler and a writer for the reply (reply_writer.h).
+// The HTTP layer of `dsv4 serve`: routes, who may ask, request log,
+// metrics, SSE streaming with keepalive, disconnect detection and graceful
+// shutdown, over the connection layer of http_transport.h (framing, body and
+// head limits, read/idle/write timeouts, connection caps). It parses nothing
+// itself: each route hands the JSON body to its dialect adapter, which
+// returns a typed job for the scheduler and a writer for the reply
+// (reply_writer.h).
 //
 // Routes:
 //   GET  /health                     {"status": "ok", ...}; 503 while shutting down; never needs a key
@@ -17,18 +19,25 @@
 //
 // Rules:
 //   * with an API key, every route but /health (and CORS preflights) needs
-//     "Authorization: Bearer KEY" or "x-api-key: KEY" (constant-time check);
-//     otherwise 401 in the dialect's error shape;
+//     "Authorization: Bearer KEY" or "x-api-key: KEY" (constant-time check;
+//     either matching is enough); otherwise 401 in the dialect's error shape;
+//   * without an API key: the Host header must name this server (localhost,
+//     127.0.0.1, [::1], the bound address, --allowed-hosts; any IP literal
+//     when bound to all interfaces), a request with an Origin header must
+//     come from the --cors origin, and POST bodies must be application/json
+//     (403 / 403 / 415) — so web pages cannot use or read a local server;
 //   * errors are JSON in the dialect's shape (Anthropic for /v1/messages*,
-//     OpenAI elsewhere), including httplib's own (404, 413, ...);
-//   * a full queue answers 503 with Retry-After: 1;
+//     OpenAI elsewhere), including httplib's and the transport's own;
+//   * a full queue answers 503 with Retry-After: 1; a queued request whose
+//     client left gives its slot back at once;
 //   * a client that disconnects cancels its job: the socket is polled every
 //     50 ms while the request is queued, prefilling or decoding, and a failed
 //     write cancels too;
 //   * streams send the dialect's keepalive (a comment, or Anthropic's ping)
 //     when nothing was written for keepalive_seconds;
 //   * one log line per request: method, path, status, prompt/cached/completion
-//     tokens, milliseconds.
+//     tokens, milliseconds (control characters escaped by the logger);
+//     metrics count requests per route (a fixed set of labels).
 #pragma once
 
 #include <atomic>

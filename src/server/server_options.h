@@ -27,13 +27,19 @@ struct KvCacheOptions {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                     // 0: any free port (tests)
-  std::string api_key;                 // empty: no authentication
-  std::string cors_origin;             // empty: no CORS headers
+  std::string api_key;                 // empty: no authentication (then Host, Origin and Content-Type are checked)
+  std::string cors_origin;             // empty: no CORS headers, and browser requests (Origin) are refused when keyless
+  std::vector<std::string> allowed_hosts;  // Host names a keyless server accepts beside its own ("*": any)
   std::string model_id;                // the served model id
   std::vector<std::string> aliases;    // extra accepted model names
   size_t max_queue = 64;               // jobs waiting for the engine; more get 503
   size_t max_body_bytes = size_t{32} << 20;
   int http_threads = 0;                // 0: max_queue + 16
+  double read_timeout_seconds = 30;    // a request's head and body must arrive within this (408)
+  double idle_timeout_seconds = 5;     // keep-alive connections idle longer are closed
+  double write_timeout_seconds = 60;   // a response write blocked longer drops the connection
+  size_t max_client_connections = 64;  // open connections per client address (more: 429)
+  size_t max_connections = 1024;       // open connections in all (more: 503)
   double keepalive_seconds = 10;       // SSE keepalive while nothing else is written
   double shutdown_grace_seconds = 30;  // SIGINT/SIGTERM: time in-flight requests get to finish
 

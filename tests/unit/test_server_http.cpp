@@ -17,6 +17,7 @@
 #include <regex>
 #include <thread>
 
+#include "http_test_util.h"
 #include "server/http_server.h"
 #include "server_test_util.h"
 
@@ -28,86 +29,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Running {
-  std::unique_ptr<ScriptedBackend> backend;
-  std::unique_ptr<HttpServer> http;
-  std::thread thread;
-  int port = 0;
-
-  Running(ServerOptions o, std::vector<ScriptedReply> replies, uint32_t ctx = 4096) {
-    o.host = "127.0.0.1";
-    o.port = 0;
-    if (o.model_id.empty()) o.model_id = "tiny";
-    backend = make_backend(std::move(replies), ctx);
-    http = std::make_unique<HttpServer>(o, *backend);
-    auto st = http->bind();
-    EXPECT_TRUE(st.has_value());
-    port = http->port();
-    thread = std::thread([this] { (void)http->serve(); });
-  }
-  ~Running() {
-    http->shutdown(true);
-    thread.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(20, 0);
-    return c;
-  }
-  std::string metrics() const {
-    auto r = client().Get("/metrics");
-    return r ? r->body : "";
-  }
-  // Waits until `needle` shows up in /metrics (the request log runs after a
-  // response is written, so counters lag the client by a moment).
-  bool metrics_show(const std::string& needle, std::chrono::milliseconds limit = 3000ms) const {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      if (metrics().find(needle) != std::string::npos) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
-  }
-};
-
 const std::string k_chat = R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})";
 const std::string k_chat_stream = R"({"model": "tiny", "stream": true, "messages": [{"role": "user", "content": "hi"}]})";
 const std::string k_messages_stream =
     R"({"model": "tiny", "max_tokens": 100, "stream": true, "messages": [{"role": "user", "content": "hi"}]})";
 
 ordered_json parse(const std::string& s) { return ordered_json::parse(s, nullptr, false); }
-
-// A raw HTTP/1.1 request on its own socket, so the test decides when to hang up.
-int open_request(int port, const std::string& path, const std::string& body) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
-  if (::send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Reads until `needle` arrived (or the peer closed); returns what was read.
-std::string read_until(int fd, const std::string& needle) {
-  std::string got;
-  char buf[4096];
-  while (got.find(needle) == std::string::npos) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  return got;
-}
 
 std::vector<ScriptedReply> slow_reply(int token_ms, int prefill_ms = 0) {
   return {ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen", token_ms,
