@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "chat/json_limits.h"
+
 namespace dsv4::server {
 
 const ordered_json* JsonFields::get(std::string_view key) const {
@@ -98,6 +100,10 @@ expected<const ordered_json*> JsonFields::array(std::string_view key) const {
   return v;
 }
 
+// nlohmann's dump() recurses once per level. Its callers pass replies the
+// server builds, which embed request and model JSON only as values parsed by
+// parse_json_text or checked by check_json_depth (at most k_max_json_depth
+// levels, json_limits.h) under a few levels of envelope.
 std::string json_dump(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
 
 std::string random_hex(size_t n_bytes) {
@@ -128,10 +134,10 @@ int64_t unix_time() {
 }
 
 bool json_text_equivalent(std::string_view a, std::string_view b) {
-  const auto ja = nlohmann::json::parse(a, nullptr, /*allow_exceptions=*/false);
-  const auto jb = nlohmann::json::parse(b, nullptr, /*allow_exceptions=*/false);
-  if (ja.is_discarded() || jb.is_discarded()) return false;
-  return ja == jb;
+  // Depth-limited parses: == recurses once per level.
+  const auto ja = parse_json_text_unordered(a);
+  const auto jb = parse_json_text_unordered(b);
+  return ja && jb && *ja == *jb;
 }
 
 }  // namespace dsv4::server
