@@ -4,7 +4,7 @@
 // or model JSON recurses without that bound. Every deep case below reaches
 // the code that walked it recursively (a copy, py_json_dumps, dump(), ==),
 // which overflowed the stack at 100,000 levels; over HTTP the server answers
-// 400 and keeps serving.
+// 400 and keeps serving. Also: the integer-field range message.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -392,6 +392,30 @@ TEST(ServerJsonLimits, WalkersOfModelAndStoredJsonStayBounded) {
     ASSERT_FALSE(m.warnings.empty());
     EXPECT_NE(m.warnings.back().find("nests deeper than 127 levels"), std::string::npos) << m.warnings.back();
   }
+}
+
+TEST(ServerJsonLimits, IntegralFloatsOutOfRangeGetTheRangeMessage) {
+  auto message = [](const char* body) {
+    auto r = parse_anthropic_messages(ordered_json::parse(body), false);
+    return r ? std::string() : r.error().message;
+  };
+  const char* msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  auto with = [&](const std::string& max_tokens) {
+    return message(("{" + std::string(msgs) + ", \"max_tokens\": " + max_tokens + "}").c_str());
+  };
+  EXPECT_EQ(with("1e308"), "'max_tokens' must be between 1 and 2147483647, got 1e+308");
+  EXPECT_EQ(with("-1e308"), "'max_tokens' must be between 1 and 2147483647, got -1e+308");
+  EXPECT_EQ(with("1e19"), "'max_tokens' must be between 1 and 2147483647, got 1e+19");
+  EXPECT_EQ(with("18446744073709551615"), "'max_tokens' must be between 1 and 2147483647, got 18446744073709551615");
+  EXPECT_EQ(with("1.5"), "'max_tokens' must be an integer, got a fractional number");
+  EXPECT_EQ(with("3e9"), "'max_tokens' must be between 1 and 2147483647, got 3000000000");
+  EXPECT_EQ(with("\"5\""), "'max_tokens' must be an integer, got string");
+  EXPECT_EQ(with("5.0"), "");
+  // The full int64_t range still converts exactly (a seed just below 2^63).
+  auto seed = parse_anthropic_messages(
+      ordered_json::parse(std::string("{") + msgs + R"(, "max_tokens": 1, "seed": 9.2e18})"), false);
+  ASSERT_TRUE(seed.has_value()) << seed.error().message;
+  EXPECT_EQ(*seed->seed, 9200000000000000000u);
 }
 
 TEST(ServerJsonLimits, OverHttpTheServerAnswers400AndKeepsServing) {
