@@ -4,7 +4,8 @@
 // or model JSON recurses without that bound. Every deep case below reaches
 // the code that walked it recursively (a copy, py_json_dumps, dump(), ==),
 // which overflowed the stack at 100,000 levels; over HTTP the server answers
-// 400 and keeps serving. Also: the integer-field range message.
+// 400 and keeps serving. Also: the integer-field range message, and the usage
+// of replies with a forced tool call.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -416,6 +417,111 @@ TEST(ServerJsonLimits, IntegralFloatsOutOfRangeGetTheRangeMessage) {
       ordered_json::parse(std::string("{") + msgs + R"(, "max_tokens": 1, "seed": 9.2e18})"), false);
   ASSERT_TRUE(seed.has_value()) << seed.error().message;
   EXPECT_EQ(*seed->seed, 9200000000000000000u);
+}
+
+namespace {
+
+// Runs a prepared request on the scripted engine the way the transport does
+// and returns the reply body (with its usage).
+ordered_json run_body(PreparedRequest& p, ScriptedBackend& b, ToolMemory& memory, JobOutcome* outcome = nullptr) {
+  JobHooks h;
+  std::vector<DsmlEvent> events;
+  h.on_event = [&](const DsmlEvent& e) { events.push_back(e); };
+  h.cancelled = [] { return false; };
+  JobOutcome o = run_job(b, p.job, h);
+  EXPECT_FALSE(o.error.has_value()) << (o.error ? o.error->message : "");
+  ReplyAssembler assembler(p.policy, memory);
+  std::vector<OutEvent> outs;
+  for (const auto& e : events) assembler.on_event(e, outs);
+  const FinalReply reply = assembler.finish(o, outs);
+  if (outcome) *outcome = o;
+  return p.writer->body(reply);
+}
+
+const char* k_weather_tools =
+    R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+
+}  // namespace
+
+TEST(ServerForcedToolUsage, TheForcedOpenerCountsOnceAsCompletionTokens) {
+  // tool_choice "required" without thinking: the opener ends in `invoke name="`; the model writes the rest.
+  ToolMemory memory;
+  auto b = make_backend({ScriptedReply{
+      "", dsml("get_weather\">\n") + string_param("city", "Paris") + dsml("\n</|invoke>\n</|tool_calls>"), 0, 0}});
+  ServeContext ctx{b->tokenizer(), 4096, ModelCatalog{"tiny", {}}, memory};
+  const std::string text = std::string(R"({"model": "deepseek-chat", "tool_choice": "required", "tools": )") +
+                           k_weather_tools + R"(, "messages": [{"role": "user", "content": "weather in Paris?"}]})";
+  const size_t opener = b->tokenizer().encode_prompt(forced_tool_opener(""))->size();
+  for (int round = 0; round < 2; ++round) {  // the second round finds prompt + opener in the live session
+    auto p = prepare_openai_chat(ordered_json::parse(text), ctx);
+    ASSERT_TRUE(p.has_value()) << p.error().message;
+    ASSERT_EQ(p->job.forced_tool, ForcedTool::ANY);
+    const size_t prompt = p->prompt_tokens;
+    JobOutcome o;
+    const ordered_json body = run_body(*p, *b, memory, &o);
+    ASSERT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+    const ordered_json& u = body["usage"];
+    const size_t completion = o.result.tokens.size();
+    EXPECT_EQ(u["prompt_tokens"].get<size_t>(), prompt) << "round " << round;
+    EXPECT_EQ(u["completion_tokens"].get<size_t>(), completion);
+    EXPECT_GT(completion, opener);  // the opener and what the model wrote after it
+    EXPECT_EQ(u["total_tokens"].get<size_t>(), prompt + completion);
+    // Every token of the session after the job is counted exactly once.
+    EXPECT_EQ(b->session_tokens().size(), prompt + completion);
+    const size_t cached = u["prompt_tokens_details"]["cached_tokens"].get<size_t>();
+    EXPECT_LE(cached, prompt);
+    EXPECT_EQ(u["prompt_cache_miss_tokens"].get<size_t>(), prompt - cached);
+    if (round == 1) {
+      EXPECT_EQ(cached, prompt);  // (the session held prompt + opener)
+    }
+  }
+}
+
+TEST(ServerForcedToolUsage, NamedToolAnthropicAndAfterReasoning) {
+  // Anthropic tool_choice {"type": "tool"} without thinking: input + output tokens = the session.
+  {
+    ToolMemory memory;
+    auto b = make_backend(
+        {ScriptedReply{"", string_param("city", "Paris") + dsml("\n</|invoke>\n</|tool_calls>"), 0, 0}});
+    ServeContext ctx{b->tokenizer(), 4096, ModelCatalog{"tiny", {}}, memory};
+    auto p = prepare_anthropic_messages(ordered_json::parse(R"({"max_tokens": 100, "thinking": {"type": "disabled"},
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "weather in Paris?"}]})"),
+                                        ctx);
+    ASSERT_TRUE(p.has_value()) << p.error().message;
+    const size_t prompt = p->prompt_tokens;
+    JobOutcome o;
+    const ordered_json body = run_body(*p, *b, memory, &o);
+    EXPECT_EQ(body["stop_reason"], "tool_use");
+    EXPECT_EQ(body["content"].back()["input"], ordered_json({{"city", "Paris"}}));
+    const ordered_json& u = body["usage"];
+    EXPECT_EQ(u["input_tokens"].get<size_t>() + u["cache_read_input_tokens"].get<size_t>(), prompt);
+    EXPECT_EQ(u["output_tokens"].get<size_t>(), o.result.tokens.size());
+    EXPECT_EQ(b->session_tokens().size(), prompt + o.result.tokens.size());
+  }
+  // With thinking the reasoning phase comes first; the same accounting.
+  {
+    ToolMemory memory;
+    auto b = make_backend({
+        ScriptedReply{"invoke name=\"", dsml("get_weather\">\n\n</|invoke>\n</|tool_calls>"), 0, 0},
+        ScriptedReply{"", "I should look it up</think>ignored", 0, 0},
+    });
+    ServeContext ctx{b->tokenizer(), 4096, ModelCatalog{"tiny", {}}, memory};
+    auto p = prepare_openai_chat(ordered_json::parse(std::string(R"({"tool_choice": "required", "tools": )") +
+                                                     k_weather_tools +
+                                                     R"(, "messages": [{"role": "user", "content": "weather?"}]})"),
+                                 ctx);
+    ASSERT_TRUE(p.has_value()) << p.error().message;
+    const size_t prompt = p->prompt_tokens;
+    JobOutcome o;
+    const ordered_json body = run_body(*p, *b, memory, &o);
+    const ordered_json& u = body["usage"];
+    EXPECT_EQ(u["prompt_tokens"].get<size_t>(), prompt);
+    EXPECT_EQ(u["completion_tokens"].get<size_t>(), o.result.tokens.size());
+    EXPECT_GT(u["completion_tokens_details"]["reasoning_tokens"].get<size_t>(), 0u);
+    EXPECT_EQ(b->session_tokens().size(), prompt + o.result.tokens.size());
+  }
 }
 
 TEST(ServerJsonLimits, OverHttpTheServerAnswers400AndKeepsServing) {
