@@ -63,16 +63,6 @@ std::string ChatContent::flattened() const {
   return out;
 }
 
-expected<ordered_json> parse_json_text(std::string_view text) {
-  // nlohmann reports the position only through its exception; it is caught
-  // here and never crosses this function.
-  try {
-    return ordered_json::parse(text.begin(), text.end());
-  } catch (const ordered_json::exception& e) {
-    return make_error("invalid JSON: %s", e.what());
-  }
-}
-
 namespace {
 
 // Optional string field: absent or null -> `fallback`.
@@ -130,6 +120,9 @@ expected<ChatToolCall> tool_call_from_json(const ordered_json& v, const std::str
     tc.arguments = "{}";
   } else if (args->is_string()) {
     tc.arguments = args->get<std::string>();
+    // Kept as text, but rendering parses it (render_official): it obeys the limit of any JSON text read here.
+    if (auto depth = check_json_text_depth(tc.arguments); !depth)
+      return make_error("%s: 'arguments': %s", fw.c_str(), depth.error().message.c_str());
   } else if (args->is_object()) {
     tc.arguments = py_json_dumps(*args);
   } else {

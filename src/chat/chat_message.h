@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/json_limits.h"  // parse_json_text, k_max_json_depth
 #include "core/error.h"
 
 namespace dsv4 {
@@ -98,15 +99,18 @@ struct ChatMessage {
 // (string | null | array of {"type":..., "text":...}), reasoning_content
 // (string | null), tool_calls ([{"id", "type":"function", "function":{"name",
 // "arguments"}}], assistant only; arguments given as a JSON object instead of
-// a string are kept as their Python-json text), tool_call_id (string), tools
-// (system/developer only), response_format, task, wo_eos. Unknown fields are
-// ignored. Errors name the offending message index and field.
+// a string are kept as their Python-json text; arguments given as a string
+// must not nest deeper than k_max_json_depth, whether or not they parse),
+// tool_call_id (string), tools (system/developer only), response_format,
+// task, wo_eos. Unknown fields are ignored. Errors name the offending message
+// index and field.
+//
+// Precondition of both converters: the value nests at most k_max_json_depth
+// levels (it came from parse_json_text, or check_json_depth passed): tool
+// schemas and response formats are copied, and nlohmann copies recursively.
 expected<std::vector<ChatMessage>> from_openai_json(const nlohmann::ordered_json& messages);
 
 // Converts an OpenAI `tools` array ([{"type":"function","function":{...}}]).
 expected<std::vector<ChatTool>> tools_from_openai_json(const nlohmann::ordered_json& tools);
-
-// Parses JSON text without exceptions; the error says where parsing failed.
-expected<nlohmann::ordered_json> parse_json_text(std::string_view text);
 
 }  // namespace dsv4

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "chat/json_limits.h"
 #include "chat/markers.h"
 #include "chat/py_json.h"
 #include "core/utf8.h"
@@ -564,6 +565,11 @@ void DsmlParser::finish_value(std::vector<DsmlEvent>& ev) {
   if (leading_ws(v) == v.size()) {
     warn("parameter '" + param_name_ + "' has an empty non-string value; using null");
     emit_args("null", ev);
+  } else if (!check_json_text_depth(v, k_max_json_depth - 1)) {
+    // (the value is one level inside the call's arguments object)
+    warn("parameter '" + param_name_ + "' nests deeper than " + std::to_string(k_max_json_depth - 1) +
+         " levels; passed as a string");
+    emit_args(py_json_quote(v), ev);
   } else if (v.find('\0') == std::string::npos && nlohmann::ordered_json::accept(v)) {
     // (nlohmann's lexer ends the input at a NUL byte: "2\0 junk" would pass accept() and then
     // break the arguments object; raw control characters are never valid JSON outside strings.)

@@ -30,7 +30,12 @@
 // JSON-escaped as it arrives, then `"`; "}" at </invoke>. A non-string value
 // is emitted raw once its closing tag is seen and it is known to be valid
 // JSON; an empty one becomes null, an invalid one a JSON string (with a
-// warning), so the arguments are always valid JSON.
+// warning), so the arguments are always valid JSON. Nothing bounds the
+// nesting of what the model writes, so a non-string value nesting deeper than
+// k_max_json_depth - 1 levels is also passed as a string (with a warning): the
+// arguments object of every call nests at most k_max_json_depth levels, the
+// limit of all JSON the server reads (json_limits.h), so a client can send a
+// reply back and the server can parse its own calls.
 //
 // Malformed output never fails: if a block turns out malformed or cut off, a
 // TOOL_CALLS_ABORTED event withdraws the calls it started, and the block's

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "core/assert.h"
 
@@ -91,45 +92,27 @@ std::string py_float_repr(double d) {
   return out;
 }
 
-void py_json_dump_to(std::string& out, const nlohmann::ordered_json& v) {
-  using value_t = nlohmann::ordered_json::value_t;
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+// Writes a scalar, or the opening bracket of a container (its members and the
+// closing bracket are written by py_json_dump_to's loop). True for a container.
+bool dump_scalar_or_open(std::string& out, const ordered_json& v) {
+  using value_t = ordered_json::value_t;
   switch (v.type()) {
-    case value_t::null: out += "null"; return;
-    case value_t::boolean: out += v.get<bool>() ? "true" : "false"; return;
-    case value_t::number_integer: out += std::to_string(v.get<int64_t>()); return;
-    case value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); return;
-    case value_t::number_float: out += py_float_repr(v.get<double>()); return;
-    case value_t::string: {
+    case value_t::null: out += "null"; return false;
+    case value_t::boolean: out += v.get<bool>() ? "true" : "false"; return false;
+    case value_t::number_integer: out += std::to_string(v.get<int64_t>()); return false;
+    case value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); return false;
+    case value_t::number_float: out += py_float_repr(v.get<double>()); return false;
+    case value_t::string:
       out += '"';
       py_json_escape_to(out, v.get_ref<const std::string&>());
       out += '"';
-      return;
-    }
-    case value_t::array: {
-      out += '[';
-      bool first = true;
-      for (const auto& item : v) {
-        if (!first) out += ", ";
-        first = false;
-        py_json_dump_to(out, item);
-      }
-      out += ']';
-      return;
-    }
-    case value_t::object: {
-      out += '{';
-      bool first = true;
-      for (const auto& [key, item] : v.items()) {
-        if (!first) out += ", ";
-        first = false;
-        out += '"';
-        py_json_escape_to(out, key);
-        out += "\": ";
-        py_json_dump_to(out, item);
-      }
-      out += '}';
-      return;
-    }
+      return false;
+    case value_t::array: out += '['; return true;
+    case value_t::object: out += '{'; return true;
     case value_t::binary:
     case value_t::discarded:
       // Neither comes out of parsing JSON text; only a programming error puts
@@ -137,6 +120,41 @@ void py_json_dump_to(std::string& out, const nlohmann::ordered_json& v) {
       DSV4_ASSERT(false, "py_json_dumps: binary or discarded JSON value");
   }
   DSV4_UNREACHABLE();
+}
+
+}  // namespace
+
+void py_json_dump_to(std::string& out, const ordered_json& v) {
+  // Iterative, with an explicit stack of the open containers: the schemas and
+  // arguments rendered here come from clients and the model, and no nesting
+  // depth may exhaust the thread's stack (parsing limits it to
+  // k_max_json_depth anyway, json_limits.h). The stack holds one entry per
+  // open level.
+  struct Frame {
+    const ordered_json* container;
+    ordered_json::const_iterator next;
+    bool first;
+  };
+  std::vector<Frame> stack;
+  if (dump_scalar_or_open(out, v)) stack.push_back(Frame{&v, v.cbegin(), true});
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.next == f.container->cend()) {
+      out += f.container->is_array() ? ']' : '}';
+      stack.pop_back();
+      continue;
+    }
+    if (!f.first) out += ", ";
+    f.first = false;
+    if (f.container->is_object()) {
+      out += '"';
+      py_json_escape_to(out, f.next.key());
+      out += "\": ";
+    }
+    const ordered_json& member = *f.next;
+    ++f.next;  // (before the push below, which may move `f`)
+    if (dump_scalar_or_open(out, member)) stack.push_back(Frame{&member, member.cbegin(), true});
+  }
 }
 
 std::string py_json_dumps(const nlohmann::ordered_json& v) {

@@ -24,7 +24,7 @@
 
 namespace dsv4 {
 
-// json.dumps(v, ensure_ascii=False).
+// json.dumps(v, ensure_ascii=False). Iterative: no nesting depth exhausts the stack.
 std::string py_json_dumps(const nlohmann::ordered_json& v);
 void py_json_dump_to(std::string& out, const nlohmann::ordered_json& v);
 

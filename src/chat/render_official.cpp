@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "chat/json_limits.h"
 #include "chat/markers.h"
 #include "chat/prompt_builder.h"
 #include "chat/py_json.h"
@@ -231,7 +232,9 @@ void render_user(PromptBuilder& b, const Turn& t) {
 
 // One DSML parameter per argument (formats.md §4.4): string values raw with
 // string="true", other values as Python JSON with string="false". Arguments
-// that are not a JSON object become one string parameter `arguments`.
+// that are not a JSON object become one string parameter `arguments`, and so
+// do arguments nesting deeper than k_max_json_depth (the request adapters
+// refuse those before rendering; parse_json_text refuses them here too).
 void render_dsml_arguments(PromptBuilder& b, const ChatToolCall& call) {
   auto param = [&](std::string_view key, bool is_string, std::string_view value) {
     b.text("<");
@@ -244,13 +247,13 @@ void render_dsml_arguments(PromptBuilder& b, const ChatToolCall& call) {
     b.control(mk::DSML);
     b.text("parameter>");
   };
-  const auto args = nlohmann::ordered_json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
-  if (args.is_discarded() || !args.is_object()) {
+  const auto args = parse_json_text(call.arguments);
+  if (!args || !args->is_object()) {
     param("arguments", true, call.arguments);
     return;
   }
   bool first = true;
-  for (const auto& [key, value] : args.items()) {
+  for (const auto& [key, value] : args->items()) {
     if (!first) b.text("\n");
     first = false;
     if (value.is_string())

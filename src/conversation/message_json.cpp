@@ -34,6 +34,9 @@ ordered_json content_to_json(const ChatContent& c) {
 
 }  // namespace
 
+// Tool schemas and response formats are copied here, and the result is dumped
+// (both recurse once per level); they come from from_openai_json, whose input
+// nests at most k_max_json_depth levels (chat_message.h), which bounds both.
 ordered_json message_to_openai_json(const ChatMessage& m) {
   ordered_json j = ordered_json::object();
   j["role"] = chat_role_name(m.role);

@@ -1,5 +1,6 @@
 #include "server/anthropic_messages.h"
 
+#include "chat/json_limits.h"
 #include "core/hash.h"
 #include "server/json_util.h"
 #include "server/sse.h"
@@ -199,6 +200,9 @@ Status read_thinking(const JsonFields& f, ChatRequest& r) {
 }  // namespace
 
 expected<ChatRequest> parse_anthropic_messages(const ordered_json& body, bool count_only) {
+  // A body from parse_json_text is within the limit already; this guards one built otherwise, before anything
+  // below copies or walks it (nlohmann's copy, == and dump() recurse once per level; json_limits.h).
+  DSV4_TRY(check_json_depth(body));
   if (!body.is_object()) return make_error("the request body must be a JSON object");
   JsonFields f(body);
   ChatRequest r;
@@ -267,11 +271,13 @@ std::string signature_of(const std::string& thinking) {
   return "dsv4-" + sha256_hex(thinking.data(), thinking.size());
 }
 
+// A call's input object. The arguments are the parser's (dsml_parser.h: valid
+// JSON within k_max_json_depth); anything else is kept whole as a string.
 ordered_json tool_input(const std::string& arguments) {
-  auto j = ordered_json::parse(arguments, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return ordered_json{{"arguments", arguments}};
-  if (!j.is_object()) return ordered_json{{"arguments", std::move(j)}};
-  return j;
+  auto j = parse_json_text(arguments);
+  if (!j) return ordered_json{{"arguments", arguments}};
+  if (!j->is_object()) return ordered_json{{"arguments", std::move(*j)}};
+  return std::move(*j);
 }
 
 class AnthropicWriter final : public ReplyWriter {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "chat/json_limits.h"
 #include "chat/render_official.h"
 #include "server/json_util.h"
 
@@ -70,13 +71,15 @@ SamplingParams resolve_sampling(const ChatRequest& r, ThinkingLevel level) {
 bool satisfies_response_format(std::string_view content, ResponseFormat f) {
   // nlohmann's lexer ends the input at a NUL byte ("{}\0junk" would parse); JSON never holds a raw NUL.
   if (f != ResponseFormat::TEXT && content.find('\0') != std::string_view::npos) return false;
+  // The parse any JSON text the server reads gets (parse_json_text): a reply nesting deeper than
+  // k_max_json_depth is not JSON this server would accept back from the client.
   switch (f) {
     case ResponseFormat::TEXT: return true;
     case ResponseFormat::JSON_OBJECT: {
-      const auto j = ordered_json::parse(content, nullptr, /*allow_exceptions=*/false);
-      return !j.is_discarded() && j.is_object();
+      const auto j = parse_json_text(content);
+      return j && j->is_object();
     }
-    case ResponseFormat::JSON_SCHEMA: return ordered_json::accept(content);
+    case ResponseFormat::JSON_SCHEMA: return parse_json_text(content).has_value();
   }
   DSV4_UNREACHABLE();
 }

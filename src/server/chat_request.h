@@ -122,7 +122,8 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
 expected<ModelCatalog::Alias, ApiError> resolve_model(const ModelCatalog& models, const std::string& model);
 
 // Whether `content` is the JSON the response format asks for (an object for
-// json_object, any JSON value for json_schema; the schema itself is not checked).
+// json_object, any JSON value for json_schema; the schema itself is not
+// checked), nesting at most k_max_json_depth levels.
 bool satisfies_response_format(std::string_view content, ResponseFormat f);
 
 }  // namespace dsv4::server

@@ -70,10 +70,15 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
   std::vector<int32_t> prompt = choice.tokens;
   int remaining = max_tokens;
   bool first_phase = true;
-  auto absorb = [&](GenerateResult& r) {
+  // Usage: every token the job puts after the prompt, sampled or forced, is a completion token (m.tokens), and
+  // only the prompt's tokens are prompt tokens. A phase's prompt is the job's prompt plus the tokens of the
+  // phases before it, plus `n_forced` tokens appended for it (the forced tool-call opener); those are in m.tokens
+  // already, so a first phase reports r.prompt_tokens - n_forced prompt tokens (prompt_tokens + completion_tokens
+  // is then the length of the session after the job), and of its cached tokens only those within the prompt.
+  auto absorb = [&](GenerateResult& r, size_t n_forced = 0) {
     if (first_phase) {
-      m.prompt_tokens = r.prompt_tokens;
-      m.cached_tokens = r.cached_tokens;
+      m.prompt_tokens = r.prompt_tokens - std::min(r.prompt_tokens, n_forced);
+      m.cached_tokens = std::min(r.cached_tokens, m.prompt_tokens);
       first_phase = false;
     }
     m.prefill_seconds += r.prefill_seconds;
@@ -168,7 +173,7 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
   if (!r) return failed(r.error());
   const bool block_closed = r->stop_string == close_tag;
   m.text += opener_text;  // the forced opener precedes the generated text
-  absorb(*r);
+  absorb(*r, opener_tokens->size());
   if (block_closed) {  // the closing tag was cut as a stop string: it is part of the reply
     feed(close_tag);
     m.stop_string.clear();

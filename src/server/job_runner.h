@@ -15,8 +15,10 @@
 //       plain text until the block's closing tag (an extra stop string), and
 //       a parser fed with forced text + generated text produces the events;
 //     * budget only: generate() in chat parsing mode (the content state).
-//   Forced tokens count as completion tokens. Client stop strings apply in
-//   both phases.
+//   Forced tokens (</think>, the tool-call opener) are part of the reply: they
+//   count once, as completion tokens, never as prompt tokens, although the
+//   engine reads them as part of phase C's prompt. Client stop strings apply
+//   in both phases.
 #pragma once
 
 #include <functional>

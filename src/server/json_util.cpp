@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "chat/json_limits.h"
+
 namespace dsv4::server {
 
 const ordered_json* JsonFields::get(std::string_view key) const {
@@ -45,21 +47,28 @@ expected<std::optional<double>> JsonFields::number(std::string_view key, double 
 expected<std::optional<int64_t>> JsonFields::integer(std::string_view key, int64_t lo, int64_t hi) const {
   const ordered_json* v = get(key);
   if (!v) return std::optional<int64_t>();
+  const auto lo_ll = static_cast<long long>(lo), hi_ll = static_cast<long long>(hi);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    return make_error("'%s' must be between %lld and %lld, got %llu", path(key).c_str(), lo_ll, hi_ll,
+                      static_cast<unsigned long long>(v->get<uint64_t>()));
   int64_t i = 0;
   if (v->is_number_integer()) {
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      return make_error("'%s' is out of range", path(key).c_str());
     i = v->get<int64_t>();
-  } else if (v->is_number_float() && std::isfinite(v->get<double>()) && v->get<double>() == std::floor(v->get<double>()) &&
-             std::fabs(v->get<double>()) < 9.0e18) {
-    i = static_cast<int64_t>(v->get<double>());  // 5.0 is an integer in JSON
+  } else if (v->is_number_float()) {
+    // 5.0 is an integer in JSON. An integral float converts exactly when -2^63 <= d < 2^63; outside that (1e308,
+    // or a non-finite value built in code) it exceeds every int64_t bound, so it gets the range message.
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d != std::floor(d))
+      return make_error("'%s' must be an integer, got a fractional number", path(key).c_str());
+    if (!(d >= -0x1p63 && d < 0x1p63))
+      return make_error("'%s' must be between %lld and %lld, got %g", path(key).c_str(), lo_ll, hi_ll, d);
+    i = static_cast<int64_t>(d);
   } else {
-    return make_error("'%s' must be an integer, got %s", path(key).c_str(),
-                      v->is_number() ? "a fractional number" : v->type_name());
+    return make_error("'%s' must be an integer, got %s", path(key).c_str(), v->type_name());
   }
   if (i < lo || i > hi)
-    return make_error("'%s' must be between %lld and %lld, got %lld", path(key).c_str(), static_cast<long long>(lo),
-                      static_cast<long long>(hi), static_cast<long long>(i));
+    return make_error("'%s' must be between %lld and %lld, got %lld", path(key).c_str(), lo_ll, hi_ll,
+                      static_cast<long long>(i));
   return std::optional<int64_t>(i);
 }
 
@@ -98,6 +107,10 @@ expected<const ordered_json*> JsonFields::array(std::string_view key) const {
   return v;
 }
 
+// nlohmann's dump() recurses once per level. Its callers pass replies the
+// server builds, which embed request and model JSON only as values parsed by
+// parse_json_text or checked by check_json_depth (at most k_max_json_depth
+// levels, json_limits.h) under a few levels of envelope.
 std::string json_dump(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
 
 std::string random_hex(size_t n_bytes) {
@@ -128,10 +141,10 @@ int64_t unix_time() {
 }
 
 bool json_text_equivalent(std::string_view a, std::string_view b) {
-  const auto ja = nlohmann::json::parse(a, nullptr, /*allow_exceptions=*/false);
-  const auto jb = nlohmann::json::parse(b, nullptr, /*allow_exceptions=*/false);
-  if (ja.is_discarded() || jb.is_discarded()) return false;
-  return ja == jb;
+  // Depth-limited parses: == recurses once per level.
+  const auto ja = parse_json_text_unordered(a);
+  const auto jb = parse_json_text_unordered(b);
+  return ja && jb && *ja == *jb;
 }
 
 }  // namespace dsv4::server

@@ -57,7 +57,7 @@ uint64_t random_u64();
 int64_t unix_time();
 
 // Whether a and b are the same JSON text up to formatting and object key
-// order (both must parse; numbers compare by value).
+// order (both must parse, within k_max_json_depth; numbers compare by value).
 bool json_text_equivalent(std::string_view a, std::string_view b);
 
 }  // namespace dsv4::server

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "chat/json_limits.h"
 #include "server/json_util.h"
 #include "server/openai_common.h"
 #include "server/sse.h"
@@ -21,6 +22,9 @@ struct CompletionRequest {
 };
 
 expected<CompletionRequest> parse(const ordered_json& body) {
+  // A body from parse_json_text is within the limit already; this guards one built otherwise, before anything
+  // below copies or walks it (nlohmann's copy, == and dump() recurse once per level; json_limits.h).
+  DSV4_TRY(check_json_depth(body));
   if (!body.is_object()) return make_error("the request body must be a JSON object");
   JsonFields f(body);
   CompletionRequest c;

@@ -1,5 +1,6 @@
 #include "server/openai_responses.h"
 
+#include "chat/json_limits.h"
 #include "server/json_util.h"
 #include "server/openai_chat.h"
 #include "server/sse.h"
@@ -108,6 +109,11 @@ Status messages_from_input(const ordered_json& input, std::vector<ChatMessage>& 
       DSV4_TRY_ASSIGN(auto name, f.string("name"));
       DSV4_TRY_ASSIGN(auto arguments, f.string("arguments"));
       if (!call_id || !name) return make_error("'%s' needs string 'call_id' and 'name'", where.c_str());
+      // Kept as text, but rendering parses it (render_official): it obeys the limit of any JSON text read here.
+      if (arguments) {
+        if (auto depth = check_json_text_depth(*arguments); !depth)
+          return make_error("'%s.arguments': %s", where.c_str(), depth.error().message.c_str());
+      }
       open_assistant().tool_calls.push_back(ChatToolCall{*call_id, *name, arguments.value_or("{}")});
     } else if (t == "function_call_output") {
       DSV4_TRY_ASSIGN(auto call_id, f.string("call_id"));
@@ -181,6 +187,9 @@ Status read_text_format(const JsonFields& f, ChatRequest& r) {
 }  // namespace
 
 expected<ChatRequest> parse_openai_responses(const ordered_json& body) {
+  // A body from parse_json_text is within the limit already; this guards one built otherwise, before anything
+  // below copies or walks it (nlohmann's copy, == and dump() recurse once per level; json_limits.h).
+  DSV4_TRY(check_json_depth(body));
   if (!body.is_object()) return make_error("the request body must be a JSON object");
   JsonFields f(body);
   ChatRequest r;
