@@ -567,6 +567,8 @@ HttpServer::~HttpServer() {
   backend_.set_tool_memory(nullptr);
 }
 
+std::string HttpServer::serve_bytes(std::string_view bytes) { return impl_->transport->serve_bytes(bytes); }
+
 Status HttpServer::bind() {
   auto& svr = *impl_->transport;
   if (options_.port == 0) {

@@ -43,6 +43,8 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 
 #include "core/error.h"
 #include "server/backend.h"
@@ -72,6 +74,13 @@ class HttpServer {
   // wait for its writes (Backend::shutdown), stop the listener. `now`:
   // cancel at once and skip the session saves.
   void shutdown(bool now = false);
+
+  // Runs raw request bytes through the transport's framing and the handlers
+  // as one connection would, without a socket; returns what the server wrote
+  // (HttpTransport::serve_bytes). Call bind() first: httplib cuts streamed
+  // responses short on a server without a listening socket. Tests and the
+  // HTTP fuzzer.
+  std::string serve_bytes(std::string_view bytes);
 
   Metrics& metrics() { return metrics_; }
   Scheduler& scheduler() { return *scheduler_; }
