@@ -3,6 +3,7 @@
 #
 #   run_tests.sh setup          npm ci: install the pinned SDKs (package-lock.json)
 #   run_tests.sh sdk  DSV4_BIN  the SDK tests (sdk.test.mjs, scripted.test.mjs, cache.test.mjs, help.test.mjs)
+#                               and the hostile-client tests (hostile.test.mjs)
 #   run_tests.sh load DSV4_BIN  the load test (load.mjs)
 #
 # The tests synthesize the tiny model into a temporary folder and start
@@ -29,7 +30,7 @@ trap 'rm -rf "$tmp"' EXIT
 export DSV4_BIN="$bin" DSV4_MODEL="$tmp/tiny.gguf"
 case "$what" in
   sdk) exec node --test --test-concurrency=1 "$here/sdk.test.mjs" "$here/scripted.test.mjs" "$here/cache.test.mjs" \
-         "$here/help.test.mjs" ;;
+         "$here/help.test.mjs" "$here/hostile.test.mjs" ;;
   load) exec node "$here/load.mjs" ;;
   *) echo "unknown mode $what" >&2; exit 2 ;;
 esac
