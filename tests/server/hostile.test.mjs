@@ -147,7 +147,9 @@ test('5. a queued client that gives up frees its queue slot', async () => {
   fs.writeFileSync(script, JSON.stringify({ replies: [{ match: '', text: 'one two three four five six seven eight', token_delay_ms: 100 }] }));
   const server = await startServer(['--script', script, '--queue', '1']);
   try {
-    const running = fetch(`${server.baseURL}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: chat });
+    // The running request takes ~1.6 s (16 tokens, 100 ms each).
+    const long = JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'hi' }] });
+    const running = fetch(`${server.baseURL}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: long });
     await new Promise((r) => setTimeout(r, 200));
     const queued = new AbortController();
     const waiting = fetch(`${server.baseURL}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: chat, signal: queued.signal }).catch(() => null);
