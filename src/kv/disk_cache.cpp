@@ -148,7 +148,7 @@ uint64_t DiskCache::now() const {
 }
 
 expected<std::unique_ptr<DiskCache>> DiskCache::open(DiskCacheOptions options, const KvIdentity& identity) {
-  const std::string& dir = options.dir;
+  const std::string dir = options.dir;  // a copy: `options` is moved into the store below, messages still name it
   if (dir.empty()) return make_error("the KV cache directory is empty");
   if (options.budget_bytes == 0) return make_error("the KV cache budget is 0 bytes");
   if (!(options.half_life_seconds > 0)) return make_error("the KV cache half-life must be positive");
