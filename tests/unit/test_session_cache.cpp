@@ -19,7 +19,6 @@
 #include "cache/session_cache.h"
 #include "cache/session_pool.h"
 #include "generate/generate.h"
-#include "gguf/gguf.h"
 #include "kv_test_util.h"
 #include "synth/synth.h"
 
@@ -73,27 +72,6 @@ std::unique_ptr<DiskCache> open_cache(const std::string& dir, const Engine& e, u
   auto c = DiskCache::open(o, cache_identity(e));
   EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().message);
   return c ? std::move(*c) : nullptr;
-}
-
-// A copy of `src` at `dst` with one byte flipped in the middle of the first
-// tensor of more than 8 KiB: outside its first and last 4 KiB.
-void write_flipped_copy(const std::string& src, const std::string& dst) {
-  std::filesystem::copy_file(src, dst, std::filesystem::copy_options::overwrite_existing);
-  auto g = GgufFile::open(src);
-  ASSERT_TRUE(g.has_value());
-  const GgufTensorInfo* big = nullptr;
-  for (const GgufTensorInfo& t : (*g)->tensors())
-    if (!big && t.n_bytes > 8192) big = &t;
-  ASSERT_NE(big, nullptr);
-  const uint64_t at = (*g)->data_offset() + big->rel_offset + big->n_bytes / 2;
-  std::fstream f(dst, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(at));
-  char b = 0;
-  f.read(&b, 1);
-  b = static_cast<char>(b ^ 0x40);
-  f.seekp(static_cast<std::streamoff>(at));
-  f.write(&b, 1);
-  ASSERT_TRUE(f.good());
 }
 
 std::unique_ptr<Session> new_session(Engine& e) {
@@ -409,7 +387,7 @@ TEST(SessionCache, ForeignModelsAreRejected) {
 TEST(SessionCache, AModelDifferingInOneMiddleByteIsForeign) {
   TempDir tmp("middle");
   const std::string flipped = models().dir + "/tiny11-flipped.gguf";
-  write_flipped_copy(models().seed11, flipped);
+  ASSERT_TRUE(kvtest::write_flipped_copy(models().seed11, flipped));
   auto other = load(flipped);
   EXPECT_EQ(other->info().fingerprint, engine().info().fingerprint);
   EXPECT_FALSE(cache_identity(*other) == cache_identity(engine()));
