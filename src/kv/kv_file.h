@@ -4,7 +4,7 @@
 // checksummed header. This file is the format only: building, parsing and
 // validating byte images; the directory store is kv/disk_cache.h.
 //
-// Layout, version 1 (all integers little-endian):
+// Layout, version 2 (all integers little-endian):
 //   [0, 256)    immutable header; its last 32 bytes are SHA-256 of [0, 224)
 //   [256, 288)  usage block (hits, last use), rewritten in place with pwrite;
 //               its own 16-byte check, never part of the file checksum
@@ -31,7 +31,7 @@ namespace dsv4 {
 static_assert(std::endian::native == std::endian::little, "KV-cache files are written in host order = little-endian");
 
 inline constexpr char k_kv_magic[8] = {'D', 'S', 'V', '4', 'K', 'V', 'C', '\0'};
-inline constexpr uint32_t k_kv_version = 1;
+inline constexpr uint32_t k_kv_version = 2;
 inline constexpr size_t k_kv_header_bytes = 256;
 inline constexpr size_t k_kv_header_hashed_bytes = 224;  // the header checksum covers [0, 224)
 inline constexpr size_t k_kv_usage_offset = 256;
