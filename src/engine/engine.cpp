@@ -262,8 +262,9 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     const std::optional<FileStamp>& stamp = impl->file->gguf->mapping().stamp();
     DSV4_ASSERT(stamp.has_value(), "a model opened from a file has a file stamp");
     std::error_code ec;
-    std::filesystem::path abs = std::filesystem::absolute(o.model_path, ec);
-    impl->model_file = ModelFileStamp{(ec ? std::filesystem::path(o.model_path) : abs).lexically_normal().string(), *stamp};
+    const std::filesystem::path abs = std::filesystem::absolute(o.model_path, ec);
+    const std::filesystem::path path = ec ? std::filesystem::path(o.model_path) : abs;
+    impl->model_file = ModelFileStamp{path.lexically_normal().string(), *stamp};
   }
   info.backend = impl->backend->name();
   info.prefill_batch = mo.max_batch;
@@ -307,7 +308,8 @@ std::string Engine::content_identity() const {
   if (!m.content_identity.empty()) return m.content_identity;
   const MappedFile& file = m.file->gguf->mapping();
   const uint64_t leaves = (file.size() + k_identity_chunk_bytes - 1) / k_identity_chunk_bytes;
-  const int cores = m.opts.threads > 0 ? m.opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores =
+      m.opts.threads > 0 ? m.opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = static_cast<int>(std::clamp<uint64_t>(leaves, 1, static_cast<uint64_t>(cores)));
   std::unique_ptr<Progress> bar;
   const auto t0 = std::chrono::steady_clock::now();
@@ -319,7 +321,8 @@ std::string Engine::content_identity() const {
   if (bar) bar->finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double gib = static_cast<double>(file.size()) / (1ull << 30);
-  log_info("model identity: hashed %.2f GiB in %.2f s (%.2f GiB/s, %d threads)", gib, s, s > 0 ? gib / s : 0.0, threads);
+  log_info("model identity: hashed %.2f GiB in %.2f s (%.2f GiB/s, %d threads)", gib, s, s > 0 ? gib / s : 0.0,
+           threads);
   m.content_identity = digest_hex(id);
   return m.content_identity;
 }

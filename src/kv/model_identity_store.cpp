@@ -65,9 +65,10 @@ std::optional<std::pair<ModelFileKey, Digest>> parse_line(std::string_view line)
 }
 
 std::string format_line(const ModelFileKey& k, const Digest& id) {
-  return strfmt("%s %llu %llu %llu %lld %lld %s\n", digest_hex(id).c_str(), static_cast<unsigned long long>(k.stamp.dev),
-                static_cast<unsigned long long>(k.stamp.ino), static_cast<unsigned long long>(k.stamp.size),
-                static_cast<long long>(k.stamp.mtime_ns), static_cast<long long>(k.stamp.ctime_ns), k.path.c_str());
+  return strfmt("%s %llu %llu %llu %lld %lld %s\n", digest_hex(id).c_str(),
+                static_cast<unsigned long long>(k.stamp.dev), static_cast<unsigned long long>(k.stamp.ino),
+                static_cast<unsigned long long>(k.stamp.size), static_cast<long long>(k.stamp.mtime_ns),
+                static_cast<long long>(k.stamp.ctime_ns), k.path.c_str());
 }
 
 int write_all(int fd, const char* p, size_t n) {
@@ -92,7 +93,8 @@ std::vector<ModelIdentityStore::Entry> ModelIdentityStore::load() const {
   std::vector<Entry> out;
   int fd = ::openat(dir_fd_, k_file_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
-    if (errno != ENOENT) log_warn("KV disk cache: cannot open %s: %s (ignored)", path().c_str(), errno_text(errno).c_str());
+    if (errno != ENOENT)
+      log_warn("KV disk cache: cannot open %s: %s (ignored)", path().c_str(), errno_text(errno).c_str());
     return out;
   }
   std::string text;
@@ -164,8 +166,8 @@ std::optional<Digest> ModelIdentityStore::find(const ModelFileKey& key) const {
 
 Status ModelIdentityStore::remember(const ModelFileKey& key, const Digest& identity) {
   if (!storable_path(key.path))
-    return make_error("the model path cannot be stored in %s (not absolute, a control character or longer than %zu bytes)",
-                      path().c_str(), k_max_path_bytes);
+    return make_error("the model path cannot be stored in %s (not absolute, a control character or longer than "
+                      "%zu bytes)", path().c_str(), k_max_path_bytes);
   std::string text = std::string(k_first_line) + "\n" + format_line(key, identity);
   size_t n = 1;
   for (const Entry& e : load()) {

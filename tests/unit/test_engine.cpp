@@ -333,8 +333,8 @@ TEST_F(EngineTest, ContentIdentityIsComputedOnDemandOnce) {
   EXPECT_EQ(e->content_identity(), ids[0]);
   const std::string err = testing::internal::GetCapturedStderr();
   size_t hashed = 0;
-  for (size_t at = err.find("model identity: hashed"); at != std::string::npos; at = err.find("model identity: hashed", at + 1))
-    ++hashed;
+  const std::string line = "model identity: hashed";
+  for (size_t at = err.find(line); at != std::string::npos; at = err.find(line, at + 1)) ++hashed;
   EXPECT_EQ(hashed, 1u) << err;
   EXPECT_EQ(ids[0].size(), 64u);
   for (const auto& id : ids) EXPECT_EQ(id, ids[0]);

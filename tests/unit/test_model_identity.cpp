@@ -93,8 +93,8 @@ Digest digest(uint8_t v) {
 
 std::string line_of(const ModelFileKey& k, const Digest& id) {
   return digest_hex(id) + " " + std::to_string(k.stamp.dev) + " " + std::to_string(k.stamp.ino) + " " +
-         std::to_string(k.stamp.size) + " " + std::to_string(k.stamp.mtime_ns) + " " + std::to_string(k.stamp.ctime_ns) +
-         " " + k.path + "\n";
+         std::to_string(k.stamp.size) + " " + std::to_string(k.stamp.mtime_ns) + " " +
+         std::to_string(k.stamp.ctime_ns) + " " + k.path + "\n";
 }
 
 }  // namespace
@@ -142,7 +142,8 @@ TEST(ModelIdentityStore, RemembersByPathAndEveryStampField) {
   EXPECT_FALSE(s.find(key("/models/a.gguf")).has_value());  // no file yet
   ASSERT_TRUE(s.remember(key("/models/a.gguf"), digest(0xa1)).has_value());
   EXPECT_EQ(kvtest::mode_of(d.file()), 0600u);
-  EXPECT_EQ(d.text(), std::string(ModelIdentityStore::k_first_line) + "\n" + line_of(key("/models/a.gguf"), digest(0xa1)));
+  const std::string first = std::string(ModelIdentityStore::k_first_line) + "\n";
+  EXPECT_EQ(d.text(), first + line_of(key("/models/a.gguf"), digest(0xa1)));
   EXPECT_EQ(s.find(key("/models/a.gguf")), digest(0xa1));
   // Each stamp field and the path must match.
   for (int field = 0; field < 6; ++field) {

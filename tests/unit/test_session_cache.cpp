@@ -482,7 +482,8 @@ TEST(SessionCache, ModelIdentityIsRememberedNextToTheCache) {
     int fd = ::open(tmp.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     Digest forged;
     forged.fill(0x5a);
-    ASSERT_TRUE(ModelIdentityStore(fd, tmp.path).remember(ModelFileKey{"/elsewhere/tiny.gguf", *file_stamp_of(path)}, forged));
+    const ModelFileKey elsewhere{"/elsewhere/tiny.gguf", *file_stamp_of(path)};
+    ASSERT_TRUE(ModelIdentityStore(fd, tmp.path).remember(elsewhere, forged).has_value());
     ::close(fd);
   }
   const ResolvedIdentity other_path = open_as(*load(path));
