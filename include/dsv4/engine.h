@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_stamp.h"
 
 namespace dsv4 {
 
@@ -75,13 +76,9 @@ struct EngineInfo {
   uint32_t dense_type = 0;           // and the dense matrices (layer 0 attn_q_a)
   int routed_bits = 0;               // 2 or 4 for the published mixes (8/16/32 otherwise)
   // 64 hex: SHA-256 of the hyperparameters and tensor table (kv/snapshot.h);
-  // session snapshots load only into an engine with the same value.
+  // session snapshots load only into an engine with the same value. The
+  // weights themselves: Engine::content_identity.
   std::string fingerprint;
-  // 64 hex: SHA-256 of `fingerprint`, the GGUF header + metadata + tensor
-  // directory bytes and the first and last 4 KiB of every tensor's data, so
-  // files with one layout but different weights (q2 vs q2-imatrix, fine-tunes)
-  // differ. KV-cache files load only into an engine with the same value.
-  std::string identity;
   std::string backend;      // backend name incl. device
   int prefill_batch = 0;    // tokens per forward batch in use (the resolved EngineOptions value)
   std::string numerics;
@@ -94,6 +91,12 @@ struct EngineInfo {
   double kv_bytes_per_token = 0;        // session state growth per context token (average over 1M tokens)
   bool has_mtp = false;
   double load_seconds = 0;
+};
+
+// A model file as the engine opened it.
+struct ModelFileStamp {
+  std::string path;  // absolute
+  FileStamp stamp;   // when it was mapped
 };
 
 // Per-call hooks of long operations.
@@ -111,6 +114,17 @@ class Engine {
 
   const EngineInfo& info() const;
   const Tokenizer& tokenizer() const;
+  // 64 hex: the model's content identity (kv/model_identity.h), a tree hash
+  // of every byte of the model file and the layout fingerprint, so models
+  // with one layout but different weights (q2 vs q2-imatrix, fine-tunes, one
+  // changed byte) differ; KV-cache files load only into an engine with the
+  // same value. Reads the whole model on all cores at the first call (what
+  // load() does not: only a KV disk cache needs it), then memoised. Safe to
+  // call from any thread, also concurrently.
+  std::string content_identity() const;
+  // The model file as mapped at load; nullopt for a synthetic model (no file:
+  // its content identity is that of the bytes `dsv4 synth` would write).
+  std::optional<ModelFileStamp> model_file() const;
   // A new empty session with context `ctx` (0: the engine default).
   expected<std::unique_ptr<Session>> new_session(uint32_t ctx = 0);
   // Bytes of state a session of `ctx` tokens takes in backend memory.

@@ -3,25 +3,8 @@
 #include <algorithm>
 
 #include "core/log.h"
-#include "model/forward.h"
 
 namespace dsv4 {
-
-KvIdentity cache_identity(const Engine& engine) {
-  const EngineInfo& info = engine.info();
-  KvIdentity id;
-  std::optional<Digest> model = digest_from_hex(info.identity);
-  DSV4_ASSERT(model.has_value(), "EngineInfo::identity is not 64 hex characters");
-  id.model = *model;
-  auto numerics = numerics_from_name(info.numerics);
-  DSV4_ASSERT(numerics.has_value(), "EngineInfo::numerics \"%s\" is not a numerics name", info.numerics.c_str());
-  id.numerics = static_cast<uint32_t>(*numerics);
-  id.expert_gate_up_type = info.expert_gate_up_type;
-  id.expert_down_type = info.expert_down_type;
-  id.dense_type = info.dense_type;
-  id.routed_bits = static_cast<uint32_t>(info.routed_bits);
-  return id;
-}
 
 std::optional<size_t> spelled_prefix_bytes(const Tokenizer& tok, std::span<const int32_t> tokens, const RenderedPrompt& p) {
   size_t piece = 0, off = 0, bytes = 0;  // cursor: p[piece].text[off]

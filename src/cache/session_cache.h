@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/cache_identity.h"
 #include "core/error.h"
 #include "core/text_piece.h"
 #include "dsv4/engine.h"
@@ -33,9 +34,6 @@
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4 {
-
-// The identity an engine writes into and demands from cache files.
-KvIdentity cache_identity(const Engine& engine);
 
 struct CacheQuery {
   std::span<const int32_t> tokens;           // the prompt's tokens (empty: no TOKENS matches)

@@ -29,6 +29,7 @@ expected<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) 
   std::unique_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
+  f->stamp_ = file_stamp(st);
   if (f->size_ == 0) {
     f->data_ = &k_empty_byte;
     ::close(fd);

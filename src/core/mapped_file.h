@@ -4,9 +4,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
+#include "core/file_stamp.h"
 
 namespace dsv4 {
 
@@ -24,6 +26,8 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file as it was when mapped (fstat of the descriptor mmap used); nullopt for memory spans.
+  const std::optional<FileStamp>& stamp() const { return stamp_; }
 
   // Hints the kernel to read the range ahead (MADV_WILLNEED); no-op for memory spans.
   void prefetch(size_t offset, size_t length) const;
@@ -34,6 +38,7 @@ class MappedFile {
   size_t size_ = 0;
   bool owns_mapping_ = false;
   std::string path_;
+  std::optional<FileStamp> stamp_;
 };
 
 }  // namespace dsv4

@@ -3,19 +3,23 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #ifdef DSV4_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
-#include "core/hash.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "kv/model_identity.h"
 #include "kv/snapshot.h"
 #include "model/model_file.h"
 #include "synth/synth.h"
@@ -121,6 +125,9 @@ struct Engine::Impl {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::string fingerprint;
+  std::optional<ModelFileStamp> model_file;
+  mutable std::mutex identity_mu;  // guards content_identity
+  mutable std::string content_identity;  // "" until the first Engine::content_identity()
 };
 
 struct Session::Impl {
@@ -245,23 +252,19 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   info.dense_type = static_cast<uint32_t>(impl->file->weights.mix.dense);
   info.routed_bits = impl->file->weights.mix.routed_bits();
   {
-    // Identity for KV-cache files (engine.h): layout fingerprint + GGUF header,
-    // metadata and tensor directory + the first and last 4 KiB of every tensor.
-    const GgufFile& g = *impl->file->gguf;
-    Hasher id(HashKind::SHA256);
-    id.update(impl->fingerprint);
-    id.update(g.mapping().data(), static_cast<size_t>(g.data_offset()));
-    for (const GgufTensorInfo& t : g.tensors()) {
-      const size_t n = static_cast<size_t>(t.n_bytes), k = std::min<size_t>(n, 4096);
-      id.update(g.tensor_data(t), k);
-      id.update(g.tensor_data(t) + (n - k), k);
-    }
-    info.identity = id.hex_digest();
     static const char* k_hex = "0123456789abcdef";
     for (unsigned char c : impl->fingerprint) {
       info.fingerprint += k_hex[c >> 4];
       info.fingerprint += k_hex[c & 15];
     }
+  }
+  if (o.synthetic.empty()) {
+    const std::optional<FileStamp>& stamp = impl->file->gguf->mapping().stamp();
+    DSV4_ASSERT(stamp.has_value(), "a model opened from a file has a file stamp");
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(o.model_path, ec);
+    const std::filesystem::path path = ec ? std::filesystem::path(o.model_path) : abs;
+    impl->model_file = ModelFileStamp{path.lexically_normal().string(), *stamp};
   }
   info.backend = impl->backend->name();
   info.prefill_batch = mo.max_batch;
@@ -298,6 +301,33 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     return make_error("context %u out of range [1, %u] for this model", o.ctx, info.max_ctx);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
+
+std::string Engine::content_identity() const {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.identity_mu);
+  if (!m.content_identity.empty()) return m.content_identity;
+  const MappedFile& file = m.file->gguf->mapping();
+  const uint64_t leaves = (file.size() + k_identity_chunk_bytes - 1) / k_identity_chunk_bytes;
+  const int cores =
+      m.opts.threads > 0 ? m.opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = static_cast<int>(std::clamp<uint64_t>(leaves, 1, static_cast<uint64_t>(cores)));
+  std::unique_ptr<Progress> bar;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Digest id = model_content_identity(file, m.fingerprint, threads, [&](uint64_t done, uint64_t total) {
+    if (!m.opts.show_progress) return;
+    if (!bar) bar = std::make_unique<Progress>("hashing the model", total);
+    bar->update(done);
+  });
+  if (bar) bar->finish();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gib = static_cast<double>(file.size()) / (1ull << 30);
+  log_info("model identity: hashed %.2f GiB in %.2f s (%.2f GiB/s, %d threads)", gib, s, s > 0 ? gib / s : 0.0,
+           threads);
+  m.content_identity = digest_hex(id);
+  return m.content_identity;
+}
+
+std::optional<ModelFileStamp> Engine::model_file() const { return impl_->model_file; }
 
 uint64_t Engine::session_bytes(uint32_t ctx) const { return impl_->model->state_bytes(ctx ? ctx : impl_->opts.ctx); }
 std::optional<uint64_t> Engine::free_memory() const { return impl_->backend->free_memory(); }

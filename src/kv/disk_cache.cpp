@@ -148,7 +148,11 @@ uint64_t DiskCache::now() const {
 }
 
 expected<std::unique_ptr<DiskCache>> DiskCache::open(DiskCacheOptions options, const KvIdentity& identity) {
-  const std::string& dir = options.dir;
+  return open(std::move(options), [&identity](ModelIdentityStore&) { return identity; });
+}
+
+expected<std::unique_ptr<DiskCache>> DiskCache::open(DiskCacheOptions options, const IdentitySource& identity) {
+  const std::string dir = options.dir;  // a copy: `options` is moved into the store below, messages still name it
   if (dir.empty()) return make_error("the KV cache directory is empty");
   if (options.budget_bytes == 0) return make_error("the KV cache budget is 0 bytes");
   if (!(options.half_life_seconds > 0)) return make_error("the KV cache half-life must be positive");
@@ -164,9 +168,9 @@ expected<std::unique_ptr<DiskCache>> DiskCache::open(DiskCacheOptions options, c
       return make_error("cannot create the KV cache directory %s: %s", dir.c_str(), errno_text(errno).c_str());
     }
   }
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const int fd = dir_fd.fd;
   if (fd < 0) return make_error("cannot open the KV cache directory %s: %s", dir.c_str(), errno_text(errno).c_str());
-  std::unique_ptr<DiskCache> c(new DiskCache(std::move(options), identity, fd));
   struct stat st;
   if (::fstat(fd, &st) != 0) return make_error("cannot stat %s: %s", dir.c_str(), errno_text(errno).c_str());
   if (created) ::fchmod(fd, 0700);
@@ -188,6 +192,10 @@ expected<std::unique_ptr<DiskCache>> DiskCache::open(DiskCacheOptions options, c
     ::unlinkat(fd, probe.c_str(), 0);
     if (e != 0) return make_error("cannot write in the KV cache directory %s: %s", dir.c_str(), errno_text(e).c_str());
   }
+  ModelIdentityStore remembered(fd, dir);
+  const KvIdentity id = identity(remembered);
+  std::unique_ptr<DiskCache> c(new DiskCache(std::move(options), id, fd));
+  dir_fd.fd = -1;  // owned by the store now
   {
     std::lock_guard<std::mutex> lock(c->mu_);
     c->rescan_locked();

@@ -18,6 +18,9 @@
 //     files still serve hits, nothing new is written;
 //   * eviction keeps the files' total size within the budget, lowest value
 //     first (evict_to_budget);
+//   * the directory also holds model-identity.v1, the identities of model
+//     files remembered there (kv/model_identity_store.h); scans leave it and
+//     every other name that is not a cache file alone;
 //   * several stores (threads or processes) may share a directory: each
 //     rescans before a lookup or eviction, files appear and disappear only by
 //     rename and unlink, and a file that vanishes or changes under a reader is
@@ -39,6 +42,7 @@
 
 #include "core/error.h"
 #include "kv/kv_file.h"
+#include "kv/model_identity_store.h"
 
 namespace dsv4 {
 
@@ -111,12 +115,20 @@ struct StoreResult {
   std::vector<std::string> evicted;  // files removed by the eviction that followed
 };
 
+// The identity of the engine a store serves, asked for by DiskCache::open once
+// the directory passed its checks (so an unusable directory costs no model
+// hashing); `store` holds the identities remembered in that directory.
+using IdentitySource = std::function<KvIdentity(ModelIdentityStore& store)>;
+
 class DiskCache {
  public:
   // Creates or opens `options.dir`, checks it (ownership, permissions, a
-  // probe write), removes stale temporary files and invalid cache files, and
+  // probe write), asks `identity` for the identity, removes stale temporary
+  // files and invalid cache files (those of another identity included), and
   // evicts down to the budget. An error means "no disk cache": the caller
   // warns and runs without one.
+  static expected<std::unique_ptr<DiskCache>> open(DiskCacheOptions options, const IdentitySource& identity);
+  // The same with an identity known beforehand.
   static expected<std::unique_ptr<DiskCache>> open(DiskCacheOptions options, const KvIdentity& identity);
   ~DiskCache();
   DiskCache(const DiskCache&) = delete;

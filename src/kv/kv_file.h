@@ -4,7 +4,7 @@
 // checksummed header. This file is the format only: building, parsing and
 // validating byte images; the directory store is kv/disk_cache.h.
 //
-// Layout, version 1 (all integers little-endian):
+// Layout, version 2 (all integers little-endian):
 //   [0, 256)    immutable header; its last 32 bytes are SHA-256 of [0, 224)
 //   [256, 288)  usage block (hits, last use), rewritten in place with pwrite;
 //               its own 16-byte check, never part of the file checksum
@@ -31,7 +31,7 @@ namespace dsv4 {
 static_assert(std::endian::native == std::endian::little, "KV-cache files are written in host order = little-endian");
 
 inline constexpr char k_kv_magic[8] = {'D', 'S', 'V', '4', 'K', 'V', 'C', '\0'};
-inline constexpr uint32_t k_kv_version = 1;
+inline constexpr uint32_t k_kv_version = 2;
 inline constexpr size_t k_kv_header_bytes = 256;
 inline constexpr size_t k_kv_header_hashed_bytes = 224;  // the header checksum covers [0, 224)
 inline constexpr size_t k_kv_usage_offset = 256;
@@ -71,7 +71,7 @@ std::optional<Digest> digest_from_hex(std::string_view hex);  // 64 hex characte
 
 // Which engine may read a file. A file whose identity differs is foreign.
 struct KvIdentity {
-  Digest model{};              // EngineInfo::identity: layout + GGUF metadata + weight samples
+  Digest model{};              // Engine::content_identity (kv/model_identity.h): every byte of the model file
   uint32_t numerics = 0;       // Numerics value (0 reference, 1 plain)
   uint32_t expert_gate_up_type = 0;  // ggml type ids of the quant mix (covered by `model`,
   uint32_t expert_down_type = 0;     // stored so a file can be described without the model)

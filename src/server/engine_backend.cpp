@@ -42,7 +42,9 @@ expected<std::unique_ptr<EngineBackend>> EngineBackend::create(std::unique_ptr<E
     DiskCacheOptions o;
     o.dir = cache.disk_dir;
     o.budget_bytes = cache.disk_space_mb << 20;
-    auto disk = DiskCache::open(o, cache_identity(*b->engine_));
+    // The identity is resolved once the directory is known to be usable: remembered there, or the model is hashed.
+    const Engine& eng = *b->engine_;
+    auto disk = DiskCache::open(o, [&eng](ModelIdentityStore& s) { return cache_identity(eng, s).identity; });
     if (disk) {
       b->disk_ = std::move(*disk);
       b->writer_ = std::make_unique<CacheWriter>(*b->disk_, cache.write_queue);

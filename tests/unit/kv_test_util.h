@@ -1,5 +1,6 @@
 // Helpers shared by the KV-cache tests: temporary directories, file bytes,
-// and stand-in session snapshots for store-level tests that need no model.
+// stand-in session snapshots for store-level tests that need no model, and
+// model files that differ from another in one byte.
 #pragma once
 
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gguf/gguf.h"
 #include "kv/kv_file.h"
 #include "kv/snapshot.h"
 
@@ -44,6 +46,23 @@ inline std::vector<uint8_t> read_bytes(const std::string& path) {
 inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+// Writes a copy of the GGUF model `src` at `dst` with one byte flipped in the
+// middle of the first tensor of more than 8 KiB, outside its first and last
+// 4 KiB. False when `src` cannot be read or has no such tensor.
+inline bool write_flipped_copy(const std::string& src, const std::string& dst) {
+  auto g = dsv4::GgufFile::open(src);
+  if (!g) return false;
+  const dsv4::GgufTensorInfo* big = nullptr;
+  for (const dsv4::GgufTensorInfo& t : (*g)->tensors())
+    if (!big && t.n_bytes > 8192) big = &t;
+  if (!big) return false;
+  std::vector<uint8_t> b = read_bytes(src);
+  const uint64_t at = (*g)->data_offset() + big->rel_offset + big->n_bytes / 2;
+  b[static_cast<size_t>(at)] ^= 0x40;
+  write_bytes(dst, b);
+  return true;
 }
 
 inline unsigned mode_of(const std::string& path) {

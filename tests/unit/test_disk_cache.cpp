@@ -451,6 +451,26 @@ TEST(DiskCache, UnwritableDirectoryIsAnError) {
   EXPECT_FALSE(DiskCache::open(o, kvtest::test_identity()).has_value());
 }
 
+// Every refusal of a directory names it, also those found after the store
+// took over the options (ownership, permissions, the probe write).
+TEST(DiskCache, DirectoryErrorsNameTheDirectory) {
+  TempDir tmp("named");
+  std::filesystem::create_directories(tmp.path + "/shared");
+  ::chmod((tmp.path + "/shared").c_str(), 0777);
+  std::filesystem::create_directories(tmp.path + "/theirs");
+  ::chmod((tmp.path + "/theirs").c_str(), 0500);
+  if (::geteuid() == 0) {  // root passes the probe write: the directory belongs to someone else instead
+    ASSERT_EQ(::chown((tmp.path + "/theirs").c_str(), 65534, 65534), 0);
+  }
+  for (const std::string& dir : {tmp.path + "/shared", tmp.path + "/theirs"}) {
+    DiskCacheOptions o;
+    o.dir = dir;
+    auto r = DiskCache::open(o, kvtest::test_identity());
+    ASSERT_FALSE(r.has_value()) << dir;
+    EXPECT_NE(r.error().message.find("directory " + dir), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(DiskCache, FileSizeLimitTurnsTheStoreReadOnly) {
   // RLIMIT_FSIZE makes write() fail with EFBIG, a real kernel-level write failure.
   TempDir tmp("fsize");

@@ -1,11 +1,13 @@
 // Engine/Session invariants on the synthetic tiny model (CPU backend):
 // chunked prefill == whole prefill, decode == prefill, save/load == live,
-// rewind, errors, MTP — all bitwise on the CPU.
+// rewind, errors, MTP — all bitwise on the CPU; the content identity is
+// computed on demand, once.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "dsv4/engine.h"
 #include "synth/synth.h"
@@ -293,7 +295,7 @@ TEST_F(EngineTest, SyntheticInMemoryEqualsTheSynthFile) {
   o.show_progress = false;
   auto mem = Engine::load(o);
   ASSERT_TRUE(mem.has_value()) << mem.error().message;
-  EXPECT_EQ((*mem)->info().identity, file->info().identity);
+  EXPECT_EQ((*mem)->content_identity(), file->content_identity());
   EXPECT_EQ((*mem)->info().model_path, "synthetic:tiny");
   auto a = file->new_session(), b = (*mem)->new_session();
   ASSERT_TRUE(a.has_value() && b.has_value());
@@ -308,9 +310,45 @@ TEST_F(EngineTest, SyntheticInMemoryEqualsTheSynthFile) {
   o.synthetic_seed = 12;
   auto other = Engine::load(o);
   ASSERT_TRUE(other.has_value());
-  EXPECT_NE((*other)->info().identity, file->info().identity);
+  EXPECT_NE((*other)->content_identity(), file->content_identity());
   o.synthetic = "no-such-preset";
   auto bad = Engine::load(o);
   ASSERT_FALSE(bad.has_value());
   EXPECT_NE(bad.error().message.find("no-such-preset"), std::string::npos) << bad.error().message;
+}
+
+// Loading does not read the whole model; the content identity is computed at
+// the first call (logged once, whatever the number of threads asking at once)
+// and memoised. The model file is reported as mapped; a synthetic model has none.
+TEST_F(EngineTest, ContentIdentityIsComputedOnDemandOnce) {
+  testing::internal::CaptureStderr();
+  auto e = load();
+  const std::string at_load = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(at_load.find("model identity"), std::string::npos) << at_load;
+  testing::internal::CaptureStderr();
+  std::vector<std::string> ids(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ids.size(); ++i) threads.emplace_back([&, i] { ids[i] = e->content_identity(); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(e->content_identity(), ids[0]);
+  const std::string err = testing::internal::GetCapturedStderr();
+  size_t hashed = 0;
+  const std::string line = "model identity: hashed";
+  for (size_t at = err.find(line); at != std::string::npos; at = err.find(line, at + 1)) ++hashed;
+  EXPECT_EQ(hashed, 1u) << err;
+  EXPECT_EQ(ids[0].size(), 64u);
+  for (const auto& id : ids) EXPECT_EQ(id, ids[0]);
+
+  const std::optional<ModelFileStamp> f = e->model_file();
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->path, std::filesystem::absolute(g_model).lexically_normal().string());
+  EXPECT_EQ(f->stamp, *file_stamp_of(g_model));
+  EngineOptions o;
+  o.synthetic = "tiny";
+  o.backend = "cpu";
+  o.ctx = 4096;
+  o.show_progress = false;
+  auto mem = Engine::load(o);
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_FALSE((*mem)->model_file().has_value());
 }

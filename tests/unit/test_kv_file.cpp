@@ -76,7 +76,7 @@ TEST(KvFile, LayoutMatchesTheDocument) {
   Sample s;
   auto image = kv_build_image(s.content(), KvUsage{3, 1700000200});
   EXPECT_EQ(std::memcmp(image.data(), "DSV4KVC\0", 8), 0);
-  EXPECT_EQ(at<uint32_t>(image, 8), 1u);    // version
+  EXPECT_EQ(at<uint32_t>(image, 8), 2u);    // version
   EXPECT_EQ(at<uint32_t>(image, 12), 256u); // header bytes
   EXPECT_EQ(image[16], 1);                  // model identity (test_identity fills it with 1)
   EXPECT_EQ(at<uint32_t>(image, 48), 0u);   // numerics
@@ -186,7 +186,7 @@ TEST(KvFile, SealedButInvalidFieldsAreRejected) {
   auto resealed = image;
   kv_seal(resealed);
   EXPECT_EQ(resealed, image);  // sealing a good image changes nothing
-  auto v = sealed_with(8, uint32_t{2});
+  auto v = sealed_with(8, uint32_t{1});  // the previous version
   ASSERT_FALSE(v.has_value());
   EXPECT_NE(v.error().message.find("wrong version"), std::string::npos);
   EXPECT_FALSE(sealed_with(0, uint8_t{'X'}).has_value());      // magic

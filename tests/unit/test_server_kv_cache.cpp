@@ -4,8 +4,9 @@
 // from a restored prefix equals the live one (logprobs bitwise); two agents
 // alternating stay warm with --sessions 2 (and via the disk with 1); damaged,
 // truncated and foreign files are removed with a warning and the request
-// succeeds; an unusable directory or a failing write degrades to no (new)
-// cache files with a warning; shutdown saves the live sessions; thinking
+// succeeds (a model that differs in one byte is foreign; its identity is
+// remembered across restarts); an unusable directory or a failing write
+// degrades to no (new) cache files with a warning; shutdown saves the live sessions; thinking
 // without tools reuses the whole turn through its visible transcript; tool
 // call ids are recovered from cache files after a restart; frontier saves
 // during prefill and decode, but not inside tool calls; the size budget.
@@ -53,9 +54,9 @@ const std::string& model_path() {
   return m.path;
 }
 
-std::unique_ptr<Engine> load_engine() {
+std::unique_ptr<Engine> load_engine(const std::string& path = model_path()) {
   EngineOptions o;
-  o.model_path = model_path();
+  o.model_path = path;
   o.backend = "cpu";
   o.ctx = 4096;
   o.prefill_batch = 128;
@@ -83,8 +84,8 @@ struct Served {
   int port = 0;
   bool stopped = false;
 
-  explicit Served(const KvCacheOptions& c) {
-    auto b = EngineBackend::create(load_engine(), 4096, c);
+  explicit Served(const KvCacheOptions& c, const std::string& model = model_path()) {
+    auto b = EngineBackend::create(load_engine(model), 4096, c);
     EXPECT_TRUE(b.has_value()) << (b ? "" : b.error().message);
     backend = std::move(*b);
     ServerOptions o;
@@ -390,6 +391,47 @@ TEST(ServerKvCache, DamagedTruncatedAndForeignFilesAreRemovedWithAWarning) {
   EXPECT_EQ(cached_of(r), cold.header.n_tokens);
 }
 
+// A model file that differs from the served one in one byte in the middle of
+// a tensor is another model: its server removes the first model's files as
+// foreign. Each model's identity is remembered next to the cache, so a
+// restart with the first model hashes nothing.
+TEST(ServerKvCache, OneChangedByteMakesAnotherModelWhoseFilesAreForeign) {
+  TempDir tmp("srv_middle");
+  const std::string flipped = std::filesystem::path(model_path()).parent_path().string() + "/tiny-flipped.gguf";
+  ASSERT_TRUE(kvtest::write_flipped_copy(model_path(), flipped));
+  const KvCacheOptions c = cache_options(tmp.path);
+  const auto prompt = chat({msg("system", long_system("the identity agent", 8)), msg("user", "first")});
+  {
+    Served a(c);
+    EXPECT_EQ(cached_of(a.post("/v1/chat/completions", prompt)), 0u);
+    a.stop(false);
+  }
+  const size_t written = cache_files(tmp.path).size();
+  ASSERT_GE(written, 1u);
+  testing::internal::CaptureStderr();
+  {
+    Served b(c, flipped);
+    EXPECT_EQ(cached_of(b.post("/v1/chat/completions", prompt)), 0u);
+    EXPECT_EQ(b.metric("dsv4_kv_disk_rejected_files_total"), static_cast<double>(written));
+    EXPECT_EQ(b.metric("dsv4_kv_disk_hits_total"), 0);
+    b.stop(true);
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count_of(err, "foreign model"), written) << err;
+  EXPECT_NE(err.find("model identity: hashed"), std::string::npos) << err;
+  testing::internal::CaptureStderr();
+  {
+    Served d(c);
+    EXPECT_EQ(cached_of(d.post("/v1/chat/completions", prompt)), 0u);  // the second model's cold file is foreign here
+    d.stop(true);
+  }
+  err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("model identity from cache"), std::string::npos) << err;
+  EXPECT_EQ(err.find("model identity: hashed"), std::string::npos) << err;
+  EXPECT_NE(err.find("foreign model"), std::string::npos) << err;
+  std::filesystem::remove(flipped);
+}
+
 TEST(ServerKvCache, UnusableDirectoryMeansNoDiskCacheWithAWarning) {
   TempDir tmp("srv_unusable");
   std::filesystem::create_directories(tmp.path);
@@ -434,7 +476,9 @@ TEST(ServerKvCache, AFailingWriteLeavesTheCacheReadOnlyAndTheServerServing) {
   auto again = s.post("/v1/chat/completions", chat({msg("system", long_system("the other agent", 8)), msg("user", "hi")}));
   EXPECT_GT(completion_of(again), 0u);
   s.stop(false);
-  EXPECT_TRUE(std::filesystem::is_empty(tmp.path));
+  // The directory holds only the model identity remembered at start.
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path))
+    EXPECT_EQ(e.path().filename().string(), ModelIdentityStore::k_file_name);
 }
 
 TEST(ServerKvCache, ShutdownSavesEveryLiveSession) {

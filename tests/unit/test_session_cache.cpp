@@ -1,12 +1,18 @@
 // Sessions and the on-disk KV cache on the synthetic tiny model (CPU):
 // save -> load -> continue == continue live (bitwise), a restart that finds a
 // longer prompt's prefix, TEXT matches of sampled tokens, control-piece
-// alignment, foreign models, damaged files, the save policy and the
-// resident session pool.
+// alignment, foreign models (one changed byte in the middle of a tensor is
+// enough), the model identity remembered next to the cache, damaged files,
+// the save policy and the resident session pool.
 #include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cache/save_policy.h"
@@ -350,8 +356,8 @@ TEST(SessionCache, ForeignModelsAreRejected) {
   // Same shape and quant mix, other weights: same layout fingerprint, other identity.
   auto other = load(models().seed12);
   EXPECT_EQ(other->info().fingerprint, engine().info().fingerprint);
-  EXPECT_NE(other->info().identity, engine().info().identity);
-  EXPECT_EQ(other->info().identity.size(), 64u);
+  EXPECT_NE(other->content_identity(), engine().content_identity());
+  EXPECT_EQ(other->content_identity().size(), 64u);
   auto f32 = load(models().f32);
   EXPECT_NE(f32->info().fingerprint, engine().info().fingerprint);
   EXPECT_EQ(f32->info().expert_gate_up_type, 0u);  // F32
@@ -376,6 +382,126 @@ TEST(SessionCache, ForeignModelsAreRejected) {
     q.tokens = t;
     EXPECT_FALSE(cache_restore(*cache, e->tokenizer(), *s, q).has_value());
   }
+}
+
+TEST(SessionCache, AModelDifferingInOneMiddleByteIsForeign) {
+  TempDir tmp("middle");
+  const std::string flipped = models().dir + "/tiny11-flipped.gguf";
+  ASSERT_TRUE(kvtest::write_flipped_copy(models().seed11, flipped));
+  auto other = load(flipped);
+  EXPECT_EQ(other->info().fingerprint, engine().info().fingerprint);
+  EXPECT_FALSE(cache_identity(*other) == cache_identity(engine()));
+  auto t = random_tokens(120, 8);
+  {
+    auto cache = open_cache(tmp.path, engine());
+    auto s = new_session(engine());
+    ASSERT_TRUE(s->prefill(t).has_value());
+    ASSERT_TRUE(cache_save(*cache, engine().tokenizer(), *s, CacheSave{}).has_value());
+  }
+  testing::internal::CaptureStderr();
+  auto cache = open_cache(tmp.path, *other);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("foreign model"), std::string::npos) << err;
+  EXPECT_EQ(cache->stats().rejected, 1u);
+  EXPECT_TRUE(cache->entries().empty());
+  auto s = new_session(*other);
+  CacheQuery q;
+  q.tokens = t;
+  EXPECT_FALSE(cache_restore(*cache, other->tokenizer(), *s, q).has_value());
+  EXPECT_TRUE(s->tokens().empty());
+}
+
+// The content identity is kept in the cache directory's model-identity.v1,
+// keyed by the model file's path and stamp: a restart reads no model byte; a
+// touched or resized file, a garbage store, or an entry for another path
+// means hashing again.
+TEST(SessionCache, ModelIdentityIsRememberedNextToTheCache) {
+  TempDir tmp("remembered");
+  TempDir own("remembered_model");  // a copy of the model to touch and extend
+  std::filesystem::create_directories(own.path);
+  const std::string path = own.file("tiny.gguf");
+  std::filesystem::copy_file(models().seed11, path);
+  const std::string store_file = tmp.file(ModelIdentityStore::k_file_name);
+  std::string err;
+  auto open_as = [&](const Engine& e) {
+    std::optional<ResolvedIdentity> r;
+    DiskCacheOptions o;
+    o.dir = tmp.path;
+    testing::internal::CaptureStderr();
+    auto c = DiskCache::open(o, [&](ModelIdentityStore& s) {
+      r = cache_identity(e, s);
+      return r->identity;
+    });
+    err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().message);
+    EXPECT_TRUE(r.has_value());
+    return r.value_or(ResolvedIdentity{});
+  };
+  auto first_engine = load(path);
+  const ResolvedIdentity first = open_as(*first_engine);
+  EXPECT_EQ(first.origin, IdentityOrigin::COMPUTED);
+  EXPECT_NE(err.find("model identity: hashed"), std::string::npos) << err;
+  EXPECT_EQ(digest_hex(first.identity.model), first_engine->content_identity());
+  EXPECT_TRUE(first.identity == cache_identity(engine()));  // the same bytes as seed11
+  EXPECT_TRUE(std::filesystem::exists(store_file));
+  // A restart: a new engine of the unchanged file, no byte of it hashed.
+  const ResolvedIdentity again = open_as(*load(path));
+  EXPECT_EQ(again.origin, IdentityOrigin::REMEMBERED);
+  EXPECT_TRUE(again.identity == first.identity);
+  EXPECT_NE(err.find("model identity from cache"), std::string::npos) << err;
+  EXPECT_EQ(err.find("model identity: hashed"), std::string::npos) << err;
+  // Touched (another mtime): hashed again, then remembered under the new stamp.
+  const timespec times[2] = {{0, UTIME_OMIT}, {1600000000, 5}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  const ResolvedIdentity touched = open_as(*load(path));
+  EXPECT_EQ(touched.origin, IdentityOrigin::COMPUTED);
+  EXPECT_TRUE(touched.identity == first.identity);
+  EXPECT_EQ(open_as(*load(path)).origin, IdentityOrigin::REMEMBERED);
+  // One byte more at the end (the GGUF reader ignores trailing bytes): hashed, another identity.
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out.put('\0');
+  }
+  const ResolvedIdentity longer = open_as(*load(path));
+  EXPECT_EQ(longer.origin, IdentityOrigin::COMPUTED);
+  EXPECT_FALSE(longer.identity == first.identity);
+  EXPECT_EQ(open_as(*load(path)).origin, IdentityOrigin::REMEMBERED);
+  // Garbage in the store: ignored with a warning, the identity hashed, the store rewritten.
+  kvtest::write_bytes(store_file, std::vector<uint8_t>(3000, 0xee));
+  ::chmod(store_file.c_str(), 0600);
+  const ResolvedIdentity after_garbage = open_as(*load(path));
+  EXPECT_EQ(after_garbage.origin, IdentityOrigin::COMPUTED);
+  EXPECT_TRUE(after_garbage.identity == longer.identity);
+  EXPECT_NE(err.find("ignoring"), std::string::npos) << err;
+  const auto rewritten = kvtest::read_bytes(store_file);
+  EXPECT_EQ(std::string(rewritten.begin(), rewritten.end()).rfind(ModelIdentityStore::k_first_line, 0), 0u);
+  EXPECT_EQ(open_as(*load(path)).origin, IdentityOrigin::REMEMBERED);
+  // The file's exact stamp under another path, with a forged identity: not used.
+  std::filesystem::remove(store_file);
+  {
+    int fd = ::open(tmp.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    Digest forged;
+    forged.fill(0x5a);
+    const ModelFileKey elsewhere{"/elsewhere/tiny.gguf", *file_stamp_of(path)};
+    ASSERT_TRUE(ModelIdentityStore(fd, tmp.path).remember(elsewhere, forged).has_value());
+    ::close(fd);
+  }
+  const ResolvedIdentity other_path = open_as(*load(path));
+  EXPECT_EQ(other_path.origin, IdentityOrigin::COMPUTED);
+  EXPECT_TRUE(other_path.identity == longer.identity);
+  // A synthetic model has no file: computed from its bytes (those of the seed-11 file), nothing remembered for it.
+  const auto before = kvtest::read_bytes(store_file);
+  EngineOptions o;
+  o.synthetic = "tiny";
+  o.synthetic_seed = 11;
+  o.backend = "cpu";
+  o.show_progress = false;
+  auto synthetic = Engine::load(o);
+  ASSERT_TRUE(synthetic.has_value());
+  const ResolvedIdentity mem = open_as(**synthetic);
+  EXPECT_EQ(mem.origin, IdentityOrigin::COMPUTED);
+  EXPECT_TRUE(mem.identity == first.identity);
+  EXPECT_EQ(kvtest::read_bytes(store_file), before);
 }
 
 TEST(SessionCache, DamagedFilesNeverTouchTheSession) {
