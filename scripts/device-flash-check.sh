@@ -15,13 +15,13 @@
 #   compare per position: NMSE = |cuda - cpu|^2 / |cpu|^2 and the top-1 token
 # Numerics: plain by default. There CUDA and CPU differ only in f32 summation order, and the
 # check is tight: median NMSE <= 1e-6, every position <= 1e-4, top-1 identical unless the
-# CPU's top-2 margin is within 4x the largest logit difference (measured 2026-11-30, 2,000
-# tokens: NMSE 1.3e-11..1.1e-7, tests/logs/2026-11-30-h200-flash-check-plain-n2000/).
+# CPU's top-2 margin is within 4x the largest logit difference (measured on an H200, 2,000
+# tokens: NMSE 1.3e-11..1.1e-7; PERFORMANCE.md).
 # Reference numerics (NUMERICS=reference: median <= 1e-3, every position <= 1e-1) are not a
 # usable gate at this size: 43 layers of bf16/FP8/FP4 roundings and top-k selections amplify
 # f32-order differences — two CUDA runs that differ only in the batched matmuls' summation
 # order (tensor cores vs FFMA tiles) differ by NMSE 0.125 at position 511, as much as CUDA
-# vs CPU (tests/logs/2026-11-30-h200-flash-reference-sensitivity/).
+# vs CPU (measured on an H200).
 # Options: env N (2000 tokens), POSITIONS (0,511,1023,1535,N-1), SEED (7), NUMERICS (plain |
 # reference), GPU_FLAGS (extra flags of the CUDA
 # run, e.g. --no-tensor-cores), CPU_LOGITS (a cpu.f32 of an earlier run with the same N, SEED,

@@ -13,7 +13,7 @@
 # CUDA graph on its second run) and profiles the next $COUNT (about one decode
 # step, ~1,800 kernels; graph nodes are profiled one by one). ncu replays each
 # kernel alone with flushed caches, so small kernels read slower than in the
-# graph; in the 2026-11-30 run the kernel times summed to 20.3 ms against
+# graph; in one measured run the kernel times summed to 20.3 ms against
 # 18.8 ms per graph replay. Takes ~3 minutes (25 s of weight generation).
 # Options: env SKIP (3200), COUNT (1900), PRESET (flash-q2). Output under $OUT (else ./out):
 # ncu-decode.csv, ncu-decode.err, ncu-decode-table.txt.

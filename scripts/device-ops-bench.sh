@@ -24,7 +24,7 @@
 #             baseline (A) and this payload's binary (B) run alternately AB_RUNS times
 #             (default 3) in this one call, and ab-n<N>.txt lists per case the median
 #             of each and the change. Model-level rates differ by up to +-4% between
-#             the GPU hosts the device tool hands out (BENCHMARKS.md step 12); this
+#             the GPU hosts the device tool hands out (PERFORMANCE.md); this
 #             interleaved A/B is stable to ~0.5%.
 #   FILTER    only the bench cases whose name contains it (both the timing and the A/B runs)
 # Output: ops-bench-n<N>.txt, ab-n<N>.txt, ncu-<i>.txt, summary.txt in ./out; with the device tool (OUT set)

@@ -2,7 +2,7 @@
 // GPU, as CUDA graph kernel boundaries (what dsv4 runs: ~1,400-1,700 dependent
 // kernels per token, with programmatic dependent launch) against grid-wide
 // barriers inside one persistent kernel (what a persistent decode design would
-// run instead). Answers: at ~1,100 small ops per token (BENCHMARKS.md step 19),
+// run instead). Answers: at ~1,100 small ops per token (PERFORMANCE.md),
 // how much of a 3.33 ms (300 t/s) step would the hand-offs alone take either way?
 //
 //   built with -DDSV4_CUDA=ON as build/bench/decode_sync (or: nvcc -O3 -arch=sm_90 -o decode_sync

@@ -3,7 +3,7 @@
 // accumulators per warp. Answers: what TFLOP/s ceiling do the mma.sync tiles of
 // src/backend/cuda (cuda_mma.cuh, cuda_expert_gemm.cuh) have on Hopper?
 //   built with -DDSV4_CUDA=ON as build/bench/mma_sync_rate (or: nvcc -O3 -arch=sm_90 -o mma_sync_rate
-//   bench/micro/mma_sync_rate.cu); results: bench/results/2026-12-02-h200-mma-sync-rate.txt
+//   bench/micro/mma_sync_rate.cu); result on an H200: PERFORMANCE.md
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>

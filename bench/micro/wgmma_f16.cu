@@ -1,8 +1,8 @@
-// STATUS: run on an H200 2026-12-02 (bench/results/2026-12-02-h200-wgmma-f16.txt): LBO = K stride is right.
+// Result on an H200: LBO = K stride is right; ~950 TFLOP/s from shared memory (PERFORMANCE.md).
 // Micro-check and micro-benchmark: wgmma (sm_90a) with both operands in shared memory (f16, K-major, no swizzle)
-// and f32 accumulators — the building block a grouped expert GEMM would need (docs/proposal-moe-grouped-gemm.md:
-// the mma.sync versions were bound by ldmatrix traffic and mma.sync's issue rate). Written without a GPU; its
-// first run settles what the PTX manual's prose leaves open for us:
+// and f32 accumulators — the building block of the grouped expert GEMM (docs/design-notes/moe-grouped-gemm.md:
+// mma.sync versions of it were bound by ldmatrix traffic and mma.sync's issue rate). It settles what the PTX
+// manual's prose leaves open:
 //  1. check: D = A B^T (64 x N x K = 64) against the CPU for two shared layouts of 8x8 "core matrices"
 //     (row-group-major or K-major order of the cores) x the two readings of the descriptor's leading / stride
 //     byte offsets (LBO = the stride between cores along K and SBO along M/N, or the other way round); the
@@ -217,7 +217,7 @@ int main() {
   cudaDeviceProp p{};
   CK(cudaGetDeviceProperties(&p, 0));
   std::printf("wgmma f16 -> f32, shared-memory operands, no swizzle; %s, %d SMs\n", p.name, sms);
-  // First run (2026-12-02, H200): LBO = K stride is right for both core orders; LBO = row stride is wrong for the
+  // Measured on an H200: LBO = K stride is right for both core orders; LBO = row stride is wrong for the
   // row-group-major order and faults (illegal address, a sticky error) for the K-major order, so that one is skipped.
   for (int layout : {0, 1})
     for (int swap : {0, 1}) {

@@ -48,7 +48,7 @@ struct EngineOptions {
   int threads = 0;                   // CPU threads (0 = all cores)
   // Tokens per forward batch; 0 = the backend's default (default_prefill_batch):
   // CUDA 4096 (the grouped experts get ~96 tokens per expert to share each
-  // decoded weight tile; BENCHMARKS.md steps 9 and 18), CPU 512.
+  // decoded weight tile; PERFORMANCE.md), CPU 512.
   int prefill_batch = 0;
   bool show_progress = true;         // progress bar while loading
   // CUDA: batched matmuls of block-quantised weights on tensor cores (within f32

@@ -27,8 +27,8 @@
 
 namespace dsv4 {
 
-// CUDA: 4,096 tokens per batch (BENCHMARKS.md step 18: +9% prefill over 2,048 on one H200 with the
-// cuBLAS matmuls, 8,192 +6%; the state's fixed part grows with the batch, 114 MiB at 4,096).
+// CUDA: 4,096 tokens per batch (measured on one H200 with the cuBLAS matmuls: +9% prefill over 2,048,
+// 8,192 +6%; see PERFORMANCE.md; the state's fixed part grows with the batch, 114 MiB at 4,096).
 int default_prefill_batch(bool cuda) { return cuda ? 4096 : 512; }
 
 std::string CudaSwitches::describe() const {

@@ -159,7 +159,7 @@ void cases_moe(Harness& h) {
         // depends on the signs of g and u only, and a gate or up whose true value cancels to below
         // the f32 rounding of its 1,024 products (CPU and GPU sum in different orders) comes out
         // with either sign, moving one mid value between ~0 and ~100: NMSE ~3e-6 for one such
-        // flip, found on about one seed in a hundred (device check, 2026-12-02). Unsaturated, the
+        // flip, found on about one seed in a hundred (device check on an H200). Unsaturated, the
         // output is continuous in g and u and the case tests what it is for: x splits at 1e15.
         const float limit = scale >= 1e15f ? 1e30f : 10.0f;
         h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, limit, false});

@@ -84,7 +84,7 @@ __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int6
 // of squares (practically never visible in the float r; the kernel is picked
 // by d alone, so results never depend on the row count). A 2,048-token batch's
 // q head norms (131,072 rows of 512) as one 128-thread block per row read at
-// 1.1 TB/s (ncu, 2026-12-02).
+// 1.1 TB/s (ncu, H200).
 template <int K>
 __global__ void __launch_bounds__(256) rms_norm_warp_kernel(float* out, const float* x, const float* w, int64_t rows, int64_t d,
                                                             float eps, const int32_t* rope_pos, int64_t per_tok, RopeTable rt) {
@@ -148,7 +148,7 @@ __global__ void quant_sim_kernel(float* x, int64_t d, KvQuantSim sim, int n_quan
 // (32 / E lanes: amax by shuffles inside the group). The same operations in the
 // same order as block_hadamard_fp4_row (bit-identical; fmaxf is order-free),
 // without its log2(d) block barriers on a row in global memory (a 2,048-token
-// batch's 131,072 rows of 128 took 280 us per call at 0.38 TB/s; ncu, 2026-12-02).
+// batch's 131,072 rows of 128 took 280 us per call at 0.38 TB/s; ncu, H200).
 template <int E>
 __global__ void __launch_bounds__(256) hadamard_fp4_warp_kernel(float* x, int64_t rows) {
   static_assert(E >= 2 && E <= 32 && (E & (E - 1)) == 0, "E: a power of two in 2..32");

@@ -1,5 +1,5 @@
 // The prefill experts as a grouped GEMM that decodes each weight chunk once per
-// plan tile of up to 128 assignments (docs/proposal-moe-grouped-gemm.md): the
+// plan tile of up to 128 assignments (docs/design-notes/moe-grouped-gemm.md): the
 // pieces shared by its kernel (cuda_expert_wgmma.cu, wgmma on sm_90a) — the
 // exact hi/lo splits of weights and x, the per-row scale bounds, the unit
 // decoders that write the stage — and its launcher's interface.
@@ -19,8 +19,8 @@
 // Tensor-core f32 accumulation truncates (cuda_gemm.cu): each slice of
 // k_wg_slice_chunks chunks (cuda_expert_wgmma.cu: one) accumulates into fresh registers that are then added
 // to the block's accumulators with one rounded f32 addition.
-// History (BENCHMARKS.md steps 20-21): the same GEMM on ldmatrix + mma.sync (v1,
-// v2; branch wip/expert-gemm) was slower than the tile of cuda_mma.cuh.
+// The same GEMM on ldmatrix + mma.sync (operands through registers) measured
+// slower than the tile of cuda_mma.cuh (docs/design-notes/moe-grouped-gemm.md).
 //
 // CPU reference: cpu::moe_experts (quant::dequantize_row + f32 dot products).
 #pragma once
@@ -314,11 +314,11 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // CudaContext::expert_gemm_min assignments in a batch ("auto":
 // k_wg_auto_min; with fewer, the decode of a 128-row block serves too few
 // tokens and the tile of cuda_mma.cuh is faster). Measured on the H200 with the
-// synthetic Flash (BENCHMARKS.md step 22; experts ms per 4,096-token batch,
-// 43 layers): tile only 741, threshold 128: 730, 96: 700, 64: 685, every
-// expert: 750 — before step 23's bulk x copies made the grouped GEMM ~20%
-// faster (64: 576); a lower threshold may pay now (not yet separable: 48 vs
-// 64 in one noisy round).
+// synthetic Flash (experts ms per 4,096-token batch, 43 layers, x copied per
+// consumer thread): tile only 741, threshold 128: 730, 96: 700, 64: 685, every
+// expert: 750. With x fetched by bulk copies (the kernel as it is) the
+// threshold 64 takes 576 ms, and 48 measured within +-0.5% of 64 at model
+// level (PERFORMANCE.md).
 constexpr int k_wg_tokens = 128;
 constexpr int k_wg_auto_min = 64;
 struct ExpertGemmArgs {

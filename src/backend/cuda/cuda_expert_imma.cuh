@@ -4,14 +4,14 @@
 // power-of-two scale per 256 values) as B. Results agree with the CPU to f32
 // rounding (the tensor-core tiles' contract; tests: ops_moe.cpp, k_thr_f32).
 //
-// Why: the dp4a matvec it replaced issued ~5.7 instructions per IQ2_XXS weight
-// and ~5.5 per Q2_K weight (scripts/ptx-loops.sh, BENCHMARKS step 17), four of
+// Why: a dp4a matvec issues ~5.7 instructions per IQ2_XXS weight
+// and ~5.5 per Q2_K weight (scripts/ptx-loops.sh), four of
 // them the dp4a of the four digits alone; at 0.26-0.33 bytes per weight the weight
 // stream needs ~2 per weight to keep up with DRAM. One IMMA multiplies 16
 // rows x 32 weights by the four digit planes (B columns 0..3; 4..7 are zero)
 // exactly in int32, so what is left per weight is decoding the codes into the
 // A fragment (~3 PTX instructions per IQ2_XXS weight in the loop below).
-// Measured (2026-12-02, one H200, BENCHMARKS step 24): a Flash decode step's
+// Measured (one H200, bench_cuda_ops --filter moe): a Flash decode step's
 // experts 44.6 us vs 46.2 with dp4a; Nsight Compute: gate/up pair 29.0 vs 29.9
 // us with 28% fewer instructions (4.1 per weight), down 14.6 vs 15.9 with 42%
 // fewer. Both kernels are latency-bound, not issue-bound (0.55-0.59 issued per
@@ -136,8 +136,8 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
   // acc[0..1] (rows g, g + 8) += xs * value of block B of the chunk for this
   // lane's digit pair; rg, rg8: the rows' staged chunks. The unit bytes are
   // read as whole words, 8-byte loads where aligned: ~1.1 shared loads per
-  // unit and row instead of 2.5 byte/halfword loads (measured 2026-12-03 on
-  // the H200, bench_cuda_ops --filter moe, 3 rounds: a decode step's experts
+  // unit and row instead of 2.5 byte/halfword loads (measured on the H200,
+  // bench_cuda_ops --filter moe, 3 rounds: a decode step's experts
   // 41.4 -> 40.5 us; PTX per MMA 55.7 -> 49.4, loads 9.9 -> 7.1).
   template <int B>
   __device__ __forceinline__ static void dot(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0, float w1,
@@ -292,10 +292,10 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
     cp_async_wait<0>();
     __syncwarp();
     if constexpr (T == GgmlType::IQ2_XXS) {
-      // The 4 blocks unrolled, each with its own alignment. (History: blocks
-      // in a loop with the parity a branch per unit and row, PTX per MMA 82.5;
-      // in pairs, parity a constant, 55.7: a decode step's experts 44.1 -> 41.3
-      // us; as words, 49.4: 40.5 us.)
+      // The 4 blocks unrolled, each with its own alignment, so the parity is a
+      // constant, never a branch per unit and row (measured: blocks in a loop,
+      // PTX per MMA 82.5, a decode step's experts 44.1 us; in pairs 55.7, 41.3
+      // us; unrolled with word loads 49.4, 40.5 us).
       auto block_w = [&](auto b_tag) {
         constexpr int B = decltype(b_tag)::value;
         ImmaXBlock xb;

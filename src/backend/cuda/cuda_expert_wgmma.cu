@@ -30,7 +30,7 @@
 // empty[s] (consumers arrive once wgmma.wait_group says the wgmmas reading the
 // stage are complete, one chunk later; a consumer-only barrier orders the next
 // bulk copy into a stage after both warpgroups' wgmmas on it).
-// Measured (H200, BENCHMARKS.md steps 21-23): 12.3 vs the tile's 17.2 ms per
+// Measured (H200, bench_cuda_ops --filter moe): 12.3 vs the tile's 17.2 ms per
 // layer at 4,096 tokens with uniform routing (15.1 with per-thread cp.async
 // copies of x), but slower than the tile for
 // tiles of few assignments (its cost is nearly flat in the count: one producer
@@ -52,9 +52,9 @@ namespace {
 [[maybe_unused]] constexpr int k_wg_vs = 64;  // halves between the 8-element vectors of one row's chunk (one core matrix)
 // Chunks per accumulation slice. 8 (512 columns: 96 truncating
 // tensor-core additions per slice) gave NMSE ~2.3e-11 against the CPU on the IQ2_XXS/Q2_K cases (the tile:
-// ~6e-13) and failed "x scaled 1e+15 n=40" with seed 16448866924283836166 (BENCHMARKS.md step 21). 1: fresh
+// ~6e-13) and failed "x scaled 1e+15 n=40" with seed 16448866924283836166. 1: fresh
 // accumulators per 64-column chunk (12 truncating additions): NMSE 6e-14..8e-13, that seed passes, and the
-// op time did not change (step 22).
+// op time is the same as with 8.
 [[maybe_unused]] constexpr int k_wg_slice_chunks = 1;
 constexpr int k_wg_producers = 128;           // one warpgroup: thread p decodes row p (both units of a chunk)
 constexpr int k_wg_threads = k_wg_producers + 256;  // + two consumer warpgroups

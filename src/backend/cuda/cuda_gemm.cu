@@ -44,7 +44,7 @@
 // a hundred tokens (ctx.gemm_min_tokens, default 128: --gemm-min-tokens).
 // With ctx.gemm_cache (GemmWeightCache, the default where memory allows:
 // --no-gemm-weight-cache), step 1 runs once per weight: its A' and e_r are kept
-// (a prefill batch's gemm_split_w was 4.9% of its kernel time; ncu, 2026-12-02).
+// (a prefill batch's gemm_split_w was 4.9% of its kernel time; ncu, H200).
 //
 // CPU reference: cpu::matmul (quant::dequantize_row + f32 dot products).
 #include "backend/cuda/cuda_gemm.cuh"
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) gemm_split_x_kernel(const float* __restri
 // V = 4: four consecutive rows per thread with 16-byte accesses (rows % 4 == 0,
 // out 16-byte aligned; C and e_r are in scratch, 256-byte aligned), the same
 // operations per element as V = 1 (a 2,048-token batch's scale-outs were 3.5%
-// of its kernel time at 1.4 TB/s with one element per thread; ncu, 2026-12-02).
+// of its kernel time at 1.4 TB/s with one element per thread; ncu, H200).
 template <int V>
 __global__ void __launch_bounds__(256) gemm_scale_out_kernel(const float* __restrict__ c, const int* __restrict__ row_exp,
                                                              const int* __restrict__ tok_exp, int64_t rows,

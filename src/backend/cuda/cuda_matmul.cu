@@ -140,7 +140,7 @@ void with_stages(int st, F&& f) {
 //   be resident in one wave (shared memory per block grows with S). Q2_K,
 //   IQ2_XXS (experts; their matvec is used by small models and tests): 2, or
 //   1 for rows of one chunk.
-// Measured 2026-11-30 on the H200 (bench_cuda_ops, every R x S): Q8_0 4096x8192
+// Measured on the H200 (bench_cuda_ops, every R x S): Q8_0 4096x8192
 // 17.2 -> 14.2 us (S = 3), 1024x4096 3.75 -> 3.11 and 512x4096 3.31 -> 2.79
 // (S = 4), 32768x1024 14.4 -> 14.0 (S = 1: one chunk per row); 8192x4096 g8
 // stays at S = 2 (12.6 us; S = 3 or 4 halves the blocks per SM: 15+ us).

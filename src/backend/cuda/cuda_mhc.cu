@@ -35,8 +35,8 @@
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
 //              launch less per sublayer).
 //           S depends only on hc*D, so results never depend on the batch size.
-//           (Before 2026-11-30 a block per (token, slice, 8 rows) with block-wide
-//           reductions: 1.5 ms per prefill call of 2,048 tokens.)
+//           (A block per (token, slice, 8 rows) with block-wide reductions
+//           measured 1.5 ms per prefill call of 2,048 tokens.)
 // hc_post   X'_j = post_j * y + sum_i comb[i][j] X_i (optional bf16 round; y
 //           optionally y + y2, fusing the decode FFN's shared-expert addition),
 //           in place: one thread per (token, 4 consecutive d) for hc = 4 (16-byte
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(128) hc_mix_partial_tokens_kernel(const float*
 // [n_mix][S + 1] (the odd row stride keeps both the copy's stores and the
 // sums' loads free of bank conflicts); !Tr (decode, latency) keeps [S][n_mix]
 // (8-way conflicts at n_mix = 24 on 2 loads per lane, but no index divisions
-// on the copy). (Before 2026-12-01 thread m added its row's S partials one
-// after another: a chain of S = 64 dependent shared-memory loads and adds on
+// on the copy). (Thread m adding its row's S partials one after another
+// would put a chain of S = 64 dependent shared-memory loads and adds on
 // every decode call's critical path.)
 __host__ __device__ constexpr size_t finalize_smem(int S, int n_mix) {
   return static_cast<size_t>(S) * sizeof(double) +

@@ -291,8 +291,8 @@ __global__ void __launch_bounds__(256)
 //   pass 2: the same walk writes every assignment at hist[w][e] + its rank.
 // The list is sorted by (expert, assignment) exactly as the one-thread-per-
 // expert version wrote it (each thread scanning all n_assign assignments twice,
-// 318 us per 2,048-token batch on the H200, ncu 2026-12-01); this one takes
-// 106 us for 24,576 assignments (4,096 tokens; ncu 2026-12-02), still one
+// 318 us per 2,048-token batch on the H200, ncu); this one takes
+// 106 us for 24,576 assignments (4,096 tokens; ncu), still one
 // block, latency-bound: a multi-block histogram pass would be the next step.
 constexpr int k_plan_warps = 16;
 __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E,
@@ -474,7 +474,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(cols / U)) * sizeof(float);
     const bool xs = x_bytes <= k_max_x_shared_bytes;
     // Rows per warp: 4, or 2 gate + 2 up rows for the pair (the same 4 rows in
-    // flight; measured 2026-11-30 on the H200 at Flash shapes, IQ2_XXS gate/up:
+    // flight; measured on the H200 at Flash shapes, IQ2_XXS gate/up:
     // 66.1 -> 64.2 us per decode step's experts; 3 + 3 rows: 64.9, 6 + 6: 74.1).
     auto run = [&](auto stages_tag, auto pair_tag) {
       constexpr int S = decltype(stages_tag)::value;
@@ -518,7 +518,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       if (can_stage<T>(wp, w.row_bytes()) && (!wp2 || can_stage<T>(wp2, w.row_bytes()))) {
         staged = true;
         // Staging buffers per warp: 4 for rows of more than 2 chunks (of 32
-        // units), else 2 (Flash: gate/up 4, down 2). Measured 2026-11-30 on the
+        // units), else 2 (Flash: gate/up 4, down 2). Measured on the
         // H200: a decode step's experts 58.6 us with 2, 58.2 with 4, 64.6 with 1.
         const int64_t chunks = ceil_div(cols / U, 32);
         auto with_pair = [&](auto stages_tag) {
