@@ -619,7 +619,7 @@ void HttpServer::shutdown(bool now) {
   } catch (const std::exception& e) {
     log_error("shutdown: saving the sessions failed: %s", e.what());
   }
-  impl_->transport->stop();
+  impl_->transport->close_listener();
   impl_->transport->stop_connections();
   stopped_ = true;
 }

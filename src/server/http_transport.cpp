@@ -523,6 +523,13 @@ void HttpTransport::raise_backlog(int n) {
   if (s != INVALID_SOCKET) ::listen(s, n);
 }
 
+void HttpTransport::close_listener() {
+  const socket_t s = svr_sock_.exchange(INVALID_SOCKET);
+  if (s == INVALID_SOCKET) return;
+  ::shutdown(s, SHUT_RDWR);
+  ::close(s);
+}
+
 void HttpTransport::stop_connections() { loop_->stop(); }
 
 int HttpTransport::current_socket() { return t_socket; }

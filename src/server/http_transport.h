@@ -66,8 +66,12 @@ class HttpTransport : public httplib::Server {
 
   // Raises the listen backlog after binding (Debian's build listens with 5).
   void raise_backlog(int n);
-  // After httplib::Server::stop(): closes every connection (aborting
-  // responses still being written) and joins the reactor and the workers.
+  // Closes the listening socket, also before listen_after_bind() has
+  // started (then it returns at once; httplib's stop() acts only on a
+  // running listener, so a stop racing the start would be lost).
+  void close_listener();
+  // After close_listener(): closes every connection (aborting responses
+  // still being written) and joins the reactor and the workers.
   void stop_connections();
 
   // The connected socket of the request this thread is handling; -1 outside
