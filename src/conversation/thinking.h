@@ -31,7 +31,7 @@ const char* thinking_level_flag(ThinkingLevel level);
 expected<ThinkingLevel> thinking_level_from_string(std::string_view s);
 
 // The model card asks for a context of at least 384K tokens for Think-Max;
-// ds4 runs MAX as HIGH below this many tokens (formats.md §4.3).
+// ds4 runs MAX as HIGH below this many tokens (formats.md §4.7).
 inline constexpr uint32_t k_think_max_min_ctx = 393216;
 
 // ds4's rule: MAX with a context shorter than k_think_max_min_ctx becomes

@@ -1,4 +1,4 @@
-// Checkpoint tensor names -> GGUF tensors (formats.md §1.6 / §1.8 / §2.6).
+// Checkpoint tensor names -> GGUF tensors (formats.md §1.6 / §1.8 / §7).
 //
 // A DeepSeek V4 tensor has one identity (HfTensorId: role, layer, expert, MTP or not) and
 // several spellings, all accepted by hf_parse_tensor_name, with or without a leading "model.":

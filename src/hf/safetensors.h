@@ -118,7 +118,7 @@ class HfCheckpoint {
 Status st_read_rows_f32(const StTensor& t, uint64_t first_row, uint64_t n_rows, float* out);
 Status st_read_f32(const StTensor& t, float* out);  // whole tensor
 
-// Block-scaled checkpoint formats (formats.md §2.6, model-spec.md §9.3):
+// Block-scaled checkpoint formats (formats.md §7, model-spec.md §9.3):
 //  FP8_BLOCK:  w F8_E4M3 [R, C], scale [ceil(R/128), ceil(C/128)];  value = e4m3(w[r][c]) * scale[r/128][c/128]
 //  FP4_PACKED: w I8/U8 [R, C/2] (low nibble = even column), scale [R, C/32];
 //              value = e2m1(nibble) * scale[r][c/32]

@@ -87,7 +87,7 @@ class Model {
   // token to `logits` (V floats), or of every token when all_logits ([n][V]).
   Status forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
 
-  // MTP draft (model-spec.md §8, pairing (a)): the final mHC state of the last
+  // MTP draft (model-spec.md §8, the DeepSeek-V3 pairing): the final mHC state of the last
   // fed position p with the embedding of `token` (the token at p+1), run at
   // RoPE position p through the MTP block; logits of the token at p+2.
   Status mtp_forward(KvState& s, int32_t token, int64_t p, float* logits);

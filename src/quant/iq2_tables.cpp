@@ -19,7 +19,7 @@ namespace dsv4::quant {
 namespace {
 
 // The 256 grid codes of IQ2_XXS, in grid-index order (a format constant:
-// ggml's kgrid_2bit_256; list in shared/docs/iq2xxs-kgrid.txt).
+// ggml's kgrid_2bit_256; docs/formats.md §2.4).
 constexpr std::array<uint16_t, 256> k_kgrid = {
         0,     2,     5,     8,    10,    17,    20,    32,    34,    40,    42,    65,    68,    80,    88,    97,
       100,   128,   130,   138,   162,   257,   260,   272,   277,   320,   388,   408,   512,   514,   546,   642,

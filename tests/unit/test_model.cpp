@@ -144,7 +144,7 @@ TEST(ModelSpec, BadMetadataIsRejectedWithTheKey) {
 }
 
 TEST(TensorTable, PublishedQ2AndQ4Layouts) {
-  // formats.md §1.6: 1328 tensors; by type F32 492, F16 359, Q8_0 345, IQ2_XXS 86, Q2_K 43, I32 3.
+  // formats.md §1.9: 1328 tensors; by type F32 492, F16 359, Q8_0 345, IQ2_XXS 86, Q2_K 43, I32 3.
   SynthPlan q2 = synth_plan(*find_preset("flash-q2"), 1);
   std::map<GgmlType, int> counts;
   for (const auto& t : q2.tensors) counts[t.type]++;

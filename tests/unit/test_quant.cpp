@@ -114,7 +114,7 @@ TEST(Iq2XxsTables, GridChecksumAndCodes) {
     for (int j = 0; j < 8; ++j) bytes[8 * i + j] = static_cast<uint8_t>(grid[i] >> (8 * j));
   EXPECT_EQ(sha256_hex(bytes, sizeof bytes), "05826b5d3e472a3a78f196be62ac78acf81df0f909626e12ab9fa2a5d490dd54");
 
-  // The code list is the one in shared/docs/iq2xxs-kgrid.txt: first, second, last entries.
+  // The code list (k_kgrid in src/quant/iq2_tables.cpp, formats.md §2.4): first, second, last entries.
   const uint16_t* kgrid = iq2xxs_kgrid();
   EXPECT_EQ(kgrid[0], 0);
   EXPECT_EQ(kgrid[1], 2);
