@@ -316,6 +316,8 @@ TransportOptions transport_options(const ServerOptions& o) {
   t.max_connections_per_client = o.max_client_connections;
   t.max_connections = o.max_connections;
   t.framing.max_body_bytes = o.max_body_bytes;
+  t.max_buffered_bytes = o.max_buffered_bytes > 0 ? o.max_buffered_bytes
+                                                  : std::max(4 * o.max_body_bytes, size_t{256} << 20);
   return t;
 }
 
@@ -568,6 +570,8 @@ HttpServer::~HttpServer() {
 }
 
 std::string HttpServer::serve_bytes(std::string_view bytes) { return impl_->transport->serve_bytes(bytes); }
+
+size_t HttpServer::buffered_request_bytes() const { return impl_->transport->buffered_bytes(); }
 
 Status HttpServer::bind() {
   auto& svr = *impl_->transport;

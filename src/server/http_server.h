@@ -82,6 +82,9 @@ class HttpServer {
   // HTTP fuzzer.
   std::string serve_bytes(std::string_view bytes);
 
+  // Bytes of unfinished requests the connection layer holds (HttpTransport::buffered_bytes).
+  size_t buffered_request_bytes() const;
+
   Metrics& metrics() { return metrics_; }
   Scheduler& scheduler() { return *scheduler_; }
   ToolMemory& tool_memory() { return tool_memory_; }

@@ -33,6 +33,7 @@ thread_local int t_socket = -1;
 thread_local bool t_close = false;
 
 constexpr size_t k_read_chunk = size_t{64} << 10;
+constexpr size_t k_read_round = size_t{1} << 20;  // bytes read from one connection per poll round
 constexpr auto k_linger = std::chrono::seconds(2);  // a refused connection's unread input is drained this long
 
 Clock::duration to_duration(double seconds) {
@@ -193,6 +194,7 @@ struct HttpTransport::Loop {
   mutable std::mutex mu;
   bool stopping = false;
   size_t open = 0;
+  std::atomic<size_t> buffered{0};  // bytes of unfinished requests the reactor holds (its last count)
   std::unordered_map<std::string, size_t> per_client;
   std::vector<std::unique_ptr<Conn>> incoming;  // new or returned by a worker; the reactor takes them
   std::deque<std::unique_ptr<Conn>> ready;      // a complete request each, waiting for a worker
@@ -308,19 +310,22 @@ struct HttpTransport::Loop {
     DSV4_UNREACHABLE();
   }
 
-  // Reads what is there; false once the peer has closed its side (or the socket failed).
-  static bool receive(Conn& c) {
+  // Reads what is there, at most `limit` bytes (in k_read_chunk reads);
+  // false once the peer has closed its side (or the socket failed).
+  static bool receive(Conn& c, size_t limit) {
     static thread_local char tmp[k_read_chunk];
-    for (;;) {
+    for (size_t got = 0; got < limit;) {
       const ssize_t n = ::recv(c.fd, tmp, sizeof tmp, 0);
       if (n > 0) {
         if (!c.draining) c.buf.append(tmp, static_cast<size_t>(n));
+        got += static_cast<size_t>(n);
         if (static_cast<size_t>(n) < sizeof tmp) return true;
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
       return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
     }
+    return true;
   }
 
   void reactor_loop() {
@@ -342,10 +347,18 @@ struct HttpTransport::Loop {
         conns.push_back(std::move(c));
       }
 
+      // Memory: past max_buffered_bytes of unfinished requests, connections
+      // that hold part of one are not read (TCP pushes back on their
+      // senders) until requests complete and leave for the workers; new
+      // requests are still read, so small ones get through.
+      size_t held = 0;
+      for (const auto& c : conns) held += c->buf.size();
+      buffered = held;
       fds.assign(1, pollfd{wake_fds[0], POLLIN, 0});
       Clock::time_point next = now + std::chrono::seconds(1);
       for (const auto& c : conns) {
-        fds.push_back(pollfd{c->fd, static_cast<short>(POLLIN | POLLRDHUP), 0});
+        const bool read = held < o.max_buffered_bytes || c->buf.empty() || c->draining;
+        fds.push_back(pollfd{c->fd, static_cast<short>(read ? POLLIN | POLLRDHUP : POLLRDHUP), 0});
         next = std::min(next, c->deadline);
       }
       int rc;
@@ -360,8 +373,14 @@ struct HttpTransport::Loop {
       for (size_t i = 0; i < conns.size(); ++i) {
         Conn& c = *conns[i];
         Next next_step = Next::WAIT;
-        if (fds[i + 1].revents != 0) {
-          const bool open_still = receive(c);
+        // Over the budget, a connection holding part of a request is not
+        // read (it stays readable for a later round) and others get one
+        // chunk, enough for a small request.
+        const bool over = held >= o.max_buffered_bytes;
+        if (fds[i + 1].revents != 0 && !(over && !c.buf.empty() && !c.draining)) {
+          const size_t before = c.buf.size();
+          const bool open_still = receive(c, over ? k_read_chunk : k_read_round);
+          held += c.buf.size() - before;
           if (!c.draining) next_step = advance(c, now);
           // A peer that sent a whole request and then shut its side down
           // (printf ... | nc) is answered; the connection closes after it.
@@ -537,6 +556,8 @@ int HttpTransport::current_socket() { return t_socket; }
 void HttpTransport::close_after_response() { t_close = true; }
 
 std::string HttpTransport::serve_bytes(std::string_view bytes) { return loop_->serve_bytes(bytes); }
+
+size_t HttpTransport::buffered_bytes() const { return loop_->buffered.load(); }
 
 size_t HttpTransport::open_connections() const {
   std::lock_guard<std::mutex> lock(loop_->mu);

@@ -12,7 +12,9 @@
 //               arrive within read_timeout of its first byte (else 408), an
 //               idle keep-alive connection is closed after idle_timeout.
 //               It answers "100 Continue" itself. Slow or idle clients
-//               cost a socket and a buffer, never an HTTP thread.
+//               cost a socket and a buffer, never an HTTP thread; past
+//               max_buffered_bytes of unfinished requests it stops reading
+//               the connections that hold them.
 //   workers     `threads` HTTP threads get only complete requests; each runs
 //               httplib's process_request over the request's bytes (the
 //               handler never waits for the client to send) and writes the
@@ -43,6 +45,10 @@ struct TransportOptions {
   size_t max_connections_per_client = 64;  // open connections from one address
   size_t max_connections = 1024;           // open connections in all
   size_t keep_alive_max_requests = 1000;   // requests on one connection
+  // Bytes of unfinished requests the reactor holds at most before it stops
+  // reading the connections that hold them (backpressure; one read round of
+  // 1 MiB per connection may pass it).
+  size_t max_buffered_bytes = size_t{256} << 20;
   FramingLimits framing;
 };
 
@@ -88,6 +94,8 @@ class HttpTransport : public httplib::Server {
   std::string serve_bytes(std::string_view bytes);
 
   size_t open_connections() const;
+  // Bytes of unfinished requests in the reactor (as of its last poll round).
+  size_t buffered_bytes() const;
 
   struct Loop;
 

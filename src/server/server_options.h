@@ -40,6 +40,7 @@ struct ServerOptions {
   double write_timeout_seconds = 60;   // a response write blocked longer drops the connection
   size_t max_client_connections = 64;  // open connections per client address (more: 429)
   size_t max_connections = 1024;       // open connections in all (more: 503)
+  size_t max_buffered_bytes = 0;       // unfinished request bytes held before reads pause (0: max(4 bodies, 256 MiB))
   double keepalive_seconds = 10;       // SSE keepalive while nothing else is written
   double shutdown_grace_seconds = 30;  // SIGINT/SIGTERM: time in-flight requests get to finish
 

@@ -355,6 +355,35 @@ TEST(ServerHostile, ConnectionsPerClientAreCapped) {
   EXPECT_TRUE(served);
 }
 
+TEST(ServerHostile, UnfinishedBodiesHoldBoundedMemory) {
+  ServerOptions o;
+  o.max_body_bytes = size_t{4} << 20;
+  o.max_buffered_bytes = size_t{2} << 20;
+  Running s(o, {ScriptedReply{"", "ok", 0, 0}});
+  // Eight clients each declare a 4 MiB body and send all of it but the last
+  // byte (32 MiB in all, non-blocking: a send that would block is the
+  // server pushing back).
+  std::vector<int> fds;
+  const std::string head = post_head("/v1/chat/completions", "Content-Length: " + std::to_string(o.max_body_bytes) + "\r\n");
+  const std::string chunk(64 << 10, 'a');
+  for (int i = 0; i < 8; ++i) {
+    const int fd = connect_to(s.port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_all(fd, head));
+    fds.push_back(fd);
+  }
+  for (int round = 0; round < 64; ++round)
+    for (int fd : fds) (void)::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  std::this_thread::sleep_for(300ms);
+  // One read round (1 MiB) per connection may pass the budget; 32 MiB did not get in.
+  EXPECT_LE(s.http->buffered_request_bytes(), o.max_buffered_bytes + (size_t{1} << 20) + (64 << 10));
+  // Small requests still get through.
+  auto h = s.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  for (int fd : fds) ::close(fd);
+}
+
 TEST(ServerHostile, PipelinedRequestsAndExpectContinue) {
   Running s({}, {ScriptedReply{"", "ok", 0, 0}});
   int fd = connect_to(s.port);
