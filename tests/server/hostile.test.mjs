@@ -56,7 +56,8 @@ async function healthy(server) {
 test('1. deeply nested JSON gets a 400 and the process survives (count_tokens, tool schemas, arguments)', async () => {
   const server = await startServer();
   try {
-    const deep = '['.repeat(50000) + ']'.repeat(50000);
+    // An object schema whose properties nest 50,000 levels deep (a walker recursing per level overflows a thread's stack).
+    const deep = '{"type":"object","properties":{"a":'.repeat(50000) + '{}' + '}}'.repeat(50000);
     const bodies = [
       ['/v1/messages/count_tokens', `{"messages":[{"role":"user","content":"x"}],"tools":[{"name":"t","input_schema":${deep}}]}`],
       ['/v1/chat/completions', `{"model":"tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"t","parameters":${deep}}}]}`],
@@ -66,8 +67,8 @@ test('1. deeply nested JSON gets a 400 and the process survives (count_tokens, t
       const r = await raw(server.port, post(p, body));
       assert.equal(status(r.text), 400, `${p}: ${r.text.slice(0, 300)}`);
       assert.match(r.text, /128 levels/);
+      assert.ok(await healthy(server), `the server died on ${p}`);
     }
-    assert.ok(await healthy(server));
   } finally {
     await server.stop('SIGKILL');
   }
