@@ -17,6 +17,7 @@
 #include <set>
 #include <system_error>
 
+#include "core/fd_io.h"
 #include "core/log.h"
 #include "kv/snapshot.h"
 
@@ -51,51 +52,6 @@ long temp_name_pid(const std::string& name) {
   if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
   for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) pid = pid * 10 + (name[i] - '0');
   return pid;
-}
-
-// 0 or the errno of the failure. Loops over short writes and EINTR.
-int write_all(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return 0;
-}
-
-// 0, the errno of the failure, or -1 at an early end of file.
-int read_all(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return -1;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return 0;
-}
-
-int pread_all(int fd, uint8_t* p, size_t n, uint64_t off) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return -1;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return 0;
 }
 
 std::string read_error_text(int e) { return e < 0 ? std::string("unexpected end of file") : errno_text(e); }

@@ -12,6 +12,7 @@
 #include <system_error>
 #include <type_traits>
 
+#include "core/fd_io.h"
 #include "core/log.h"
 
 namespace dsv4 {
@@ -69,20 +70,6 @@ std::string format_line(const ModelFileKey& k, const Digest& id) {
                 static_cast<unsigned long long>(k.stamp.dev), static_cast<unsigned long long>(k.stamp.ino),
                 static_cast<unsigned long long>(k.stamp.size), static_cast<long long>(k.stamp.mtime_ns),
                 static_cast<long long>(k.stamp.ctime_ns), k.path.c_str());
-}
-
-int write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return 0;
 }
 
 }  // namespace

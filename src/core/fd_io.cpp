@@ -1,0 +1,63 @@
+#include "core/fd_io.h"
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace dsv4 {
+
+namespace {
+
+constexpr size_t k_max_transfer = size_t{1} << 30;  // per call: Linux moves at most ~2 GiB at once
+
+}  // namespace
+
+int write_all(int fd, const void* p, size_t n) {
+  auto* b = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, b, std::min(n, k_max_transfer));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return EIO;
+    b += w;
+    n -= static_cast<size_t>(w);
+  }
+  return 0;
+}
+
+int read_all(int fd, void* p, size_t n) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, b, std::min(n, k_max_transfer));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return -1;
+    b += r;
+    n -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+int pread_all(int fd, void* p, size_t n, uint64_t offset) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, b, std::min(n, k_max_transfer), static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return -1;
+    b += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return 0;
+}
+
+}  // namespace dsv4
