@@ -30,7 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local int t_socket = -1;
-thread_local bool t_close = false;
 
 constexpr size_t k_read_chunk = size_t{64} << 10;
 constexpr size_t k_read_round = size_t{1} << 20;  // bytes read from one connection per poll round
@@ -466,7 +465,6 @@ struct HttpTransport::Loop {
     RequestStream strm(request, c.fd, to_duration(o.write_timeout_seconds), nullptr, c.client, c.client_port, c.local_ip,
                        c.local_port);
     t_socket = c.fd;
-    t_close = false;
     bool closed = false, ok = false;
     try {
       ok = owner.process_request(strm, last, closed, nullptr);
@@ -474,7 +472,7 @@ struct HttpTransport::Loop {
       log_warn("HTTP request from %s failed: %s", c.client.c_str(), e.what());
     }
     t_socket = -1;
-    return ok && !closed && !last && !t_close;
+    return ok && !closed && !last;
   }
 
   std::string serve_bytes(std::string_view bytes) {
@@ -494,10 +492,9 @@ struct HttpTransport::Loop {
       const std::string request = take_request(c);
       RequestStream strm(request, -1, to_duration(o.write_timeout_seconds), &out, local, 0, local, 0);
       t_socket = -1;
-      t_close = false;
       bool closed = false;
       const bool ok = owner.process_request(strm, false, closed, nullptr);
-      if (!ok || closed || t_close) break;
+      if (!ok || closed) break;
     }
     return out;
   }
@@ -552,8 +549,6 @@ void HttpTransport::close_listener() {
 void HttpTransport::stop_connections() { loop_->stop(); }
 
 int HttpTransport::current_socket() { return t_socket; }
-
-void HttpTransport::close_after_response() { t_close = true; }
 
 std::string HttpTransport::serve_bytes(std::string_view bytes) { return loop_->serve_bytes(bytes); }
 

@@ -84,8 +84,6 @@ class HttpTransport : public httplib::Server {
   // a handler and in serve_bytes(). Valid until the handler returns (or its
   // streamed response ends).
   static int current_socket();
-  // Called by a handler: close the connection after this response.
-  static void close_after_response();
 
   // Feeds `bytes` to the framing and the handlers as one connection would
   // (pipelined requests, keep-alive) and returns everything the server wrote
