@@ -27,6 +27,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "../common/golden_fixture.h"
 #include "convert/convert.h"
@@ -212,3 +215,48 @@ TEST(GoldenOddShape, ReferenceNumericsAreRefused) {
   EXPECT_NE(e.error().message.find(want), std::string::npos) << e.error().message;
 }
 
+// A recipe whose blocks do not divide a tensor's rows is refused before any tensor is read
+// (odd_tiny's config with an embedding width of 200 and experts 160 wide); f16 and f32 take it.
+TEST(GoldenOddShape, RecipesNeedWholeBlocks) {
+  auto cfg = hf_config_load(k_odd_dir);
+  ASSERT_TRUE(cfg.has_value()) << cfg.error().message;
+  HfConfig c = *cfg;
+  c.hidden_size = 200;
+  c.moe_intermediate_size = 160;
+  auto spec = spec_from_hf(c);
+  ASSERT_TRUE(spec.has_value()) << spec.error().message;
+  EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::F16).has_value());
+  EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::F32).has_value());
+  auto q8 = check_recipe_fits(*spec, QuantRecipe::Q8);
+  ASSERT_FALSE(q8.has_value());
+  const std::string want_q8 = "output.weight has rows of 200 values: the q8 recipe stores it as Q8_0, whose blocks hold "
+                              "32 values; convert with --type f16 or f32";
+  EXPECT_NE(q8.error().message.find(want_q8), std::string::npos) << q8.error().message;
+  c.hidden_size = 256;
+  spec = spec_from_hf(c);
+  ASSERT_TRUE(spec.has_value());
+  EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::Q8).has_value());
+  auto q2 = check_recipe_fits(*spec, QuantRecipe::Q2);
+  ASSERT_FALSE(q2.has_value());
+  const std::string want_q2 =
+      "blk.0.ffn_down_exps.weight has rows of 160 values: the q2 recipe stores it as Q2_K, whose blocks hold 256 values";
+  EXPECT_NE(q2.error().message.find(want_q2), std::string::npos) << q2.error().message;
+
+  // Through convert_hf: a folder with only the config fails on the recipe, not on the missing tensors.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("dsv4_golden_cfg_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ifstream in(k_odd_dir + "/config.json");
+  auto j = nlohmann::json::parse(in);
+  j["moe_intermediate_size"] = 160;
+  std::ofstream(dir / "config.json") << j.dump();
+  ConvertOptions o;
+  o.hf_dir = dir.string();
+  o.output = (dir / "out.gguf").string();
+  o.recipe = QuantRecipe::Q4;
+  auto r = convert_hf(o);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(r.has_value());
+  const std::string want_q4 = "blk.0.ffn_down_exps.weight has rows of 160 values: the q4 recipe stores it as Q4_K";
+  EXPECT_NE(r.error().message.find(want_q4), std::string::npos) << r.error().message;
+}
