@@ -139,9 +139,23 @@ Status read_rows(const HfCheckpoint& ck, const GgufTensorPlan& plan, uint64_t ro
 
 }  // namespace
 
+Status check_recipe_fits(const ModelSpec& spec, QuantRecipe recipe) {
+  for (const TensorSpec& t : main_tensor_table(spec)) {
+    const GgmlType type = recipe_type(recipe, t);
+    const uint32_t block = ggml_type_info(type).block_elems;
+    if (t.ne[0] % block)
+      return make_error("%s has rows of %llu values: the %s recipe stores it as %s, whose blocks hold %u values; "
+                        "convert with --type f16 or f32",
+                        t.name.c_str(), static_cast<unsigned long long>(t.ne[0]), quant_recipe_name(recipe),
+                        ggml_type_name(type), block);
+  }
+  return {};
+}
+
 expected<ConvertReport> convert_hf(const ConvertOptions& o, const std::function<void(uint64_t, uint64_t)>& progress) {
   DSV4_TRY_ASSIGN(HfConfig cfg, hf_config_load(o.hf_dir));
   DSV4_TRY_ASSIGN(ModelSpec spec, spec_from_hf(cfg));
+  DSV4_TRY(check_recipe_fits(spec, o.recipe));
   DSV4_TRY_ASSIGN(auto ck, HfCheckpoint::open(o.hf_dir));
   DSV4_TRY_ASSIGN(HfConversionPlan plan, hf_plan_conversion(cfg, hf_describe(*ck)));
   std::unordered_map<std::string, const GgufTensorPlan*> by_name;

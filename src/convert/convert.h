@@ -25,6 +25,11 @@ struct ConvertOptions {
 // The ModelSpec of a checkpoint config (errors for features V4 does not have).
 expected<ModelSpec> spec_from_hf(const HfConfig& c);
 
+// Whether every tensor's rows are whole blocks of the type the recipe gives it
+// (Q8_0: 32 values, Q2_K / Q4_K / IQ2_XXS: 256; F16 / F32 take any width). The
+// error names the first tensor that does not fit, its type and block size.
+Status check_recipe_fits(const ModelSpec& spec, QuantRecipe recipe);
+
 struct ConvertReport {
   size_t n_tensors = 0;
   uint64_t tensor_bytes = 0;

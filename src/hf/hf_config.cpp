@@ -1,5 +1,6 @@
 #include "hf/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -385,13 +386,14 @@ Status hf_config_validate(const HfConfig& c) {
     return make_error("num_key_value_heads = %u: DeepSeek V4 attention has one shared K=V head", c.num_key_value_heads);
   if (c.qk_rope_head_dim == 0 || c.qk_rope_head_dim % 2 || c.qk_rope_head_dim > c.head_dim)
     return make_error("qk_rope_head_dim = %u must be even, > 0 and <= head_dim = %u", c.qk_rope_head_dim, c.head_dim);
-  if (c.qk_rope_head_dim > c.index_head_dim)
+  const bool indexer = std::find(c.compress_ratios.begin(), c.compress_ratios.end(), 4u) != c.compress_ratios.end();
+  if (indexer && c.qk_rope_head_dim > c.index_head_dim)
     return make_error("qk_rope_head_dim = %u exceeds index_head_dim = %u (indexer vectors carry RoPE too)",
                c.qk_rope_head_dim, c.index_head_dim);
-  if (c.index_head_dim & (c.index_head_dim - 1))
-    return make_error("index_head_dim = %u is not a power of two (the indexer Hadamard rotation needs one)", c.index_head_dim);
-  if (c.num_attention_heads % c.o_groups)
-    return make_error("num_attention_heads = %u is not a multiple of o_groups = %u", c.num_attention_heads, c.o_groups);
+  // wo_a splits the concatenated head outputs [num_attention_heads * head_dim] into o_groups equal slices.
+  if ((uint64_t{c.num_attention_heads} * c.head_dim) % c.o_groups)
+    return make_error("num_attention_heads x head_dim = %u x %u is not a multiple of o_groups = %u",
+                      c.num_attention_heads, c.head_dim, c.o_groups);
   if (c.num_experts_per_tok > c.n_routed_experts)
     return make_error("num_experts_per_tok = %u exceeds n_routed_experts = %u", c.num_experts_per_tok, c.n_routed_experts);
   if (c.num_hash_layers > c.num_hidden_layers)

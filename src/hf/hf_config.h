@@ -14,7 +14,8 @@
 // Missing fields take transformers' DeepseekV4Config defaults (the Flash values) and are listed
 // in `defaulted`; the core dimensions have no default and must be present. Every value is type-
 // and range-checked; errors name the field. `hf_config_validate` checks the cross-field
-// invariants the forward pass relies on.
+// invariants of a DeepSeek V4 model (the shapes transformers' DeepseekV4 builds); what only
+// `reference` numerics or a backend needs is checked when the converted model is loaded.
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/kv_rows.h"
+#include "model/shape_fit.h"
 
 namespace dsv4 {
 
@@ -57,6 +58,8 @@ Model::~Model() {
 expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
                                                ModelOptions options) {
   if (options.max_batch < 1) return make_error("max_batch must be at least 1");
+  DSV4_TRY(check_numerics_fit(weights.spec, options.numerics));
+  if (backend.kind() == BackendKind::CUDA) DSV4_TRY(check_cuda_fit(weights, mtp, options.numerics));
   std::unique_ptr<Model> m(new Model(backend, weights.spec, options));
   DSV4_TRY(m->upload(weights, mtp));
   const ModelSpec& S = m->spec_;

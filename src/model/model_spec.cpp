@@ -90,8 +90,6 @@ expected<std::vector<float>> read_f32_array(const GgufFile& f, const char* k) {
   return out;
 }
 
-bool is_pow2(uint32_t x) { return x && (x & (x - 1)) == 0; }
-
 }  // namespace
 
 expected<ModelSpec> ModelSpec::from_gguf(const GgufFile& f) {
@@ -157,18 +155,18 @@ expected<ModelSpec> ModelSpec::from_gguf(const GgufFile& f) {
 Status ModelSpec::validate() const {
   auto in = [](uint64_t v, uint64_t lo, uint64_t hi) { return v >= lo && v <= hi; };
   if (!in(n_layer, 1, 1024)) return make_error("block_count %u out of range [1, 1024]", n_layer);
-  if (!in(n_embd, 32, 1 << 16) || n_embd % 32) return make_error("embedding_length %u must be a multiple of 32 in [32, 65536]", n_embd);
+  if (!in(n_embd, 1, 1 << 16)) return make_error("embedding_length %u out of range [1, 65536]", n_embd);
   if (!in(n_vocab, 8, 1 << 22)) return make_error("vocab_size %u out of range", n_vocab);
   if (!in(n_head, 1, 1024)) return make_error("attention.head_count %u out of range", n_head);
   if (n_head_kv != 1) return make_error("attention.head_count_kv = %u: DeepSeek V4 uses one shared KV head", n_head_kv);
-  if (!in(head_dim, 8, 4096)) return make_error("attention.key_length %u out of range", head_dim);
+  if (!in(head_dim, 2, 4096)) return make_error("attention.key_length %u out of range [2, 4096]", head_dim);
   if (rope_dim == 0 || rope_dim % 2 || rope_dim > head_dim)
-    return make_error("rope.dimension_count %u must be even and at most key_length %u", rope_dim, head_dim);
-  if (nope_dim() % 64)
-    return make_error("key_length - rope.dimension_count = %u must be a multiple of 64 (FP8 KV blocks)", nope_dim());
+    return make_error("rope.dimension_count %u must be even, positive and at most key_length %u", rope_dim, head_dim);
   if (!in(q_lora_rank, 1, 1 << 16)) return make_error("attention.q_lora_rank %u out of range", q_lora_rank);
-  if (o_groups == 0 || n_head % o_groups)
-    return make_error("attention.output_group_count %u must divide head_count %u", o_groups, n_head);
+  // wo_a splits the concatenated head outputs [H * d_h] into G equal slices (a slice may cut a head).
+  if (o_groups == 0 || (uint64_t{n_head} * head_dim) % o_groups)
+    return make_error("attention.output_group_count %u must divide head_count x key_length = %u x %u", o_groups, n_head,
+                      head_dim);
   if (!in(o_lora_rank, 1, 1 << 16)) return make_error("attention.output_lora_rank %u out of range", o_lora_rank);
   if (!in(n_expert, 1, 1 << 16)) return make_error("expert_count %u out of range", n_expert);
   if (!in(n_expert_used, 1, n_expert)) return make_error("expert_used_count %u must be in [1, expert_count %u]", n_expert_used, n_expert);
@@ -193,9 +191,10 @@ Status ModelSpec::validate() const {
     if (!(swiglu_clamp[il] > 0)) return make_error("swiglu_clamp_exp[%zu] must be positive", il);
   if (any_sparse) {
     if (!in(indexer_heads, 1, 1024)) return make_error("attention.indexer.head_count %u out of range", indexer_heads);
-    if (!is_pow2(indexer_head_dim) || indexer_head_dim < 32 || indexer_head_dim < rope_dim)
-      return make_error("attention.indexer.key_length %u must be a power of two >= 32 and >= rope dims %u (Hadamard, FP4 blocks)",
-                        indexer_head_dim, rope_dim);
+    // Indexer queries and keys carry RoPE on their last rope_dim dims.
+    if (!in(indexer_head_dim, rope_dim, 4096))
+      return make_error("attention.indexer.key_length %u must be in [rope.dimension_count %u, 4096]", indexer_head_dim,
+                        rope_dim);
     if (indexer_top_k == 0) return make_error("attention.indexer.top_k must be positive");
   }
   if (!(rope_theta > 0) || !(compress_rope_theta > 0)) return make_error("rope bases must be positive");

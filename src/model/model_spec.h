@@ -70,8 +70,10 @@ struct ModelSpec {
   uint32_t compress_width(uint32_t il) const;  // c * head_dim: 2x for overlapping ratio-4 layers
   uint32_t mtp_ratio() const { return compress_ratios.size() > n_layer ? compress_ratios[n_layer] : 0; }
 
-  // Structural validation (divisibility, ranges, consistent lengths). Any model
-  // that passes can be run by the engine.
+  // Structural validation (ranges, divisibility, consistent lengths): the shapes
+  // transformers' DeepseekV4 can build, nothing more. Every valid shape runs in
+  // `plain` numerics on the CPU; what `reference` numerics and the CUDA kernels
+  // need on top is checked when a Model is created (model/shape_fit.h).
   Status validate() const;
 
   // Reads and validates the deepseek4.* keys of a GGUF.

@@ -352,3 +352,78 @@ TEST_F(EngineTest, ContentIdentityIsComputedOnDemandOnce) {
   ASSERT_TRUE(mem.has_value());
   EXPECT_FALSE((*mem)->model_file().has_value());
 }
+
+// A shape transformers accepts that `reference` numerics cannot run (32 non-RoPE
+// dims per head, indexer heads of 80 dims), with odd widths elsewhere too
+// (embedding 200, 3 heads in 4 output groups so a group cuts a head, experts 120
+// wide), every matrix in F32: `plain` runs it with the tiny model's invariants
+// (chunked prefill and decode give the bits of one whole prefill, a restored
+// snapshot continues identically); `reference` is refused by name.
+TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
+  ModelSpec spec = tiny_spec();
+  spec.name = "dsv4 odd";
+  spec.n_embd = 200;
+  spec.n_head = 3;
+  spec.head_dim = 96;
+  spec.o_groups = 4;
+  spec.q_lora_rank = 48;
+  spec.o_lora_rank = 40;
+  spec.indexer_head_dim = 80;
+  spec.expert_ff = 120;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dsv4_engine_odd_" + std::to_string(::getpid()) + ".gguf")).string();
+  ASSERT_TRUE(synth_write(synth_plan(Preset{"odd", "", spec, QuantRecipe::F32}, 21), path, 2).has_value());
+  auto load = [&](const std::string& numerics, int batch) -> expected<std::unique_ptr<Engine>> {
+    EngineOptions o;
+    o.model_path = path;
+    o.backend = "cpu";
+    o.ctx = 1024;
+    o.numerics = numerics;
+    o.prefill_batch = batch;
+    o.show_progress = false;
+    return Engine::load(o);
+  };
+  auto ref = load("reference", 64);
+  ASSERT_FALSE(ref.has_value());
+  const std::string refusal =
+      "this model's attention has 32 non-RoPE dims per head (key_length 96 - 64 RoPE dims), not a multiple of 64, so "
+      "`--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use --numerics plain";
+  EXPECT_NE(ref.error().message.find(refusal), std::string::npos) << ref.error().message;
+
+  const auto t = tokens(600, 13);
+  const size_t V = spec.n_vocab;
+  auto whole = load("plain", 1024);
+  ASSERT_TRUE(whole.has_value()) << whole.error().message;
+  EXPECT_EQ((*whole)->info().numerics, "plain");
+  auto sw = (*whole)->new_session();
+  auto all = (*sw)->prefill_all_logits(t);
+  ASSERT_TRUE(all.has_value()) << all.error().message;
+  double sq = 0;
+  for (float v : *all) {
+    ASSERT_TRUE(std::isfinite(v));
+    sq += double(v) * v;
+  }
+  EXPECT_GT(sq, 0.0);
+
+  auto chunked = load("plain", 7);
+  ASSERT_TRUE(chunked.has_value());
+  auto sc = (*chunked)->new_session();
+  auto got = (*sc)->prefill_all_logits(t);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(bitwise_equal(*got, *all));
+
+  auto sd = (*chunked)->new_session();
+  ASSERT_TRUE((*sd)->prefill(std::span<const int32_t>(t.data(), 300)).has_value());
+  const std::vector<uint8_t> snap = (*sd)->save();
+  for (size_t i = 300; i < 340; ++i) {
+    ASSERT_TRUE((*sd)->decode(t[i]).has_value());
+    std::vector<float> want(all->begin() + static_cast<long>(i * V), all->begin() + static_cast<long>((i + 1) * V));
+    ASSERT_TRUE(bitwise_equal((*sd)->logits(), want)) << "position " << i;
+  }
+  auto restored = (*chunked)->new_session();
+  ASSERT_TRUE((*restored)->load(snap).has_value());
+  auto rest = (*restored)->prefill_all_logits(std::span<const int32_t>(t.data() + 300, t.size() - 300));
+  ASSERT_TRUE(rest.has_value());
+  EXPECT_TRUE(bitwise_equal(*rest, std::vector<float>(all->begin() + static_cast<long>(300 * V), all->end())));
+  std::filesystem::remove(path);
+}

@@ -2,6 +2,10 @@
 // tiny random DeepseekV4ForCausalLM models made by tools/golden/make_golden.py,
 // converted here to GGUF, run with `plain` numerics (transformers has no
 // FP8/FP4/bf16 simulation) and compared at every position of every sequence.
+// flash_tiny has the Flash layout at test size; odd_tiny is a shape transformers
+// accepts that `reference` numerics cannot run (32 non-RoPE dims per head, no
+// FP8 64-block; indexer heads of 96 dims, no Hadamard width): it converts, runs
+// in `plain` under the same bounds, and `reference` is refused by name.
 //
 // Thresholds, and why:
 //  * top-1 identical everywhere: the fixture's weight seed was searched so that
@@ -23,9 +27,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "../common/golden_fixture.h"
 #include "convert/convert.h"
+#include "hf/hf_config.h"
 #include "dsv4/engine.h"
 
 using namespace dsv4;
@@ -33,21 +41,22 @@ using namespace dsv4;
 namespace {
 
 const std::string k_dir = std::string(DSV4_TEST_DATA_DIR) + "/golden/flash_tiny";
+const std::string k_odd_dir = std::string(DSV4_TEST_DATA_DIR) + "/golden/odd_tiny";
 
 using golden::Compare;
 using golden::Golden;
 
-Golden load_golden() {
-  Golden g = golden::load_golden(k_dir);
+Golden load_golden(const std::string& dir = k_dir) {
+  Golden g = golden::load_golden(dir);
   EXPECT_TRUE(g.error.empty()) << g.error;
   return g;
 }
 
-std::string convert(const std::string& type) {
+std::string convert(const std::string& type, const std::string& dir = k_dir) {
   std::string out = (std::filesystem::temp_directory_path() /
                      ("dsv4_golden_" + std::to_string(::getpid()) + "_" + type + ".gguf")).string();
   ConvertOptions o;
-  o.hf_dir = k_dir;
+  o.hf_dir = dir;
   o.output = out;
   o.recipe = *quant_recipe_from_name(type);
   auto r = convert_hf(o);
@@ -55,14 +64,18 @@ std::string convert(const std::string& type) {
   return out;
 }
 
-Compare run(const std::string& gguf, const Golden& g, const std::string& numerics) {
+expected<std::unique_ptr<Engine>> load_engine(const std::string& gguf, const std::string& numerics) {
   EngineOptions o;
   o.model_path = gguf;
   o.backend = "cpu";
   o.numerics = numerics;
   o.ctx = 1024;
   o.show_progress = false;
-  auto e = Engine::load(o);
+  return Engine::load(o);
+}
+
+Compare run(const std::string& gguf, const Golden& g, const std::string& numerics) {
+  auto e = load_engine(gguf, numerics);
   EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
   Compare c;
   if (!e) return c;
@@ -113,23 +126,27 @@ TEST(Golden, ReferenceNumericsStayClose) {
   EXPECT_LE(c.kl_sum / c.positions, 0.02);
 }
 
-TEST(Golden, QuantisedConversionsStayClose) {
-  Golden g = load_golden();
+// q8, q4 and q2 conversions of the fixture in `dir`, each against the bounds above.
+void quantised_conversions_stay_close(const std::string& dir) {
+  Golden g = load_golden(dir);
   ASSERT_FALSE(g.sequences.empty());
   struct Bound {
     const char* type;
     double min_agree, max_kl;
   };
   for (const Bound& b : {Bound{"q8", 0.93, 0.01}, Bound{"q4", 0.55, 0.25}, Bound{"q2", 0.2, 1.0}}) {
-    std::string path = convert(b.type);
+    std::string path = convert(b.type, dir);
     Compare c = run(path, g, "plain");
     std::filesystem::remove(path);
     double agree = double(c.top1_same) / c.positions, kl = c.kl_sum / c.positions;
-    std::printf("%s/plain vs transformers: top-1 agreement %.4f, mean KL %.4g\n", b.type, agree, kl);
+    std::printf("%s: %s/plain vs transformers: top-1 agreement %.4f, mean KL %.4g\n",
+                std::filesystem::path(dir).filename().c_str(), b.type, agree, kl);
     EXPECT_GE(agree, b.min_agree) << b.type;
     EXPECT_LE(kl, b.max_kl) << b.type;
   }
 }
+
+TEST(Golden, QuantisedConversionsStayClose) { quantised_conversions_stay_close(k_dir); }
 
 TEST(Golden, F16ConversionIsExact) {
   Golden g = load_golden();
@@ -142,4 +159,104 @@ TEST(Golden, F16ConversionIsExact) {
   EXPECT_EQ(c.top1_same, c.positions);
   EXPECT_LE(c.max_rel, 2e-4);
   EXPECT_LE(c.kl_sum / c.positions, 1e-4);
+}
+
+// ---- odd_tiny: a shape only `plain` numerics run -------------------------------------------------
+
+TEST(GoldenOddShape, FixtureIsPresent) {
+  Golden g = load_golden(k_odd_dir);
+  ASSERT_EQ(g.sequences.size(), 3u);
+  for (const auto& s : g.sequences) EXPECT_GE(s.size(), 700u);
+  auto cfg = hf_config_load(k_odd_dir);
+  ASSERT_TRUE(cfg.has_value()) << cfg.error().message;
+  EXPECT_EQ(cfg->head_dim - cfg->qk_rope_head_dim, 32u);
+  EXPECT_EQ(cfg->index_head_dim, 96u);
+}
+
+TEST(GoldenOddShape, PlainF32MatchesTransformers) {
+  Golden g = load_golden(k_odd_dir);
+  ASSERT_FALSE(g.sequences.empty());
+  std::string path = convert("f32", k_odd_dir);
+  Compare c = run(path, g, "plain");
+  std::filesystem::remove(path);
+  ASSERT_GT(c.positions, 2000u);
+  std::printf("odd_tiny f32/plain vs transformers: %zu positions, top-1 same %zu, max |d|/spread %.3g, mean KL %.3g\n",
+              c.positions, c.top1_same, c.max_rel, c.kl_sum / c.positions);
+  EXPECT_EQ(c.top1_same, c.positions);
+  EXPECT_LE(c.max_rel, 2e-4);
+  EXPECT_LE(c.kl_sum / c.positions, 1e-4);
+}
+
+TEST(GoldenOddShape, F16ConversionIsExact) {
+  Golden g = load_golden(k_odd_dir);
+  ASSERT_FALSE(g.sequences.empty());
+  std::string path = convert("f16", k_odd_dir);
+  Compare c = run(path, g, "plain");
+  std::filesystem::remove(path);
+  std::printf("odd_tiny f16/plain vs transformers: top-1 same %zu/%zu, max |d|/spread %.3g, mean KL %.3g\n",
+              c.top1_same, c.positions, c.max_rel, c.kl_sum / c.positions);
+  EXPECT_EQ(c.top1_same, c.positions);
+  EXPECT_LE(c.max_rel, 2e-4);
+  EXPECT_LE(c.kl_sum / c.positions, 1e-4);
+}
+
+// Every matrix input width of odd_tiny is a multiple of 32 and the experts' of 256, so the
+// quantised recipes fit it.
+TEST(GoldenOddShape, QuantisedConversionsStayClose) { quantised_conversions_stay_close(k_odd_dir); }
+
+TEST(GoldenOddShape, ReferenceNumericsAreRefused) {
+  std::string path = convert("f32", k_odd_dir);
+  auto e = load_engine(path, "reference");
+  std::filesystem::remove(path);
+  ASSERT_FALSE(e.has_value());
+  const std::string want =
+      "this model's attention has 32 non-RoPE dims per head (key_length 96 - 64 RoPE dims), not a multiple of 64, so "
+      "`--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use --numerics plain";
+  EXPECT_NE(e.error().message.find(want), std::string::npos) << e.error().message;
+}
+
+// A recipe whose blocks do not divide a tensor's rows is refused before any tensor is read
+// (odd_tiny's config with an embedding width of 200 and experts 160 wide); f16 and f32 take it.
+TEST(GoldenOddShape, RecipesNeedWholeBlocks) {
+  auto cfg = hf_config_load(k_odd_dir);
+  ASSERT_TRUE(cfg.has_value()) << cfg.error().message;
+  HfConfig c = *cfg;
+  c.hidden_size = 200;
+  c.moe_intermediate_size = 160;
+  auto spec = spec_from_hf(c);
+  ASSERT_TRUE(spec.has_value()) << spec.error().message;
+  EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::F16).has_value());
+  EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::F32).has_value());
+  auto q8 = check_recipe_fits(*spec, QuantRecipe::Q8);
+  ASSERT_FALSE(q8.has_value());
+  const std::string want_q8 = "output.weight has rows of 200 values: the q8 recipe stores it as Q8_0, whose blocks hold "
+                              "32 values; convert with --type f16 or f32";
+  EXPECT_NE(q8.error().message.find(want_q8), std::string::npos) << q8.error().message;
+  c.hidden_size = 256;
+  spec = spec_from_hf(c);
+  ASSERT_TRUE(spec.has_value());
+  EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::Q8).has_value());
+  auto q2 = check_recipe_fits(*spec, QuantRecipe::Q2);
+  ASSERT_FALSE(q2.has_value());
+  const std::string want_q2 =
+      "blk.0.ffn_down_exps.weight has rows of 160 values: the q2 recipe stores it as Q2_K, whose blocks hold 256 values";
+  EXPECT_NE(q2.error().message.find(want_q2), std::string::npos) << q2.error().message;
+
+  // Through convert_hf: a folder with only the config fails on the recipe, not on the missing tensors.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("dsv4_golden_cfg_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ifstream in(k_odd_dir + "/config.json");
+  auto j = nlohmann::json::parse(in);
+  j["moe_intermediate_size"] = 160;
+  std::ofstream(dir / "config.json") << j.dump();
+  ConvertOptions o;
+  o.hf_dir = dir.string();
+  o.output = (dir / "out.gguf").string();
+  o.recipe = QuantRecipe::Q4;
+  auto r = convert_hf(o);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(r.has_value());
+  const std::string want_q4 = "blk.0.ffn_down_exps.weight has rows of 160 values: the q4 recipe stores it as Q4_K";
+  EXPECT_NE(r.error().message.find(want_q4), std::string::npos) << r.error().message;
 }

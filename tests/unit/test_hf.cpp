@@ -713,6 +713,23 @@ TEST(HfConfig, TransformersDefaultsAndAlternativeSpellings) {
   EXPECT_EQ(f.eos_token_ids, (std::vector<int64_t>{1, 2}));
 }
 
+// Shapes transformers' DeepseekV4 builds although `reference` numerics cannot run them (those
+// are refused when the converted model is loaded, not here).
+TEST(HfConfig, AcceptsEveryTransformersShape) {
+  HfConfig a = parse_ok(flash_with("head_dim", 96));  // 32 non-RoPE dims: no FP8 64-block
+  EXPECT_EQ(a.head_dim - a.qk_rope_head_dim, 32u);
+  EXPECT_EQ(parse_ok(flash_with("index_head_dim", 96)).index_head_dim, 96u);  // no power of two
+  EXPECT_EQ(parse_ok(flash_with("hidden_size", 200)).hidden_size, 200u);     // no multiple of 32
+  auto j = flash_release_config();
+  j["num_attention_heads"] = 3;  // 3 x 512 head outputs in 8 groups of 192: a group cuts a head
+  EXPECT_EQ(parse_ok(j.dump()).o_groups, 8u);
+  j = flash_release_config();
+  j["index_head_dim"] = 32;  // narrower than the RoPE tail, but no layer has an indexer
+  j["compress_ratios"] = std::vector<int>(44, 128);
+  j["compress_ratios"][43] = 0;
+  EXPECT_EQ(parse_ok(j.dump()).index_head_dim, 32u);
+}
+
 TEST(HfConfig, LoadsFromFolderOrFile) {
   TempDir dir;
   dir.write_text("config.json", k_transformers_tiny_config);
@@ -741,8 +758,9 @@ TEST(HfConfig, RejectsInvalidConfigs) {
   expect_config_error(r.dump(), "layer 5 has compress ratio 8");
   expect_config_error(flash_with("num_key_value_heads", 2), "one shared K=V head");
   expect_config_error(flash_with("qk_rope_head_dim", 63), "qk_rope_head_dim = 63 must be even");
-  expect_config_error(flash_with("index_head_dim", 96), "not a power of two");
-  expect_config_error(flash_with("o_groups", 7), "not a multiple of o_groups");
+  expect_config_error(flash_with("index_head_dim", 32), "qk_rope_head_dim = 64 exceeds index_head_dim = 32");
+  expect_config_error(flash_with("o_groups", 7),
+                      "num_attention_heads x head_dim = 64 x 512 is not a multiple of o_groups = 7");
   expect_config_error(flash_with("num_experts_per_tok", 300), "exceeds n_routed_experts");
   expect_config_error(flash_with("num_hash_layers", 44), "num_hash_layers = 44 exceeds");
   expect_config_error(flash_with("scoring_func", "softmax"), "scoring_func \"softmax\" is not supported");

@@ -1,6 +1,7 @@
-// ModelSpec (metadata round trip, validation), the tensor table (published
-// layouts), weight binding (every kind of mismatch reported), and the synthetic
-// model generator (determinism, vocabulary, scale).
+// ModelSpec (metadata round trip, validation), what `reference` numerics and the
+// CUDA kernels need beyond a valid shape, the tensor table (published layouts),
+// weight binding (every kind of mismatch reported), and the synthetic model
+// generator (determinism, vocabulary, scale).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "core/hash.h"
 #include "model/model_file.h"
+#include "model/shape_fit.h"
 #include "quant/quant.h"
 #include "synth/synth.h"
 #include "synth/synth_vocab.h"
@@ -114,7 +116,9 @@ TEST(ModelSpec, BadMetadataIsRejectedWithTheKey) {
       {"value != key length", [](GgufWriter& w) { w.set_u32("deepseek4.attention.value_length", 256); }, "shares K and V"},
       {"expert groups", [](GgufWriter& w) { w.set_u32("deepseek4.expert_group_count", 8); }, "group-limited"},
       {"clamp type", [](GgufWriter& w) { w.set_array_u32("deepseek4.swiglu_clamp_exp", std::vector<uint32_t>(44, 10)); }, "must hold floats"},
-      {"indexer dim", [](GgufWriter& w) { w.set_u32("deepseek4.attention.indexer.key_length", 96); }, "power of two"},
+      {"indexer dim", [](GgufWriter& w) { w.set_u32("deepseek4.attention.indexer.key_length", 32); },
+       "indexer.key_length 32 must be in [rope.dimension_count 64"},
+      {"rope dims", [](GgufWriter& w) { w.set_u32("deepseek4.rope.dimension_count", 63); }, "must be even"},
       {"bool type", [](GgufWriter& w) { w.set_u32("deepseek4.expert_weights_norm", 1); }, "must be a bool"},
   };
   for (const auto& c : cases) {
@@ -141,6 +145,112 @@ TEST(ModelSpec, BadMetadataIsRejectedWithTheKey) {
   ASSERT_FALSE(r.has_value());
   EXPECT_NE(r.error().message.find("missing metadata key \"deepseek4.embedding_length\""), std::string::npos) << r.error().message;
   std::filesystem::remove(path);
+}
+
+namespace {
+
+// Widths transformers' DeepseekV4 accepts that fit neither `reference` numerics
+// nor the CUDA kernels: 32 non-RoPE dims per head, 3 heads in 4 output groups
+// (a group cuts a head: 3 x 96 = 4 x 72), indexer heads of 80 dims, an embedding
+// width of 200, expert width 120.
+ModelSpec odd_spec() {
+  ModelSpec s = tiny_spec();
+  s.name = "dsv4 odd";
+  s.n_embd = 200;
+  s.n_head = 3;
+  s.head_dim = 96;
+  s.o_groups = 4;
+  s.q_lora_rank = 48;
+  s.o_lora_rank = 40;
+  s.indexer_head_dim = 80;
+  s.expert_ff = 120;
+  return s;
+}
+
+// check_cuda_fit on a synthetic model of `spec` stored with `recipe`.
+Status cuda_fit(const ModelSpec& spec, QuantRecipe recipe, Numerics numerics) {
+  const std::string path = temp_path("cuda-fit.gguf");
+  const Preset p{"fit", "", spec, recipe};
+  EXPECT_TRUE(synth_write(synth_plan(p, 3), path, 2).has_value());
+  auto m = open_model(path);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(m.has_value()) << m.error().message;
+  if (!m) return m.error();
+  return check_cuda_fit((*m)->weights, nullptr, numerics);
+}
+
+std::string fit_error(const Status& st) { return st ? "" : st.error().message; }
+
+}  // namespace
+
+TEST(ModelSpec, EveryTransformersShapeIsValid) {
+  EXPECT_TRUE(odd_spec().validate().has_value()) << odd_spec().validate().error().message;
+  ModelSpec s = odd_spec();
+  s.o_groups = 5;  // 288 head outputs do not split into 5 groups
+  ASSERT_FALSE(s.validate().has_value());
+  EXPECT_NE(s.validate().error().message.find("must divide head_count x key_length = 3 x 96"), std::string::npos);
+  s = odd_spec();
+  s.rope_dim = 96;  // every dim rotated: no non-RoPE dims at all
+  s.indexer_head_dim = 96;
+  EXPECT_TRUE(s.validate().has_value()) << s.validate().error().message;
+  s.indexer_head_dim = 64;  // the indexer's RoPE tail no longer fits its heads
+  EXPECT_FALSE(s.validate().has_value());
+  s.compress_ratios = {0, 0, 128, 128, 0, 128, 0};  // ... which matters only with an indexer (ratio 4)
+  EXPECT_TRUE(s.validate().has_value());
+}
+
+TEST(ShapeFit, ReferenceNumericsNeedFp8BlocksAndAHadamardWidth) {
+  EXPECT_TRUE(check_numerics_fit(tiny_spec(), Numerics::REFERENCE).has_value());
+  EXPECT_TRUE(check_numerics_fit(odd_spec(), Numerics::PLAIN).has_value());
+  const std::string e = fit_error(check_numerics_fit(odd_spec(), Numerics::REFERENCE));
+  const std::string want =
+      "this model's attention has 32 non-RoPE dims per head (key_length 96 - 64 RoPE dims), not a multiple of 64, so "
+      "`--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use --numerics plain";
+  EXPECT_NE(e.find(want), std::string::npos) << e;
+  ModelSpec s = odd_spec();
+  s.head_dim = 192;  // 128 non-RoPE dims: two FP8 blocks
+  const std::string e2 = fit_error(check_numerics_fit(s, Numerics::REFERENCE));
+  EXPECT_NE(e2.find("indexer heads have 80 dims, not a power of two >= 32"), std::string::npos) << e2;
+  s.head_dim = 144;  // 128 non-RoPE dims with 16 RoPE dims
+  s.rope_dim = 16;
+  s.indexer_head_dim = 16;  // a power of two, but below one FP4 block
+  const std::string e3 = fit_error(check_numerics_fit(s, Numerics::REFERENCE));
+  EXPECT_NE(e3.find("indexer heads have 16 dims"), std::string::npos) << e3;
+  s.indexer_head_dim = 80;
+  s.compress_ratios = {0, 0, 128, 128, 0, 128, 0};  // no indexer
+  EXPECT_TRUE(check_numerics_fit(s, Numerics::REFERENCE).has_value());
+}
+
+TEST(ShapeFit, CudaRefusesWidthsItsKernelsCannotLaunch) {
+  EXPECT_TRUE(cuda_fit(tiny_spec(), QuantRecipe::Q2, Numerics::REFERENCE).has_value());
+  EXPECT_TRUE(cuda_fit(tiny_spec(), QuantRecipe::F32, Numerics::PLAIN).has_value());
+  std::string e = fit_error(cuda_fit(odd_spec(), QuantRecipe::F32, Numerics::PLAIN));
+  const std::string want = "the CUDA backend cannot run this model: its attention heads have 96 dims and 3 heads; the "
+                           "attention kernel takes a multiple of 256 up to 8192 for this head count; use --backend cpu";
+  EXPECT_NE(e.find(want), std::string::npos) << e;
+  // 3 heads of 128: the split kernel needs 256-multiples then; the tensor-core kernel (reference) takes 128.
+  ModelSpec s = tiny_spec();
+  s.n_head = 3;
+  s.o_groups = 3;
+  EXPECT_NE(fit_error(cuda_fit(s, QuantRecipe::F32, Numerics::PLAIN)).find("a multiple of 256"), std::string::npos);
+  EXPECT_TRUE(cuda_fit(s, QuantRecipe::F32, Numerics::REFERENCE).has_value());
+  s = tiny_spec();
+  s.indexer_head_dim = 90;
+  e = fit_error(cuda_fit(s, QuantRecipe::F32, Numerics::PLAIN));
+  EXPECT_NE(e.find("its indexer heads have 90 dims; the indexer kernel takes multiples of 4"), std::string::npos) << e;
+  s = tiny_spec();
+  s.n_embd = 100;  // F32 rows of 100 are 25 units of 4; F16 rows are not whole units of 8
+  EXPECT_TRUE(cuda_fit(s, QuantRecipe::F32, Numerics::PLAIN).has_value());
+  e = fit_error(cuda_fit(s, QuantRecipe::F16, Numerics::PLAIN));
+  const std::string want_f16 =
+      "token_embd.weight: F16 rows of 100 values, and the CUDA kernels read F16 rows in units of 8 values";
+  EXPECT_NE(e.find(want_f16), std::string::npos) << e;
+  s.n_embd = 98;  // 4 streams x 98 = 392 = 49 x 8, but not F32 units of 4
+  e = fit_error(cuda_fit(s, QuantRecipe::F32, Numerics::PLAIN));
+  EXPECT_NE(e.find("F32 rows of 98 values"), std::string::npos) << e;
+  s.n_embd = 97;
+  e = fit_error(cuda_fit(s, QuantRecipe::F32, Numerics::PLAIN));
+  EXPECT_NE(e.find("its mHC state is 4 streams of 97 values"), std::string::npos) << e;
 }
 
 TEST(TensorTable, PublishedQ2AndQ4Layouts) {

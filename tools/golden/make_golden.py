@@ -19,7 +19,7 @@ What it does (see tools/golden/README.md for the full story):
 Usage (on the GPU machine; this machine has no torch):
   python3 tools/golden/make_golden.py --out tests/fixtures/golden
   python3 tools/golden/make_golden.py --inspect-only      # config + module tree only
-Options: --models flash_tiny[,pro_tiny]  --device cpu|cuda  --seed N  --threads N
+Options: --models flash_tiny[,pro_tiny,odd_tiny]  --device cpu|cuda  --seed N  --threads N
 
 Numerics of the reference: plain fp32 everywhere (transformers has no FP8/FP4/bf16
 simulation) -> this corresponds to dsv4's `plain` numerics mode.
@@ -45,7 +45,8 @@ import numpy as np
 # Model registry. Dimensions obey dsv4's conversion constraints: hidden and moe_intermediate are
 # multiples of 256 (q2 expert blocks), every other matrix input dim a multiple of 32, head_dim
 # 128 with 64 RoPE dims (FP8 simulation works on 64-blocks of the 64 non-RoPE dims), indexer
-# head dim 128 (Hadamard needs a power of two), vocab >= 260 with BOS=0 / EOS=1.
+# head dim 128 (Hadamard needs a power of two), vocab >= 260 with BOS=0 / EOS=1. odd_tiny breaks
+# the two `reference`-numerics rules on purpose.
 # ----------------------------------------------------------------------------------------------
 FLASH_TINY = dict(
     vocab_size=300,
@@ -91,7 +92,14 @@ FLASH_TINY = dict(
 # 0-1 are ratio 128 instead of window-only.
 PRO_TINY = dict(FLASH_TINY, compress_ratios=[128, 128, 4, 128], routed_scaling_factor=2.5)
 
-MODELS = {"flash_tiny": FLASH_TINY, "pro_tiny": PRO_TINY}
+# A shape transformers accepts but dsv4's `reference` numerics cannot run: head_dim 96 with 64 RoPE dims
+# leaves 32 non-RoPE dims (not a 64-block for the FP8 KV simulation), and indexer heads of 96 dims are
+# no power of two (no Hadamard rotation). dsv4 must convert and run it in `plain` and refuse `reference`.
+# Hidden and expert widths stay 256 and every matrix input width (96 * 4 / 2 = 192 for wo_a) a multiple
+# of 32, so the quantised conversions run too.
+ODD_TINY = dict(FLASH_TINY, head_dim=96, index_head_dim=96)
+
+MODELS = {"flash_tiny": FLASH_TINY, "pro_tiny": PRO_TINY, "odd_tiny": ODD_TINY}
 
 # Sequence lengths (>= 700: past the 128 window, past 5 ratio-128 rows, past top-32 of ~175 rows).
 SEQ_LENGTHS = [713, 700, 771]
