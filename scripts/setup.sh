@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for clang builds
+  clang-format                        # scripts/format.sh (CI checks the sources are formatted)
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libssl-dev libicu-dev
