@@ -47,8 +47,10 @@ ResolvedIdentity cache_identity(const Engine& engine, ModelIdentityStore& store)
     if (now && *now == file->stamp) {
       key = ModelFileKey{file->path, file->stamp};
     } else {
-      log_warn("KV disk cache: %s changed since it was loaded; the identity of the loaded model is computed and not "
-               "remembered", file->path.c_str());
+      log_warn(
+          "KV disk cache: %s changed since it was loaded; the identity of the loaded model is computed and not "
+          "remembered",
+          file->path.c_str());
     }
   }
   if (key) {

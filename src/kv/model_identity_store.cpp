@@ -153,8 +153,10 @@ std::optional<Digest> ModelIdentityStore::find(const ModelFileKey& key) const {
 
 Status ModelIdentityStore::remember(const ModelFileKey& key, const Digest& identity) {
   if (!storable_path(key.path))
-    return make_error("the model path cannot be stored in %s (not absolute, a control character or longer than "
-                      "%zu bytes)", path().c_str(), k_max_path_bytes);
+    return make_error(
+        "the model path cannot be stored in %s (not absolute, a control character or longer than "
+        "%zu bytes)",
+        path().c_str(), k_max_path_bytes);
   std::string text = std::string(k_first_line) + "\n" + format_line(key, identity);
   size_t n = 1;
   for (const Entry& e : load()) {

@@ -20,7 +20,8 @@ bool has_sparse_layer(const ModelSpec& s) {
 uint64_t cuda_row_unit(GgmlType t) {
   switch (t) {
     case GgmlType::F32: return 4;
-    case GgmlType::F16: case GgmlType::BF16: return 8;
+    case GgmlType::F16:
+    case GgmlType::BF16: return 8;
     default: return 1;
   }
 }
@@ -55,16 +56,18 @@ Status check_cuda_rows(const std::vector<TensorSpec>& table, const ModelWeights&
 Status check_numerics_fit(const ModelSpec& s, Numerics numerics) {
   if (numerics != Numerics::REFERENCE) return {};
   if (s.nope_dim() % 64)
-    return make_error("this model's attention has %u non-RoPE dims per head (key_length %u - %u RoPE dims), not a "
-                      "multiple of 64, so `--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use "
-                      "--numerics plain",
-                      s.nope_dim(), s.head_dim, s.rope_dim);
+    return make_error(
+        "this model's attention has %u non-RoPE dims per head (key_length %u - %u RoPE dims), not a "
+        "multiple of 64, so `--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use "
+        "--numerics plain",
+        s.nope_dim(), s.head_dim, s.rope_dim);
   const uint32_t dI = s.indexer_head_dim;
   if (has_sparse_layer(s) && (dI < 32 || (dI & (dI - 1))))
-    return make_error("this model's indexer heads have %u dims, not a power of two >= 32, so `--numerics reference` "
-                      "(Hadamard rotation and FP4 blocks of 32 on indexer queries and keys) cannot run it; use "
-                      "--numerics plain",
-                      dI);
+    return make_error(
+        "this model's indexer heads have %u dims, not a power of two >= 32, so `--numerics reference` "
+        "(Hadamard rotation and FP4 blocks of 32 on indexer queries and keys) cannot run it; use "
+        "--numerics plain",
+        dI);
   return {};
 }
 
@@ -80,29 +83,31 @@ Status check_cuda_fit(const ModelWeights& weights, const MtpWeights* mtp, Numeri
   const bool split_kernel = d % 128 == 0 && d % (32 * w) == 0 && d / w <= 1024;
   const bool mma_kernel = numerics == Numerics::REFERENCE && (d == 128 || d == 256 || d == 512);
   if (!split_kernel && !mma_kernel)
-    return refuse(strfmt("its attention heads have %llu dims and %u heads; the attention kernel takes a multiple of "
-                         "%llu up to %llu for this head count%s",
-                         static_cast<unsigned long long>(d), s.n_head,
-                         static_cast<unsigned long long>(std::max<uint64_t>(128, 32 * w)),
-                         static_cast<unsigned long long>(1024 * w),
-                         numerics == Numerics::REFERENCE ? ", or 128, 256 or 512" : ""));
+    return refuse(strfmt(
+        "its attention heads have %llu dims and %u heads; the attention kernel takes a multiple of "
+        "%llu up to %llu for this head count%s",
+        static_cast<unsigned long long>(d), s.n_head, static_cast<unsigned long long>(std::max<uint64_t>(128, 32 * w)),
+        static_cast<unsigned long long>(1024 * w), numerics == Numerics::REFERENCE ? ", or 128, 256 or 512" : ""));
   if (s.rope_dim > 128)
     return refuse(strfmt("its heads rotate %u RoPE dims; the RoPE tables hold at most 128", s.rope_dim));
   if (has_sparse_layer(s)) {
     const uint64_t HI = s.indexer_heads, dI = s.indexer_head_dim;
     const uint64_t smem = ((HI * (dI + 4) + HI + 3) / 4 * 4 + 8 * dI) * 4;
-    if (dI % 4) return refuse(strfmt("its indexer heads have %llu dims; the indexer kernel takes multiples of 4",
-                                     static_cast<unsigned long long>(dI)));
+    if (dI % 4)
+      return refuse(strfmt("its indexer heads have %llu dims; the indexer kernel takes multiples of 4",
+                           static_cast<unsigned long long>(dI)));
     if (smem > 200 * 1024)
-      return refuse(strfmt("its %llu indexer heads of %llu dims need %llu bytes of shared memory; the indexer kernel "
-                           "has 200 KiB",
-                           static_cast<unsigned long long>(HI), static_cast<unsigned long long>(dI),
-                           static_cast<unsigned long long>(smem)));
+      return refuse(
+          strfmt("its %llu indexer heads of %llu dims need %llu bytes of shared memory; the indexer kernel "
+                 "has 200 KiB",
+                 static_cast<unsigned long long>(HI), static_cast<unsigned long long>(dI),
+                 static_cast<unsigned long long>(smem)));
   }
   if (s.hc_count > 8 || (uint64_t{s.hc_count} * s.n_embd) % 8)
-    return refuse(strfmt("its mHC state is %u streams of %u values; the mHC kernels take at most 8 streams and a state "
-                         "width (streams x values) that is a multiple of 8",
-                         s.hc_count, s.n_embd));
+    return refuse(
+        strfmt("its mHC state is %u streams of %u values; the mHC kernels take at most 8 streams and a state "
+               "width (streams x values) that is a multiple of 8",
+               s.hc_count, s.n_embd));
   if (s.n_expert > 1024 || s.n_expert_used > 64)
     return refuse(strfmt("it routes each token to %u of %u experts; the routing kernels take at most 64 of 1024",
                          s.n_expert_used, s.n_expert));

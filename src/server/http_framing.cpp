@@ -89,14 +89,14 @@ RequestFramer::State RequestFramer::parse_head(std::string_view bytes) {
         return fail(400, "malformed request line");
       method_ = std::string(method);
       target_ = std::string(target);
-      if (version != "HTTP/1.1" && version != "HTTP/1.0")
-        return fail(505, "only HTTP/1.1 and HTTP/1.0 are supported");
+      if (version != "HTTP/1.1" && version != "HTTP/1.0") return fail(505, "only HTTP/1.1 and HTTP/1.0 are supported");
       continue;
     }
     if (line.empty()) {  // the blank line ends the head
       head_done_ = true;
       head_bytes_ = scan_;
-      if (chunked_ && have_length_) return fail(400, "a request must not have both Content-Length and Transfer-Encoding");
+      if (chunked_ && have_length_)
+        return fail(400, "a request must not have both Content-Length and Transfer-Encoding");
       if (have_length_ && length_ > limits_.max_body_bytes)
         return fail(413, strfmt("the request body (%llu bytes) exceeds the server's limit of %zu bytes",
                                 static_cast<unsigned long long>(length_), limits_.max_body_bytes));
@@ -108,7 +108,8 @@ RequestFramer::State RequestFramer::parse_head(std::string_view bytes) {
     const std::string_view name = line.substr(0, colon), value = trim_ows(line.substr(colon + 1));
     if (!valid_field_value(value)) return fail(400, "a header value holds control characters");
     if (iequals(name, "content-length")) {
-      if (value.empty() || value.size() > 18 || !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      if (value.empty() || value.size() > 18 ||
+          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
         return fail(400, "Content-Length must be a decimal number");
       uint64_t n = 0;
       for (char c : value) n = n * 10 + static_cast<uint64_t>(c - '0');
@@ -117,8 +118,7 @@ RequestFramer::State RequestFramer::parse_head(std::string_view bytes) {
       length_ = n;
     } else if (iequals(name, "transfer-encoding")) {
       if (chunked_) return fail(400, "Transfer-Encoding is given twice");
-      if (!iequals(value, "chunked"))
-        return fail(501, "only the \"chunked\" Transfer-Encoding is supported");
+      if (!iequals(value, "chunked")) return fail(501, "only the \"chunked\" Transfer-Encoding is supported");
       chunked_ = true;
     } else if (iequals(name, "expect")) {
       if (!iequals(value, "100-continue")) return fail(417, "only \"Expect: 100-continue\" is supported");
@@ -147,18 +147,21 @@ RequestFramer::State RequestFramer::parse_chunks(std::string_view bytes) {
         for (; digits < line.size() && hex_digit(line[digits]) >= 0; ++digits) {
           size = size * 16 + static_cast<uint64_t>(hex_digit(line[digits]));
           if (size > limits_.max_body_bytes)
-            return fail(413, strfmt("the chunked request body exceeds the server's limit of %zu bytes", limits_.max_body_bytes));
+            return fail(413, strfmt("the chunked request body exceeds the server's limit of %zu bytes",
+                                    limits_.max_body_bytes));
         }
         if (digits == 0) return fail(400, "malformed chunk size");
         const std::string_view rest = trim_ows(line.substr(digits));
-        if (!rest.empty() && (rest.front() != ';' || !valid_field_value(rest))) return fail(400, "malformed chunk size");
+        if (!rest.empty() && (rest.front() != ';' || !valid_field_value(rest)))
+          return fail(400, "malformed chunk size");
         if (size == 0) {
           chunk_ = Chunk::LAST;
           break;
         }
         body_ += size;
         if (body_ > limits_.max_body_bytes)
-          return fail(413, strfmt("the chunked request body exceeds the server's limit of %zu bytes", limits_.max_body_bytes));
+          return fail(
+              413, strfmt("the chunked request body exceeds the server's limit of %zu bytes", limits_.max_body_bytes));
         chunk_left_ = size;
         chunk_ = Chunk::DATA;
         break;

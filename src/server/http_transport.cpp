@@ -32,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 thread_local int t_socket = -1;
 
 constexpr size_t k_read_chunk = size_t{64} << 10;
-constexpr size_t k_read_round = size_t{1} << 20;  // bytes read from one connection per poll round
+constexpr size_t k_read_round = size_t{1} << 20;    // bytes read from one connection per poll round
 constexpr auto k_linger = std::chrono::seconds(2);  // a refused connection's unread input is drained this long
 
 Clock::duration to_duration(double seconds) {
@@ -62,8 +62,9 @@ const char* reason_phrase(int status) {
 
 // A whole response for a request the transport refuses; the connection closes after it.
 std::string refusal_response(int status, const std::string& body) {
-  std::string s = strfmt("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n",
-                         status, reason_phrase(status), body.size());
+  std::string s =
+      strfmt("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n", status,
+             reason_phrase(status), body.size());
   if (status == 429 || status == 503) s += "Retry-After: 1\r\n";
   return s + "\r\n" + body;
 }
@@ -109,8 +110,14 @@ class RequestStream : public httplib::Stream {
  public:
   RequestStream(std::string_view request, int fd, Clock::duration write_timeout, std::string* sink,
                 const std::string& remote_ip, int remote_port, const std::string& local_ip, int local_port)
-      : in_(request), fd_(fd), write_timeout_(write_timeout), sink_(sink), remote_ip_(remote_ip),
-        remote_port_(remote_port), local_ip_(local_ip), local_port_(local_port) {}
+      : in_(request),
+        fd_(fd),
+        write_timeout_(write_timeout),
+        sink_(sink),
+        remote_ip_(remote_ip),
+        remote_port_(remote_port),
+        local_ip_(local_ip),
+        local_port_(local_port) {}
 
   bool is_readable() const override { return pos_ < in_.size(); }
   bool is_writable() const override { return sink_ || wait_writable(write_timeout_); }
@@ -175,10 +182,10 @@ struct Conn {
   int fd = -1;
   std::string client, local_ip;
   int client_port = -1, local_port = -1;
-  std::string buf;                       // received, not yet handed to a worker
-  std::optional<RequestFramer> framer;   // set from the current request's first byte
+  std::string buf;                      // received, not yet handed to a worker
+  std::optional<RequestFramer> framer;  // set from the current request's first byte
   bool continue_sent = false;
-  bool draining = false;                 // refused: reading and dropping until the peer closes or the linger ends
+  bool draining = false;  // refused: reading and dropping until the peer closes or the linger ends
   Clock::time_point deadline;
   size_t served = 0;
 };
@@ -203,7 +210,7 @@ struct HttpTransport::Loop {
 
   std::thread reactor;
   std::vector<std::thread> workers;
-  std::vector<std::unique_ptr<Conn>> conns;     // the reactor's own
+  std::vector<std::unique_ptr<Conn>> conns;  // the reactor's own
 
   Loop(HttpTransport& t, TransportOptions opts, RefusalHook h) : owner(t), o(std::move(opts)), hook(std::move(h)) {
     DSV4_ASSERT(::pipe2(wake_fds, O_NONBLOCK | O_CLOEXEC) == 0, "pipe2 failed");
@@ -383,8 +390,10 @@ struct HttpTransport::Loop {
           if (!c.draining) next_step = advance(c, now);
           // A peer that sent a whole request and then shut its side down
           // (printf ... | nc) is answered; the connection closes after it.
-          if (!open_still && next_step == Next::DISPATCH) c.served = o.keep_alive_max_requests;
-          else if (!open_still) next_step = Next::CLOSE;
+          if (!open_still && next_step == Next::DISPATCH)
+            c.served = o.keep_alive_max_requests;
+          else if (!open_still)
+            next_step = Next::CLOSE;
         }
         if (next_step == Next::WAIT && now >= c.deadline) {
           if (c.draining || !c.framer)
@@ -392,8 +401,10 @@ struct HttpTransport::Loop {
           else
             refuse(c, 408, strfmt("the request did not arrive within %g s (--read-timeout)", o.read_timeout_seconds));
         }
-        if (next_step == Next::CLOSE) close_conn(std::move(conns[i]));
-        else if (next_step == Next::DISPATCH) dispatch(std::move(conns[i]));
+        if (next_step == Next::CLOSE)
+          close_conn(std::move(conns[i]));
+        else if (next_step == Next::DISPATCH)
+          dispatch(std::move(conns[i]));
       }
       std::erase_if(conns, [](const std::unique_ptr<Conn>& c) { return !c; });
     }
@@ -462,8 +473,8 @@ struct HttpTransport::Loop {
   bool serve(Conn& c) {
     const std::string request = take_request(c);
     const bool last = ++c.served >= o.keep_alive_max_requests;
-    RequestStream strm(request, c.fd, to_duration(o.write_timeout_seconds), nullptr, c.client, c.client_port, c.local_ip,
-                       c.local_port);
+    RequestStream strm(request, c.fd, to_duration(o.write_timeout_seconds), nullptr, c.client, c.client_port,
+                       c.local_ip, c.local_port);
     t_socket = c.fd;
     bool closed = false, ok = false;
     try {

@@ -38,10 +38,10 @@
 namespace dsv4::server {
 
 struct TransportOptions {
-  int threads = 16;                     // HTTP threads (workers)
-  double read_timeout_seconds = 30;     // a request's head and body, from its first byte
-  double idle_timeout_seconds = 5;      // keep-alive: silence allowed between two requests
-  double write_timeout_seconds = 60;    // one blocked write of a response
+  int threads = 16;                        // HTTP threads (workers)
+  double read_timeout_seconds = 30;        // a request's head and body, from its first byte
+  double idle_timeout_seconds = 5;         // keep-alive: silence allowed between two requests
+  double write_timeout_seconds = 60;       // one blocked write of a response
   size_t max_connections_per_client = 64;  // open connections from one address
   size_t max_connections = 1024;           // open connections in all
   size_t keep_alive_max_requests = 1000;   // requests on one connection
@@ -54,11 +54,11 @@ struct TransportOptions {
 
 // A request the transport answered itself (it never reached a handler).
 struct TransportRefusal {
-  int status = 0;           // 400, 408, 413, 417, 429, 431, 501, 503, 505
-  std::string message;      // why, for the client and the log
-  std::string method;       // empty when the request line never arrived
+  int status = 0;       // 400, 408, 413, 417, 429, 431, 501, 503, 505
+  std::string message;  // why, for the client and the log
+  std::string method;   // empty when the request line never arrived
   std::string target;
-  std::string client;       // numeric peer address
+  std::string client;  // numeric peer address
 };
 
 class HttpTransport : public httplib::Server {

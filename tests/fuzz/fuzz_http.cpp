@@ -30,13 +30,13 @@ namespace {
 using namespace dsv4;
 using namespace dsv4::server;
 
-#define FUZZ_CHECK(cond, what)                                                                     \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::fprintf(stderr, "fuzz_http: check failed: %s (line %d): %s\n", #cond, __LINE__,         \
-                   std::string(what).substr(0, 400).c_str());                                      \
-      std::abort();                                                                                \
-    }                                                                                              \
+#define FUZZ_CHECK(cond, what)                                                             \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::fprintf(stderr, "fuzz_http: check failed: %s (line %d): %s\n", #cond, __LINE__, \
+                   std::string(what).substr(0, 400).c_str());                              \
+      std::abort();                                                                        \
+    }                                                                                      \
   } while (0)
 
 struct Served {
@@ -48,7 +48,12 @@ struct Served {
     auto tok = Tokenizer::from_vocab(v.tokens, v.merges, v.types);
     if (!tok) std::abort();
     std::vector<ScriptedReply> replies = {
-        ScriptedReply{"weather", std::string("Let me check.</think>\n\n<") + "｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", 0, 0},
+        ScriptedReply{
+            "weather",
+            std::string("Let me check.</think>\n\n<") +
+                "｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+                "string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+            0, 0},
         ScriptedReply{"json", "{\"a\": [1, 2, {\"b\": null}]}", 0, 0},
         ScriptedReply{"", "Hello there, this is a reply.", 0, 0},
     };
@@ -87,7 +92,8 @@ void check_responses(std::string_view out) {
         if (colon != std::string_view::npos && line.substr(0, colon).size() == name.size()) {
           std::string k(line.substr(0, colon));
           for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-          if (k == name) return std::string(line.substr(colon + 1 + (line.size() > colon + 1 && line[colon + 1] == ' ')));
+          if (k == name)
+            return std::string(line.substr(colon + 1 + (line.size() > colon + 1 && line[colon + 1] == ' ')));
         }
         p = e;
       }
@@ -123,7 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Served& s = (data[0] & 1) ? keyed : keyless;
   const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
   const std::string out = s.http->serve_bytes(bytes);
-  if (std::getenv("FUZZ_HTTP_PRINT")) std::fwrite(out.data(), 1, out.size(), stdout);  // FUZZ_HTTP_PRINT=1: show replies
+  if (std::getenv("FUZZ_HTTP_PRINT"))
+    std::fwrite(out.data(), 1, out.size(), stdout);  // FUZZ_HTTP_PRINT=1: show replies
   check_responses(out);
   const std::string health = s.http->serve_bytes("GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n");
   FUZZ_CHECK(health.rfind("HTTP/1.1 200", 0) == 0, health);

@@ -56,7 +56,8 @@ struct Running {
   }
   // Waits until `needle` shows up in /metrics (the request log runs after a
   // response is written, so counters lag the client by a moment).
-  bool metrics_show(const std::string& needle, std::chrono::milliseconds limit = std::chrono::milliseconds(3000)) const {
+  bool metrics_show(const std::string& needle,
+                    std::chrono::milliseconds limit = std::chrono::milliseconds(3000)) const {
     const auto end = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < end) {
       if (metrics().find(needle) != std::string::npos) return true;
@@ -90,7 +91,8 @@ inline bool send_all(int fd, const std::string& s) {
 inline int open_request(int port, const std::string& path, const std::string& body) {
   int fd = connect_to(port);
   if (fd < 0) return -1;
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+  const std::string req = "POST " + path +
+                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;
   if (::send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
     ::close(fd);

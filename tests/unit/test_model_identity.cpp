@@ -171,8 +171,7 @@ TEST(ModelIdentityStore, KeepsTheLastEightOnePerPath) {
   auto s = d.store();
   for (int i = 0; i < 10; ++i)
     ASSERT_TRUE(s.remember(key("/m/" + std::to_string(i)), digest(static_cast<uint8_t>(i))).has_value());
-  for (int i = 0; i < 10; ++i)
-    EXPECT_EQ(s.find(key("/m/" + std::to_string(i))).has_value(), i >= 2) << i;
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.find(key("/m/" + std::to_string(i))).has_value(), i >= 2) << i;
   // A new stamp of a known path replaces its entry.
   ASSERT_TRUE(s.remember(key("/m/9", 99), digest(0x99)).has_value());
   EXPECT_FALSE(s.find(key("/m/9")).has_value());
@@ -203,15 +202,14 @@ TEST(ModelIdentityStore, GarbageIsIgnoredAndRewritten) {
   // Malformed lines are skipped one by one; the valid entry among them is used.
   const std::string good = line_of(k, digest(2));
   std::string bad_lines;
-  for (const std::string& l :
-       {std::string("zz") + good.substr(2),                                     // not hex
-        digest_hex(digest(3)).substr(0, 60) + good.substr(64),                  // short hex
-        good.substr(0, 65) + "0" + good.substr(65),                             // leading zero in dev
-        good.substr(0, 65) + "+" + good.substr(65),                             // a sign
-        good.substr(0, 65) + "99999999999999999999999" + good.substr(69),       // overflow
-        good.substr(0, good.rfind(' ')) + " relative/path\n",                   // a relative path
-        good.substr(0, good.rfind(' ')) + "\n",                                 // a field missing
-        std::string("\n")})
+  for (const std::string& l : {std::string("zz") + good.substr(2),                                // not hex
+                               digest_hex(digest(3)).substr(0, 60) + good.substr(64),             // short hex
+                               good.substr(0, 65) + "0" + good.substr(65),                        // leading zero in dev
+                               good.substr(0, 65) + "+" + good.substr(65),                        // a sign
+                               good.substr(0, 65) + "99999999999999999999999" + good.substr(69),  // overflow
+                               good.substr(0, good.rfind(' ')) + " relative/path\n",              // a relative path
+                               good.substr(0, good.rfind(' ')) + "\n",                            // a field missing
+                               std::string("\n")})
     bad_lines += l;
   d.write(first + bad_lines + good + "deadbeef unterminated");
   EXPECT_EQ(s.find(k), digest(2));

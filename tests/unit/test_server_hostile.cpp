@@ -182,7 +182,8 @@ TEST(ServerHostile, ChunkedBodiesMeetTheBodyLimitBeforeTheyAreRead) {
   // nothing reaches the engine.
   fd = connect_to(s.port);
   ASSERT_GE(fd, 0);
-  std::string body = R"({"model": "tiny", "messages": [{"role": "user", "content": ")" + std::string(2u << 20, 'a') + "\"}]}";
+  std::string body =
+      R"({"model": "tiny", "messages": [{"role": "user", "content": ")" + std::string(2u << 20, 'a') + "\"}]}";
   std::string req = post_head("/v1/chat/completions", "Transfer-Encoding: chunked\r\n");
   for (size_t i = 0; i < body.size(); i += 4096) {
     const std::string part = body.substr(i, 4096);
@@ -243,7 +244,8 @@ TEST(TokenizerStopAfter, StopsOncePastTheLimit) {
   EXPECT_LT(some.size(), 120u);
   EXPECT_TRUE(std::equal(some.begin(), some.end(), all.begin()));
   EXPECT_GE(tok->max_token_bytes(), 1u);
-  for (size_t id = 0; id < tok->n_vocab(); ++id) EXPECT_LE(tok->token_bytes(static_cast<int32_t>(id)).size(), tok->max_token_bytes());
+  for (size_t id = 0; id < tok->n_vocab(); ++id)
+    EXPECT_LE(tok->token_bytes(static_cast<int32_t>(id)).size(), tok->max_token_bytes());
 }
 
 // ---- metrics labels ----
@@ -364,7 +366,8 @@ TEST(ServerHostile, UnfinishedBodiesHoldBoundedMemory) {
   // byte (32 MiB in all, non-blocking: a send that would block is the
   // server pushing back).
   std::vector<int> fds;
-  const std::string head = post_head("/v1/chat/completions", "Content-Length: " + std::to_string(o.max_body_bytes) + "\r\n");
+  const std::string head =
+      post_head("/v1/chat/completions", "Content-Length: " + std::to_string(o.max_body_bytes) + "\r\n");
   const std::string chunk(64 << 10, 'a');
   for (int i = 0; i < 8; ++i) {
     const int fd = connect_to(s.port);
@@ -388,8 +391,9 @@ TEST(ServerHostile, PipelinedRequestsAndExpectContinue) {
   Running s({}, {ScriptedReply{"", "ok", 0, 0}});
   int fd = connect_to(s.port);
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(send_all(fd, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: "
-                           "127.0.0.1\r\nConnection: close\r\n\r\n"));
+  ASSERT_TRUE(send_all(fd,
+                       "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: "
+                       "127.0.0.1\r\nConnection: close\r\n\r\n"));
   std::string got = read_all(fd);
   ::close(fd);
   EXPECT_NE(got.find("\"status\":\"ok\""), std::string::npos) << got;
@@ -397,8 +401,9 @@ TEST(ServerHostile, PipelinedRequestsAndExpectContinue) {
 
   fd = connect_to(s.port);
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(send_all(fd, post_head("/v1/chat/completions", "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
-                                                                std::to_string(k_chat.size()) + "\r\n")));
+  ASSERT_TRUE(
+      send_all(fd, post_head("/v1/chat/completions", "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+                                                         std::to_string(k_chat.size()) + "\r\n")));
   got = read_until(fd, "\r\n\r\n");
   EXPECT_EQ(got, "HTTP/1.1 100 Continue\r\n\r\n");
   ASSERT_TRUE(send_all(fd, k_chat));
@@ -414,7 +419,8 @@ TEST(ServerHostile, AQueuedClientThatLeftGivesItsSlotBack) {
   ServerOptions o;
   o.max_queue = 1;
   Running s(o, {ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve thirteen", 25, 0}});
-  auto running = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
+  auto running = std::async(std::launch::async,
+                            [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
   for (int i = 0; i < 200 && !s.http->scheduler().busy(); ++i) std::this_thread::sleep_for(5ms);
   ASSERT_TRUE(s.http->scheduler().busy());
   const int fd = open_request(s.port, "/v1/chat/completions", k_chat);
@@ -443,12 +449,14 @@ TEST(ServerHostile, KeylessServerAnswersOnlyItsOwnHostAndOrigin) {
   auto with_host = [&](const std::string& host) {
     return c.Post("/v1/chat/completions", httplib::Headers{{"Host", host}}, k_chat, "application/json");
   };
-  for (const std::string& host : std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST", "[::1]:" + port, "dsv4.internal"}) {
+  for (const std::string& host : std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST",
+                                                          "[::1]:" + port, "dsv4.internal"}) {
     auto r = with_host(host);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << host;
   }
-  for (const std::string& host : std::vector<std::string>{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example", "10.1.2.3"}) {
+  for (const std::string& host :
+       std::vector<std::string>{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example", "10.1.2.3"}) {
     auto r = with_host(host);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 403) << host;
@@ -458,11 +466,13 @@ TEST(ServerHostile, KeylessServerAnswersOnlyItsOwnHostAndOrigin) {
   ASSERT_TRUE(g);
   EXPECT_EQ(g->status, 403);
   // A page of another origin (browsers send Origin on cross-origin POSTs).
-  auto x = c.Post("/v1/chat/completions", httplib::Headers{{"Origin", "https://evil.example"}}, k_chat, "application/json");
+  auto x =
+      c.Post("/v1/chat/completions", httplib::Headers{{"Origin", "https://evil.example"}}, k_chat, "application/json");
   ASSERT_TRUE(x);
   EXPECT_EQ(x->status, 403);
   auto m = c.Post("/v1/messages", httplib::Headers{{"Origin", "null"}},
-                  R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})", "application/json");
+                  R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})",
+                  "application/json");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 403);
   EXPECT_EQ(parse(m->body)["error"]["type"], "permission_error");
@@ -487,10 +497,12 @@ TEST(ServerHostile, CorsOriginAndApiKeyLiftTheKeylessRules) {
     o.cors_origin = "http://localhost:3000";
     Running s(o, {ScriptedReply{"", "ok", 0, 0}});
     auto c = s.client();
-    auto ok = c.Post("/v1/chat/completions", httplib::Headers{{"Origin", "http://localhost:3000"}}, k_chat, "application/json");
+    auto ok = c.Post("/v1/chat/completions", httplib::Headers{{"Origin", "http://localhost:3000"}}, k_chat,
+                     "application/json");
     ASSERT_TRUE(ok);
     EXPECT_EQ(ok->status, 200);
-    auto bad = c.Post("/v1/chat/completions", httplib::Headers{{"Origin", "http://localhost:3001"}}, k_chat, "application/json");
+    auto bad = c.Post("/v1/chat/completions", httplib::Headers{{"Origin", "http://localhost:3001"}}, k_chat,
+                      "application/json");
     ASSERT_TRUE(bad);
     EXPECT_EQ(bad->status, 403);
   }
@@ -499,9 +511,10 @@ TEST(ServerHostile, CorsOriginAndApiKeyLiftTheKeylessRules) {
     o.api_key = "secret";
     Running s(o, {ScriptedReply{"", "ok", 0, 0}});
     auto c = s.client();
-    auto r = c.Post("/v1/chat/completions",
-                    httplib::Headers{{"Host", "api.example"}, {"Origin", "https://app.example"}, {"x-api-key", "secret"}},
-                    k_chat, "text/plain");
+    auto r =
+        c.Post("/v1/chat/completions",
+               httplib::Headers{{"Host", "api.example"}, {"Origin", "https://app.example"}, {"x-api-key", "secret"}},
+               k_chat, "text/plain");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
   }
@@ -532,7 +545,8 @@ TEST(ServerHostile, LogLinesCannotBeForged) {
   testing::internal::CaptureStderr();
   auto c = s.client();
   (void)c.Get("/v1/models%0D%0Adsv4: GET /forged 200 1 ms%1B[31m");
-  (void)c.Post("/v1/chat/completions", R"({"model": "x\r\ndsv4: POST /forged 200", "messages": [{"role": "user", "content": "hi"}]})",
+  (void)c.Post("/v1/chat/completions",
+               R"({"model": "x\r\ndsv4: POST /forged 200", "messages": [{"role": "user", "content": "hi"}]})",
                "application/json");
   // A stream whose client leaves after a few tokens logs the tokens it got.
   const int fd = open_request(s.port, "/v1/chat/completions",

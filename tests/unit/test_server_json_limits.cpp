@@ -79,8 +79,10 @@ size_t depth_at_placeholder(std::string_view tmpl) {
   for (size_t i = 0; i < tmpl.size() && tmpl[i] != '@'; ++i) {
     const char c = tmpl[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -481,8 +483,8 @@ TEST(ServerForcedToolUsage, NamedToolAnthropicAndAfterReasoning) {
   // Anthropic tool_choice {"type": "tool"} without thinking: input + output tokens = the session.
   {
     ToolMemory memory;
-    auto b = make_backend(
-        {ScriptedReply{"", string_param("city", "Paris") + dsml("\n</|invoke>\n</|tool_calls>"), 0, 0}});
+    auto b =
+        make_backend({ScriptedReply{"", string_param("city", "Paris") + dsml("\n</|invoke>\n</|tool_calls>"), 0, 0}});
     ServeContext ctx{b->tokenizer(), 4096, ModelCatalog{"tiny", {}}, memory};
     auto p = prepare_anthropic_messages(ordered_json::parse(R"({"max_tokens": 100, "thinking": {"type": "disabled"},
         "tool_choice": {"type": "tool", "name": "get_weather"},
@@ -508,10 +510,10 @@ TEST(ServerForcedToolUsage, NamedToolAnthropicAndAfterReasoning) {
         ScriptedReply{"", "I should look it up</think>ignored", 0, 0},
     });
     ServeContext ctx{b->tokenizer(), 4096, ModelCatalog{"tiny", {}}, memory};
-    auto p = prepare_openai_chat(ordered_json::parse(std::string(R"({"tool_choice": "required", "tools": )") +
-                                                     k_weather_tools +
-                                                     R"(, "messages": [{"role": "user", "content": "weather?"}]})"),
-                                 ctx);
+    auto p = prepare_openai_chat(
+        ordered_json::parse(std::string(R"({"tool_choice": "required", "tools": )") + k_weather_tools +
+                            R"(, "messages": [{"role": "user", "content": "weather?"}]})"),
+        ctx);
     ASSERT_TRUE(p.has_value()) << p.error().message;
     const size_t prompt = p->prompt_tokens;
     JobOutcome o;
