@@ -1,5 +1,5 @@
 // When to write KV-cache files, as pure functions of token counts and ids
-// (docs/kv-cache-format.md §6). The server calls them; nothing here does I/O.
+// (docs/kv-cache-format.md §7). The server calls them; nothing here does I/O.
 //
 // Retokenisation. A stored prefix is reusable as a TOKENS match only if
 // tokenizing a later, longer prompt reproduces the stored tokens. Text pieces

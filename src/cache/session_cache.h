@@ -1,4 +1,4 @@
-// Sessions <-> the on-disk KV cache (docs/kv-cache-format.md §5-§6): restore
+// Sessions <-> the on-disk KV cache (docs/kv-cache-format.md §6-§7): restore
 // the longest cached prefix of a prompt into a Session, and save a Session as
 // a cache file. The byte-level store is kv/disk_cache.h.
 //
