@@ -11,6 +11,7 @@
 
 #include "dsv4/engine.h"
 #include "synth/synth.h"
+#include "../common/odd_spec.h"
 
 using namespace dsv4;
 
@@ -353,23 +354,12 @@ TEST_F(EngineTest, ContentIdentityIsComputedOnDemandOnce) {
   EXPECT_FALSE((*mem)->model_file().has_value());
 }
 
-// A shape transformers accepts that `reference` numerics cannot run (32 non-RoPE
-// dims per head, indexer heads of 80 dims), with odd widths elsewhere too
-// (embedding 200, 3 heads in 4 output groups so a group cuts a head, experts 120
-// wide), every matrix in F32: `plain` runs it with the tiny model's invariants
+// A shape transformers accepts that `reference` numerics cannot run
+// (tests/common/odd_spec.h), every matrix in F32: `plain` runs it with the tiny model's invariants
 // (chunked prefill and decode give the bits of one whole prefill, a restored
 // snapshot continues identically); `reference` is refused by name.
 TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
-  ModelSpec spec = tiny_spec();
-  spec.name = "dsv4 odd";
-  spec.n_embd = 200;
-  spec.n_head = 3;
-  spec.head_dim = 96;
-  spec.o_groups = 4;
-  spec.q_lora_rank = 48;
-  spec.o_lora_rank = 40;
-  spec.indexer_head_dim = 80;
-  spec.expert_ff = 120;
+  const ModelSpec spec = dsv4::test::odd_spec();
   const std::string path =
       (std::filesystem::temp_directory_path() / ("dsv4_engine_odd_" + std::to_string(::getpid()) + ".gguf")).string();
   ASSERT_TRUE(synth_write(synth_plan(Preset{"odd", "", spec, QuantRecipe::F32}, 21), path, 2).has_value());

@@ -18,6 +18,7 @@
 #include "quant/quant.h"
 #include "synth/synth.h"
 #include "synth/synth_vocab.h"
+#include "../common/odd_spec.h"
 
 using namespace dsv4;
 
@@ -149,23 +150,7 @@ TEST(ModelSpec, BadMetadataIsRejectedWithTheKey) {
 
 namespace {
 
-// Widths transformers' DeepseekV4 accepts that fit neither `reference` numerics
-// nor the CUDA kernels: 32 non-RoPE dims per head, 3 heads in 4 output groups
-// (a group cuts a head: 3 x 96 = 4 x 72), indexer heads of 80 dims, an embedding
-// width of 200, expert width 120.
-ModelSpec odd_spec() {
-  ModelSpec s = tiny_spec();
-  s.name = "dsv4 odd";
-  s.n_embd = 200;
-  s.n_head = 3;
-  s.head_dim = 96;
-  s.o_groups = 4;
-  s.q_lora_rank = 48;
-  s.o_lora_rank = 40;
-  s.indexer_head_dim = 80;
-  s.expert_ff = 120;
-  return s;
-}
+using dsv4::test::odd_spec;
 
 // check_cuda_fit on a synthetic model of `spec` stored with `recipe`.
 Status cuda_fit(const ModelSpec& spec, QuantRecipe recipe, Numerics numerics) {
