@@ -17,7 +17,7 @@
 #include "commands.h"
 #include "cuda_flags.h"
 #include "conversation/logprobs_json.h"
-#include "conversation/thinking.h"
+#include "chat/thinking.h"
 #include "dsv4/engine.h"
 #include "model/model_file.h"
 #include "run_chat.h"

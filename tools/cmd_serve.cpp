@@ -16,12 +16,12 @@
 #include "chat/chat_message.h"
 #include "commands.h"
 #include "cuda_flags.h"
-#include "conversation/thinking.h"
+#include "chat/thinking.h"
 #include "core/log.h"
 #include "dsv4/engine.h"
-#include "server/engine_backend.h"
+#include "runtime/engine_backend.h"
 #include "server/http_server.h"
-#include "server/scripted_backend.h"
+#include "runtime/scripted_backend.h"
 #include "vocab.h"
 
 namespace dsv4::tools {
@@ -31,7 +31,7 @@ namespace {
 struct ServeArgs {
   EngineOptions engine;
   server::ServerOptions server;
-  server::KvCacheOptions cache;
+  runtime::KvCacheOptions cache;
   size_t max_body_mb = 32;
   std::string script;
 };
@@ -66,26 +66,26 @@ Status fit_open_files(server::ServerOptions& o) {
 
 extern "C" void on_stop_signal(int) { g_signals.fetch_add(1); }
 
-expected<std::unique_ptr<server::Backend>> make_backend(const ServeArgs& a) {
+expected<std::unique_ptr<runtime::Backend>> make_backend(const ServeArgs& a) {
   if (!a.script.empty()) {
     std::ifstream in(a.script, std::ios::binary);
     if (!in) return make_error("cannot read the script %s", a.script.c_str());
     std::stringstream ss;
     ss << in.rdbuf();
     DSV4_TRY_ASSIGN(auto json, parse_json_text(ss.str()));
-    auto replies = server::scripted_replies_from_json(json);
+    auto replies = runtime::scripted_replies_from_json(json);
     if (!replies) return replies.error().with_context(a.script);
     DSV4_TRY_ASSIGN(auto tok, load_vocabulary(a.engine.model_path));
     if (!a.cache.disk_dir.empty() || a.cache.sessions > 1)
       std::fprintf(stderr, "dsv4 serve: --script runs no model: --kv-disk-dir and --sessions are ignored\n");
-    return std::unique_ptr<server::Backend>(
-        std::make_unique<server::ScriptedBackend>(std::move(tok), a.engine.ctx, std::move(*replies)));
+    return std::unique_ptr<runtime::Backend>(
+        std::make_unique<runtime::ScriptedBackend>(std::move(tok), a.engine.ctx, std::move(*replies)));
   }
   std::fprintf(stderr, "dsv4 serve: %s\n", a.engine.describe().c_str());
   DSV4_TRY_ASSIGN(auto engine, Engine::load(a.engine));
-  DSV4_TRY_ASSIGN(auto backend, server::EngineBackend::create(std::move(engine), a.engine.ctx, a.cache));
+  DSV4_TRY_ASSIGN(auto backend, runtime::EngineBackend::create(std::move(engine), a.engine.ctx, a.cache));
   std::fprintf(stderr, "dsv4 serve: cache: %s\n", backend->describe_cache().c_str());
-  return std::unique_ptr<server::Backend>(std::move(backend));
+  return std::unique_ptr<runtime::Backend>(std::move(backend));
 }
 
 int run_serve(ServeArgs a) {
@@ -247,7 +247,7 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
-                  "vocabulary is loaded; see src/server/scripted_backend.h)");
+                  "vocabulary is loaded; see src/runtime/scripted_backend.h)");
   add_cuda_flags(cmd, &a->engine.tensor_cores, &a->engine.cuda);
   cmd->callback([a] { set_exit_code(run_serve(*a)); });
 }

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "chat/chat_message.h"
-#include "conversation/thinking.h"
+#include "chat/thinking.h"
 #include "dsv4/engine.h"
 #include "generate/generate.h"
 #include "run_output.h"

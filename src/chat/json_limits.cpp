@@ -83,4 +83,11 @@ expected<nlohmann::json> parse_json_text_unordered(std::string_view text) {
   return parse_limited<nlohmann::json>(text);
 }
 
+bool json_text_equivalent(std::string_view a, std::string_view b) {
+  // Depth-limited parses: == recurses once per level.
+  const auto ja = parse_json_text_unordered(a);
+  const auto jb = parse_json_text_unordered(b);
+  return ja && jb && *ja == *jb;
+}
+
 }  // namespace dsv4

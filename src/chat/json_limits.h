@@ -48,4 +48,8 @@ expected<nlohmann::ordered_json> parse_json_text(std::string_view text);
 // such values ignores key order).
 expected<nlohmann::json> parse_json_text_unordered(std::string_view text);
 
+// Whether a and b are the same JSON text up to formatting and object key
+// order (both must parse, within k_max_json_depth; numbers compare by value).
+bool json_text_equivalent(std::string_view a, std::string_view b);
+
 }  // namespace dsv4

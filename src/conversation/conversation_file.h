@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "chat/chat_message.h"
-#include "conversation/thinking.h"
+#include "chat/thinking.h"
 #include "core/error.h"
 
 namespace dsv4 {

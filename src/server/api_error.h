@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "runtime/runtime_error.h"
 
 namespace dsv4::server {
 
@@ -59,6 +60,9 @@ ApiError invalid_request(std::string message, std::string param = "");
 // A parse error of the typed layers (chat messages, JSON) as a 400.
 ApiError invalid_request(const Error& e);
 ApiError internal_error(std::string message);
+// A runtime error in API terms: INVALID_REQUEST 400, CONTEXT_LENGTH 400
+// (context_length_exceeded), INTERNAL 500; the param is kept.
+ApiError api_error(const runtime::RuntimeError& e);
 
 nlohmann::ordered_json error_json(const ApiError& e, ErrorShape shape);
 

@@ -4,6 +4,7 @@
 
 #include "chat/json_limits.h"
 #include "chat/render_official.h"
+#include "runtime/chat_prompt.h"
 #include "server/json_util.h"
 
 namespace dsv4::server {
@@ -100,13 +101,7 @@ void attach_response_format(std::vector<ChatMessage>& messages, const ordered_js
 }  // namespace
 
 ApiError context_length_error(uint32_t ctx, const std::string& field, size_t tokens) {
-  const std::string counted = tokens > 0 ? strfmt("%zu tokens", tokens) : strfmt("more than %u tokens", ctx);
-  const char* what = field == "prompt" ? "prompt" : "messages";
-  return ApiError{ApiErrorKind::CONTEXT_LENGTH,
-                  strfmt("This model's maximum context length is %u tokens. However, your %s resulted in %s. Please "
-                         "reduce the length of the %s.",
-                         ctx, what, counted.c_str(), what),
-                  field, ""};
+  return api_error(runtime::context_length_error(ctx, field, tokens));
 }
 
 expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContext& ctx, bool check_context) {
@@ -121,7 +116,7 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
     case ToolChoiceMode::NONE: break;
     case ToolChoiceMode::REQUIRED:
       if (!has_tools) return unexpected(invalid_request("tool_choice requires a tool call but no tools were given", "tool_choice"));
-      p.job.forced_tool = ForcedTool::ANY;
+      p.job.forced_tool = runtime::ForcedTool::ANY;
       break;
     case ToolChoiceMode::FUNCTION: {
       auto it = std::find_if(req.tools.begin(), req.tools.end(),
@@ -130,7 +125,7 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
         return unexpected(invalid_request("tool_choice names the function '" + req.tool_choice.name +
                                               "', which is not among the tools",
                                           "tool_choice"));
-      p.job.forced_tool = ForcedTool::NAMED;
+      p.job.forced_tool = runtime::ForcedTool::NAMED;
       p.job.forced_name = req.tool_choice.name;
       break;
     }
@@ -140,35 +135,23 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
   p.response_format = req.response_format;
   p.level = resolve_thinking(req.thinking, *alias, ctx.ctx);
 
-  recover_tool_calls(req.messages, ctx.tool_memory, ctx.find_tool_calls);
-  p.replayed_messages = apply_exact_replay(req.messages, ctx.tool_memory);
   switch (req.response_format) {
     case ResponseFormat::TEXT: break;
     case ResponseFormat::JSON_OBJECT: attach_response_format(req.messages, ordered_json{{"type", "object"}}); break;
     case ResponseFormat::JSON_SCHEMA: attach_response_format(req.messages, req.json_schema); break;
   }
-
-  RenderOptions ro = render_options_for(p.level);
-  if (p.allow_tool_calls) ro.tools = req.tools;
-  // The renderer drops earlier reasoning exactly when thinking without any tools (render_official.h).
-  bool any_tools = !ro.tools.empty();
-  for (const auto& m : req.messages) any_tools = any_tools || !m.tools.empty();
-  p.job.hidden_reasoning = ro.thinking_mode == ThinkingMode::THINKING && ro.drop_thinking && !any_tools;
-  auto rendered = render_official(req.messages, ro);
-  if (!rendered) return unexpected(invalid_request(rendered.error()));
-  // An oversized prompt is refused cheaply: by its length in bytes when no
-  // tokenisation could fit it, else by tokenising only until it passes the
-  // context (encode_prompt's stop_after).
-  if (check_context) {
-    size_t bytes = 0;
-    for (const auto& piece : *rendered) bytes += piece.text.size();
-    if (bytes / ctx.tok.max_token_bytes() >= ctx.ctx) return unexpected(context_length_error(ctx.ctx, "messages", 0));
-  }
-  auto tokens = ctx.tok.encode_prompt(*rendered, check_context ? ctx.ctx : SIZE_MAX);
-  if (!tokens) return unexpected(internal_error("tokenizing the prompt failed: " + tokens.error().message));
-  p.prompt_tokens = tokens->size();
-  if (check_context && tokens->size() >= ctx.ctx)
-    return unexpected(context_length_error(ctx.ctx, "messages", tokens->size() > ctx.ctx ? 0 : tokens->size()));
+  runtime::ChatPromptInput in;
+  in.messages = std::move(req.messages);
+  in.render = render_options_for(p.level);
+  if (p.allow_tool_calls) in.render.tools = req.tools;
+  in.ctx = check_context ? ctx.ctx : 0;
+  in.tool_memory = &ctx.tool_memory;
+  in.find_tool_calls = ctx.find_tool_calls;
+  auto prompt = runtime::prepare_chat_prompt(std::move(in), ctx.tok);
+  if (!prompt) return unexpected(api_error(prompt.error()));
+  p.prompt_tokens = prompt->tokens.size();
+  p.replayed_messages = prompt->replayed_messages;
+  p.job.hidden_reasoning = prompt->hidden_reasoning;
 
   GenerateOptions& o = p.job.options;
   o.sampling = resolve_sampling(req, p.level);
@@ -180,8 +163,8 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
   o.stop_at_tool_calls = true;
   o.logprobs = req.logprobs;
   if (p.level != ThinkingLevel::NONE) p.job.thinking_budget = req.thinking.budget_tokens;
-  p.job.prompt = std::move(*tokens);
-  p.job.rendered = std::move(*rendered);
+  p.job.prompt = std::move(prompt->tokens);
+  p.job.rendered = std::move(prompt->rendered);
   return p;
 }
 

@@ -30,10 +30,10 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_message.h"
-#include "conversation/thinking.h"
+#include "chat/thinking.h"
 #include "server/api_error.h"
-#include "server/job.h"
-#include "server/tool_memory.h"
+#include "runtime/job.h"
+#include "runtime/tool_memory.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4::server {
@@ -57,10 +57,10 @@ struct ServeContext {
   const Tokenizer& tok;
   uint32_t ctx;  // tokens of the live session
   ModelCatalog models;
-  ToolMemory& tool_memory;
+  runtime::ToolMemory& tool_memory;
   // Tool-call ids -> sampled DSML from the disk cache (Backend::find_tool_calls);
   // empty: none. Unknown ids of a request are looked up before rendering.
-  ToolCallFinder find_tool_calls = {};
+  runtime::ToolCallFinder find_tool_calls = {};
 };
 
 enum class ToolChoiceMode { AUTO, NONE, REQUIRED, FUNCTION };
@@ -99,7 +99,7 @@ struct ChatRequest {
 };
 
 struct PreparedChat {
-  JobInput job;
+  runtime::JobInput job;
   ThinkingLevel level = ThinkingLevel::HIGH;
   bool allow_tool_calls = false;  // tools offered and tool_choice != none
   bool parallel_tool_calls = true;

@@ -210,8 +210,8 @@ ApiError invalid_output_error(ResponseFormat f) {
 // One streamed reply: pulled by cpp-httplib's chunked content provider on the
 // connection's thread until the job has finished and the last frame is written.
 struct StreamSession {
-  std::shared_ptr<Job> job;
-  Scheduler& scheduler;
+  std::shared_ptr<runtime::Job> job;
+  runtime::Runtime& runtime;
   ReplyAssembler assembler;
   std::unique_ptr<ReplyWriter> writer;
   ResponseFormat format;
@@ -221,19 +221,19 @@ struct StreamSession {
   bool begun = false;
   clock_type::time_point last_write = clock_type::now();
 
-  StreamSession(std::shared_ptr<Job> j, Scheduler& s, ReplyAssembler a, std::unique_ptr<ReplyWriter> w, ResponseFormat f,
+  StreamSession(std::shared_ptr<runtime::Job> j, runtime::Runtime& r, ReplyAssembler a, std::unique_ptr<ReplyWriter> w, ResponseFormat f,
                 int socket, clock_type::duration ka, std::shared_ptr<ActiveToken> act)
-      : job(std::move(j)), scheduler(s), assembler(std::move(a)), writer(std::move(w)), format(f), fd(socket),
+      : job(std::move(j)), runtime(r), assembler(std::move(a)), writer(std::move(w)), format(f), fd(socket),
         keepalive(ka), active(std::move(act)) {}
   // The response (and with it this session) goes before the connection closes.
-  ~StreamSession() { job->unwatch_client(); }
+  ~StreamSession() { job->clear_client_check(); }
   StreamSession(const StreamSession&) = delete;
   StreamSession& operator=(const StreamSession&) = delete;
 
   // The client is gone: stop the job, and free its queue slot if it still waits.
   bool client_gone() {
     job->cancel = true;
-    scheduler.withdraw(job);
+    runtime.withdraw(job);
     t_log.note = "client disconnected";
     return false;
   }
@@ -259,9 +259,9 @@ struct StreamSession {
     for (const auto& e : events) assembler.on_event(e, outs);
     if (!outs.empty()) out += writer->stream_events(outs);
     if (done) {
-      const JobOutcome& o = job->outcome();
+      const runtime::JobOutcome& o = job->outcome();
       if (o.error) {
-        out += writer->stream_error(*o.error);
+        out += writer->stream_error(api_error(*o.error));
         t_log.note = "stream error: " + o.error->message;
       } else if (o.result.finish == FinishReason::CANCELLED) {
         record_tokens(o.result);
@@ -323,13 +323,14 @@ TransportOptions transport_options(const ServerOptions& o) {
 
 }  // namespace
 
-HttpServer::HttpServer(ServerOptions options, Backend& backend)
-    : options_(std::move(options)), backend_(backend),
-      scheduler_(std::make_unique<Scheduler>(backend, options_.max_queue, metrics_)),
+HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
+    : options_(std::move(options)),
+      runtime_(std::make_unique<runtime::Runtime>(backend, options_.max_queue,
+                                                  [this](const runtime::JobOutcome& o) { metrics_.job_done(o); })),
       context_{backend.tokenizer(), backend.context_size(), ModelCatalog{options_.model_id, options_.aliases},
-               tool_memory_, [&backend](const std::vector<std::string>& ids) { return backend.find_tool_calls(ids); }},
+               runtime_->tool_memory(),
+               [&backend](const std::vector<std::string>& ids) { return backend.find_tool_calls(ids); }},
       impl_(std::make_unique<Impl>()) {
-  backend_.set_tool_memory(&tool_memory_);
   // Requests the transport refuses (framing, limits, timeouts, connection
   // caps) get the dialect's error body and a log line like any other.
   impl_->transport = std::make_unique<HttpTransport>(transport_options(options_), [this](const TransportRefusal& r) {
@@ -426,16 +427,16 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
     ordered_json j = ordered_json::object();
     j["status"] = draining_ ? "shutting_down" : "ok";
     j["model"] = options_.model_id;
-    j["backend"] = backend_.describe();
-    j["context"] = backend_.context_size();
-    j["queue_depth"] = scheduler_->queue_depth();
-    j["max_queue"] = scheduler_->max_queue();
-    j["running"] = scheduler_->busy();
+    j["backend"] = runtime_->describe();
+    j["context"] = runtime_->context_size();
+    j["queue_depth"] = runtime_->queue_depth();
+    j["max_queue"] = runtime_->max_queue();
+    j["running"] = runtime_->busy();
     send_json(res, draining_ ? 503 : 200, j);
   });
 
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.prometheus(scheduler_->queue_depth(), scheduler_->busy(), backend_.cache_report()),
+    res.set_content(metrics_.prometheus(runtime_->queue_depth(), runtime_->busy(), runtime_->cache_report()),
                     "text/plain; version=0.0.4");
   });
 
@@ -479,26 +480,26 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
       t_log.has_tokens = true;
       t_log.prompt = p.prompt_tokens;
       auto active = std::make_shared<ActiveToken>(active_);
-      auto job = std::make_shared<Job>(std::move(p.job));
+      auto job = std::make_shared<runtime::Job>(std::move(p.job));
       const int fd = HttpTransport::current_socket();
-      job->watch_client(fd);
-      switch (scheduler_->submit(job)) {
-        case Scheduler::Admit::OK: break;
-        case Scheduler::Admit::QUEUE_FULL:
+      job->set_client_check([fd] { return connection_closed(fd); });
+      switch (runtime_->submit(job)) {
+        case runtime::Runtime::Admit::OK: break;
+        case runtime::Runtime::Admit::QUEUE_FULL:
           return send_error(res,
                             ApiError{ApiErrorKind::OVERLOADED,
                                      strfmt("the server is busy: %zu requests are already waiting; retry later",
-                                            scheduler_->max_queue()),
+                                            runtime_->max_queue()),
                                      "", ""},
                             shape);
-        case Scheduler::Admit::STOPPING:
+        case runtime::Runtime::Admit::STOPPING:
           return send_error(res, ApiError{ApiErrorKind::OVERLOADED, "the server is shutting down", "", ""}, shape);
       }
-      ReplyAssembler assembler(p.policy, tool_memory_);
+      ReplyAssembler assembler(p.policy, runtime_->tool_memory());
 
       if (p.stream) {
         auto session = std::make_shared<StreamSession>(
-            job, *scheduler_, std::move(assembler), std::move(p.writer), p.response_format, fd,
+            job, *runtime_, std::move(assembler), std::move(p.writer), p.response_format, fd,
             std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(options_.keepalive_seconds)),
             active);
         res.set_header("Cache-Control", "no-cache");
@@ -512,8 +513,8 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
       }
 
       struct Unwatch {
-        Job& j;
-        ~Unwatch() { j.unwatch_client(); }
+        runtime::Job& j;
+        ~Unwatch() { j.clear_client_check(); }
       } unwatch{*job};
       std::vector<DsmlEvent> events;
       std::vector<OutEvent> outs;
@@ -525,14 +526,14 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
         if (done) break;
         if (connection_closed(fd)) {
           job->cancel = true;
-          scheduler_->withdraw(job);  // a queued job gives its slot back now
+          runtime_->withdraw(job);  // a queued job gives its slot back now
           t_log.note = "client disconnected";
           res.status = 499;  // nginx's "client closed request": nobody reads it, the log shows it
           return;
         }
       }
-      const JobOutcome& o = job->outcome();
-      if (o.error) return send_error(res, *o.error, shape);
+      const runtime::JobOutcome& o = job->outcome();
+      if (o.error) return send_error(res, api_error(*o.error), shape);
       if (o.result.finish == FinishReason::CANCELLED) {
         record_tokens(o.result);
         if (connection_closed(fd)) {  // the worker noticed the hang-up first
@@ -564,10 +565,7 @@ HttpServer::HttpServer(ServerOptions options, Backend& backend)
   });
 }
 
-HttpServer::~HttpServer() {
-  shutdown(true);
-  backend_.set_tool_memory(nullptr);
-}
+HttpServer::~HttpServer() { shutdown(true); }
 
 std::string HttpServer::serve_bytes(std::string_view bytes) { return impl_->transport->serve_bytes(bytes); }
 
@@ -598,7 +596,7 @@ Status HttpServer::serve() {
 
 void HttpServer::shutdown(bool now) {
   const bool first = !draining_.exchange(true);
-  scheduler_->drain();
+  runtime_->drain();
   if (now) force_ = true;
   if (first && !now) {
     log_info("shutting down: waiting up to %.0f s for %d request(s) in flight", options_.shutdown_grace_seconds,
@@ -610,16 +608,15 @@ void HttpServer::shutdown(bool now) {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
   if (stopped_) return;
   if (active_.load() > 0) log_info("shutting down: cancelling %d request(s)", active_.load());
-  scheduler_->cancel_all();
+  runtime_->cancel_all();
   // Cancelled jobs finish within a token; their handlers then write a last frame.
   const auto deadline = clock_type::now() + std::chrono::seconds(5);
   while (active_.load() > 0 && clock_type::now() < deadline) std::this_thread::sleep_for(k_poll);
-  scheduler_->stop();
-  // The worker is gone: the live sessions go to the disk cache (clean
+  // The worker stops, then the live sessions go to the disk cache (clean
   // shutdown only; a forced one just waits for writes already under way).
   // A failure there is logged; the listener stops regardless.
   try {
-    backend_.shutdown(!force_);
+    runtime_->shutdown(!force_);
   } catch (const std::exception& e) {
     log_error("shutdown: saving the sessions failed: %s", e.what());
   }

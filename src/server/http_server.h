@@ -47,18 +47,16 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "server/backend.h"
+#include "runtime/runtime.h"
 #include "server/chat_request.h"
 #include "server/metrics.h"
-#include "server/scheduler.h"
 #include "server/server_options.h"
-#include "server/tool_memory.h"
 
 namespace dsv4::server {
 
 class HttpServer {
  public:
-  HttpServer(ServerOptions options, Backend& backend);
+  HttpServer(ServerOptions options, runtime::Backend& backend);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -86,18 +84,16 @@ class HttpServer {
   size_t buffered_request_bytes() const;
 
   Metrics& metrics() { return metrics_; }
-  Scheduler& scheduler() { return *scheduler_; }
-  ToolMemory& tool_memory() { return tool_memory_; }
+  runtime::Runtime& runtime() { return *runtime_; }
+  runtime::ToolMemory& tool_memory() { return runtime_->tool_memory(); }
   int active_requests() const { return active_.load(); }
 
   struct Impl;
 
  private:
   ServerOptions options_;
-  Backend& backend_;
-  ToolMemory tool_memory_;
-  Metrics metrics_;
-  std::unique_ptr<Scheduler> scheduler_;
+  Metrics metrics_;  // before runtime_: its worker reports here until it stops
+  std::unique_ptr<runtime::Runtime> runtime_;
   ServeContext context_;
   std::unique_ptr<Impl> impl_;
   int port_ = -1;

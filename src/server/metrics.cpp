@@ -1,7 +1,7 @@
 #include "server/metrics.h"
 
 #include "core/error.h"
-#include "server/job.h"
+#include "runtime/job.h"
 
 namespace dsv4::server {
 
@@ -32,7 +32,7 @@ void Metrics::request_done(std::string_view path, int status, double seconds) {
   ++request_count_;
 }
 
-void Metrics::job_done(const JobOutcome& o) {
+void Metrics::job_done(const runtime::JobOutcome& o) {
   std::lock_guard<std::mutex> lock(mu_);
   if (o.error) {
     ++jobs_error_;
@@ -56,7 +56,7 @@ void Metrics::job_done(const JobOutcome& o) {
     last_decode_tps_ = static_cast<double>(r.tokens.size()) / r.decode_seconds;
 }
 
-std::string Metrics::prometheus(size_t queue_depth, bool running, const CacheReport& c) const {
+std::string Metrics::prometheus(size_t queue_depth, bool running, const runtime::CacheReport& c) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string s;
   auto head = [&](const char* name, const char* type, const char* help) {

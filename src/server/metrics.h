@@ -47,24 +47,13 @@
 #include <utility>
 #include <vector>
 
-#include "kv/disk_cache.h"
+#include "runtime/cache_report.h"
+
+namespace dsv4::runtime {
+struct JobOutcome;
+}
 
 namespace dsv4::server {
-
-struct JobOutcome;
-
-// What the backend reports about its sessions and disk cache (Backend::cache_report).
-struct CacheReport {
-  size_t max_sessions = 1;
-  std::vector<uint64_t> session_tokens;  // per live session (empty: not reported)
-  uint64_t session_bytes = 0;
-  std::array<uint64_t, 4> picks{};       // by PoolPick: extends, regenerates, new, displaced
-  bool disk_enabled = false;
-  CacheStats disk;
-  uint64_t restored_tokens = 0;
-  std::array<uint64_t, 4> saves{};       // cold, frontier, displaced, shutdown
-  uint64_t skipped_busy = 0, skipped_present = 0, write_failures = 0;
-};
 
 // The metrics label of a request path: one of the server's routes (the path
 // without its query), else "other". A fixed set: labels never grow with input.
@@ -77,8 +66,8 @@ class Metrics {
  public:
   // `path`: the request path as received; it is reduced to route_label().
   void request_done(std::string_view path, int status, double seconds);
-  void job_done(const JobOutcome& outcome);
-  std::string prometheus(size_t queue_depth, bool running, const CacheReport& cache = {}) const;
+  void job_done(const runtime::JobOutcome& outcome);
+  std::string prometheus(size_t queue_depth, bool running, const runtime::CacheReport& cache = {}) const;
 
  private:
   mutable std::mutex mu_;

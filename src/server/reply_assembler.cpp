@@ -25,7 +25,7 @@ void ReplyAssembler::on_event(const DsmlEvent& e, std::vector<OutEvent>& out) {
   }
 }
 
-FinalReply ReplyAssembler::finish(const JobOutcome& outcome, std::vector<OutEvent>& out) {
+FinalReply ReplyAssembler::finish(const runtime::JobOutcome& outcome, std::vector<OutEvent>& out) {
   const GenerateResult& r = outcome.result;
   FinalReply f;
   f.content = r.message.content;
@@ -50,7 +50,7 @@ FinalReply ReplyAssembler::finish(const JobOutcome& outcome, std::vector<OutEven
     return f;
   }
   const size_t n = policy_.parallel_tool_calls ? calls.size() : 1;
-  ToolCallRecord rec;
+  runtime::ToolCallRecord rec;
   rec.raw_dsml = r.message.raw_dsml;
   rec.reasoning = r.message.reasoning_content;
   for (size_t i = 0; i < calls.size(); ++i) {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "server/job.h"
-#include "server/tool_memory.h"
+#include "runtime/job.h"
+#include "runtime/tool_memory.h"
 
 namespace dsv4::server {
 
@@ -51,17 +51,17 @@ class ReplyAssembler {
     bool allow_tool_calls = true;
     bool parallel_tool_calls = true;
   };
-  ReplyAssembler(Policy policy, ToolMemory& memory) : policy_(std::move(policy)), memory_(memory) {}
+  ReplyAssembler(Policy policy, runtime::ToolMemory& memory) : policy_(std::move(policy)), memory_(memory) {}
 
   void on_event(const DsmlEvent& e, std::vector<OutEvent>& out);
   // After a successful job; `out` receives trailing events (a withheld block as content).
-  FinalReply finish(const JobOutcome& outcome, std::vector<OutEvent>& out);
+  FinalReply finish(const runtime::JobOutcome& outcome, std::vector<OutEvent>& out);
 
  private:
   bool presented(size_t index) const { return policy_.allow_tool_calls && (policy_.parallel_tool_calls || index == 0); }
 
   Policy policy_;
-  ToolMemory& memory_;
+  runtime::ToolMemory& memory_;
   std::vector<std::string> ids_;  // by call index, while the block is live
 };
 

@@ -18,7 +18,7 @@
 
 #include "server/api_error.h"
 #include "server/chat_request.h"
-#include "server/job.h"
+#include "runtime/job.h"
 #include "server/reply_assembler.h"
 
 namespace dsv4::server {
@@ -35,7 +35,7 @@ class ReplyWriter {
 };
 
 struct PreparedRequest {
-  JobInput job;
+  runtime::JobInput job;
   bool stream = false;
   ReplyAssembler::Policy policy;
   ResponseFormat response_format = ResponseFormat::TEXT;  // checked on the finished reply

@@ -18,19 +18,4 @@ std::string ServerOptions::describe() const {
                 keepalive_seconds, shutdown_grace_seconds);
 }
 
-SavePolicy KvCacheOptions::policy() const {
-  SavePolicy p;
-  p.min_tokens = min_tokens;
-  p.align = align;
-  p.frontier = frontier;
-  return p;
-}
-
-std::string KvCacheOptions::describe() const {
-  std::string disk = disk_dir.empty() ? std::string("off")
-                                      : strfmt("%s (%llu MiB)", disk_dir.c_str(), static_cast<unsigned long long>(disk_space_mb));
-  return strfmt("sessions=%zu kv-disk=%s min-tokens=%zu frontier=%zu align=%zu", sessions, disk.c_str(), min_tokens,
-                frontier, align);
-}
-
 }  // namespace dsv4::server

@@ -21,13 +21,14 @@
 #include <string_view>
 
 #include "server/http_server.h"
-#include "server/scripted_backend.h"
+#include "runtime/scripted_backend.h"
 #include "synth/synth_vocab.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 
 #define FUZZ_CHECK(cond, what)                                                             \

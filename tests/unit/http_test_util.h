@@ -22,6 +22,8 @@
 
 namespace dsv4::server::test {
 
+using namespace dsv4::runtime;
+
 using namespace std::chrono_literals;
 
 struct Running {

@@ -11,11 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include "server/chat_request.h"
-#include "server/scripted_backend.h"
+#include "runtime/scripted_backend.h"
 #include "synth/synth_vocab.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4::server::test {
+
+using namespace dsv4::runtime;
 
 inline std::unique_ptr<Tokenizer> make_tokenizer() {
   SynthVocab v = make_synth_vocab(1024);

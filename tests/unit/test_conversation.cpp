@@ -13,7 +13,7 @@
 #include "conversation/conversation_file.h"
 #include "conversation/logprobs_json.h"
 #include "conversation/message_json.h"
-#include "conversation/thinking.h"
+#include "chat/thinking.h"
 #include "core/hash.h"
 #include "core/utf8.h"
 #include "synth/synth.h"

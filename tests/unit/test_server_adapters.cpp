@@ -11,6 +11,7 @@
 #include "server_test_util.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using ordered_json = nlohmann::ordered_json;
 

@@ -20,6 +20,7 @@
 #include "server_test_util.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using namespace dsv4::server::test;
 using ordered_json = nlohmann::ordered_json;
@@ -421,16 +422,16 @@ TEST(ServerHostile, AQueuedClientThatLeftGivesItsSlotBack) {
   Running s(o, {ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve thirteen", 25, 0}});
   auto running = std::async(std::launch::async,
                             [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
-  for (int i = 0; i < 200 && !s.http->scheduler().busy(); ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_TRUE(s.http->scheduler().busy());
+  for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(s.http->runtime().busy());
   const int fd = open_request(s.port, "/v1/chat/completions", k_chat);
   ASSERT_GE(fd, 0);
-  for (int i = 0; i < 200 && s.http->scheduler().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(s.http->scheduler().queue_depth(), 1u);
+  for (int i = 0; i < 200 && s.http->runtime().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(s.http->runtime().queue_depth(), 1u);
   ::close(fd);
   // The slot is free well before the running job ends (42 tokens, ~1 s).
-  for (int i = 0; i < 100 && s.http->scheduler().queue_depth() != 0; ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(s.http->scheduler().queue_depth(), 0u);
+  for (int i = 0; i < 100 && s.http->runtime().queue_depth() != 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(s.http->runtime().queue_depth(), 0u);
   auto next = s.client().Post("/v1/chat/completions", k_chat, "application/json");
   ASSERT_TRUE(next);
   EXPECT_EQ(next->status, 200) << next->body;

@@ -22,6 +22,7 @@
 #include "server_test_util.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using namespace dsv4::server::test;
 using ordered_json = nlohmann::ordered_json;
@@ -195,10 +196,10 @@ TEST(ServerHttp, FullQueueAnswers503WithRetryAfter) {
   o.max_queue = 1;
   Running s(o, slow_reply(10));
   auto first = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
-  for (int i = 0; i < 200 && !s.http->scheduler().busy(); ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_TRUE(s.http->scheduler().busy());
+  for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(s.http->runtime().busy());
   auto second = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
-  for (int i = 0; i < 200 && s.http->scheduler().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 200 && s.http->runtime().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
   auto third = s.client().Post("/v1/chat/completions", k_chat, "application/json");
   ASSERT_TRUE(third);
   EXPECT_EQ(third->status, 503);
@@ -230,8 +231,8 @@ TEST(ServerHttp, DisconnectCancelsDecodingPrefillingAndQueuedWork) {
   const std::string prefill_body = R"({"model": "tiny", "messages": [{"role": "user", "content": "prefill"}]})";
   fd = open_request(s.port, "/v1/chat/completions", prefill_body);
   ASSERT_GE(fd, 0);
-  for (int i = 0; i < 200 && !s.http->scheduler().busy(); ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_TRUE(s.http->scheduler().busy());
+  for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(s.http->runtime().busy());
   const auto t1 = std::chrono::steady_clock::now();
   ::close(fd);
   EXPECT_TRUE(s.metrics_show("dsv4_jobs_total{result=\"cancelled\"} 2", 2000ms));
@@ -239,11 +240,11 @@ TEST(ServerHttp, DisconnectCancelsDecodingPrefillingAndQueuedWork) {
 
   // Queued: a request waiting behind a running one never reaches the engine.
   auto running = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
-  for (int i = 0; i < 200 && !s.http->scheduler().busy(); ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
   const size_t prompts_before = s.backend->prompts().size();
   fd = open_request(s.port, "/v1/chat/completions", prefill_body);
-  for (int i = 0; i < 200 && s.http->scheduler().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(s.http->scheduler().queue_depth(), 1u);
+  for (int i = 0; i < 200 && s.http->runtime().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(s.http->runtime().queue_depth(), 1u);
   ::close(fd);
   auto r = running.get();
   ASSERT_TRUE(r);
@@ -292,7 +293,7 @@ TEST(ServerHttp, ConcurrentClientsAllComplete) {
     }));
   }
   for (auto& f : done) EXPECT_EQ(f.get(), 200);
-  EXPECT_EQ(s.http->scheduler().queue_depth(), 0u);
+  EXPECT_EQ(s.http->runtime().queue_depth(), 0u);
 }
 
 TEST(ServerHttp, GracefulShutdownFinishesInFlightRequests) {
@@ -300,8 +301,8 @@ TEST(ServerHttp, GracefulShutdownFinishesInFlightRequests) {
   o.shutdown_grace_seconds = 10;
   auto s = std::make_unique<Running>(o, slow_reply(20));
   auto stream = std::async(std::launch::async, [&] { return s->client().Post("/v1/chat/completions", k_chat_stream, "application/json"); });
-  for (int i = 0; i < 200 && !s->http->scheduler().busy(); ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_TRUE(s->http->scheduler().busy());
+  for (int i = 0; i < 200 && !s->http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(s->http->runtime().busy());
   auto stopper = std::async(std::launch::async, [&] { s->http->shutdown(false); });
   std::this_thread::sleep_for(50ms);
   auto refused = s->client().Post("/v1/chat/completions", k_chat, "application/json");

@@ -17,7 +17,7 @@
 #include "chat/py_json.h"
 #include "server/anthropic_messages.h"
 #include "server/http_server.h"
-#include "server/job_runner.h"
+#include "runtime/job_runner.h"
 #include "server/json_util.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
@@ -25,6 +25,7 @@
 #include "server_test_util.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using namespace dsv4::server::test;
 using ordered_json = nlohmann::ordered_json;

@@ -22,15 +22,16 @@
 #include <filesystem>
 #include <thread>
 
-#include "cache/session_cache.h"
+#include "runtime/session_cache.h"
 #include "kv_test_util.h"
-#include "server/engine_backend.h"
+#include "runtime/engine_backend.h"
 #include "server/http_server.h"
 #include "server/openai_chat.h"
 #include "server_test_util.h"
 #include "synth/synth.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using ordered_json = nlohmann::ordered_json;
 using kvtest::TempDir;

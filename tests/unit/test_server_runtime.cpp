@@ -9,13 +9,15 @@
 #include <thread>
 
 #include "chat/render_official.h"
-#include "server/job_runner.h"
+#include "runtime/job_runner.h"
 #include "server/openai_chat.h"
-#include "server/prompt_reuse.h"
-#include "server/scheduler.h"
+#include "runtime/prompt_reuse.h"
+#include "runtime/scheduler.h"
+#include "server/metrics.h"
 #include "server_test_util.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using namespace dsv4::server::test;
 using ordered_json = nlohmann::ordered_json;
@@ -256,7 +258,7 @@ TEST(ServerToolMemory, ExactReplayRendersTheSampledBytesAndReusesTheSession) {
 TEST(ServerScheduler, QueueLimitCancellationAndDrain) {
   auto b = make_backend({ScriptedReply{"", "one two three four five six seven eight nine ten", 20, 0}});
   Metrics metrics;
-  Scheduler s(*b, 1, metrics);
+  Scheduler s(*b, 1, [&metrics](const JobOutcome& o) { metrics.job_done(o); });
   JobInput in = chat_job(b->tokenizer(), {user("go")}, ThinkingMode::CHAT);
   auto running = std::make_shared<Job>(in);
   ASSERT_EQ(s.submit(running), Scheduler::Admit::OK);

@@ -7,13 +7,14 @@
 #include <regex>
 
 #include "server/anthropic_messages.h"
-#include "server/job_runner.h"
+#include "runtime/job_runner.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
 #include "server/openai_responses.h"
 #include "server_test_util.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using namespace dsv4::server;
 using namespace dsv4::server::test;
 using ordered_json = nlohmann::ordered_json;

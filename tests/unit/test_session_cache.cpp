@@ -15,14 +15,15 @@
 #include <fstream>
 #include <thread>
 
-#include "cache/save_policy.h"
-#include "cache/session_cache.h"
-#include "cache/session_pool.h"
+#include "runtime/save_policy.h"
+#include "runtime/session_cache.h"
+#include "runtime/session_pool.h"
 #include "generate/generate.h"
 #include "kv_test_util.h"
 #include "synth/synth.h"
 
 using namespace dsv4;
+using namespace dsv4::runtime;
 using kvtest::TempDir;
 
 namespace {
