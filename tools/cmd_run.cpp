@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "cuda_flags.h"
+#include "kv_cache_flags.h"
 #include "conversation/logprobs_json.h"
 #include "chat/thinking.h"
 #include "dsv4/engine.h"
@@ -43,6 +44,8 @@ struct RunArgs {
   float repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   int64_t seed = -1;
   int max_tokens = 0;
+  int thinking_budget = -1;
+  runtime::KvCacheOptions cache;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::string dump_logprobs;
@@ -74,6 +77,10 @@ Status validate(const RunArgs& a) {
   if (!finite(a.frequency_penalty) || std::fabs(a.frequency_penalty) > 2)
     return make_error("--frequency-penalty must be in [-2, 2] (got %g)", static_cast<double>(a.frequency_penalty));
   if (a.max_tokens < 0) return make_error("-n must be >= 0 (0 = until the end of the reply; got %d)", a.max_tokens);
+  if (a.thinking_budget < -1)
+    return make_error("--thinking-budget must be >= 0 (or -1 for none; got %d)", a.thinking_budget);
+  if (a.thinking_budget >= 0 && a.nothink) return make_error("--thinking-budget needs a thinking mode, not --nothink");
+  DSV4_TRY(check_kv_cache_options(a.cache));
   if (a.ctx < 2) return make_error("--ctx must be at least 2 tokens (got %u)", a.ctx);
   if (a.threads < 0) return make_error("--threads must be >= 0 (0 = all cores; got %d)", a.threads);
   if (a.batch < 0 || a.batch > 65536) return make_error("--batch must be in [1, 65536], or 0 for the default (got %d)", a.batch);
@@ -119,6 +126,8 @@ expected<RunSettings> settings_from(const RunArgs& a) {
     s.sampling.seed = (static_cast<uint64_t>(rd()) << 32 | rd()) & 0x7fffffffffffffffull;
   }
   s.max_tokens = a.max_tokens;
+  s.thinking_budget = a.thinking_budget;
+  s.cache = a.cache;
   s.stop = a.stop;
   s.ignore_eos = a.ignore_eos;
   s.dump_logprobs = a.dump_logprobs;
@@ -207,9 +216,18 @@ int run_run(const RunArgs& a) {
   std::fprintf(stderr, "%sdsv4 run: loaded %s on %s in %.2f s; %s of weights, %s%s%s\n", err.dim(), info.model_name.c_str(),
                info.backend.c_str(), info.load_seconds, human_bytes(info.weight_bytes).c_str(), info.quant.c_str(),
                info.has_mtp ? "; MTP block loaded and checked (decoding does not use it yet)" : "", err.reset());
-  auto session = engine->new_session();
-  if (!session) return fail(session.error().message);
-  ChatSession chat(*engine, std::move(*session), s);
+  // The serving runtime with one resident session (and the disk cache, when asked for).
+  auto backend = runtime::EngineBackend::create(std::move(engine), 0, s.cache);
+  if (!backend) return fail(backend.error().message);
+  if (!s.cache.disk_dir.empty())
+    std::fprintf(stderr, "%sdsv4 run: %s%s\n", err.dim(), (*backend)->describe_cache().c_str(), err.reset());
+  runtime::Runtime rt(**backend, 1);
+  ChatSession chat(rt, **backend, s);
+  // Saves the conversation's session to the disk cache on the way out (nothing without --kv-disk-dir).
+  struct Shutdown {
+    runtime::Runtime& rt;
+    ~Shutdown() { rt.shutdown(/*save_sessions=*/true); }
+  } shutdown{rt};
 
   if (!prompt) return run_repl(chat, s);
 
@@ -217,7 +235,7 @@ int run_run(const RunArgs& a) {
   ReplyPrinter printer(s.colors.out);
   auto r = chat.reply(*prompt, printer);
   if (!r) return fail(r.error().message);
-  print_reply_report(*r, chat.session().n_tokens(), chat.session().ctx(), s.colors.err);
+  print_reply_report(*r, chat.session_tokens(), chat.context_size(), s.colors.err);
   if (!s.dump_logprobs.empty())
     if (int rc = write_logprobs(s, chat, *r); rc != 0) return rc;
   return r->finish == FinishReason::CANCELLED ? 130 : 0;
@@ -265,6 +283,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Random seed (default: a random one, printed at start)");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "Tokens to generate per reply at most (0 = until the reply ends)")
       ->capture_default_str();
+  cmd->add_option("--thinking-budget", a->thinking_budget,
+                  "Reasoning tokens after which the model is made to answer (</think> is forced; -1 = no budget)")
+      ->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Context size in tokens (prompt + history + reply)")->capture_default_str();
   cmd->add_option("--stop", a->stop, "Stop when this text is generated (repeatable)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past the end-of-sentence token (benchmarks, tests)");
@@ -280,6 +301,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--logprobs-top-k", a->logprobs_top_k, "Alternatives per step in --dump-logprobs")->capture_default_str();
   cmd->add_flag("--no-color", a->no_color, "No ANSI colours (also when NO_COLOR is set)");
   cmd->footer(std::string("Interactive chat (no prompt, stdin a terminal) ") + repl_help_text());
+  add_kv_cache_flags(cmd, &a->cache, /*with_sessions=*/false);
   add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
   cmd->callback([a, prompt_opt] {
     a->prompt_given = prompt_opt->count() > 0;

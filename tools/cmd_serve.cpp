@@ -15,6 +15,7 @@
 
 #include "chat/chat_message.h"
 #include "commands.h"
+#include "kv_cache_flags.h"
 #include "cuda_flags.h"
 #include "chat/thinking.h"
 #include "core/log.h"
@@ -100,11 +101,7 @@ int run_serve(ServeArgs a) {
     return fail("--read-timeout must be between 0.1 and 3600 seconds");
   if (a.server.max_client_connections < 1) return fail("--max-client-connections must be at least 1");
   if (auto st = fit_open_files(a.server); !st) return fail(st.error().message);
-  if (a.cache.sessions < 1 || a.cache.sessions > 64) return fail("--sessions must be between 1 and 64");
-  if (a.cache.disk_space_mb < 1 || a.cache.disk_space_mb > (uint64_t{1} << 30))
-    return fail("--kv-disk-space-mb must be between 1 and 1073741824");
-  if (a.cache.min_tokens < 1) return fail("--kv-cache-min-tokens must be at least 1");
-  if (a.cache.align < 1) return fail("--kv-cache-align must be at least 1");
+  if (auto st = check_kv_cache_options(a.cache); !st) return fail(st.error().message);
   a.server.max_body_bytes = a.max_body_mb << 20;
   if (a.server.model_id.empty()) a.server.model_id = std::filesystem::path(a.engine.model_path).stem().string();
   if (a.server.model_id.empty()) a.server.model_id = "dsv4";
@@ -228,23 +225,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--shutdown-grace", a->server.shutdown_grace_seconds,
                   "Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
       ->capture_default_str();
-  cmd->add_option("--sessions", a->cache.sessions,
-                  "Live sessions kept in memory, so several agents stay warm; a request goes to the one it reuses most")
-      ->capture_default_str();
-  cmd->add_option("--kv-disk-dir", a->cache.disk_dir,
-                  "On-disk KV cache directory (created 0700): long prompt prefixes are saved and restored across "
-                  "requests and restarts (docs/kv-cache-format.md)");
-  cmd->add_option("--kv-disk-space-mb", a->cache.disk_space_mb,
-                  "Budget of the cache files in MiB; the least valuable files are evicted beyond it")
-      ->capture_default_str();
-  cmd->add_option("--kv-cache-min-tokens", a->cache.min_tokens, "Shortest prefix worth a cache file, in tokens")
-      ->capture_default_str();
-  cmd->add_option("--kv-cache-frontier", a->cache.frontier,
-                  "Save the session every this many tokens during long prefills and replies (0: never)")
-      ->capture_default_str();
-  cmd->add_option("--kv-cache-align", a->cache.align,
-                  "A long first message without a system prompt is saved at a multiple of this many tokens")
-      ->capture_default_str();
+  add_kv_cache_flags(cmd, &a->cache, /*with_sessions=*/true);
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/runtime/scripted_backend.h)");

@@ -1,8 +1,11 @@
 // A `dsv4 run` conversation: the typed run settings, the chat history and the
-// engine session it runs on. Every turn renders the whole history with the
-// official encoder (render_official) and hands the tokens to generate(),
-// which reuses the session's common prefix, so earlier turns are not
-// prefilled again. Used by the one-shot mode and the interactive chat alike.
+// serving runtime it runs on (runtime/runtime.h, the same path as `dsv4
+// serve`). Every turn renders the whole history (Runtime::prepare) and runs
+// it as a job: the runtime's session reuse keeps earlier turns (also the
+// reasoning the renderer drops), its disk cache (--kv-disk-dir) keeps them
+// across runs, and a thinking budget ends the reasoning after N tokens.
+// Ctrl-C is the job's client_gone(). Used by the one-shot mode and the
+// interactive chat alike.
 #pragma once
 
 #include <memory>
@@ -14,6 +17,9 @@
 #include "dsv4/engine.h"
 #include "generate/generate.h"
 #include "run_output.h"
+#include "runtime/cache_options.h"
+#include "runtime/engine_backend.h"
+#include "runtime/runtime.h"
 
 namespace dsv4::tools {
 
@@ -21,12 +27,14 @@ namespace dsv4::tools {
 struct RunSettings {
   EngineOptions engine;
   ThinkingLevel thinking = ThinkingLevel::HIGH;
-  std::string system;            // system prompt ("" = none)
-  SamplingParams sampling;       // seed already resolved
-  int max_tokens = 0;            // per reply; 0 = until EOS or the context is full
+  std::string system;             // system prompt ("" = none)
+  SamplingParams sampling;        // seed already resolved
+  int max_tokens = 0;             // per reply; 0 = until EOS or the context is full
+  int thinking_budget = -1;       // reasoning tokens after which </think> is forced (-1: none)
+  runtime::KvCacheOptions cache;  // --kv-disk-dir and friends (one resident session)
   std::vector<std::string> stop;
   bool ignore_eos = false;
-  std::string dump_logprobs;     // --dump-logprobs FILE ("" = off)
+  std::string dump_logprobs;  // --dump-logprobs FILE ("" = off)
   int logprobs_top_k = 5;
   Colors colors;
 
@@ -44,13 +52,15 @@ struct LoadReport {
 
 class ChatSession {
  public:
-  ChatSession(Engine& engine, std::unique_ptr<Session> session, const RunSettings& settings);
+  ChatSession(runtime::Runtime& runtime, runtime::EngineBackend& backend, const RunSettings& settings);
 
   ThinkingLevel thinking() const { return thinking_; }
   void set_thinking(ThinkingLevel level) { thinking_ = level; }
   const std::vector<ChatMessage>& messages() const { return messages_; }
-  Session& session() { return *session_; }
-  const Engine& engine() const { return *engine_; }
+  const Engine& engine() const { return backend_->engine(); }
+  uint32_t context_size() const { return runtime_->context_size(); }
+  // Tokens the session holds (prompt + replies so far).
+  size_t session_tokens();
 
   // Sends one user message: renders the history plus `user_text`, generates
   // the reply while streaming it to `printer` (Ctrl-C stops it), and keeps
@@ -63,12 +73,12 @@ class ChatSession {
   // (conversation/conversation_file.h). A snapshot that does not fit this
   // engine (another model, a smaller context) is skipped: the history is still
   // loaded and gets prefilled on the next turn.
-  Status save(const std::string& path) const;
+  Status save(const std::string& path);
   expected<LoadReport> load(const std::string& path);
 
  private:
-  Engine* engine_;
-  std::unique_ptr<Session> session_;
+  runtime::Runtime* runtime_;
+  runtime::EngineBackend* backend_;
   const RunSettings* settings_;
   ThinkingLevel thinking_;
   std::vector<ChatMessage> messages_;  // the system message (if any) first

@@ -177,9 +177,9 @@ bool Repl::command(const std::string& line) {
   auto set_level = [&](ThinkingLevel level) {
     chat_.set_thinking(level);
     say(mode_line());
-    if (level == ThinkingLevel::MAX && chat_.session().ctx() < k_think_max_min_ctx)
+    if (level == ThinkingLevel::MAX && chat_.context_size() < k_think_max_min_ctx)
       say(strfmt("note: the model card asks for a context of at least %u tokens for Think-Max (this one holds %u)",
-                 k_think_max_min_ctx, chat_.session().ctx()));
+                 k_think_max_min_ctx, chat_.context_size()));
   };
   if (name == "/exit" || name == "/quit") return false;
   if (name == "/help") {
@@ -200,7 +200,7 @@ bool Repl::command(const std::string& line) {
       error(st.error().message);
     } else {
       say(strfmt("saved %zu messages and %zu tokens of session state to %s", chat_.messages().size(),
-                 chat_.session().n_tokens(), arg.c_str()));
+                 chat_.session_tokens(), arg.c_str()));
     }
   } else if (name == "/load") {
     if (arg.empty()) {
@@ -210,7 +210,7 @@ bool Repl::command(const std::string& line) {
     } else {
       say(strfmt("loaded %zu messages from %s; %s", rep->messages, arg.c_str(), mode_line().c_str()));
       if (rep->state_restored)
-        say(strfmt("session state restored (%zu tokens)", chat_.session().n_tokens()));
+        say(strfmt("session state restored (%zu tokens)", chat_.session_tokens()));
       else
         say("session state not restored (" + rep->state_note + "); the history is prefilled on the next message");
     }
@@ -229,7 +229,7 @@ void Repl::send(const std::string& text) {
       say("/reset starts a new conversation; /save keeps this one first");
     return;
   }
-  print_reply_report(*r, chat_.session().n_tokens(), chat_.session().ctx(), settings_.colors.err);
+  print_reply_report(*r, chat_.session_tokens(), chat_.context_size(), settings_.colors.err);
 }
 
 int Repl::run() {
@@ -237,7 +237,7 @@ int Repl::run() {
   std::fprintf(stderr,
                "%sdsv4 chat%s: %s, context %u tokens, %s\n"
                "%s/help lists the commands; Ctrl-C stops a reply; Ctrl-D or /exit quits.%s\n",
-               ansi_.bold(), ansi_.reset(), info.model_name.c_str(), chat_.session().ctx(), mode_line().c_str(),
+               ansi_.bold(), ansi_.reset(), info.model_name.c_str(), chat_.context_size(), mode_line().c_str(),
                ansi_.dim(), ansi_.reset());
   for (;;) {
     auto message = read_message();

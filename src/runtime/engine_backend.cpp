@@ -177,6 +177,27 @@ expected<PromptChoice> EngineBackend::begin_job(const JobInput& in) {
   return choice;
 }
 
+std::vector<uint8_t> EngineBackend::save_current() const { return pool_->session(current_).save(); }
+
+Status EngineBackend::load_current(std::span<const uint8_t> state) {
+  Session& s = pool_->session(current_);
+  SlotState& st = this->state(current_);
+  drop_visible(st);
+  st.last_stored = 0;
+  Status loaded = s.load(state);
+  if (!loaded) s.reset();  // a failed load may have written part of the state
+  update_report();
+  return loaded;
+}
+
+void EngineBackend::reset_current() {
+  SlotState& st = state(current_);
+  drop_visible(st);
+  st.last_stored = 0;
+  pool_->session(current_).reset();
+  update_report();
+}
+
 bool EngineBackend::save_allowed(std::span<const int32_t> timeline, size_t n) const {
   if (n <= job_prompt_) return true;  // the client's rendered prompt
   // Generated (or forced) tokens: a thinking turn's reasoning never comes back

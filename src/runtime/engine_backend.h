@@ -73,6 +73,17 @@ class EngineBackend final : public Backend {
   CacheReport cache_report() const override;
   void shutdown(bool save_sessions) override;
 
+  const Engine& engine() const { return *engine_; }
+
+  // The current session (the one the last job ran on), for front ends that
+  // keep one conversation (`dsv4 run`'s /reset, /save, /load). Worker
+  // thread only: call while no job runs (Runtime::with_backend).
+  size_t current_tokens() const { return session_tokens().size(); }
+  std::vector<uint8_t> save_current() const;
+  // A failed load leaves the session empty.
+  Status load_current(std::span<const uint8_t> state);
+  void reset_current();
+
   // One line for the start banner: sessions and the disk cache (or why there is none).
   std::string describe_cache() const;
   bool disk_enabled() const { return disk_ != nullptr; }

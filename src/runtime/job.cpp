@@ -17,9 +17,13 @@ bool Job::client_gone() {
   return client_gone_ && client_gone_();
 }
 
-void Job::set_prefill_progress(uint64_t done, uint64_t total) {
-  prefill_total_ = total;
-  prefill_done_ = done;
+void Job::report_prefill_progress(uint64_t done, uint64_t total) {
+  if (!want_progress_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_.push_back(PrefillStep{done, total});
+  }
+  cv_.notify_all();
 }
 
 void Job::push(const DsmlEvent& e) {
@@ -40,13 +44,15 @@ void Job::finish(JobOutcome outcome) {
   cv_.notify_all();
 }
 
-bool Job::wait(std::vector<DsmlEvent>& out, std::chrono::milliseconds timeout) {
+bool Job::wait(std::vector<DsmlEvent>& out, std::chrono::milliseconds timeout, std::vector<PrefillStep>* progress) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return finished_ || !events_.empty(); });
+  cv_.wait_for(lock, timeout, [&] { return finished_ || !events_.empty() || !progress_.empty(); });
   while (!events_.empty()) {
     out.push_back(std::move(events_.front()));
     events_.pop_front();
   }
+  if (progress) progress->insert(progress->end(), progress_.begin(), progress_.end());
+  progress_.clear();
   return finished_;
 }
 

@@ -74,18 +74,25 @@ class Job {
   void clear_client_check();
   bool client_gone();  // the predicate said so (false when none is set)
 
-  // Prefill progress (tokens done of total), for clients that show it.
-  void set_prefill_progress(uint64_t done, uint64_t total);
-  std::pair<uint64_t, uint64_t> prefill_progress() const { return {prefill_done_.load(), prefill_total_.load()}; }
+  // Prefill progress (prompt tokens done of total), for clients that show it:
+  // after want_prefill_progress() (before submitting), every report is kept
+  // in order for wait(); otherwise reports are dropped.
+  struct PrefillStep {
+    uint64_t done = 0, total = 0;
+  };
+  void want_prefill_progress() { want_progress_ = true; }
+  void report_prefill_progress(uint64_t done, uint64_t total);
 
   // Worker side.
   void push(const DsmlEvent& e);
   void finish(JobOutcome outcome);
 
-  // HTTP side: waits up to `timeout` for events or the end; appends the
-  // pending events to `out`. Returns true once finished and every event has
-  // been handed out.
-  bool wait(std::vector<DsmlEvent>& out, std::chrono::milliseconds timeout);
+  // Client side: waits up to `timeout` for events (or progress) or the end;
+  // appends the pending events to `out` and the progress reports to
+  // `*progress` (reports precede the events of the prefill they belong to). Returns true once finished and every event
+  // has been handed out.
+  bool wait(std::vector<DsmlEvent>& out, std::chrono::milliseconds timeout,
+            std::vector<PrefillStep>* progress = nullptr);
   // Valid after wait() returned true.
   const JobOutcome& outcome() const { return outcome_; }
 
@@ -94,10 +101,11 @@ class Job {
   const std::chrono::steady_clock::time_point created_;
   std::mutex client_mu_;
   std::function<bool()> client_gone_;
-  std::atomic<uint64_t> prefill_done_{0}, prefill_total_{0};
+  bool want_progress_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<DsmlEvent> events_;
+  std::deque<PrefillStep> progress_;
   bool finished_ = false;
   JobOutcome outcome_;
 };

@@ -24,7 +24,8 @@ expected<ChatPrompt, RuntimeError> Runtime::prepare(std::vector<ChatMessage> mes
 }
 
 JobOutcome Runtime::run(const std::shared_ptr<Job>& job, const std::function<void(const DsmlEvent&)>& on_event,
-                        std::chrono::milliseconds poll, const std::function<void()>& on_poll) {
+                        const std::function<void(uint64_t done, uint64_t total)>& on_progress) {
+  if (on_progress) job->want_prefill_progress();
   switch (submit(job)) {
     case Admit::OK: break;
     case Admit::QUEUE_FULL: {
@@ -39,13 +40,16 @@ JobOutcome Runtime::run(const std::shared_ptr<Job>& job, const std::function<voi
     }
   }
   std::vector<DsmlEvent> events;
+  std::vector<Job::PrefillStep> steps;
   for (;;) {
     events.clear();
-    const bool done = job->wait(events, poll);
+    steps.clear();
+    const bool done = job->wait(events, std::chrono::milliseconds(100), &steps);
+    if (on_progress)
+      for (const auto& p : steps) on_progress(p.done, p.total);
     if (on_event)
       for (const auto& e : events) on_event(e);
     if (done) return job->outcome();
-    if (on_poll) on_poll();
   }
 }
 

@@ -62,11 +62,11 @@ class Runtime {
   using Admit = Scheduler::Admit;
   Admit submit(std::shared_ptr<Job> job) { return scheduler_.submit(std::move(job)); }
   void withdraw(const std::shared_ptr<Job>& job) { scheduler_.withdraw(job); }
-  // Submits and waits: events go to `on_event` on the calling thread as they
-  // come; returns the outcome (an error when the queue refused the job).
+  // Submits and waits: events (and, with `on_progress`, prefill progress)
+  // go to the callbacks on the calling thread as they come; returns the
+  // outcome (an error when the queue refused the job).
   JobOutcome run(const std::shared_ptr<Job>& job, const std::function<void(const DsmlEvent&)>& on_event,
-                 std::chrono::milliseconds poll = std::chrono::milliseconds(50),
-                 const std::function<void()>& on_poll = {});
+                 const std::function<void(uint64_t done, uint64_t total)>& on_progress = {});
 
   // Graceful shutdown: drain() refuses new jobs and lets the queued ones run;
   // wait_idle() waits for them; cancel_all() cancels what is queued or running.

@@ -130,7 +130,7 @@ void Scheduler::worker_loop() {
     } else {
       JobHooks hooks;
       hooks.on_event = [&](const DsmlEvent& e) { job->push(e); };
-      hooks.on_prefill_progress = [&](uint64_t done, uint64_t total) { job->set_prefill_progress(done, total); };
+      hooks.on_prefill_progress = [&](uint64_t done, uint64_t total) { job->report_prefill_progress(done, total); };
       hooks.cancelled = [&] {
         if (job->cancel.load() || abort_.load()) return true;
         if (!job->client_gone()) return false;

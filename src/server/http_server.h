@@ -3,7 +3,7 @@
 // shutdown, over the connection layer of http_transport.h (framing, body and
 // head limits, read/idle/write timeouts, connection caps). It parses nothing
 // itself: each route hands the JSON body to its dialect adapter, which
-// returns a typed job for the scheduler and a writer for the reply
+// returns a typed job for the runtime (runtime/runtime.h) and a writer for the reply
 // (reply_writer.h).
 //
 // Routes:

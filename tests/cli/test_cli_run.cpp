@@ -90,7 +90,7 @@ const std::string& tiny() {
 
 // "[prompt P tokens (C cached), ... | generated G tokens, ... | finish F | ...]" from stderr.
 struct Stats {
-  int prompt = -1, generated = -1;
+  int prompt = -1, cached = -1, generated = -1;
   std::string finish;
 };
 Stats stats_of(const std::string& err) {
@@ -99,6 +99,7 @@ Stats stats_of(const std::string& err) {
   Stats s;
   if (std::regex_search(err, m, re)) {
     s.prompt = std::stoi(m[1]);
+    s.cached = std::stoi(m[2]);
     s.generated = std::stoi(m[3]);
     s.finish = m[4];
   }
@@ -396,4 +397,44 @@ TEST(CliRender, TokensMatchTheRenderedTextsSpecials) {
   Result no_model = run_dsv4("render --tokens --messages " + msgs);
   EXPECT_EQ(no_model.status, 1);
   EXPECT_NE(no_model.err.find("--tokens needs -m"), std::string::npos) << no_model.err;
+}
+
+TEST(CliRun, KvDiskCacheCarriesAPromptAcrossRuns) {
+  // The runtime's disk cache under `run`: the first run saves the prompt's
+  // prefix (the cold save point), the second restores it instead of
+  // prefilling, and the reply is the same.
+  const std::string dir = scratch() + "/kv-run";
+  std::string prompt;
+  for (int i = 0; i < 30; ++i) prompt += "the quick brown fox " + std::to_string(i) + " ";
+  write_file(scratch() + "/kv-prompt.txt", prompt);
+  const std::string args = run_tiny("--prompt-file " + scratch() + "/kv-prompt.txt --nothink -n 6 --ignore-eos --seed 3 "
+                                    "--kv-disk-dir " + dir + " --kv-cache-min-tokens 8 --kv-cache-align 8");
+  Result first = run_dsv4(args);
+  ASSERT_EQ(first.status, 0) << first.err;
+  EXPECT_NE(first.err.find("KV disk cache " + dir), std::string::npos) << first.err;
+  EXPECT_EQ(stats_of(first.err).cached, 0) << first.err;
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".kv";
+  EXPECT_GE(files, 1u);
+
+  Result second = run_dsv4(args);
+  ASSERT_EQ(second.status, 0) << second.err;
+  const Stats s = stats_of(second.err);
+  EXPECT_GT(s.cached, 0) << second.err;
+  EXPECT_EQ(s.prompt, stats_of(first.err).prompt);
+  EXPECT_EQ(second.out, first.out);  // restored state == prefilled state (bitwise numerics)
+}
+
+TEST(CliRun, ThinkingBudgetEndsTheReasoning) {
+  // After 3 reasoning tokens </think> is forced and the answer follows: 3 + 1 + 8 = 12 tokens.
+  Result r = run_dsv4(run_tiny("-p hello --thinking-budget 3 -n 12 --ignore-eos --seed 1"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Stats s = stats_of(r.err);
+  EXPECT_EQ(s.generated, 12) << r.err;
+  EXPECT_EQ(r.err.find("ended inside the reasoning"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("thinking_budget=3"), std::string::npos) << r.err;
+
+  Result bad = run_dsv4(run_tiny("-p hello --thinking-budget 3 --nothink"));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--thinking-budget needs a thinking mode"), std::string::npos) << bad.err;
 }
