@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "commands.h"
-#include "cuda_flags.h"
+#include "engine_flags.h"
 #include "dsv4/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,10 +19,11 @@ namespace dsv4::tools {
 namespace {
 
 struct BenchArgs {
-  std::string model, prompt_file, csv, backend = "auto", numerics = "reference", synthetic;
+  std::string model, prompt_file, csv, synthetic;
+  BackendChoice backend = BackendChoice::AUTO;
+  Numerics numerics = Numerics::REFERENCE;
   uint64_t seed = 1;
-  bool tensor_cores = true;
-  CudaSwitches cuda;
+  CudaOptions cuda;
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
   int gen_tokens = 32, threads = 0, batch = 0;  // 0: the backend's default
@@ -43,8 +44,7 @@ int run_bench(const BenchArgs& a) {
   o.synthetic = a.synthetic;
   o.synthetic_seed = a.seed;
   o.backend = a.backend;
-  o.tensor_cores = a.tensor_cores;
-  o.cuda = a.cuda;
+  o.cuda = cuda_options_for(a.cuda);
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
@@ -180,14 +180,13 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--gen-tokens", a->gen_tokens, "Greedy tokens decoded at each frontier (EOS ignored)")->capture_default_str();
   cmd->add_option("--prompt-file", a->prompt_file, "Text whose tokens (repeated) form the sequence");
   cmd->add_option("--csv", a->csv, "Also write the CSV to this file");
-  cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
-  cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
+  add_backend_flags(cmd, &a->backend, &a->numerics);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");
-  add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
+  add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_bench(*a)); });
 }
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "commands.h"
-#include "cuda_flags.h"
+#include "engine_flags.h"
 #include "core/progress.h"
 #include "dsv4/engine.h"
 
@@ -17,11 +17,12 @@ namespace dsv4::tools {
 namespace {
 
 struct LogitsArgs {
-  std::string model, tokens, tokens_file, out, numerics = "reference", backend = "auto", positions;
+  std::string model, tokens, tokens_file, out, positions;
+  Numerics numerics = Numerics::REFERENCE;
+  BackendChoice backend = BackendChoice::AUTO;
   int threads = 0, batch = 0;  // 0: the backend's default
   uint32_t ctx = 0;
-  bool tensor_cores = true;
-  CudaSwitches cuda;
+  CudaOptions cuda;
 };
 
 expected<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -80,8 +81,7 @@ int run_logits(const LogitsArgs& a) {
   EngineOptions o;
   o.model_path = a.model;
   o.backend = a.backend;
-  o.tensor_cores = a.tensor_cores;
-  o.cuda = a.cuda;
+  o.cuda = cuda_options_for(a.cuda);
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
@@ -116,7 +116,7 @@ int run_logits(const LogitsArgs& a) {
   size_t wrote = std::fwrite(rows.data(), 4, rows.size(), f);
   if (std::fclose(f) != 0 || wrote != rows.size()) return fail("writing " + a.out + " failed (disk full?)");
   std::fprintf(stderr, "wrote %zu x %u float32 logits to %s (%s numerics, %s)\n", rows.size() / V, V, a.out.c_str(),
-               (*engine)->info().numerics.c_str(), (*engine)->info().backend.c_str());
+               numerics_name((*engine)->info().numerics), (*engine)->info().backend.c_str());
   return 0;
 }
 
@@ -130,8 +130,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--tokens", a->tokens, "Token ids, comma or space separated");
   cmd->add_option("--tokens-file", a->tokens_file, "File of token ids (comma or whitespace separated)");
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();
-  cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
-  cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
+  add_backend_flags(cmd, &a->backend, &a->numerics);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
@@ -139,7 +138,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--positions", a->positions,
                   "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "
                   "only they run the output head");
-  add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
+  add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_logits(*a)); });
 }
 

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "commands.h"
-#include "cuda_flags.h"
+#include "engine_flags.h"
 #include "kv_cache_flags.h"
 #include "conversation/logprobs_json.h"
 #include "chat/thinking.h"
@@ -33,7 +33,9 @@ namespace {
 
 // The flags as given (CLI11 fills these), before validation.
 struct RunArgs {
-  std::string model, mtp, backend = "auto", numerics = "reference";
+  std::string model, mtp;
+  BackendChoice backend = BackendChoice::AUTO;
+  Numerics numerics = Numerics::REFERENCE;
   int threads = 0, batch = 0;  // 0: the backend's default
   uint32_t ctx = 32768;
   std::string prompt, prompt_file, system;
@@ -51,8 +53,7 @@ struct RunArgs {
   std::string dump_logprobs;
   int logprobs_top_k = 5;
   bool no_color = false;
-  bool tensor_cores = true;
-  CudaSwitches cuda;
+  CudaOptions cuda;
 };
 
 int fail(const std::string& message) {
@@ -86,10 +87,6 @@ Status validate(const RunArgs& a) {
   if (a.batch < 0 || a.batch > 65536) return make_error("--batch must be in [1, 65536], or 0 for the default (got %d)", a.batch);
   if (a.logprobs_top_k < 0 || a.logprobs_top_k > 100)
     return make_error("--logprobs-top-k must be in [0, 100] (got %d)", a.logprobs_top_k);
-  if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda")
-    return make_error("--backend must be auto, cpu or cuda (got \"%s\")", a.backend.c_str());
-  if (a.numerics != "reference" && a.numerics != "plain")
-    return make_error("--numerics must be reference or plain (got \"%s\")", a.numerics.c_str());
   for (const auto& s : a.stop)
     if (s.empty()) return make_error("--stop needs a non-empty string");
   if (a.prompt_given && !a.prompt_file.empty()) return make_error("give either -p or --prompt-file, not both");
@@ -106,8 +103,7 @@ expected<RunSettings> settings_from(const RunArgs& a) {
   s.engine.ctx = a.ctx;
   s.engine.threads = a.threads;
   s.engine.prefill_batch = a.batch;
-  s.engine.tensor_cores = a.tensor_cores;
-  s.engine.cuda = a.cuda;
+  s.engine.cuda = cuda_options_for(a.cuda);
   s.engine.show_progress = false;  // the engine draws nothing while loading; LoadIndicator does
   s.thinking = a.nothink ? ThinkingLevel::NONE : a.think_max ? ThinkingLevel::MAX : ThinkingLevel::HIGH;
   s.system = a.system;
@@ -289,9 +285,8 @@ void register_run(CLI::App& app) {
   cmd->add_option("--ctx", a->ctx, "Context size in tokens (prompt + history + reply)")->capture_default_str();
   cmd->add_option("--stop", a->stop, "Stop when this text is generated (repeatable)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past the end-of-sentence token (benchmarks, tests)");
-  cmd->add_option("--backend", a->backend, "auto | cpu | cuda")->capture_default_str();
+  add_backend_flags(cmd, &a->backend, &a->numerics);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--numerics", a->numerics, "reference | plain")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Prompt tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_option("--mtp", a->mtp, "MTP block GGUF (loaded and checked; decoding does not use it yet)")->type_name("FILE");
@@ -302,7 +297,7 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--no-color", a->no_color, "No ANSI colours (also when NO_COLOR is set)");
   cmd->footer(std::string("Interactive chat (no prompt, stdin a terminal) ") + repl_help_text());
   add_kv_cache_flags(cmd, &a->cache, /*with_sessions=*/false);
-  add_cuda_flags(cmd, &a->tensor_cores, &a->cuda);
+  add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a, prompt_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     set_exit_code(run_run(*a));

@@ -16,7 +16,7 @@
 #include "chat/chat_message.h"
 #include "commands.h"
 #include "kv_cache_flags.h"
-#include "cuda_flags.h"
+#include "engine_flags.h"
 #include "chat/thinking.h"
 #include "core/log.h"
 #include "dsv4/engine.h"
@@ -33,6 +33,7 @@ struct ServeArgs {
   EngineOptions engine;
   server::ServerOptions server;
   runtime::KvCacheOptions cache;
+  CudaOptions cuda;
   size_t max_body_mb = 32;
   std::string script;
 };
@@ -94,6 +95,7 @@ int run_serve(ServeArgs a) {
     std::fprintf(stderr, "dsv4 serve: error: %s\n", m.c_str());
     return 1;
   };
+  a.engine.cuda = cuda_options_for(a.cuda);
   if (a.server.port < 0 || a.server.port > 65535) return fail("--port must be between 0 and 65535");
   if (a.server.max_queue == 0) return fail("--queue must be at least 1");
   if (a.max_body_mb == 0 || a.max_body_mb > 4096) return fail("--max-body-mb must be between 1 and 4096");
@@ -182,8 +184,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-m,--model", a->engine.model_path, "Model GGUF")->required();
   cmd->add_option("--mtp", a->engine.mtp_path, "MTP block GGUF (optional)");
   cmd->add_option("--ctx", a->engine.ctx, "Context of each live session in tokens (prompt + reply)")->capture_default_str();
-  cmd->add_option("--backend", a->engine.backend, "auto | cpu | cuda")->capture_default_str();
-  cmd->add_option("--numerics", a->engine.numerics, "reference | plain")->capture_default_str();
+  add_backend_flags(cmd, &a->engine.backend, &a->engine.numerics);
   cmd->add_option("-t,--threads", a->engine.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--batch", a->engine.prefill_batch, "Tokens per prefill batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
@@ -229,7 +230,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/runtime/scripted_backend.h)");
-  add_cuda_flags(cmd, &a->engine.tensor_cores, &a->engine.cuda);
+  add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_serve(*a)); });
 }
 

@@ -7,15 +7,18 @@
 // one session computes at a time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
+#include "core/numerics.h"
 #include "core/file_stamp.h"
 
 namespace dsv4 {
@@ -23,27 +26,23 @@ namespace dsv4 {
 class Tokenizer;
 class Session;
 
-// The CUDA backend's switches past EngineOptions::tensor_cores: A/B runs and
-// fall-backs (`--no-int-dot`, `--cublas`, ... on dsv4 run/serve/bench/logits);
-// the defaults are the fast path. The CPU backend ignores them.
-struct CudaSwitches {
-  bool int_dot = true;            // decode experts' IQ2_XXS/Q2_K rows on integer (int8 MMA) dot products
-  std::string cublas = "auto";    // prefill matmuls on cuBLAS: auto | off | path of libcublas
-  int64_t gemm_min_tokens = 128;  // matmuls of >= this many tokens (>= 2) go to cuBLAS
-  bool branches = true;           // the shared expert on a second stream
-  bool pdl = true;                // programmatic dependent launch (sm_90+)
-  std::string expert_gemm = "auto";  // prefill experts of >= N assignments on the grouped wgmma GEMM: auto | on | off | N
-  bool gemm_weight_cache = true;  // keep the cuBLAS matmuls' split weights while memory allows
-  std::string dup_ops;            // profiling: these idempotent ops launched twice (CudaBackendOptions::dup_ops)
+struct CudaOptions;  // the CUDA backend's switches (backend/options/cuda_options.h)
+struct KvIdentity;   // what a KV-cache file is bound to (kv/kv_file.h)
 
-  std::string describe() const;  // the switches that differ from the defaults ("" when none)
+// Which backend runs the model.
+enum class BackendChoice {
+  AUTO,  // CUDA when this build has it and a usable GPU is present, else the CPU
+  CPU,
+  CUDA,
 };
+const char* backend_choice_name(BackendChoice b);  // "auto", "cpu", "cuda"
+expected<BackendChoice> backend_choice_from_name(std::string_view s);
 
 struct EngineOptions {
   std::string model_path;
   std::string mtp_path;              // optional MTP block GGUF (--mtp)
-  std::string backend = "auto";      // auto | cpu | cuda
-  std::string numerics = "reference";  // reference | plain
+  BackendChoice backend = BackendChoice::AUTO;
+  Numerics numerics = Numerics::REFERENCE;
   uint32_t ctx = 32768;              // default context of new sessions
   int threads = 0;                   // CPU threads (0 = all cores)
   // Tokens per forward batch; 0 = the backend's default (default_prefill_batch):
@@ -51,10 +50,10 @@ struct EngineOptions {
   // decoded weight tile; PERFORMANCE.md), CPU 512.
   int prefill_batch = 0;
   bool show_progress = true;         // progress bar while loading
-  // CUDA: batched matmuls of block-quantised weights on tensor cores (within f32
-  // rounding of the CPU); false: FFMA tiles, bitwise equal to the decode kernels.
-  bool tensor_cores = true;
-  CudaSwitches cuda;
+  // The CUDA backend's switches (tools/engine_flags.h parses them); nullptr:
+  // the defaults. Checked whichever backend runs (a typo must not depend on
+  // the machine); the CPU backend ignores them.
+  std::shared_ptr<const CudaOptions> cuda;
   // Instead of model_path: the weights of this `dsv4 synth` preset (with this
   // seed), generated into memory (the exact bytes `dsv4 synth` writes; the
   // model file is never on disk). Needs RAM for the whole model.
@@ -71,17 +70,13 @@ struct EngineInfo {
   std::string model_name;   // "DeepSeek V4 Flash" or "custom ..."
   std::string model_path;
   std::string quant;        // quant mix description
-  uint32_t expert_gate_up_type = 0;  // ggml type ids of the quant mix: routed experts' gate/up,
-  uint32_t expert_down_type = 0;     // their down projection,
-  uint32_t dense_type = 0;           // and the dense matrices (layer 0 attn_q_a)
-  int routed_bits = 0;               // 2 or 4 for the published mixes (8/16/32 otherwise)
   // 64 hex: SHA-256 of the hyperparameters and tensor table (kv/snapshot.h);
   // session snapshots load only into an engine with the same value. The
   // weights themselves: Engine::content_identity.
   std::string fingerprint;
   std::string backend;      // backend name incl. device
   int prefill_batch = 0;    // tokens per forward batch in use (the resolved EngineOptions value)
-  std::string numerics;
+  Numerics numerics = Numerics::REFERENCE;
   uint32_t n_vocab = 0;
   uint32_t n_layer = 0;
   uint32_t max_ctx = 0;     // largest context a session may ask for
@@ -122,6 +117,10 @@ class Engine {
   // load() does not: only a KV disk cache needs it), then memoised. Safe to
   // call from any thread, also concurrently.
   std::string content_identity() const;
+  // What a KV-cache file of this engine is bound to: `model` (the content
+  // identity as bytes, or one remembered for this file), the numerics and
+  // the quant mix. Callers include kv/kv_file.h.
+  KvIdentity kv_identity(const std::array<uint8_t, 32>& model) const;
   // The model file as mapped at load; nullopt for a synthetic model (no file:
   // its content identity is that of the bytes `dsv4 synth` would write).
   std::optional<ModelFileStamp> model_file() const;

@@ -19,6 +19,8 @@
 #endif
 #include "core/log.h"
 #include "core/progress.h"
+#include "backend/options/cuda_options.h"
+#include "kv/kv_file.h"
 #include "kv/model_identity.h"
 #include "kv/snapshot.h"
 #include "model/model_file.h"
@@ -31,29 +33,30 @@ namespace dsv4 {
 // 8,192 +6%; see PERFORMANCE.md; the state's fixed part grows with the batch, 114 MiB at 4,096).
 int default_prefill_batch(bool cuda) { return cuda ? 4096 : 512; }
 
-std::string CudaSwitches::describe() const {
-  const CudaSwitches d;
-  std::string s;
-  auto add = [&s](const std::string& w) { s += (s.empty() ? "" : " ") + w; };
-  if (int_dot != d.int_dot) add("int_dot=off");
-  if (cublas != d.cublas) add("cublas=" + cublas);
-  if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));
-  if (branches != d.branches) add("branches=off");
-  if (pdl != d.pdl) add("pdl=off");
-  if (expert_gemm != d.expert_gemm) add("expert_gemm=" + expert_gemm);
-  if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
-  if (!dup_ops.empty()) add("dup_ops=" + dup_ops);
-  return s;
+const char* backend_choice_name(BackendChoice b) {
+  switch (b) {
+    case BackendChoice::AUTO: return "auto";
+    case BackendChoice::CPU: return "cpu";
+    case BackendChoice::CUDA: return "cuda";
+  }
+  return "?";
+}
+
+expected<BackendChoice> backend_choice_from_name(std::string_view s) {
+  if (s == "auto") return BackendChoice::AUTO;
+  if (s == "cpu") return BackendChoice::CPU;
+  if (s == "cuda") return BackendChoice::CUDA;
+  return make_error("unknown backend \"%s\" (expected auto, cpu or cuda)", std::string(s).c_str());
 }
 
 std::string EngineOptions::describe() const {
   const std::string model = synthetic.empty() ? model_path : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
                                                                      static_cast<unsigned long long>(synthetic_seed));
   const std::string batch = prefill_batch > 0 ? std::to_string(prefill_batch) : "auto";
-  const std::string switches = cuda.describe();
-  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
-                mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend.c_str(), numerics.c_str(), ctx, threads,
-                batch.c_str(), tensor_cores ? "" : " tensor_cores=off", switches.empty() ? "" : " ", switches.c_str());
+  const std::string switches = cuda ? cuda->describe() : std::string();
+  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s", model.c_str(),
+                mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend_choice_name(backend),
+                numerics_name(numerics), ctx, threads, batch.c_str(), switches.empty() ? "" : " ", switches.c_str());
 }
 
 namespace {
@@ -62,31 +65,25 @@ namespace {
 // it and a usable GPU is present, else CPU). `progress` (may be null) receives the
 // bytes of weights uploaded so far (CUDA copies the weights to the device).
 expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const std::function<void(uint64_t)>& progress) {
-  if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda")
-    return make_error("unknown backend \"%s\" (expected auto, cpu or cuda)", o.backend.c_str());
+  const CudaOptions defaults;
+  const CudaOptions& cuda = o.cuda ? *o.cuda : defaults;
 #ifdef DSV4_HAS_CUDA
-  if (o.backend == "cuda" || (o.backend == "auto" && cuda_device_present())) {
+  if (o.backend == BackendChoice::CUDA || (o.backend == BackendChoice::AUTO && cuda_device_present())) {
     CudaBackendOptions co;
+    static_cast<CudaOptions&>(co) = cuda;
     co.upload_progress = progress;
-    co.tensor_cores = o.tensor_cores;
-    co.int_dot = o.cuda.int_dot;
-    co.cublas = o.cuda.cublas;
-    co.gemm_min_tokens = o.cuda.gemm_min_tokens;
-    co.branches = o.cuda.branches;
-    co.pdl = o.cuda.pdl;
-    co.expert_gemm = o.cuda.expert_gemm;
-    co.gemm_weight_cache = o.cuda.gemm_weight_cache;
-    co.dup_ops = o.cuda.dup_ops;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);
-    if (o.backend == "cuda") return be.error().with_context("--backend cuda");
+    if (o.backend == BackendChoice::CUDA) return be.error().with_context("--backend cuda");
     // A cuBLAS library named by path asks for the GPU: no silent fall-back to the CPU.
-    if (o.cuda.cublas != "auto" && o.cuda.cublas != "off") return be.error().with_context("--cublas " + o.cuda.cublas);
+    if (cuda.cublas == CublasMode::LIBRARY) return be.error().with_context("--cublas " + cuda.cublas_library);
     log_warn("--backend auto: the GPU is not usable (%s); using the CPU", be.error().message.c_str());
   }
 #else
   (void)progress;
-  if (o.backend == "cuda") return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+  (void)cuda;
+  if (o.backend == BackendChoice::CUDA)
+    return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
 #endif
   return make_cpu_backend(o.threads);
 }
@@ -194,14 +191,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_unique<Impl>();
   impl->opts = o;
-  DSV4_TRY_ASSIGN(Numerics numerics, numerics_from_name(o.numerics));
+  const Numerics numerics = o.numerics;
   if (o.prefill_batch < 0 || o.prefill_batch > 65536)
     return make_error("prefill batch %d out of range [1, 65536] (0: the backend's default)", o.prefill_batch);
   // The CUDA switches are checked whichever backend runs (a typo must not depend on the machine).
-  if (o.cuda.gemm_min_tokens < 2)
-    return make_error("--gemm-min-tokens %lld: the cuBLAS matmul threshold must be at least 2 tokens",
-                      static_cast<long long>(o.cuda.gemm_min_tokens));
-  if (o.cuda.cublas.empty()) return make_error("--cublas: empty (want auto, off or the path of libcublas)");
+  if (o.cuda) DSV4_TRY(o.cuda->check());
   if (o.synthetic.empty()) {
     DSV4_TRY_ASSIGN(impl->file, open_model(o.model_path));
   } else {
@@ -247,10 +241,6 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   info.model_name = spec.recognise();
   info.model_path = o.synthetic.empty() ? o.model_path : "synthetic:" + o.synthetic;
   info.quant = impl->file->weights.mix.describe();
-  info.expert_gate_up_type = static_cast<uint32_t>(impl->file->weights.mix.expert_gate_up);
-  info.expert_down_type = static_cast<uint32_t>(impl->file->weights.mix.expert_down);
-  info.dense_type = static_cast<uint32_t>(impl->file->weights.mix.dense);
-  info.routed_bits = impl->file->weights.mix.routed_bits();
   {
     static const char* k_hex = "0123456789abcdef";
     for (unsigned char c : impl->fingerprint) {
@@ -268,7 +258,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   }
   info.backend = impl->backend->name();
   info.prefill_batch = mo.max_batch;
-  info.numerics = numerics_name(numerics);
+  info.numerics = numerics;
   {
     const GgmlType kv = kv_row_type(spec, mo), ix = indexer_row_type(spec, mo);
     info.kv_rows = kv == GgmlType::F32 && ix == GgmlType::F32
@@ -300,6 +290,18 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   if (o.ctx == 0 || o.ctx > info.max_ctx)
     return make_error("context %u out of range [1, %u] for this model", o.ctx, info.max_ctx);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+KvIdentity Engine::kv_identity(const std::array<uint8_t, 32>& model) const {
+  const QuantMix& mix = impl_->file->weights.mix;
+  KvIdentity id;
+  id.model = model;
+  id.numerics = static_cast<uint32_t>(impl_->info.numerics);
+  id.expert_gate_up_type = static_cast<uint32_t>(mix.expert_gate_up);
+  id.expert_down_type = static_cast<uint32_t>(mix.expert_down);
+  id.dense_type = static_cast<uint32_t>(mix.dense);
+  id.routed_bits = static_cast<uint32_t>(mix.routed_bits());
+  return id;
 }
 
 std::string Engine::content_identity() const {

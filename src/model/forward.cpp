@@ -10,20 +10,6 @@
 
 namespace dsv4 {
 
-const char* numerics_name(Numerics n) {
-  switch (n) {
-    case Numerics::REFERENCE: return "reference";
-    case Numerics::PLAIN: return "plain";
-  }
-  return "?";
-}
-
-expected<Numerics> numerics_from_name(const std::string& s) {
-  if (s == "reference") return Numerics::REFERENCE;
-  if (s == "plain") return Numerics::PLAIN;
-  return make_error("unknown numerics \"%s\" (expected reference or plain)", s.c_str());
-}
-
 // Activation buffers for one batch of up to max_batch tokens.
 struct Model::Scratch {
   Tensor pos, ids;             // [n] i32

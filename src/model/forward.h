@@ -12,19 +12,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/numerics.h"
 #include "model/weights.h"
 #include "ops/ops.h"
 
 namespace dsv4 {
-
-// Numerics of the forward pass (design.md §4):
-//  REFERENCE: DeepSeek's own inference graph — FP8 round trip of window and
-//    compressed KV rows, Hadamard + FP4 round trip of indexer q and K, bf16
-//    storage of KV, of the mHC state and of pooled compressor rows.
-//  PLAIN: no simulated rounding at all (what transformers computes).
-enum class Numerics { REFERENCE, PLAIN };
-const char* numerics_name(Numerics n);
-expected<Numerics> numerics_from_name(const std::string& s);
 
 // Row storage: ring and comp are KV_FP8 and idx is KV_FP4 (core/kv_rows.h) in
 // reference numerics — lossless, the stored values went through the FP8/FP4

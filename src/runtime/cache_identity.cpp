@@ -2,24 +2,10 @@
 
 #include "core/assert.h"
 #include "core/log.h"
-#include "model/forward.h"
 
 namespace dsv4::runtime {
 
 namespace {
-
-KvIdentity identity_of(const EngineInfo& info, const Digest& model) {
-  KvIdentity id;
-  id.model = model;
-  auto numerics = numerics_from_name(info.numerics);
-  DSV4_ASSERT(numerics.has_value(), "EngineInfo::numerics \"%s\" is not a numerics name", info.numerics.c_str());
-  id.numerics = static_cast<uint32_t>(*numerics);
-  id.expert_gate_up_type = info.expert_gate_up_type;
-  id.expert_down_type = info.expert_down_type;
-  id.dense_type = info.dense_type;
-  id.routed_bits = static_cast<uint32_t>(info.routed_bits);
-  return id;
-}
 
 Digest computed_identity(const Engine& engine) {
   std::optional<Digest> d = digest_from_hex(engine.content_identity());
@@ -37,7 +23,7 @@ const char* identity_origin_name(IdentityOrigin o) {
   return "?";
 }
 
-KvIdentity cache_identity(const Engine& engine) { return identity_of(engine.info(), computed_identity(engine)); }
+KvIdentity cache_identity(const Engine& engine) { return engine.kv_identity(computed_identity(engine)); }
 
 ResolvedIdentity cache_identity(const Engine& engine, ModelIdentityStore& store) {
   ResolvedIdentity r;
@@ -56,13 +42,13 @@ ResolvedIdentity cache_identity(const Engine& engine, ModelIdentityStore& store)
   if (key) {
     if (std::optional<Digest> d = store.find(*key)) {
       log_info("KV disk cache: model identity from cache (%s, for %s)", store.path().c_str(), key->path.c_str());
-      r.identity = identity_of(engine.info(), *d);
+      r.identity = engine.kv_identity(*d);
       r.origin = IdentityOrigin::REMEMBERED;
       return r;
     }
   }
   const Digest model = computed_identity(engine);
-  r.identity = identity_of(engine.info(), model);
+  r.identity = engine.kv_identity(model);
   r.origin = IdentityOrigin::COMPUTED;
   if (!key) return r;
   auto after = file_stamp_of(key->path);

@@ -65,7 +65,7 @@ EngineBackend::~EngineBackend() {
 std::string EngineBackend::describe() const {
   const EngineInfo& i = engine_->info();
   return strfmt("%s (%s, %s backend, %s numerics, ctx %u)", i.model_name.c_str(), i.quant.c_str(), i.backend.c_str(),
-                i.numerics.c_str(), ctx_);
+                numerics_name(i.numerics), ctx_);
 }
 
 std::string EngineBackend::describe_cache() const {

@@ -335,6 +335,27 @@ TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos) << r.err;
 }
 
+TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
+  // --backend, --numerics and the CUDA switches are typed when the command line is read: a bad value
+  // is refused before the model loads, naming the flag and what it accepts.
+  const std::pair<const char*, const char*> cases[] = {
+      {"--backend tpu", "--backend: unknown backend \"tpu\" (expected auto, cpu or cuda)"},
+      {"--numerics fast", "--numerics: unknown numerics \"fast\" (expected reference or plain)"},
+      {"--expert-gemm 0", "--expert-gemm: want auto, on, off or a whole number from 1 to 1000000, got \"0\""},
+      {"--dup-ops matmul,hc_post", "--dup-ops: cannot launch op \"hc_post\" twice"},
+      {"--cublas ''", "--cublas: empty (want auto, off or the path of libcublas)"},
+  };
+  for (const auto& [flag, message] : cases) {
+    Result r = run_dsv4("run -m /nonexistent.gguf -p hi " + std::string(flag));
+    EXPECT_NE(r.status, 0) << flag;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flag << "\n" << r.err;
+  }
+  // The parsed values reach the engine: plain numerics is what the options line and the engine report.
+  Result r = run_dsv4(run_tiny("-p hi -n 2 --ignore-eos --numerics plain --backend cpu"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("backend=cpu numerics=plain"), std::string::npos) << r.err;
+}
+
 TEST(CliTokenize, IdsAndPieces) {
   Result r = run_dsv4("tokenize -m " + tiny() + " 'hello world'");
   ASSERT_EQ(r.status, 0) << r.err;

@@ -465,10 +465,18 @@ int main(int argc, char** argv) {
   }
   CudaBackendOptions gopt;
   gopt.tensor_cores = o.tensor_cores;
-  gopt.cublas = o.cublas;
+  if (auto st = parse_cublas(o.cublas, gopt); !st) {
+    std::fprintf(stderr, "bench_cuda_ops: --cublas: %s\n", st.error().message.c_str());
+    return 2;
+  }
   gopt.gemm_min_tokens = o.gemm_min_tokens;
   gopt.int_dot = o.int_dot;
-  gopt.expert_gemm = o.expert_gemm;
+  auto eg = parse_expert_gemm(o.expert_gemm);
+  if (!eg) {
+    std::fprintf(stderr, "bench_cuda_ops: --expert-gemm: %s\n", eg.error().message.c_str());
+    return 2;
+  }
+  gopt.expert_gemm_min = *eg;
   gopt.gemm_weight_cache = o.gemm_cache;
   gopt.print_properties = false;
   auto gpu = make_cuda_backend(0, gopt);

@@ -299,10 +299,15 @@ int main(int argc, char** argv) {
   }
   CudaBackendOptions gopt;
   gopt.tensor_cores = tensor_cores;
-  gopt.cublas = cublas ? "auto" : "off";
+  gopt.cublas = cublas ? CublasMode::AUTO : CublasMode::OFF;
   gopt.int_dot = int_dot;
   gopt.gemm_weight_cache = gemm_cache;
-  gopt.expert_gemm = expert_gemm;
+  auto eg = parse_expert_gemm(expert_gemm);
+  if (!eg) {
+    std::fprintf(stderr, "test_backend_ops: --expert-gemm: %s\n", eg.error().message.c_str());
+    return 2;
+  }
+  gopt.expert_gemm_min = *eg;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {
     std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());

@@ -2,7 +2,7 @@
 // model): backend selection (--backend cuda and auto), and the session
 // invariants the CPU tests assert, now on CUDA and bitwise — decode == prefill,
 // save -> load -> continue == continue, rewind — on an engine whose batched
-// matmuls run on the FFMA tiles (EngineOptions::tensor_cores = false: every
+// matmuls run on the FFMA tiles (CudaOptions::tensor_cores = false: every
 // kernel sums in one order for any batch size); on the default engine (tensor
 // cores), decode vs prefill in plain numerics (NMSE <= 1e-7 per position);
 // plus agreement with the CPU engine at the end of a prompt in plain numerics
@@ -45,15 +45,15 @@ void check(bool good, const std::string& what) {
 }
 
 std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, int batch, const std::string& numerics = "reference",
-                             bool tensor_cores = true, const CudaSwitches& switches = {}) {
+                             bool tensor_cores = true, CudaOptions switches = {}) {
   EngineOptions o;
-  o.tensor_cores = tensor_cores;
-  o.cuda = switches;
+  switches.tensor_cores = tensor_cores;
+  o.cuda = std::make_shared<const CudaOptions>(switches);
   o.model_path = path;
-  o.backend = backend;
+  o.backend = *backend_choice_from_name(backend);
   o.ctx = 2048;
   o.prefill_batch = batch;
-  o.numerics = numerics;
+  o.numerics = *numerics_from_name(numerics);
   o.show_progress = false;
   auto e = Engine::load(o);
   if (!e) {
@@ -137,12 +137,12 @@ int main(int argc, char** argv) {
           strfmt("plain: cuda vs cpu logits after 300 tokens: NMSE %.2e <= 1e-7, top-1 %zu vs %zu", d.nmse, ag, ac));
     // The CUDA switches (dsv4 --no-int-dot, --cublas, ...): every fall-back on, and cuBLAS for batches of
     // >= 2 tokens, agree with the CPU like the default engine; bad values are clear errors.
-    CudaSwitches fallbacks;
+    CudaOptions fallbacks;
     fallbacks.int_dot = false;
-    fallbacks.cublas = "off";
+    fallbacks.cublas = CublasMode::OFF;
     fallbacks.branches = false;
     fallbacks.pdl = false;
-    CudaSwitches blas_everywhere;
+    CudaOptions blas_everywhere;
     blas_everywhere.gemm_min_tokens = 2;
     for (const auto& [name, sw] : {std::pair{"fall-backs (no int dot, cuBLAS, branches, PDL)", fallbacks},
                                    std::pair{"cuBLAS from 2 tokens", blas_everywhere}}) {
@@ -161,19 +161,21 @@ int main(int argc, char** argv) {
             strfmt("plain, %s: cuda vs cpu after 300 + 4 tokens: NMSE %.2e <= 1e-7", name, ds.nmse));
     }
     {
-      CudaSwitches bad_lib;
-      bad_lib.cublas = (dir / "no-such-libcublas.so").string();
+      CudaOptions bad_lib;
+      bad_lib.cublas = CublasMode::LIBRARY;
+      bad_lib.cublas_library = (dir / "no-such-libcublas.so").string();
       EngineOptions o;
       o.model_path = path;
-      o.backend = "cuda";
+      o.backend = BackendChoice::CUDA;
       o.show_progress = false;
-      o.cuda = bad_lib;
+      o.cuda = std::make_shared<const CudaOptions>(bad_lib);
       auto e = Engine::load(o);
       check(!e && e.error().message.find("cuBLAS") != std::string::npos &&
                 e.error().message.find("no-such-libcublas.so") != std::string::npos,
             "--cublas PATH that does not load is an error: " + (e ? std::string("loaded") : e.error().message));
-      o.cuda = CudaSwitches{};
-      o.cuda.gemm_min_tokens = 1;
+      CudaOptions bad_threshold;
+      bad_threshold.gemm_min_tokens = 1;
+      o.cuda = std::make_shared<const CudaOptions>(bad_threshold);
       auto e1 = Engine::load(o);
       check(!e1 && e1.error().message.find("at least 2 tokens") != std::string::npos,
             "--gemm-min-tokens 1 is an error: " + (e1 ? std::string("loaded") : e1.error().message));
@@ -201,9 +203,8 @@ int main(int argc, char** argv) {
   // logits, bit for bit (they do not read what they write); a name it does not
   // allow is an error.
   {
-    CudaSwitches dup_all;
-    dup_all.dup_ops = cuda_dup_op_names();
-    dup_all.dup_ops.erase(std::remove(dup_all.dup_ops.begin(), dup_all.dup_ops.end(), ' '), dup_all.dup_ops.end());
+    CudaOptions dup_all;
+    dup_all.dup_ops = (1u << static_cast<unsigned>(CudaDupOp::COUNT)) - 1;
     auto e = load(path, "cuda", 64, "reference", false, dup_all);
     bool same = e != nullptr;
     if (same) {
@@ -215,15 +216,10 @@ int main(int argc, char** argv) {
         same = sd->decode(t[300 + static_cast<size_t>(i)]).has_value() && sr->decode(t[300 + static_cast<size_t>(i)]).has_value() &&
                bitwise(sd->logits(), sr->logits());
     }
-    check(same, "cuda: --dup-ops " + dup_all.dup_ops + ": the same logits after 300 + 4 tokens (bitwise)");
-    EngineOptions o;
-    o.model_path = path;
-    o.backend = "cuda";
-    o.show_progress = false;
-    o.cuda.dup_ops = "matmul,hc_post";
-    auto bad = Engine::load(o);
+    check(same, "cuda: --dup-ops " + std::string(cuda_dup_op_names()) + ": the same logits after 300 + 4 tokens (bitwise)");
+    auto bad = parse_dup_ops("matmul,hc_post");
     check(!bad && bad.error().message.find("\"hc_post\"") != std::string::npos,
-          "--dup-ops with an op that cannot run twice is an error: " + (bad ? std::string("loaded") : bad.error().message));
+          "--dup-ops with an op that cannot run twice is an error: " + (bad ? std::string("parsed") : bad.error().message));
   }
 
   // Decode == prefill, bitwise, on CUDA.

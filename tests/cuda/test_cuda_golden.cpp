@@ -50,11 +50,13 @@ void check(bool good, const std::string& what) {
 std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, bool tensor_cores) {
   EngineOptions o;
   o.model_path = path;
-  o.backend = backend;
-  o.numerics = "plain";
+  o.backend = *backend_choice_from_name(backend);
+  o.numerics = Numerics::PLAIN;
   o.ctx = 1024;
   o.prefill_batch = 512;
-  o.tensor_cores = tensor_cores;
+  CudaOptions cuda;
+  cuda.tensor_cores = tensor_cores;
+  o.cuda = std::make_shared<const CudaOptions>(cuda);
   o.show_progress = false;
   auto e = Engine::load(o);
   if (!e) {

@@ -29,7 +29,7 @@
 //   A systematic kernel bug fails the median; one confined to a few positions
 //   is the op tests' job (they cover windows, boundaries and edge positions).
 //   The checks run on both CUDA matmul paths: tensor cores (the default) and
-//   the FFMA tiles (CudaBackendOptions::tensor_cores = false).
+//   the FFMA tiles (CudaOptions::tensor_cores = false).
 //   CUDA chunked == CUDA whole: batches of 1 (decode), 7, 64, 300, and ragged
 //   prefill calls (3, 1, 126, 2, 129, 255, 184 tokens). FFMA tiles: bitwise
 //   (one summation order for any batch size). Tensor cores: the batched

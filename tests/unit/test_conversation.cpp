@@ -50,7 +50,7 @@ struct TinyModel {
     EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 5), path, 2).has_value());
     EngineOptions o;
     o.model_path = path;
-    o.backend = "cpu";
+    o.backend = BackendChoice::CPU;
     o.ctx = 512;
     o.show_progress = false;
     auto e = Engine::load(o);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "backend/options/cuda_options.h"
 #include "dsv4/engine.h"
 #include "synth/synth.h"
 #include "../common/odd_spec.h"
@@ -35,9 +36,9 @@ class EngineTest : public ::testing::Test {
   static std::unique_ptr<Engine> load(int batch = 512, const std::string& numerics = "reference", bool mtp = false) {
     EngineOptions o;
     o.model_path = g_model;
-    o.backend = "cpu";
+    o.backend = BackendChoice::CPU;
     o.ctx = 4096;
-    o.numerics = numerics;
+    o.numerics = *numerics_from_name(numerics);
     o.prefill_batch = batch;
     o.show_progress = false;
     if (mtp) o.mtp_path = g_mtp;
@@ -233,27 +234,31 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   ASSERT_FALSE(missing.has_value());
   EXPECT_NE(missing.error().message.find("dsv4 synth --preset tiny"), std::string::npos);
   o.model_path = g_model;
-  o.backend = "tpu";
-  EXPECT_FALSE(Engine::load(o).has_value());
-  o.backend = "cpu";
+  EXPECT_FALSE(backend_choice_from_name("tpu").has_value());
+  EXPECT_FALSE(numerics_from_name("fast").has_value());
+  o.backend = BackendChoice::CPU;
   o.prefill_batch = -1;
   auto neg = Engine::load(o);
   ASSERT_FALSE(neg.has_value());
   EXPECT_NE(neg.error().message.find("prefill batch -1"), std::string::npos);
   // The CUDA switches are checked on any backend.
   o.prefill_batch = 0;
-  o.cuda.gemm_min_tokens = 1;
+  CudaOptions bad_threshold;
+  bad_threshold.gemm_min_tokens = 1;
+  o.cuda = std::make_shared<const CudaOptions>(bad_threshold);
   auto gmt = Engine::load(o);
   ASSERT_FALSE(gmt.has_value());
   EXPECT_NE(gmt.error().message.find("--gemm-min-tokens 1"), std::string::npos) << gmt.error().message;
-  o.cuda = CudaSwitches{};
-  o.cuda.cublas = "";
+  CudaOptions no_library;
+  no_library.cublas = CublasMode::LIBRARY;
+  o.cuda = std::make_shared<const CudaOptions>(no_library);
   auto nolib = Engine::load(o);
   ASSERT_FALSE(nolib.has_value());
   EXPECT_NE(nolib.error().message.find("--cublas"), std::string::npos) << nolib.error().message;
-  o.cuda = CudaSwitches{};
-  o.cuda.cublas = "off";
-  o.cuda.pdl = false;
+  CudaOptions valid;
+  valid.cublas = CublasMode::OFF;
+  valid.pdl = false;
+  o.cuda = std::make_shared<const CudaOptions>(valid);
   EXPECT_TRUE(Engine::load(o).has_value());  // valid switches: the CPU backend ignores them
   // Cancellation stops between batches and keeps what was done.
   auto small = load(16);
@@ -291,7 +296,7 @@ TEST_F(EngineTest, SyntheticInMemoryEqualsTheSynthFile) {
   EngineOptions o;
   o.synthetic = "tiny";
   o.synthetic_seed = 11;  // the seed SetUpTestSuite wrote g_model with
-  o.backend = "cpu";
+  o.backend = BackendChoice::CPU;
   o.ctx = 4096;
   o.show_progress = false;
   auto mem = Engine::load(o);
@@ -346,7 +351,7 @@ TEST_F(EngineTest, ContentIdentityIsComputedOnDemandOnce) {
   EXPECT_EQ(f->stamp, *file_stamp_of(g_model));
   EngineOptions o;
   o.synthetic = "tiny";
-  o.backend = "cpu";
+  o.backend = BackendChoice::CPU;
   o.ctx = 4096;
   o.show_progress = false;
   auto mem = Engine::load(o);
@@ -366,9 +371,9 @@ TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
   auto load = [&](const std::string& numerics, int batch) -> expected<std::unique_ptr<Engine>> {
     EngineOptions o;
     o.model_path = path;
-    o.backend = "cpu";
+    o.backend = BackendChoice::CPU;
     o.ctx = 1024;
-    o.numerics = numerics;
+    o.numerics = *numerics_from_name(numerics);
     o.prefill_batch = batch;
     o.show_progress = false;
     return Engine::load(o);
@@ -384,7 +389,7 @@ TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
   const size_t V = spec.n_vocab;
   auto whole = load("plain", 1024);
   ASSERT_TRUE(whole.has_value()) << whole.error().message;
-  EXPECT_EQ((*whole)->info().numerics, "plain");
+  EXPECT_EQ((*whole)->info().numerics, Numerics::PLAIN);
   auto sw = (*whole)->new_session();
   auto all = (*sw)->prefill_all_logits(t);
   ASSERT_TRUE(all.has_value()) << all.error().message;

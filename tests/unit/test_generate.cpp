@@ -21,7 +21,7 @@ struct Fixture {
     EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 21), model, 2).has_value());
     EngineOptions o;
     o.model_path = model;
-    o.backend = "cpu";
+    o.backend = BackendChoice::CPU;
     o.ctx = 2048;
     o.show_progress = false;
     auto e = Engine::load(o);

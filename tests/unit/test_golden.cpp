@@ -67,8 +67,8 @@ std::string convert(const std::string& type, const std::string& dir = k_dir) {
 expected<std::unique_ptr<Engine>> load_engine(const std::string& gguf, const std::string& numerics) {
   EngineOptions o;
   o.model_path = gguf;
-  o.backend = "cpu";
-  o.numerics = numerics;
+  o.backend = BackendChoice::CPU;
+  o.numerics = *numerics_from_name(numerics);
   o.ctx = 1024;
   o.show_progress = false;
   return Engine::load(o);

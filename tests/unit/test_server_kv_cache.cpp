@@ -58,7 +58,7 @@ const std::string& model_path() {
 std::unique_ptr<Engine> load_engine(const std::string& path = model_path()) {
   EngineOptions o;
   o.model_path = path;
-  o.backend = "cpu";
+  o.backend = BackendChoice::CPU;
   o.ctx = 4096;
   o.prefill_batch = 128;
   o.show_progress = false;

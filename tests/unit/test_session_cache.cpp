@@ -51,9 +51,9 @@ Models& models() {
 std::unique_ptr<Engine> load(const std::string& path, const std::string& numerics = "reference") {
   EngineOptions o;
   o.model_path = path;
-  o.backend = "cpu";
+  o.backend = BackendChoice::CPU;
   o.ctx = 4096;
-  o.numerics = numerics;
+  o.numerics = *numerics_from_name(numerics);
   o.prefill_batch = 128;
   o.show_progress = false;
   auto e = Engine::load(o);
@@ -361,8 +361,8 @@ TEST(SessionCache, ForeignModelsAreRejected) {
   EXPECT_EQ(other->content_identity().size(), 64u);
   auto f32 = load(models().f32);
   EXPECT_NE(f32->info().fingerprint, engine().info().fingerprint);
-  EXPECT_EQ(f32->info().expert_gate_up_type, 0u);  // F32
-  EXPECT_EQ(engine().info().routed_bits, 2);
+  EXPECT_EQ(cache_identity(*f32).expert_gate_up_type, 0u);  // F32
+  EXPECT_EQ(cache_identity(engine()).routed_bits, 2u);
   auto plain = load(models().seed11, "plain");
   EXPECT_FALSE(cache_identity(*plain) == cache_identity(engine()));
   for (Engine* e : {other.get(), f32.get(), plain.get()}) {
@@ -495,7 +495,7 @@ TEST(SessionCache, ModelIdentityIsRememberedNextToTheCache) {
   EngineOptions o;
   o.synthetic = "tiny";
   o.synthetic_seed = 11;
-  o.backend = "cpu";
+  o.backend = BackendChoice::CPU;
   o.show_progress = false;
   auto synthetic = Engine::load(o);
   ASSERT_TRUE(synthetic.has_value());

@@ -98,34 +98,6 @@ constexpr int k_copy_threads = 8;                     // threads filling a stagi
 
 double gib(size_t b) { return static_cast<double>(b) / static_cast<double>(size_t{1} << 30); }
 
-// CudaBackendOptions::dup_ops: the ops that may be launched twice (they do not
-// read what they write; the calls that do, e.g. an in-place norm or an
-// accumulating matmul, still run once), as bits of a mask.
-constexpr const char* k_dup_names[] = {"hc_pre",         "hc_head", "rms_norm", "matmul",    "matmuls",     "store_rows",
-                                       "indexer_scores", "topk",    "attention", "moe_route", "moe_experts", "swiglu"};
-enum DupBit : unsigned {
-  kDupHcPre, kDupHcHead, kDupRmsNorm, kDupMatmul, kDupMatmuls, kDupStoreRows,
-  kDupIndexerScores, kDupTopK, kDupAttention, kDupMoeRoute, kDupMoeExperts, kDupSwiglu
-};
-
-// The mask of a comma-separated list of names; an unknown name is an error.
-expected<unsigned> parse_dup_ops(const std::string& list) {
-  unsigned mask = 0;
-  size_t at = 0;
-  while (at < list.size()) {
-    const size_t end = std::min(list.find(',', at), list.size());
-    const std::string name = list.substr(at, end - at);
-    at = end + 1;
-    if (name.empty()) continue;
-    unsigned bit = ~0u;
-    for (unsigned i = 0; i < std::size(k_dup_names); ++i)
-      if (name == k_dup_names[i]) bit = i;
-    if (bit == ~0u) return make_error("cannot launch op \"%s\" twice (the ops that can: %s)", name.c_str(), cuda_dup_op_names());
-    mask |= 1u << bit;
-  }
-  return mask;
-}
-
 class CudaBackend final : public Backend {
  public:
   // `blas`: the loaded cuBLAS or nullptr, with `blas_why` saying why not (make_cuda_backend).
@@ -160,12 +132,9 @@ class CudaBackend final : public Backend {
       scratch_.set_evictable(gemm_cache_.get());  // out of memory: the splits go before an allocation fails
       side_scratch_.set_evictable(gemm_cache_.get());
     }
-    ctx_.expert_gemm_min = ctx_.tensor_cores && opts_.expert_gemm != "off" && expert_wgmma_available()
-                               ? std::max(0, expert_gemm_min(opts_.expert_gemm))
-                               : 0;
+    ctx_.expert_gemm_min = ctx_.tensor_cores && expert_wgmma_available() ? opts_.expert_gemm_min : 0;
     // Branches on a second stream (branch_begin), unless turned off.
     branches_ = opts_.branches;
-    if (const auto d = parse_dup_ops(opts_.dup_ops)) dup_ = *d;  // an error: make_cuda_backend refused it
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.
     set_pdl_enabled(prop.major >= 9 && opts_.pdl);
     name_ = strfmt("cuda:%d (%s, sm_%d%d, %d SMs, %.1f GiB%s)", device_, prop.name, prop.major, prop.minor,
@@ -179,7 +148,7 @@ class CudaBackend final : public Backend {
                static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
                ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", ctx_.int_dot ? ", decode experts on integer dot products" : "",
                (ctx_.expert_gemm_min == 0
-                   ? (opts_.expert_gemm == "off" || !ctx_.tensor_cores ? std::string() : std::string(", no grouped expert GEMM (needs an sm_90a build and device)"))
+                   ? (opts_.expert_gemm_min == 0 || !ctx_.tensor_cores ? std::string() : std::string(", no grouped expert GEMM (needs an sm_90a build and device)"))
                    : strfmt(", prefill experts of >= %d assignments on the grouped GEMM (wgmma)", ctx_.expert_gemm_min)).c_str(),
                pdl_enabled() ? "on" : "off",
                blas_ ? strfmt("matmuls of >= %lld tokens on %s", static_cast<long long>(ctx_.gemm_min_tokens),
@@ -437,7 +406,7 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("hc_pre") : std::string());
     launch_hc_pre(ctx_, op);
-    if (dup(kDupHcPre)) launch_hc_pre(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::HC_PRE)) launch_hc_pre(ctx_, op);  // --dup-ops
   }
   void hc_post(const HcPostOp& op) override {
     use_device();
@@ -448,19 +417,19 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("hc_head") : std::string());
     launch_hc_head(ctx_, op);
-    if (dup(kDupHcHead)) launch_hc_head(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::HC_HEAD)) launch_hc_head(ctx_, op);  // --dup-ops
   }
   void rms_norm(const RmsNormOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("rms_norm") : std::string());
     launch_rms_norm(ctx_, op);
-    if (dup(kDupRmsNorm) && op.out.data != op.x.data) launch_rms_norm(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::RMS_NORM) && op.out.data != op.x.data) launch_rms_norm(ctx_, op);  // --dup-ops
   }
   void matmul(const MatmulOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("matmul", &op) : std::string());
     launch_matmul(ctx_, op);
-    if (dup(kDupMatmul) && !op.accumulate && op.out.data != op.x.data) launch_matmul(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::MATMUL) && !op.accumulate && op.out.data != op.x.data) launch_matmul(ctx_, op);  // --dup-ops
   }
   void matmuls(const MatmulsOp& op) override {
     use_device();
@@ -472,7 +441,7 @@ class CudaBackend final : public Backend {
     }
     Timed t(this, key);
     launch_matmuls(ctx_, op);
-    if (dup(kDupMatmuls)) launch_matmuls(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::MATMULS)) launch_matmuls(ctx_, op);  // --dup-ops
   }
   void rope(const RopeOp& op) override {
     use_device();
@@ -488,7 +457,7 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());
     launch_store_rows(ctx_, op);
-    if (dup(kDupStoreRows)) launch_store_rows(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::STORE_ROWS)) launch_store_rows(ctx_, op);  // --dup-ops
   }
   void compress(const CompressOp& op) override {
     use_device();
@@ -499,37 +468,37 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("indexer_scores") : std::string());
     launch_indexer_scores(ctx_, op);
-    if (dup(kDupIndexerScores)) launch_indexer_scores(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::INDEXER_SCORES)) launch_indexer_scores(ctx_, op);  // --dup-ops
   }
   void topk(const TopKOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("topk") : std::string());
     launch_topk(ctx_, op);
-    if (dup(kDupTopK)) launch_topk(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::TOPK)) launch_topk(ctx_, op);  // --dup-ops
   }
   void attention(const AttentionOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("attention") : std::string());
     launch_attention(ctx_, op);
-    if (dup(kDupAttention) && op.out.data != op.q.data) launch_attention(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::ATTENTION) && op.out.data != op.q.data) launch_attention(ctx_, op);  // --dup-ops
   }
   void moe_route(const MoeRouteOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_route") : std::string());
     launch_moe_route(ctx_, op);
-    if (dup(kDupMoeRoute)) launch_moe_route(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::MOE_ROUTE)) launch_moe_route(ctx_, op);  // --dup-ops
   }
   void moe_experts(const MoeExpertsOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_experts") : std::string());
     launch_moe_experts(ctx_, op);
-    if (dup(kDupMoeExperts) && !op.accumulate && op.out.data != op.x.data) launch_moe_experts(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::MOE_EXPERTS) && !op.accumulate && op.out.data != op.x.data) launch_moe_experts(ctx_, op);  // --dup-ops
   }
   void swiglu(const SwigluOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("swiglu") : std::string());
     launch_swiglu(ctx_, op);
-    if (dup(kDupSwiglu) && op.out.data != op.gate.data && op.out.data != op.up.data) launch_swiglu(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::SWIGLU) && op.out.data != op.gate.data && op.out.data != op.up.data) launch_swiglu(ctx_, op);  // --dup-ops
   }
   void add(const AddOp& op) override {
     use_device();
@@ -576,8 +545,6 @@ class CudaBackend final : public Backend {
     return e;
   }
   bool profiling_ = false;
-  unsigned dup_ = 0;  // CudaBackendOptions::dup_ops (DupBit mask)
-  bool dup(DupBit b) const { return (dup_ >> b) & 1u; }
   std::vector<Record> records_;
   struct Recording {
     cudaGraphExec_t exec = nullptr;
@@ -707,32 +674,16 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
                       "with -DCMAKE_CUDA_ARCHITECTURES=%d%d",
                       device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor);
   }
-  if (options.gemm_min_tokens < 2)
-    return make_error("the cuBLAS matmul threshold must be at least 2 tokens (got %lld)",
-                      static_cast<long long>(options.gemm_min_tokens));
-  if (options.cublas.empty()) return make_error("the cuBLAS library is empty (want auto, off or a path)");
-  if (cuda::expert_gemm_min(options.expert_gemm) < 0)
-    return make_error("expert GEMM mode \"%s\" (want auto, on, off or a number of assignments >= 1)",
-                      options.expert_gemm.c_str());
-  if (auto dup = parse_dup_ops(options.dup_ops); !dup) return dup.error().with_context("dup_ops");
+  DSV4_TRY(options.check());
   // cuBLAS for the prefill matmuls, with tensor cores only. "auto" falls back to the tile when the library is
   // missing (the start-up log says why); a library named by path must load.
   std::unique_ptr<Blas> blas;
   std::string blas_why = "tensor cores off";
   if (options.tensor_cores && prop.major >= 8) {
-    blas = Blas::load(options.cublas, &blas_why);
-    if (!blas && options.cublas != "auto" && options.cublas != "off") return make_error("cuBLAS: %s", blas_why.c_str());
+    blas = Blas::load(options.cublas, options.cublas_library, &blas_why);
+    if (!blas && options.cublas == CublasMode::LIBRARY) return make_error("cuBLAS: %s", blas_why.c_str());
   }
   return std::unique_ptr<Backend>(new CudaBackend(device, prop, options, std::move(blas), blas_why));
-}
-
-const char* cuda_dup_op_names() {
-  static const std::string names = [] {
-    std::string n;
-    for (const char* k : k_dup_names) n += (n.empty() ? "" : ", ") + std::string(k);
-    return n;
-  }();
-  return names.c_str();
 }
 
 CudaUploadStats cuda_upload_stats(Backend& backend) {

@@ -40,13 +40,13 @@ bool resolve(void* dl, const char* name, F& f) {
 
 }  // namespace
 
-std::unique_ptr<Blas> Blas::load(const std::string& which, std::string* why) {
-  if (which == "off") {
+std::unique_ptr<Blas> Blas::load(CublasMode mode, const std::string& library, std::string* why) {
+  if (mode == CublasMode::OFF) {
     *why = "off (--cublas off)";
     return nullptr;
   }
   std::vector<std::string> names;
-  if (which != "auto") names.push_back(which);
+  if (mode == CublasMode::LIBRARY) names.push_back(library);
   else names = {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so.12", "libcublas.so"};
   void* dl = nullptr;
   std::string tried;

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+
+#include "backend/options/cuda_options.h"
 #include <string>
 
 namespace dsv4::cuda {
@@ -25,9 +27,9 @@ class Blas {
  public:
   // The library and a handle on the current device, or nullptr with *why set
   // (off, library not found, symbol missing, handle creation failed).
-  // which: "auto" (libcublas.so.13 from the library path, then /usr/local/cuda),
-  // "off" (nullptr), or the path of the library.
-  static std::unique_ptr<Blas> load(const std::string& which, std::string* why);
+  // AUTO: libcublas.so.13 from the library path, then /usr/local/cuda; OFF:
+  // nullptr; LIBRARY: `library`, the path of the library.
+  static std::unique_ptr<Blas> load(CublasMode mode, const std::string& library, std::string* why);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;

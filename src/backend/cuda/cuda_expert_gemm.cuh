@@ -312,7 +312,7 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // The GEMM's kernel (cuda_expert_wgmma.cu, sm_90a builds only) takes plan tiles of
 // k_wg_tokens assignments; the MoE op gives it the experts with at least
 // CudaContext::expert_gemm_min assignments in a batch ("auto":
-// k_wg_auto_min; with fewer, the decode of a 128-row block serves too few
+// k_expert_gemm_auto_min of backend/options/cuda_options.h; with fewer, the decode of a 128-row block serves too few
 // tokens and the tile of cuda_mma.cuh is faster). Measured on the H200 with the
 // synthetic Flash (experts ms per 4,096-token batch, 43 layers, x copied per
 // consumer thread): tile only 741, threshold 128: 730, 96: 700, 64: 685, every
@@ -320,7 +320,6 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // threshold 64 takes 576 ms, and 48 measured within +-0.5% of 64 at model
 // level (PERFORMANCE.md).
 constexpr int k_wg_tokens = 128;
-constexpr int k_wg_auto_min = 64;
 struct ExpertGemmArgs {
   const int32_t* list;
   const int4* tiles;        // the plan's big tiles {expert, first list index, count, padded token base}

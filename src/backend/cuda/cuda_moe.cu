@@ -681,15 +681,6 @@ void launch_moe_route(const CudaContext& ctx, const MoeRouteOp& op) {
   CUDA_CHECK_LAUNCH();
 }
 
-int expert_gemm_min(const std::string& mode) {
-  if (mode == "auto") return k_wg_auto_min;
-  if (mode == "on") return 1;
-  if (mode == "off") return 0;
-  if (mode.empty() || mode.size() > 7 || mode.find_first_not_of("0123456789") != std::string::npos) return -1;
-  const int n = std::stoi(mode);
-  return n >= 1 && n <= 1000000 ? n : -1;
-}
-
 void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
   const int64_t F = op.gate.ne[1];

@@ -1,8 +1,6 @@
 // Launchers of the MoE router and the routed experts (see cuda_moe.cu).
 #pragma once
 
-#include <string>
-
 #include "backend/cuda/cuda_common.cuh"
 
 namespace dsv4::cuda {
@@ -12,9 +10,5 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op);
 // The grouped expert GEMM (cuda_expert_wgmma.cu) can run here: this binary
 // carries its sm_90a kernel and the device is of compute capability 9.0.
 bool expert_wgmma_available();
-// CudaBackendOptions::expert_gemm ("auto", "on", "off", or N: a whole number
-// >= 1) as CudaContext::expert_gemm_min: auto = k_wg_auto_min, on = 1, off = 0,
-// N = N; -1 when the text is none of these.
-int expert_gemm_min(const std::string& mode);
 
 }  // namespace dsv4::cuda

@@ -2,7 +2,7 @@
 // expert-grouped MoE (cuda_moe.cu): one 256-thread block computes 32 weight rows
 // (4 per warp) x up to 8 tokens whose input rows are given by pointers. Used for
 // F32/F16/BF16 weights, and for every type when tensor cores are off
-// (CudaBackendOptions::tensor_cores = false); cuda_mma.cuh is the tensor-core tile.
+// (CudaOptions::tensor_cores = false); cuda_mma.cuh is the tensor-core tile.
 //
 //   out(r, tt) = sum_c W[r, c] * xrow[tt][c]        r in [r_blk, r_blk + 32), tt < nt
 //

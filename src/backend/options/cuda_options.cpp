@@ -1,0 +1,118 @@
+#include "backend/options/cuda_options.h"
+
+#include <string>
+
+namespace dsv4 {
+
+namespace {
+
+constexpr const char* k_dup_names[] = {"hc_pre",    "hc_head",    "rms_norm",       "matmul",
+                                       "matmuls",   "store_rows", "indexer_scores", "topk",
+                                       "attention", "moe_route",  "moe_experts",    "swiglu"};
+static_assert(std::size(k_dup_names) == static_cast<size_t>(CudaDupOp::COUNT));
+
+std::string expert_gemm_text(int n) {
+  if (n == 0) return "off";
+  if (n == 1) return "on";
+  return std::to_string(n);
+}
+
+}  // namespace
+
+const char* cuda_dup_op_name(CudaDupOp op) {
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(k_dup_names) ? k_dup_names[i] : "?";
+}
+
+const char* cuda_dup_op_names() {
+  static const std::string names = [] {
+    std::string n;
+    for (const char* k : k_dup_names) n += (n.empty() ? "" : ", ") + std::string(k);
+    return n;
+  }();
+  return names.c_str();
+}
+
+Status parse_cublas(std::string_view text, CudaOptions& options) {
+  if (text.empty()) return make_error("empty (want auto, off or the path of libcublas)");
+  options.cublas_library.clear();
+  if (text == "auto") {
+    options.cublas = CublasMode::AUTO;
+  } else if (text == "off") {
+    options.cublas = CublasMode::OFF;
+  } else {
+    options.cublas = CublasMode::LIBRARY;
+    options.cublas_library = std::string(text);
+  }
+  return {};
+}
+
+expected<int> parse_expert_gemm(std::string_view text) {
+  if (text == "auto") return k_expert_gemm_auto_min;
+  if (text == "on") return 1;
+  if (text == "off") return 0;
+  int n = 0;
+  bool digits = !text.empty() && text.size() <= 7;
+  for (char c : text) {
+    digits = digits && c >= '0' && c <= '9';
+    if (digits) n = n * 10 + (c - '0');
+  }
+  if (!digits || n < 1 || n > 1000000)
+    return make_error("want auto, on, off or a whole number from 1 to 1000000, got \"%s\"", std::string(text).c_str());
+  return n;
+}
+
+expected<unsigned> parse_dup_ops(std::string_view list) {
+  unsigned mask = 0;
+  size_t at = 0;
+  while (at < list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string_view name = list.substr(at, end - at);
+    at = end + 1;
+    if (name.empty()) continue;
+    unsigned bit = ~0u;
+    for (unsigned i = 0; i < std::size(k_dup_names); ++i)
+      if (name == k_dup_names[i]) bit = i;
+    if (bit == ~0u)
+      return make_error("cannot launch op \"%s\" twice (the ops that can: %s)", std::string(name).c_str(),
+                        cuda_dup_op_names());
+    mask |= 1u << bit;
+  }
+  return mask;
+}
+
+Status CudaOptions::check() const {
+  if (gemm_min_tokens < 2)
+    return make_error("--gemm-min-tokens %lld: the cuBLAS matmul threshold must be at least 2 tokens",
+                      static_cast<long long>(gemm_min_tokens));
+  if (cublas == CublasMode::LIBRARY && cublas_library.empty())
+    return make_error("--cublas: empty (want auto, off or the path of libcublas)");
+  if (expert_gemm_min < 0 || expert_gemm_min > 1000000)
+    return make_error("--expert-gemm %d: want 0 (off) to 1000000 assignments", expert_gemm_min);
+  if (dup_ops >> static_cast<unsigned>(CudaDupOp::COUNT)) return make_error("--dup-ops: unknown op bits 0x%x", dup_ops);
+  return {};
+}
+
+std::string CudaOptions::describe() const {
+  const CudaOptions d;
+  std::string s;
+  auto add = [&s](const std::string& w) { s += (s.empty() ? "" : " ") + w; };
+  if (tensor_cores != d.tensor_cores) add("tensor_cores=off");
+  if (int_dot != d.int_dot) add("int_dot=off");
+  if (cublas == CublasMode::OFF) add("cublas=off");
+  if (cublas == CublasMode::LIBRARY) add("cublas=" + cublas_library);
+  if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));
+  if (branches != d.branches) add("branches=off");
+  if (pdl != d.pdl) add("pdl=off");
+  if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
+  if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
+  if (dup_ops != 0) {
+    std::string names;
+    for (unsigned i = 0; i < static_cast<unsigned>(CudaDupOp::COUNT); ++i)
+      if (dup(static_cast<CudaDupOp>(i))) names += (names.empty() ? "" : ",") + std::string(k_dup_names[i]);
+    add("dup_ops=" + names);
+  }
+  return s;
+}
+
+}  // namespace dsv4

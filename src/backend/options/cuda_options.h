@@ -1,0 +1,98 @@
+// The CUDA backend's switches, in one typed struct: what `--no-tensor-cores`,
+// `--cublas`, `--expert-gemm`, ... choose (parsed once, in tools/engine_flags.h),
+// what the backend reads (CudaBackendOptions extends it) and what the engine
+// passes between them (EngineOptions::cuda). The defaults are the fast path;
+// the others are for A/B runs and fall-backs. The CPU backend ignores them.
+// Plain C++ (no CUDA): every build can parse and print them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+// Where the prefill matmuls' cuBLAS comes from.
+enum class CublasMode {
+  AUTO,     // libcublas.so.13 from the library path, then /usr/local/cuda; without it the built-in tile
+  OFF,      // never: the tensor-core tile
+  LIBRARY,  // CudaOptions::cublas_library, which must load
+};
+
+// Ops that give the same result when launched twice (they do not read what
+// they write); CudaOptions::dup_ops is a mask of (1 << op).
+enum class CudaDupOp : unsigned {
+  HC_PRE,
+  HC_HEAD,
+  RMS_NORM,
+  MATMUL,
+  MATMULS,
+  STORE_ROWS,
+  INDEXER_SCORES,
+  TOPK,
+  ATTENTION,
+  MOE_ROUTE,
+  MOE_EXPERTS,
+  SWIGLU,
+  COUNT
+};
+
+// The grouped expert GEMM's default threshold: experts with at least this
+// many assignments in a prefill batch (measured: backend/cuda/cuda_expert_gemm.cuh).
+inline constexpr int k_expert_gemm_auto_min = 64;
+
+struct CudaOptions {
+  // Batched matmuls (prefill, grouped experts) of block-quantised weights on
+  // tensor cores (sm_80+): within f32 rounding of the CPU, not bitwise equal
+  // to the float matvec. false: FFMA tiles that share the matvec's summation
+  // order, so chunked prefill, whole prefill and decode agree bitwise (and
+  // every switch below that needs tensor cores is off).
+  bool tensor_cores = true;
+  // Decode experts' IQ2_XXS/Q2_K rows as integer dot products on int8 MMAs
+  // (cuda_idot.cuh, cuda_expert_imma.cuh; tensor cores only); false: the float matvec.
+  bool int_dot = true;
+  // cuBLAS for the prefill matmuls (cuda_gemm.cu; tensor cores only).
+  CublasMode cublas = CublasMode::AUTO;
+  std::string cublas_library;  // LIBRARY: the path to dlopen
+  // Matmuls of at least this many tokens (>= 2) go to cuBLAS.
+  int64_t gemm_min_tokens = 128;
+  // The shared expert on a second stream beside the router and routed experts; false: one stream.
+  bool branches = true;
+  // Programmatic dependent launch on sm_90+ (cuda_launch.cuh); false: plain launches.
+  bool pdl = true;
+  // Prefill experts with at least this many assignments in a batch run as
+  // one grouped GEMM per matrix (cuda_expert_wgmma.cu: wgmma, sm_90a builds
+  // and devices, tensor cores only), the others on the tile. 0: never; 1:
+  // every expert.
+  int expert_gemm_min = k_expert_gemm_auto_min;
+  // Keep the cuBLAS matmuls' split weights across calls (cuda_gemm.cuh,
+  // GemmWeightCache: 6 bytes per dense weight) while at least
+  // gemm_cache_reserve bytes of device memory stay free; false: split every
+  // call (the same bits either way).
+  bool gemm_weight_cache = true;
+  size_t gemm_cache_reserve = size_t{16} << 30;
+  // Profiling: these ops (CudaDupOp bits) are launched twice, so a run's
+  // slowdown is their marginal cost inside the decode graph and the prefill stream.
+  unsigned dup_ops = 0;
+
+  bool dup(CudaDupOp op) const { return (dup_ops >> static_cast<unsigned>(op)) & 1u; }
+  // Every value in range (gemm_min_tokens >= 2, a library path when LIBRARY, ...).
+  Status check() const;
+  // The switches that differ from the defaults, "key=value ..." ("" when none).
+  std::string describe() const;
+};
+
+// The command-line spellings (the CLI validates with these; errors name the value):
+//   cublas       auto | off | PATH
+//   expert gemm  auto | on | off | N (1 .. 1000000)
+//   dup ops      comma-separated names of cuda_dup_op_names()
+Status parse_cublas(std::string_view text, CudaOptions& options);
+expected<int> parse_expert_gemm(std::string_view text);
+expected<unsigned> parse_dup_ops(std::string_view list);
+const char* cuda_dup_op_name(CudaDupOp op);
+const char* cuda_dup_op_names();  // "hc_pre, hc_head, ..."
+
+}  // namespace dsv4

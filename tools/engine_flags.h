@@ -1,0 +1,108 @@
+// The engine's command-line choices shared by dsv4 run/serve/bench/logits,
+// parsed here into typed values once: --backend and --numerics (enums), and
+// the CUDA backend's switches (help group "CUDA") into one CudaOptions
+// (backend/options/cuda_options.h). The defaults are the fast path; the CUDA
+// switches are for A/B runs and fall-backs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/options/cuda_options.h"
+#include "dsv4/engine.h"
+
+namespace dsv4::tools {
+
+// A CLI11 check from one of the typed parsers (the parser's error is the message).
+template <class Parse>
+CLI::Validator parsed_by(Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& v) {
+        auto r = parse(v);
+        return r ? std::string() : r.error().message;
+      },
+      "");
+}
+
+inline void add_backend_flags(CLI::App* cmd, BackendChoice* backend, Numerics* numerics) {
+  cmd->add_option_function<std::string>(
+         "--backend", [backend](const std::string& v) { *backend = *backend_choice_from_name(v); }, "auto | cpu | cuda")
+      ->check(parsed_by([](const std::string& v) { return backend_choice_from_name(v); }))
+      ->default_str(backend_choice_name(*backend));
+  cmd->add_option_function<std::string>(
+         "--numerics", [numerics](const std::string& v) { *numerics = *numerics_from_name(v); }, "reference | plain")
+      ->check(parsed_by([](const std::string& v) { return numerics_from_name(v); }))
+      ->default_str(numerics_name(*numerics));
+}
+
+inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
+  const char* group = "CUDA";
+  cmd->add_flag_callback(
+         "--no-tensor-cores", [s] { s->tensor_cores = false; },
+         "Batched matmuls on FFMA tiles (bitwise equal to the decode kernels) instead of tensor cores; "
+         "also turns off the switches below that need tensor cores")
+      ->group(group);
+  cmd->add_flag_callback(
+         "--no-int-dot", [s] { s->int_dot = false; },
+         "Decode experts' IQ2_XXS/Q2_K rows on the float matvec instead of integer tensor-core MMAs")
+      ->group(group);
+  cmd->add_option_function<std::string>(
+         "--cublas", [s](const std::string& v) { (void)parse_cublas(v, *s); },
+         "Prefill matmuls on cuBLAS: auto (libcublas.so.13 when it loads, else the built-in tile), off, or the path "
+         "of the library (which must load)")
+      ->check(parsed_by([](const std::string& v) {
+        CudaOptions o;
+        return parse_cublas(v, o);
+      }))
+      ->type_name("auto|off|PATH")
+      ->default_str("auto")
+      ->group(group);
+  cmd->add_option("--gemm-min-tokens", s->gemm_min_tokens, "Matmuls of at least this many tokens (>= 2) go to cuBLAS")
+      ->type_name("N")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            int64_t n = 0;
+            return CLI::detail::lexical_cast(v, n) && n >= 2 ? std::string() : "want a whole number >= 2, got " + v;
+          },
+          ""))
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_flag_callback(
+         "--no-cuda-branches", [s] { s->branches = false; },
+         "Every op on one stream (default: the shared expert runs on a second stream)")
+      ->group(group);
+  cmd->add_option_function<std::string>(
+         "--expert-gemm", [s](const std::string& v) { s->expert_gemm_min = *parse_expert_gemm(v); },
+         "Prefill experts on the grouped wgmma GEMM (sm_90a): those with at least N assignments in a batch (the "
+         "others on the tile); auto (N = 64), on (every expert), off, or N")
+      ->check(parsed_by([](const std::string& v) { return parse_expert_gemm(v); }))
+      ->type_name("auto|on|off|N")
+      ->default_str("auto")
+      ->group(group);
+  cmd->add_flag_callback(
+         "--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
+      ->group(group);
+  cmd->add_flag_callback(
+         "--no-gemm-weight-cache", [s] { s->gemm_weight_cache = false; },
+         "Split the cuBLAS matmuls' weights every prefill batch instead of keeping the splits (6 bytes per "
+         "dense weight, kept while 16 GiB of GPU memory stay free)")
+      ->group(group);
+  cmd->add_option_function<std::string>(
+         "--dup-ops", [s](const std::string& v) { s->dup_ops = *parse_dup_ops(v); },
+         "Profiling: launch these ops twice (comma-separated, ops that give the same result when run again: "
+         "hc_pre, hc_head, rms_norm, matmul, matmuls, store_rows, indexer_scores, topk, attention, moe_route, "
+         "moe_experts, swiglu); the slowdown is their cost inside the decode graph")
+      ->check(parsed_by([](const std::string& v) { return parse_dup_ops(v); }))
+      ->type_name("OP[,OP...]")
+      ->group(group);
+}
+
+// The switches as EngineOptions::cuda holds them.
+inline std::shared_ptr<const CudaOptions> cuda_options_for(const CudaOptions& s) {
+  return std::make_shared<const CudaOptions>(s);
+}
+
+}  // namespace dsv4::tools
