@@ -312,15 +312,15 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   }
 
   // Query path (§5.1): c_q = RMSNorm(W_qa x; q_norm); q = W_qb c_q, per-head RMSNorm, RoPE.
-  backend_.rms_norm({qa, qa, L[LT::ATTN_Q_A_NORM], P.rms_eps});
+  backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps});
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
   backend_.matmul({q.reshape(H * hd, n), L[LT::ATTN_Q_B], qa});
-  backend_.rms_norm({q.reshape(hd, H * n), q.reshape(hd, H * n), Tensor{}, P.rms_eps, pos, rope, H});  // + RoPE
+  backend_.rms_norm({.out = q.reshape(hd, H * n), .x = q.reshape(hd, H * n), .w = Tensor{}, .eps = P.rms_eps, .rope_pos = pos, .rope = rope, .rope_rows_per_token = H});  // + RoPE
 
   // KV path (§5.2): kv = RMSNorm(W_kv x; kv_norm), RoPE, FP8 simulation, into the ring.
   // A KV_FP8 ring applies the simulation itself while packing (core/kv_rows.h:
   // unpack(pack(v)) == FP8_BF16 sim of v), so the separate pass only runs for f32 rows.
-  backend_.rms_norm({kv, kv, L[LT::ATTN_KV_A_NORM], P.rms_eps, pos, rope, 1});  // + RoPE
+  backend_.rms_norm({.out = kv, .x = kv, .w = L[LT::ATTN_KV_A_NORM], .eps = P.rms_eps, .rope_pos = pos, .rope = rope, .rope_rows_per_token = 1});  // + RoPE
   if (ref && S.ring.type != GgmlType::KV_FP8)
     backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
   backend_.store_rows({S.ring, kv, pos});
@@ -337,7 +337,7 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
       const int64_t HI = P.indexer_heads, dI = P.indexer_head_dim;
       Tensor iq = s.iq.reshape(dI * HI * options_.max_batch).reshape(dI, HI * options_.max_batch).rows(0, HI * n).reshape(dI, HI, n);
       backend_.matmul({iq.reshape(HI * dI, n), L[LT::INDEXER_ATTN_Q_B], qa});
-      backend_.rope({iq, pos, rope, false});
+      backend_.rope({.x = iq, .pos = pos, .rope = rope, .inverse = false});
       backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
       backend_.scale({iw, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(HI))});
       backend_.compress(compress_op(S.idx, S.idx_a, S.idx_g, ikv, ig, L[LT::INDEXER_COMPRESSOR_APE],
@@ -347,9 +347,9 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
       const int64_t rows = S.idx.n_rows();
       ensure_scores(rows);
       Tensor scores = make_tensor(s.scores.data, GgmlType::F32, rows, n);  // [n, rows] inside the larger scratch
-      backend_.indexer_scores({scores, iq, iw, S.idx, pos, 4, ref});  // ref: q and rows went through the FP4 simulation
+      backend_.indexer_scores({.scores = scores, .q = iq, .w = iw, .rows = S.idx, .pos = pos, .ratio = 4, .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
       sel = s.sel.rows(0, n);
-      backend_.topk({sel, scores, pos, 4});
+      backend_.topk({.sel = sel, .scores = scores, .pos = pos, .ratio = 4});
     }
   }
 
@@ -368,9 +368,9 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
   backend_.attention(a);
-  backend_.rope({o, pos, rope, true});
+  backend_.rope({.x = o, .pos = pos, .rope = rope, .inverse = true});
   Tensor la = s.la.rows(0, n);
-  backend_.matmul({la, L[LT::ATTN_OUTPUT_A], o.reshape(H * hd, n), static_cast<int>(P.o_groups)});
+  backend_.matmul({.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
   backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], la});
 }
 
@@ -392,7 +392,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
   auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xn, W_up xn)
     project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
-    backend_.swiglu({h, g, u, clamp});
+    backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp});
   };
   const bool branch = shexp && n == 1 && backend_.concurrent_branches();
   if (branch) {
@@ -414,14 +414,14 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   r.alpha = P.expert_weights_scale;
   r.normalize = P.expert_weights_norm;
   backend_.moe_route(r);
-  backend_.moe_experts({y, xn, L[LT::FFN_GATE_EXPS], L[LT::FFN_UP_EXPS], L[LT::FFN_DOWN_EXPS], experts, weights, clamp, false});
+  backend_.moe_experts({.out = y, .x = xn, .gate = L[LT::FFN_GATE_EXPS], .up = L[LT::FFN_UP_EXPS], .down = L[LT::FFN_DOWN_EXPS], .experts = experts, .weights = weights, .clamp = clamp, .accumulate = false});
   if (branch) {
     backend_.branch_join();
     return s.sh_y;  // y += W_down h, in hc_post
   }
   if (shexp) {
     shexp_hidden();
-    backend_.matmul({y, L[LT::FFN_DOWN_SHEXP], h, 1, /*accumulate=*/true});  // y += W_down h
+    backend_.matmul({.out = y, .w = L[LT::FFN_DOWN_SHEXP], .x = h, .groups = 1, .accumulate = /*accumulate=*/true});  // y += W_down h
   }
   return {};
 }
@@ -480,14 +480,12 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
   for (uint32_t il = 0; il < P.n_layer; ++il) {
     const DeviceLayer& L = layers_[il];
     // hc_pre with the sublayer's input norm fused in: xn = RMSNorm(u; attn_norm).
-    backend_.hc_pre({u, post, comb, state, L[LT::HC_ATTN_FN], L[LT::HC_ATTN_SCALE], L[LT::HC_ATTN_BASE], P.rms_eps,
-                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::ATTN_NORM], P.rms_eps});
+    backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_ATTN_FN], .scale = L[LT::HC_ATTN_SCALE], .base = L[LT::HC_ATTN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::ATTN_NORM], .norm_rms_eps = P.rms_eps});
     attention_block(L, st.layers[il], P.ratio(il), n, false);
-    backend_.hc_post({state, y, post, comb, ref});
-    backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps,
-                     P.hc_eps, static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::FFN_NORM], P.rms_eps});
+    backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
+    backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_FFN_FN], .scale = L[LT::HC_FFN_SCALE], .base = L[LT::HC_FFN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::FFN_NORM], .norm_rms_eps = P.rms_eps});
     const Tensor y2 = ffn_block(L, n, il, P.is_hash_layer(il));
-    backend_.hc_post({state, y, post, comb, ref, y2});
+    backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
   }
   // The last token's final state feeds the MTP block.
   backend_.copy(st.last_hidden, state.reshape(D * hc, n).rows(n - 1, 1).reshape(D, hc));
@@ -496,10 +494,8 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
   // Head (§7): hc_head -> RMSNorm -> logits, for the last token (or all).
   const int64_t first = all_logits ? 0 : n - 1, cnt = n - first;
   Tensor h = s.h.rows(0, cnt), hn = s.hn.rows(0, cnt), lg = s.logits.rows(0, cnt);
-  backend_.hc_head({h, state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt), global_[static_cast<size_t>(GT::OUTPUT_HC_FN)],
-                    global_[static_cast<size_t>(GT::OUTPUT_HC_SCALE)], global_[static_cast<size_t>(GT::OUTPUT_HC_BASE)],
-                    P.rms_eps, P.hc_eps});
-  backend_.rms_norm({hn, h, global_[static_cast<size_t>(GT::OUTPUT_NORM)], P.rms_eps});
+  backend_.hc_head({.h = h, .state = state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt), .fn = global_[static_cast<size_t>(GT::OUTPUT_HC_FN)], .scale = global_[static_cast<size_t>(GT::OUTPUT_HC_SCALE)], .base = global_[static_cast<size_t>(GT::OUTPUT_HC_BASE)], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps});
+  backend_.rms_norm({.out = hn, .x = h, .w = global_[static_cast<size_t>(GT::OUTPUT_NORM)], .eps = P.rms_eps});
   backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
 }
 
@@ -526,31 +522,28 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   Tensor emb = s.mtp_y;  // [1, hc, D] scratch: embedding broadcast
   backend_.embed({emb, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(1)});
   Tensor e_row = emb.reshape(D, hc).rows(0, 1);
-  backend_.rms_norm({e, e_row, mtp_head_[static_cast<size_t>(MT::ENORM)], P.rms_eps});
+  backend_.rms_norm({.out = e, .x = e_row, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
   backend_.matmul({s.ys.rows(0, 1), mtp_head_[static_cast<size_t>(MT::E_PROJ)], e});
   Tensor hnorm = s.h.rows(0, 1);
   for (int64_t i = 0; i < hc; ++i) {
     Tensor xi = st.last_hidden.rows(i, 1);
-    backend_.rms_norm({hnorm, xi, mtp_head_[static_cast<size_t>(MT::HNORM)], P.rms_eps});
+    backend_.rms_norm({.out = hnorm, .x = xi, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
     Tensor yi = state.reshape(D, hc).rows(i, 1);
     backend_.matmul({yi, mtp_head_[static_cast<size_t>(MT::H_PROJ)], hnorm});
     backend_.add({yi, s.ys.rows(0, 1)});
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.
   const DeviceLayer& L = mtp_block_;
-  backend_.hc_pre({u, post, comb, state, L[LT::HC_ATTN_FN], L[LT::HC_ATTN_SCALE], L[LT::HC_ATTN_BASE], P.rms_eps, P.hc_eps,
-                   static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::ATTN_NORM], P.rms_eps});
+  backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_ATTN_FN], .scale = L[LT::HC_ATTN_SCALE], .base = L[LT::HC_ATTN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::ATTN_NORM], .norm_rms_eps = P.rms_eps});
   attention_block(L, st.mtp, 0, 1, true);
-  backend_.hc_post({state, y, post, comb, ref});
-  backend_.hc_pre({u, post, comb, state, L[LT::HC_FFN_FN], L[LT::HC_FFN_SCALE], L[LT::HC_FFN_BASE], P.rms_eps, P.hc_eps,
-                   static_cast<int>(P.hc_sinkhorn_iters), xn, L[LT::FFN_NORM], P.rms_eps});
+  backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
+  backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_FFN_FN], .scale = L[LT::HC_FFN_SCALE], .base = L[LT::HC_FFN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::FFN_NORM], .norm_rms_eps = P.rms_eps});
   const Tensor y2 = ffn_block(L, 1, P.n_layer, false);
-  backend_.hc_post({state, y, post, comb, ref, y2});
+  backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
   // Head with the MTP block's own hc_head and norm, the shared output matrix.
   Tensor h = s.h.rows(0, 1), hn = s.hn.rows(0, 1), lg = s.logits.rows(0, 1);
-  backend_.hc_head({h, state, mtp_head_[static_cast<size_t>(MT::HC_HEAD_FN)], mtp_head_[static_cast<size_t>(MT::HC_HEAD_SCALE)],
-                    mtp_head_[static_cast<size_t>(MT::HC_HEAD_BASE)], P.rms_eps, P.hc_eps});
-  backend_.rms_norm({hn, h, mtp_head_[static_cast<size_t>(MT::NORM)], P.rms_eps});
+  backend_.hc_head({.h = h, .state = state, .fn = mtp_head_[static_cast<size_t>(MT::HC_HEAD_FN)], .scale = mtp_head_[static_cast<size_t>(MT::HC_HEAD_SCALE)], .base = mtp_head_[static_cast<size_t>(MT::HC_HEAD_BASE)], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps});
+  backend_.rms_norm({.out = hn, .x = h, .w = mtp_head_[static_cast<size_t>(MT::NORM)], .eps = P.rms_eps});
   backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
   backend_.read(lg, logits, lg.n_bytes());
   return {};

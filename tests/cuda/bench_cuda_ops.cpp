@@ -130,7 +130,7 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
     Tensor x = f32_input(gpu, r, c.cols * c.groups, o.n);
     Tensor out = gpu.alloc(GgmlType::F32, c.rows, o.n);
     const int reps = o.reps > 0 ? o.reps : copies;
-    const double sec = time_ops(gpu, reps, [&](int i) { gpu.matmul({out, ws[static_cast<size_t>(i % copies)], x, c.groups}); });
+    const double sec = time_ops(gpu, reps, [&](int i) { gpu.matmul({.out = out, .w = ws[static_cast<size_t>(i % copies)], .x = x, .groups = c.groups}); });
     row(name.c_str(), sec, wbytes, 2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(o.n));
     gpu.synchronize();
     for (auto& w : ws) gpu.free(w);
@@ -222,7 +222,7 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o) {
   Tensor x = f32_input(gpu, r, D, n);
   Tensor out = gpu.alloc(GgmlType::F32, D, n);
   const double sec = time_ops(gpu, reps, [&](int i) {
-    gpu.moe_experts({out, x, gate, up, down, ids[static_cast<size_t>(i)], wts[static_cast<size_t>(i)], 10.0f, false});
+    gpu.moe_experts({.out = out, .x = x, .gate = gate, .up = up, .down = down, .experts = ids[static_cast<size_t>(i)], .weights = wts[static_cast<size_t>(i)], .clamp = 10.0f, .accumulate = false});
   });
   // Weight bytes: each distinct expert's three matrices once (n = 1: k experts).
   const double per_expert = static_cast<double>(gate.row_bytes() * F * 2 + down.row_bytes() * D);
@@ -262,7 +262,7 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
     Tensor u = gpu.alloc(GgmlType::F32, D, n), xn = gpu.alloc(GgmlType::F32, D, n);
     Tensor post = gpu.alloc(GgmlType::F32, hc, n), comb = gpu.alloc(GgmlType::F32, hc, hc, n);
     const double sec = time_ops(gpu, reps, [&](int) {
-      gpu.hc_pre({u, post, comb, state, fn, scale, base, 1e-6f, 1e-6f, 20, xn, nw, 1e-6f});
+      gpu.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = fn, .scale = scale, .base = base, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn, .norm_w = nw, .norm_rms_eps = 1e-6f});
     });
     row(pre_name.c_str(), sec, state_bytes + 2.0 * row_bytes + static_cast<double>(fn.row_bytes() * mix),
         2.0 * static_cast<double>(hc * D * mix * n));
@@ -279,7 +279,7 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
       const std::vector<float> cv = random_uniform(r, static_cast<size_t>(hc * hc * n), 0.0f, 0.25f);
       gpu.write(comb, cv.data(), cv.size() * sizeof(float));
     }
-    const double sec = time_ops(gpu, reps, [&](int) { gpu.hc_post({state, y, post, comb, false}); });
+    const double sec = time_ops(gpu, reps, [&](int) { gpu.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = false}); });
     row(post_name.c_str(), sec, 2.0 * state_bytes + row_bytes, 0);
     gpu.synchronize();
     for (Tensor* t : {&y, &post, &comb}) gpu.free(*t);
@@ -392,7 +392,7 @@ void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
         const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, D, rows);
         for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, D, rows));
       }
-      op_a = [=, &gpu](int) { gpu.hc_pre({u, post, comb, state, fn, scale, base, 1e-6f, 1e-6f, 20, xn, nw, 1e-6f}); };
+      op_a = [=, &gpu](int) { gpu.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = fn, .scale = scale, .base = base, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn, .norm_w = nw, .norm_rms_eps = 1e-6f}); };
       op_b = [=, &gpu, &ws](int i) {
         MatmulsOp m;
         m.x = xn;
@@ -408,7 +408,7 @@ void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
       Tensor xn = keep(gpu.alloc(GgmlType::F32, 1024, n)), q = keep(gpu.alloc(GgmlType::F32, 32768, n));
       const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, 1024, 32768);
       for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, 1024, 32768));
-      op_a = [=, &gpu](int) { gpu.rms_norm({xn, x, w, 1e-6f}); };
+      op_a = [=, &gpu](int) { gpu.rms_norm({.out = xn, .x = x, .w = w, .eps = 1e-6f}); };
       op_b = [=, &gpu, &ws](int i) { gpu.matmul({q, ws[static_cast<size_t>(i % copies)][0], xn}); };
     }
     const int reps = o.reps > 0 ? o.reps : copies;

@@ -161,8 +161,8 @@ void cases_indexer(Harness& h) {
       Pair rows = b.kv_rows(c.rows_type, values(static_cast<size_t>(c.cap * c.dI)), Shape(c.dI, c.cap));
       Pair p = b.i32(c.pos, Shape(n));
       Pair sc = b.out(GgmlType::F32, Shape(c.cap, n));
-      h.cpu.indexer_scores({sc.c, q.c, w.c, rows.c, p.c, 4, c.exact});
-      h.gpu.indexer_scores({sc.g, q.g, w.g, rows.g, p.g, 4, c.exact});
+      h.cpu.indexer_scores({.scores = sc.c, .q = q.c, .w = w.c, .rows = rows.c, .pos = p.c, .ratio = 4, .inputs_bf16 = c.exact});
+      h.gpu.indexer_scores({.scores = sc.g, .q = q.g, .w = w.g, .rows = rows.g, .pos = p.g, .ratio = 4, .inputs_bf16 = c.exact});
       h.report.nmse("indexer_scores", strfmt("H_I=%lld d_I=%lld rows=%lld %s%s n=%lld pos %d..", (long long)c.HI, (long long)c.dI,
                                              (long long)c.cap, ggml_type_name(c.rows_type), c.exact ? " bf16-exact" : "",
                                              (long long)n, c.pos[0]),
@@ -206,8 +206,8 @@ void cases_indexer(Harness& h) {
       Pair sc = b.f32(s, Shape(c.cap, n));
       Pair p = b.i32(c.pos, Shape(n));
       Pair sel = b.out(GgmlType::I32, Shape(c.K, n));
-      h.cpu.topk({sel.c, sc.c, p.c, 4});
-      h.gpu.topk({sel.g, sc.g, p.g, 4});
+      h.cpu.topk({.sel = sel.c, .scores = sc.c, .pos = p.c, .ratio = 4});
+      h.gpu.topk({.sel = sel.g, .scores = sc.g, .pos = p.g, .ratio = 4});
       h.report.exact("topk", strfmt("k=%lld rows=%lld n=%lld %s", (long long)c.K, (long long)c.cap, (long long)n,
                                     c.fill == Fill::TIES        ? "ties"
                                     : c.fill == Fill::ZEROS     ? "+0/-0 ties"

@@ -57,8 +57,8 @@ void cases_mhc(Harness& h) {
       // With the fused input norm (as the model runs it): xn = RMSNorm(u; w).
       Pair xn = b.out(GgmlType::F32, Shape(c.D, c.n));
       Pair nw = b.weight_f32(random_uniform(r, static_cast<size_t>(c.D), 0.5f, 1.5f), Shape(c.D));
-      h.cpu.hc_pre({u.c, post.c, comb.c, state.c, fn.c, scale.c, base.c, 1e-6f, 1e-6f, 20, xn.c, nw.c, 1e-6f});
-      h.gpu.hc_pre({u.g, post.g, comb.g, state.g, fn.g, scale.g, base.g, 1e-6f, 1e-6f, 20, xn.g, nw.g, 1e-6f});
+      h.cpu.hc_pre({.u = u.c, .post = post.c, .comb = comb.c, .state = state.c, .fn = fn.c, .scale = scale.c, .base = base.c, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn.c, .norm_w = nw.c, .norm_rms_eps = 1e-6f});
+      h.gpu.hc_pre({.u = u.g, .post = post.g, .comb = comb.g, .state = state.g, .fn = fn.g, .scale = scale.g, .base = base.g, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn.g, .norm_w = nw.g, .norm_rms_eps = 1e-6f});
       const std::string s = strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
       h.report.nmse("hc_pre u", s, b.diff(u), k_thr_f32);
       h.report.nmse("hc_pre post", s, b.diff(post), k_thr_f32);
@@ -77,8 +77,8 @@ void cases_mhc(Harness& h) {
         Pair post = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc), 0.0f, 2.0f), Shape(c.hc, c.n));
         Pair comb = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc * c.hc), 0.0f, 1.0f), Shape(c.hc, c.hc, c.n));
         Pair y2 = with_y2 ? b.f32(random_normal(r, static_cast<size_t>(c.n * c.D)), Shape(c.D, c.n)) : Pair{};
-        h.cpu.hc_post({state.c, y.c, post.c, comb.c, round, y2.c});
-        h.gpu.hc_post({state.g, y.g, post.g, comb.g, round, y2.g});
+        h.cpu.hc_post({.state = state.c, .y = y.c, .post = post.c, .comb = comb.c, .round_bf16 = round, .y2 = y2.c});
+        h.gpu.hc_post({.state = state.g, .y = y.g, .post = post.g, .comb = comb.g, .round_bf16 = round, .y2 = y2.g});
         h.report.exact("hc_post",
                        strfmt("[%lld,%lld,%lld]%s", (long long)c.n, (long long)c.hc, (long long)c.D, round ? " bf16" : with_y2 ? " y+y2" : ""),
                        b.diff(state));
@@ -94,8 +94,8 @@ void cases_mhc(Harness& h) {
       Pair scale = b.weight_f32(random_uniform(r, 1, 0.5f, 2.0f), Shape(1));
       Pair base = b.weight_f32(random_normal(r, static_cast<size_t>(c.hc), 0.5f), Shape(c.hc));
       Pair out = b.out(GgmlType::F32, Shape(c.D, c.n));
-      h.cpu.hc_head({out.c, state.c, fn.c, scale.c, base.c, 1e-6f, 1e-6f});
-      h.gpu.hc_head({out.g, state.g, fn.g, scale.g, base.g, 1e-6f, 1e-6f});
+      h.cpu.hc_head({.h = out.c, .state = state.c, .fn = fn.c, .scale = scale.c, .base = base.c, .norm_eps = 1e-6f, .hc_eps = 1e-6f});
+      h.gpu.hc_head({.h = out.g, .state = state.g, .fn = fn.g, .scale = scale.g, .base = base.g, .norm_eps = 1e-6f, .hc_eps = 1e-6f});
       h.report.nmse("hc_head", strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn)),
                     b.diff(out), k_thr_f32);
     }
@@ -181,8 +181,8 @@ void cases_matmul(Harness& h) {
       for (float& v : xv) v *= c.xscale;
       Pair x = b.f32(xv, Shape(xw, n));
       Pair out = b.out(GgmlType::F32, Shape(c.rows, n));
-      h.cpu.matmul({out.c, w.c, x.c, c.groups});
-      h.gpu.matmul({out.g, w.g, x.g, c.groups});
+      h.cpu.matmul({.out = out.c, .w = w.c, .x = x.c, .groups = c.groups});
+      h.gpu.matmul({.out = out.g, .w = w.g, .x = x.g, .groups = c.groups});
       const std::string s = strfmt("%s [%lld,%lld]%s n=%lld (%s)", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
                                    c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)n, c.what);
       h.report.nmse("matmul", s, b.diff(out), k_thr_f32);
@@ -191,8 +191,8 @@ void cases_matmul(Harness& h) {
         const std::vector<float> base = random_normal(r, static_cast<size_t>(n * c.rows));
         Pair acc = b.f32(base, Shape(c.rows, n));
         Pair sum = b.f32(base, Shape(c.rows, n));
-        h.cpu.matmul({acc.c, w.c, x.c, c.groups, true});
-        h.gpu.matmul({acc.g, w.g, x.g, c.groups, true});
+        h.cpu.matmul({.out = acc.c, .w = w.c, .x = x.c, .groups = c.groups, .accumulate = true});
+        h.gpu.matmul({.out = acc.g, .w = w.g, .x = x.g, .groups = c.groups, .accumulate = true});
         h.report.nmse("matmul", s + " accumulate", b.diff(acc), k_thr_f32);
         h.gpu.add({sum.g, out.g});
         h.report.exact("matmul", s + " accumulate vs matmul, add", diff_f32(b.get_f32(acc.g, h.gpu), b.get_f32(sum.g, h.gpu)));
@@ -200,7 +200,7 @@ void cases_matmul(Harness& h) {
       if (n > 1) {
         // Batch invariance: each token alone (the decode kernel) vs the batched kernel.
         Pair one = b.out(GgmlType::F32, Shape(c.rows, n));
-        for (int64_t t = 0; t < n; ++t) h.gpu.matmul({one.g.rows(t, 1), w.g, x.g.rows(t, 1), c.groups});
+        for (int64_t t = 0; t < n; ++t) h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups});
         report_batch_invariance(h, "matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
       }
     }

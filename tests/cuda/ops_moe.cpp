@@ -47,8 +47,8 @@ void cases_moe(Harness& h) {
       }
       Pair ex = b.out(GgmlType::I32, Shape(c.k, c.n));
       Pair wt = b.out(GgmlType::F32, Shape(c.k, c.n));
-      h.cpu.moe_route({ex.c, wt.c, logits.c, bias.c, table.c, ids.c, c.alpha, c.normalize});
-      h.gpu.moe_route({ex.g, wt.g, logits.g, bias.g, table.g, ids.g, c.alpha, c.normalize});
+      h.cpu.moe_route({.experts = ex.c, .weights = wt.c, .logits = logits.c, .bias = bias.c, .hash = table.c, .ids = ids.c, .alpha = c.alpha, .normalize = c.normalize});
+      h.gpu.moe_route({.experts = ex.g, .weights = wt.g, .logits = logits.g, .bias = bias.g, .hash = table.g, .ids = ids.g, .alpha = c.alpha, .normalize = c.normalize});
       const std::string s = strfmt("E=%lld k=%lld n=%lld %s%s%s", (long long)c.E, (long long)c.k, (long long)c.n,
                                    c.hash ? "hash" : "biased top-k", c.ties ? " ties" : "", c.normalize ? "" : " unnormalised");
       h.report.exact("moe_route ids", s, b.diff_ids(ex));
@@ -111,8 +111,8 @@ void cases_moe(Harness& h) {
           Pair ex = b.i32(e, Shape(c.k, n));
           Pair wt = b.f32(random_uniform(r, static_cast<size_t>(n * c.k), 0.1f, 1.0f), Shape(c.k, n));
           Pair out = accumulate ? b.f32(random_normal(r, static_cast<size_t>(n * c.D)), Shape(c.D, n)) : b.out(GgmlType::F32, Shape(c.D, n));
-          h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, 10.0f, accumulate});
-          h.gpu.moe_experts({out.g, x.g, gate.g, up.g, down.g, ex.g, wt.g, 10.0f, accumulate});
+          h.cpu.moe_experts({.out = out.c, .x = x.c, .gate = gate.c, .up = up.c, .down = down.c, .experts = ex.c, .weights = wt.c, .clamp = 10.0f, .accumulate = accumulate});
+          h.gpu.moe_experts({.out = out.g, .x = x.g, .gate = gate.g, .up = up.g, .down = down.g, .experts = ex.g, .weights = wt.g, .clamp = 10.0f, .accumulate = accumulate});
           const std::string s = strfmt("%s/%s E=%lld F=%lld D=%lld k=%lld n=%lld%s%s", ggml_type_name(c.gate_up), ggml_type_name(c.down),
                                        (long long)c.E, (long long)c.F, (long long)c.D, (long long)c.k, (long long)n,
                                        c.hot > 0 ? " skewed" : "", accumulate ? " accumulate" : "");
@@ -120,7 +120,7 @@ void cases_moe(Harness& h) {
           if (n > 1 && !accumulate) {
             Pair one = b.out(GgmlType::F32, Shape(c.D, n));
             for (int64_t t = 0; t < n; ++t)
-              h.gpu.moe_experts({one.g.rows(t, 1), x.g.rows(t, 1), gate.g, up.g, down.g, ex.g.rows(t, 1), wt.g.rows(t, 1), 10.0f, false});
+              h.gpu.moe_experts({.out = one.g.rows(t, 1), .x = x.g.rows(t, 1), .gate = gate.g, .up = up.g, .down = down.g, .experts = ex.g.rows(t, 1), .weights = wt.g.rows(t, 1), .clamp = 10.0f, .accumulate = false});
             report_batch_invariance(h, "moe_experts n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
           }
         }
@@ -162,8 +162,8 @@ void cases_moe(Harness& h) {
         // flip, found on about one seed in a hundred (device check on an H200). Unsaturated, the
         // output is continuous in g and u and the case tests what it is for: x splits at 1e15.
         const float limit = scale >= 1e15f ? 1e30f : 10.0f;
-        h.cpu.moe_experts({out.c, x.c, gate.c, up.c, down.c, ex.c, wt.c, limit, false});
-        h.gpu.moe_experts({out.g, x.g, gate.g, up.g, down.g, ex.g, wt.g, limit, false});
+        h.cpu.moe_experts({.out = out.c, .x = x.c, .gate = gate.c, .up = up.c, .down = down.c, .experts = ex.c, .weights = wt.c, .clamp = limit, .accumulate = false});
+        h.gpu.moe_experts({.out = out.g, .x = x.g, .gate = gate.g, .up = up.g, .down = down.g, .experts = ex.g, .weights = wt.g, .clamp = limit, .accumulate = false});
         h.report.nmse("moe_experts", scale == 0.0f ? strfmt("IQ2_XXS/Q2_K x mixed unit ranges n=%lld", (long long)n)
                                                   : strfmt("IQ2_XXS/Q2_K x scaled %g n=%lld", scale, (long long)n),
                       b.diff(out), k_thr_f32);

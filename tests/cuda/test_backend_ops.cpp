@@ -126,8 +126,8 @@ void cases_dense(Harness& h) {
       Pair x = b.f32(random_normal(r, static_cast<size_t>(c.d * c.rows), r.uniform(0.01f, 10.0f)), Shape(c.d, c.rows));
       Pair w = c.w ? b.weight_f32(random_normal(r, static_cast<size_t>(c.d)), Shape(c.d)) : Pair{};
       Pair out = c.alias ? x : b.out(GgmlType::F32, Shape(c.d, c.rows));
-      h.cpu.rms_norm({out.c, x.c, w.c, 1e-6f});
-      h.gpu.rms_norm({out.g, x.g, w.g, 1e-6f});
+      h.cpu.rms_norm({.out = out.c, .x = x.c, .w = w.c, .eps = 1e-6f});
+      h.gpu.rms_norm({.out = out.g, .x = x.g, .w = w.g, .eps = 1e-6f});
       h.report.nmse("rms_norm", strfmt("[%lld,%lld]%s%s", (long long)c.rows, (long long)c.d, c.w ? " w" : "", c.alias ? " in-place" : ""),
                     b.diff(out), k_thr_elem);
     }
@@ -150,13 +150,13 @@ void cases_dense(Harness& h) {
       for (int64_t i = 0; i < c.n; ++i) pos[i] = static_cast<int32_t>(r.below(1 << 20));
       Pair p = b.i32(pos, Shape(c.n));
       const RopeParams rp = c.compress ? rope_compress() : rope_main();
-      h.cpu.rms_norm({x.c, x.c, w.c, 1e-6f, p.c, rp, c.per_tok});
-      h.gpu.rms_norm({x.g, x.g, w.g, 1e-6f, p.g, rp, c.per_tok});
+      h.cpu.rms_norm({.out = x.c, .x = x.c, .w = w.c, .eps = 1e-6f, .rope_pos = p.c, .rope = rp, .rope_rows_per_token = c.per_tok});
+      h.gpu.rms_norm({.out = x.g, .x = x.g, .w = w.g, .eps = 1e-6f, .rope_pos = p.g, .rope = rp, .rope_rows_per_token = c.per_tok});
       const std::string s = strfmt("[%lld,%lld,%lld]%s + rope %s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
                                    c.w ? " w" : "", c.compress ? "yarn" : "plain");
       h.report.nmse("rms_norm", s, b.diff(x), k_thr_elem);
-      h.gpu.rms_norm({sep.g, sep.g, w.g, 1e-6f});
-      h.gpu.rope({sep.g.reshape(c.d, c.per_tok, c.n), p.g, rp, false});
+      h.gpu.rms_norm({.out = sep.g, .x = sep.g, .w = w.g, .eps = 1e-6f});
+      h.gpu.rope({.x = sep.g.reshape(c.d, c.per_tok, c.n), .pos = p.g, .rope = rp, .inverse = false});
       h.report.exact("rms_norm", s + " vs norm, rope kernels", diff_f32(b.get_f32(x.g, h.gpu), b.get_f32(sep.g, h.gpu)));
     }
   }
@@ -174,8 +174,8 @@ void cases_dense(Harness& h) {
       for (int64_t i = 0; i < c.n; ++i) pos[i] = static_cast<int32_t>(c.large_pos ? r.below(1 << 20) : i);
       Pair p = b.i32(pos, Shape(c.n));
       const RopeParams rp = c.compress ? rope_compress() : rope_main();
-      h.cpu.rope({x.c, p.c, rp, c.inverse});
-      h.gpu.rope({x.g, p.g, rp, c.inverse});
+      h.cpu.rope({.x = x.c, .pos = p.c, .rope = rp, .inverse = c.inverse});
+      h.gpu.rope({.x = x.g, .pos = p.g, .rope = rp, .inverse = c.inverse});
       h.report.nmse("rope", strfmt("[%lld,%lld,%lld] %s%s%s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
                                    c.compress ? "yarn" : "plain", c.inverse ? " inverse" : "", c.large_pos ? " pos<2^20" : " pos 0.."),
                     b.diff(x), k_thr_elem);
@@ -232,8 +232,8 @@ void cases_dense(Harness& h) {
       Pair g = b.f32(random_normal(r, static_cast<size_t>(n), 8.0f), Shape(n));
       Pair u = b.f32(random_normal(r, static_cast<size_t>(n), 8.0f), Shape(n));
       Pair o = b.out(GgmlType::F32, Shape(n));
-      h.cpu.swiglu({o.c, g.c, u.c, 10.0f});
-      h.gpu.swiglu({o.g, g.g, u.g, 10.0f});
+      h.cpu.swiglu({.out = o.c, .gate = g.c, .up = u.c, .clamp = 10.0f});
+      h.gpu.swiglu({.out = o.g, .gate = g.g, .up = u.g, .clamp = 10.0f});
       h.report.nmse("swiglu", strfmt("[%lld] clamp 10", (long long)n), b.diff(o), k_thr_elem);
     }
   }

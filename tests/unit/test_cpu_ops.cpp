@@ -51,9 +51,9 @@ TEST(CpuOps, RmsNormWithRopeIsNormThenRope) {
   const std::vector<int32_t> pv = {0, 7, 100000};
   Tensor pos = be->alloc(GgmlType::I32, n);
   be->write(pos, pv.data(), pv.size() * sizeof(int32_t));
-  be->rms_norm({fused, fused, w, 1e-6f, pos, rp, per_tok});
-  be->rms_norm({sep, sep, w, 1e-6f});
-  be->rope({sep.reshape(d, per_tok, n), pos, rp, false});
+  be->rms_norm({.out = fused, .x = fused, .w = w, .eps = 1e-6f, .rope_pos = pos, .rope = rp, .rope_rows_per_token = per_tok});
+  be->rms_norm({.out = sep, .x = sep, .w = w, .eps = 1e-6f});
+  be->rope({.x = sep.reshape(d, per_tok, n), .pos = pos, .rope = rp, .inverse = false});
   const std::vector<float> a = get(*be, fused), b = get(*be, sep);
   EXPECT_TRUE(same_bytes(a, b));
   EXPECT_FALSE(same_bytes(a, xv));  // it did something
@@ -67,7 +67,7 @@ TEST(CpuOps, MatmulAccumulateIsMatmulThenAdd) {
   const std::vector<float> base = normal(static_cast<size_t>(rows * n), 5);
   Tensor acc = filled(*be, base, rows, n), sum = filled(*be, base, rows, n);
   Tensor prod = be->alloc(GgmlType::F32, rows, n);
-  be->matmul({acc, w, x, 1, true});
+  be->matmul({.out = acc, .w = w, .x = x, .groups = 1, .accumulate = true});
   be->matmul({prod, w, x});
   be->add({sum, prod});
   EXPECT_TRUE(same_bytes(get(*be, acc), get(*be, sum)));
