@@ -31,9 +31,10 @@ namespace {
 const std::string& bench_text() {
   static const std::string text = [] {
     const std::vector<std::string> english = {
-        "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "model", "token",
-        "inference", "engine", "DeepSeek", "attention", "compressed", "kernel", "memory", "throughput", "latency",
-        "It's", "don't", "we'll", "Hello", "world", "because", "however", "tokenizer", "benchmark", "results"};
+        "the",       "of",         "and",     "to",      "in",         "is",        "that",      "for",    "it",
+        "as",        "with",       "was",     "on",      "model",      "token",     "inference", "engine", "DeepSeek",
+        "attention", "compressed", "kernel",  "memory",  "throughput", "latency",   "It's",      "don't",  "we'll",
+        "Hello",     "world",      "because", "however", "tokenizer",  "benchmark", "results"};
     const std::vector<std::string> code = {
         "def forward(self, x):\n        return self.proj(x) + x\n",
         "    for (int i = 0; i < n; ++i) { acc += a[i] * b[i]; }\n",
@@ -41,11 +42,24 @@ const std::string& bench_text() {
         "const result = await fetch(`/api/v1/items/${id}`);\n",
         "if err != nil {\n\t\treturn nil, fmt.Errorf(\"open %s: %w\", path, err)\n\t}\n",
         "SELECT name, COUNT(*) FROM users WHERE age >= 21 GROUP BY name;\n"};
-    const std::vector<std::string> other = {
-        "自然语言处理是人工智能的一个重要分支。", "日本語のテキストとカタカナ・ひらがな。", "한국어 문장입니다. ",
-        "مرحبا بكم في العالم ", "नमस्ते दुनिया, ", "Привет, как дела? ", "Καλημέρα κόσμε. ",
-        "\U0001F600\U0001F44D\U0001F3FD ", "\U0001F468\u200d\U0001F469\u200d\U0001F467 ", "caf\u00e9 na\u00efve \u2014 ",
-        "\u00a0\u00a0", "    ", "\n\n", "\r\n", "\t", "3.14159 ", "1234567890 ", "2024-05-21 "};
+    const std::vector<std::string> other = {"自然语言处理是人工智能的一个重要分支。",
+                                            "日本語のテキストとカタカナ・ひらがな。",
+                                            "한국어 문장입니다. ",
+                                            "مرحبا بكم في العالم ",
+                                            "नमस्ते दुनिया, ",
+                                            "Привет, как дела? ",
+                                            "Καλημέρα κόσμε. ",
+                                            "\U0001F600\U0001F44D\U0001F3FD ",
+                                            "\U0001F468\u200d\U0001F469\u200d\U0001F467 ",
+                                            "caf\u00e9 na\u00efve \u2014 ",
+                                            "\u00a0\u00a0",
+                                            "    ",
+                                            "\n\n",
+                                            "\r\n",
+                                            "\t",
+                                            "3.14159 ",
+                                            "1234567890 ",
+                                            "2024-05-21 "};
     Rng rng(42);
     std::string s;
     while (s.size() < (1u << 20)) {
@@ -87,7 +101,8 @@ VocabSpec make_synthetic_vocab() {
   for (std::string_view p : pretokenize(bench_text())) ++counts[p];
   std::vector<std::pair<size_t, std::string_view>> order;
   for (const auto& [p, c] : counts) order.emplace_back(c, p);
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   std::vector<std::string> merges;
   std::set<std::string> merged;
   for (const auto& [c, piece] : order) {

@@ -87,8 +87,8 @@ int run_bench(const BenchArgs& a) {
   both("# options: %s gen_tokens=%d ctx_start=%u ctx_max=%u step=%s\n", o.describe().c_str(), a.gen_tokens, a.ctx_start,
        ctx_max, a.step_incr ? ("+" + std::to_string(a.step_incr)).c_str() : ("x" + std::to_string(a.step_mul)).c_str());
   both("# decode weight bytes per token: %llu\n", static_cast<unsigned long long>(info.decode_bytes_per_token));
-  both("# kv state: %s rows, %.0f bytes per context token + %.1f MiB fixed\n", info.kv_rows.c_str(), info.kv_bytes_per_token,
-       static_cast<double>((*engine)->session_bytes(1)) / (1 << 20));
+  both("# kv state: %s rows, %.0f bytes per context token + %.1f MiB fixed\n", info.kv_rows.c_str(),
+       info.kv_bytes_per_token, static_cast<double>((*engine)->session_bytes(1)) / (1 << 20));
   both("ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
   if (csv) std::fflush(csv);
 
@@ -142,7 +142,8 @@ int run_bench(const BenchArgs& a) {
       (*engine)->set_op_profiling(false);
       if (!p1) return fail(p1.error().message);
       if (pf_start + pf_m < frontier) {
-        auto p2 = (*session)->prefill(std::span<const int32_t>(seq.data() + pf_start + pf_m, frontier - pf_start - pf_m));
+        auto p2 =
+            (*session)->prefill(std::span<const int32_t>(seq.data() + pf_start + pf_m, frontier - pf_start - pf_m));
         if (!p2) return fail(p2.error().message);
       }
     }
@@ -151,10 +152,15 @@ int run_bench(const BenchArgs& a) {
          gen_tps * static_cast<double>(info.decode_bytes_per_token) / 1e9,
          static_cast<unsigned long long>((*engine)->session_bytes(frontier)));
     if (csv) std::fflush(csv);
-    if (a.profile) std::fprintf(stderr, "# decode op profile at ctx %u (ms per token, a second decode run with every op timed; timing adds overhead)\n%s", frontier, profile.c_str());
+    if (a.profile)
+      std::fprintf(stderr,
+                   "# decode op profile at ctx %u (ms per token, a second decode run with every op timed; timing adds "
+                   "overhead)\n%s",
+                   frontier, profile.c_str());
     if (!pf_profile.empty())
-      std::fprintf(stderr, "# prefill op profile: one batch of %u tokens at positions %u..%u (ms per batch, every op timed)\n%s",
-                   pf_m, pf_start, pf_start + pf_m - 1, pf_profile.c_str());
+      std::fprintf(
+          stderr, "# prefill op profile: one batch of %u tokens at positions %u..%u (ms per batch, every op timed)\n%s",
+          pf_m, pf_start, pf_start + pf_m - 1, pf_profile.c_str());
     if (auto r = (*session)->rewind(frontier); !r) return fail(r.error().message);
     if (frontier >= ctx_max) break;
     frontier = a.step_incr ? frontier + a.step_incr : static_cast<uint32_t>(frontier * a.step_mul);
@@ -177,12 +183,14 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--ctx-max", a->ctx_max, "Last frontier (default: --ctx-start)");
   cmd->add_option("--step-mul", a->step_mul, "Next frontier = frontier * F")->capture_default_str();
   cmd->add_option("--step-incr", a->step_incr, "Next frontier = frontier + N (overrides --step-mul)");
-  cmd->add_option("--gen-tokens", a->gen_tokens, "Greedy tokens decoded at each frontier (EOS ignored)")->capture_default_str();
+  cmd->add_option("--gen-tokens", a->gen_tokens, "Greedy tokens decoded at each frontier (EOS ignored)")
+      ->capture_default_str();
   cmd->add_option("--prompt-file", a->prompt_file, "Text whose tokens (repeated) form the sequence");
   cmd->add_option("--csv", a->csv, "Also write the CSV to this file");
   add_backend_flags(cmd, &a->backend, &a->numerics);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 4096, CPU 512)")
+  cmd->add_option("--batch", a->batch,
+                  "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");

@@ -36,8 +36,8 @@ int run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "dsv4 convert: error: %s\n", r.error().message.c_str());
     return 1;
   }
-  std::printf("wrote %s: %zu tensors, %llu bytes of tensor data (%s), vocabulary from %s\n", a.out.c_str(), r->n_tensors,
-              static_cast<unsigned long long>(r->tensor_bytes), a.type.c_str(), r->vocab_source.c_str());
+  std::printf("wrote %s: %zu tensors, %llu bytes of tensor data (%s), vocabulary from %s\n", a.out.c_str(),
+              r->n_tensors, static_cast<unsigned long long>(r->tensor_bytes), a.type.c_str(), r->vocab_source.c_str());
   return 0;
 }
 
@@ -45,11 +45,12 @@ int run_convert(const ConvertArgs& a) {
 
 void register_convert(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
-  CLI::App* cmd = app.add_subcommand("convert", "Convert a DeepSeek V4 safetensors checkpoint to a GGUF in the published layout");
+  CLI::App* cmd =
+      app.add_subcommand("convert", "Convert a DeepSeek V4 safetensors checkpoint to a GGUF in the published layout");
   cmd->add_option("--from-hf", a->from_hf, "Checkpoint folder (config.json + *.safetensors)")->required();
   cmd->add_option("-o,--output", a->out, "Output GGUF")->required();
-  cmd->add_option("--type", a->type,
-                  "q2 (IQ2_XXS/Q2_K experts, Q8_0 dense) | q4 (Q4_K experts) | q8 | f16 | f32")->capture_default_str();
+  cmd->add_option("--type", a->type, "q2 (IQ2_XXS/Q2_K experts, Q8_0 dense) | q4 (Q4_K experts) | q8 | f16 | f32")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Quantiser threads (0 = all cores)")->capture_default_str();
   cmd->callback([a] { set_exit_code(run_convert(*a)); });
 }

@@ -56,17 +56,23 @@ int run_inspect(const InspectArgs& a) {
   for (const auto& [name, s] : by_type) j["types"][name] = {{"tensors", s.count}, {"bytes", s.bytes}};
   for (const auto& kv : f.kvs()) {
     bool big_array = kv.type == GgufType::ARRAY && kv.count > 64;
-    if (a.all_metadata || !big_array) j["metadata"][std::string(kv.key)] = gguf_value_to_string(kv, a.all_metadata ? 64 : 8);
-    else j["metadata"][std::string(kv.key)] = strfmt("[%s x %llu]", gguf_type_name(kv.elem_type), static_cast<unsigned long long>(kv.count));
+    if (a.all_metadata || !big_array)
+      j["metadata"][std::string(kv.key)] = gguf_value_to_string(kv, a.all_metadata ? 64 : 8);
+    else
+      j["metadata"][std::string(kv.key)] =
+          strfmt("[%s x %llu]", gguf_type_name(kv.elem_type), static_cast<unsigned long long>(kv.count));
   }
 
   if (!a.json) {
-    std::printf("file: %s (%s bytes, %s)\n", a.path.c_str(), with_commas(f.file_size()).c_str(), human_bytes(f.file_size()).c_str());
+    std::printf("file: %s (%s bytes, %s)\n", a.path.c_str(), with_commas(f.file_size()).c_str(),
+                human_bytes(f.file_size()).c_str());
     std::printf("GGUF v%u, alignment %llu, %zu metadata keys, %zu tensors\n", f.version(),
                 static_cast<unsigned long long>(f.alignment()), f.kvs().size(), f.tensors().size());
     std::printf("metadata:\n");
-    for (const auto& [k, v] : j["metadata"].items()) std::printf("  %-48s %s\n", k.c_str(), v.get<std::string>().c_str());
-    std::printf("tensor data: %s bytes (%s)\n", with_commas(f.tensor_data_bytes()).c_str(), human_bytes(f.tensor_data_bytes()).c_str());
+    for (const auto& [k, v] : j["metadata"].items())
+      std::printf("  %-48s %s\n", k.c_str(), v.get<std::string>().c_str());
+    std::printf("tensor data: %s bytes (%s)\n", with_commas(f.tensor_data_bytes()).c_str(),
+                human_bytes(f.tensor_data_bytes()).c_str());
     for (const auto& [name, s] : by_type)
       std::printf("  %-8s %5llu tensors %18s bytes (%s)\n", name.c_str(), static_cast<unsigned long long>(s.count),
                   with_commas(s.bytes).c_str(), human_bytes(s.bytes).c_str());
@@ -98,7 +104,8 @@ int run_inspect(const InspectArgs& a) {
   }
   std::printf("model: %s (%s)\n", model.c_str(), layers.c_str());
   std::printf("quant: %s\n", w->mix.describe().c_str());
-  if (!w->ignored.empty()) std::printf("note: %zu tensors not used by dsv4 (e.g. %s)\n", w->ignored.size(), w->ignored[0].c_str());
+  if (!w->ignored.empty())
+    std::printf("note: %zu tensors not used by dsv4 (e.g. %s)\n", w->ignored.size(), w->ignored[0].c_str());
   std::printf("validation: OK\n");
   return 0;
 }
@@ -107,7 +114,8 @@ int run_inspect(const InspectArgs& a) {
 
 void register_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
-  CLI::App* cmd = app.add_subcommand("inspect", "Show a GGUF's metadata, tensors and quant mix, and validate it as a DeepSeek V4 model");
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "Show a GGUF's metadata, tensors and quant mix, and validate it as a DeepSeek V4 model");
   cmd->add_option("file", args->path, "GGUF file")->required();
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--all-metadata", args->all_metadata, "Show long arrays (vocabulary) in full");

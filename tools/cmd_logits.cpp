@@ -52,8 +52,9 @@ expected<std::vector<int64_t>> parse_positions(const std::string& text, size_t n
   for (size_t i = 0; i < pos.size(); ++i) {
     if (pos[i] >= static_cast<int64_t>(n))
       return make_error("position %lld is past the last token (%zu tokens)", static_cast<long long>(pos[i]), n);
-    if (i > 0 && pos[i] <= pos[i - 1]) return make_error("positions must be strictly ascending (%lld after %lld)",
-                                                         static_cast<long long>(pos[i]), static_cast<long long>(pos[i - 1]));
+    if (i > 0 && pos[i] <= pos[i - 1])
+      return make_error("positions must be strictly ascending (%lld after %lld)", static_cast<long long>(pos[i]),
+                        static_cast<long long>(pos[i - 1]));
   }
   return pos;
 }
@@ -124,8 +125,9 @@ int run_logits(const LogitsArgs& a) {
 
 void register_logits(CLI::App& app) {
   auto a = std::make_shared<LogitsArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "logits", "Write float32 logits [n_tokens][n_vocab] for every position of a token sequence (or [k][n_vocab] for --positions)");
+  CLI::App* cmd = app.add_subcommand("logits",
+                                     "Write float32 logits [n_tokens][n_vocab] for every position of a token sequence "
+                                     "(or [k][n_vocab] for --positions)");
   cmd->add_option("-m,--model", a->model, "Model GGUF")->required();
   cmd->add_option("--tokens", a->tokens, "Token ids, comma or space separated");
   cmd->add_option("--tokens-file", a->tokens_file, "File of token ids (comma or whitespace separated)");

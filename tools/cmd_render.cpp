@@ -108,9 +108,12 @@ void register_render(CLI::App& app) {
   cmd->add_option("--thinking-mode", args->thinking_mode, "chat or thinking")->capture_default_str();
   cmd->add_option("--reasoning-effort", args->reasoning_effort, "none, high or max (max adds the Think-Max prefix)")
       ->capture_default_str();
-  cmd->add_option("--tools", args->tools_path, "JSON file: request-level OpenAI tools (array, or object with \"tools\")");
-  cmd->add_flag("--keep-thinking", args->keep_thinking, "Keep reasoning of earlier turns (official drop_thinking=false)");
-  cmd->add_flag("--tokens", args->tokens, "Print the prompt's token ids (comma-separated) instead of its text; needs -m");
+  cmd->add_option("--tools", args->tools_path,
+                  "JSON file: request-level OpenAI tools (array, or object with \"tools\")");
+  cmd->add_flag("--keep-thinking", args->keep_thinking,
+                "Keep reasoning of earlier turns (official drop_thinking=false)");
+  cmd->add_flag("--tokens", args->tokens,
+                "Print the prompt's token ids (comma-separated) instead of its text; needs -m");
   cmd->add_option("-m,--model", args->model, "Model GGUF whose vocabulary --tokens uses (only the vocabulary is read)");
   cmd->callback([args] { set_exit_code(run_render(*args)); });
 }

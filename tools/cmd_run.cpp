@@ -65,7 +65,8 @@ int fail(const std::string& message) {
 // the model loads.
 Status validate(const RunArgs& a) {
   auto finite = [](float v) { return std::isfinite(v); };
-  if (!finite(a.temp) || a.temp < 0) return make_error("--temp must be a number >= 0 (got %g)", static_cast<double>(a.temp));
+  if (!finite(a.temp) || a.temp < 0)
+    return make_error("--temp must be a number >= 0 (got %g)", static_cast<double>(a.temp));
   if (!finite(a.top_p) || a.top_p <= 0 || a.top_p > 1)
     return make_error("--top-p must be in (0, 1] (got %g)", static_cast<double>(a.top_p));
   if (a.top_k < 0) return make_error("--top-k must be >= 0 (0 = off; got %d)", a.top_k);
@@ -84,7 +85,8 @@ Status validate(const RunArgs& a) {
   DSV4_TRY(check_kv_cache_options(a.cache));
   if (a.ctx < 2) return make_error("--ctx must be at least 2 tokens (got %u)", a.ctx);
   if (a.threads < 0) return make_error("--threads must be >= 0 (0 = all cores; got %d)", a.threads);
-  if (a.batch < 0 || a.batch > 65536) return make_error("--batch must be in [1, 65536], or 0 for the default (got %d)", a.batch);
+  if (a.batch < 0 || a.batch > 65536)
+    return make_error("--batch must be in [1, 65536], or 0 for the default (got %d)", a.batch);
   if (a.logprobs_top_k < 0 || a.logprobs_top_k > 100)
     return make_error("--logprobs-top-k must be in [0, 100] (got %d)", a.logprobs_top_k);
   for (const auto& s : a.stop)
@@ -159,7 +161,8 @@ int write_logprobs(const RunSettings& s, const ChatSession& chat, const Generate
   d.top_k = s.logprobs_top_k;
   d.finish = finish_reason_name(r.finish);
   d.steps = r.logprobs;
-  if (auto st = logprobs_write_file(s.dump_logprobs, d, chat.engine().tokenizer()); !st) return fail(st.error().message);
+  if (auto st = logprobs_write_file(s.dump_logprobs, d, chat.engine().tokenizer()); !st)
+    return fail(st.error().message);
   std::fprintf(stderr, "dsv4 run: wrote %zu logprob steps (top %d) to %s\n", d.steps.size(), d.top_k,
                s.dump_logprobs.c_str());
   return 0;
@@ -186,16 +189,19 @@ int run_run(const RunArgs& a) {
     prompt = std::move(*text);
   }
   if (prompt && prompt->empty())
-    return fail("the prompt is empty (give text with -p, --prompt-file or on stdin; no prompt on a terminal starts the chat)");
+    return fail(
+        "the prompt is empty (give text with -p, --prompt-file or on stdin; no prompt on a terminal starts the chat)");
   if (!prompt && !s.dump_logprobs.empty()) return fail("--dump-logprobs needs a prompt (-p, --prompt-file or stdin)");
 
   Ansi err(s.colors.err);
   std::fprintf(stderr, "%sdsv4 run: %s%s\n", err.dim(), s.engine.describe().c_str(), err.reset());
   std::fprintf(stderr, "%sdsv4 run: %s%s\n", err.dim(), s.describe().c_str(), err.reset());
   if (s.thinking == ThinkingLevel::MAX && s.engine.ctx < k_think_max_min_ctx)
-    std::fprintf(stderr, "dsv4 run: note: the model card asks for a context of at least %u tokens for Think-Max (--ctx is %u)\n",
-                 k_think_max_min_ctx, s.engine.ctx);
-  if (!s.dump_logprobs.empty()) std::fprintf(stderr, "dsv4 run: note: --dump-logprobs samples greedily (temperature 0)\n");
+    std::fprintf(
+        stderr, "dsv4 run: note: the model card asks for a context of at least %u tokens for Think-Max (--ctx is %u)\n",
+        k_think_max_min_ctx, s.engine.ctx);
+  if (!s.dump_logprobs.empty())
+    std::fprintf(stderr, "dsv4 run: note: --dump-logprobs samples greedily (temperature 0)\n");
 
   std::unique_ptr<Engine> engine;
   {
@@ -209,9 +215,10 @@ int run_run(const RunArgs& a) {
     engine = std::move(*loaded);
   }
   const EngineInfo& info = engine->info();
-  std::fprintf(stderr, "%sdsv4 run: loaded %s on %s in %.2f s; %s of weights, %s%s%s\n", err.dim(), info.model_name.c_str(),
-               info.backend.c_str(), info.load_seconds, human_bytes(info.weight_bytes).c_str(), info.quant.c_str(),
-               info.has_mtp ? "; MTP block loaded and checked (decoding does not use it yet)" : "", err.reset());
+  std::fprintf(stderr, "%sdsv4 run: loaded %s on %s in %.2f s; %s of weights, %s%s%s\n", err.dim(),
+               info.model_name.c_str(), info.backend.c_str(), info.load_seconds, human_bytes(info.weight_bytes).c_str(),
+               info.quant.c_str(), info.has_mtp ? "; MTP block loaded and checked (decoding does not use it yet)" : "",
+               err.reset());
   // The serving runtime with one resident session (and the disk cache, when asked for).
   auto backend = runtime::EngineBackend::create(std::move(engine), 0, s.cache);
   if (!backend) return fail(backend.error().message);
@@ -256,24 +263,30 @@ std::vector<std::string> normalize_args(int argc, char** argv) {
 void register_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "run", "Chat with a model: one-shot with -p / --prompt-file / stdin, interactive when no prompt is given on a terminal");
+      "run",
+      "Chat with a model: one-shot with -p / --prompt-file / stdin, interactive when no prompt is given on a terminal");
   cmd->add_option("-m,--model", a->model, "Model GGUF file")->type_name("FILE");
   CLI::Option* prompt_opt = cmd->add_option("-p,--prompt", a->prompt, "The user message (one-shot)");
-  cmd->add_option("--prompt-file", a->prompt_file, "Read the user message from a file (- = stdin; trailing newlines dropped)")
+  cmd->add_option("--prompt-file", a->prompt_file,
+                  "Read the user message from a file (- = stdin; trailing newlines dropped)")
       ->type_name("FILE");
   cmd->add_option("--system", a->system, "System prompt (default: none; -sys works too)");
   auto* nothink = cmd->add_flag("--nothink", a->nothink, "Chat mode: answer directly, no reasoning");
   auto* think = cmd->add_flag("--think", a->think, "Thinking mode: reasoning, then the answer (the default)");
-  auto* think_max =
-      cmd->add_flag("--think-max", a->think_max, "Thinking with the Think-Max prefix (maximum effort; wants --ctx >= 393216)");
+  auto* think_max = cmd->add_flag("--think-max", a->think_max,
+                                  "Thinking with the Think-Max prefix (maximum effort; wants --ctx >= 393216)");
   nothink->excludes(think)->excludes(think_max);
   think->excludes(think_max);
   cmd->add_option("--temp", a->temp, "Sampling temperature (0 = greedy)")->capture_default_str();
-  cmd->add_option("--top-p", a->top_p, "Nucleus sampling: keep the most likely tokens up to this mass (1 = off)")->capture_default_str();
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling: keep the most likely tokens up to this mass (1 = off)")
+      ->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Keep the K most likely tokens (0 = off)")->capture_default_str();
-  cmd->add_option("--min-p", a->min_p, "Drop tokens below this fraction of the top probability (0 = off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", a->repeat_penalty, "Divide logits of recent tokens by this (1 = off)")->capture_default_str();
-  cmd->add_option("--presence-penalty", a->presence_penalty, "Subtract once from logits of recent tokens")->capture_default_str();
+  cmd->add_option("--min-p", a->min_p, "Drop tokens below this fraction of the top probability (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", a->repeat_penalty, "Divide logits of recent tokens by this (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", a->presence_penalty, "Subtract once from logits of recent tokens")
+      ->capture_default_str();
   cmd->add_option("--frequency-penalty", a->frequency_penalty, "Subtract per occurrence from logits of recent tokens")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed (default: a random one, printed at start)");
@@ -287,13 +300,16 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past the end-of-sentence token (benchmarks, tests)");
   add_backend_flags(cmd, &a->backend, &a->numerics);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prompt tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
+  cmd->add_option("--batch", a->batch,
+                  "Prompt tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
-  cmd->add_option("--mtp", a->mtp, "MTP block GGUF (loaded and checked; decoding does not use it yet)")->type_name("FILE");
+  cmd->add_option("--mtp", a->mtp, "MTP block GGUF (loaded and checked; decoding does not use it yet)")
+      ->type_name("FILE");
   cmd->add_option("--dump-logprobs", a->dump_logprobs,
                   "Write the greedy continuation with per-token logprobs and top-K alternatives to this JSON file")
       ->type_name("FILE");
-  cmd->add_option("--logprobs-top-k", a->logprobs_top_k, "Alternatives per step in --dump-logprobs")->capture_default_str();
+  cmd->add_option("--logprobs-top-k", a->logprobs_top_k, "Alternatives per step in --dump-logprobs")
+      ->capture_default_str();
   cmd->add_flag("--no-color", a->no_color, "No ANSI colours (also when NO_COLOR is set)");
   cmd->footer(std::string("Interactive chat (no prompt, stdin a terminal) ") + repl_help_text());
   add_kv_cache_flags(cmd, &a->cache, /*with_sessions=*/false);

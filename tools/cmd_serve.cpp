@@ -179,23 +179,27 @@ int run_serve(ServeArgs a) {
 void register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   a->engine.ctx = 32768;
-  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI (chat, completions, responses) and "
-                                              "Anthropic (messages) APIs with streaming and tool calls");
+  CLI::App* cmd = app.add_subcommand("serve",
+                                     "Serve the model over HTTP: OpenAI (chat, completions, responses) and "
+                                     "Anthropic (messages) APIs with streaming and tool calls");
   cmd->add_option("-m,--model", a->engine.model_path, "Model GGUF")->required();
   cmd->add_option("--mtp", a->engine.mtp_path, "MTP block GGUF (optional)");
-  cmd->add_option("--ctx", a->engine.ctx, "Context of each live session in tokens (prompt + reply)")->capture_default_str();
+  cmd->add_option("--ctx", a->engine.ctx, "Context of each live session in tokens (prompt + reply)")
+      ->capture_default_str();
   add_backend_flags(cmd, &a->engine.backend, &a->engine.numerics);
   cmd->add_option("-t,--threads", a->engine.threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--batch", a->engine.prefill_batch, "Tokens per prefill batch; 0 = the backend's default (CUDA 4096, CPU 512)")
+  cmd->add_option("--batch", a->engine.prefill_batch,
+                  "Tokens per prefill batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
   cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->server.port, "Port to listen on (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", a->server.api_key,
                   "Require this key on every endpoint but /health ('Authorization: Bearer KEY' or 'x-api-key: KEY')")
       ->envname("DSV4_API_KEY");
-  cmd->add_option("--cors", a->server.cors_origin,
-                  "Send CORS headers allowing this origin (e.g. * or http://localhost:3000); without --api-key, browser "
-                  "requests from any other origin are refused");
+  cmd->add_option(
+      "--cors", a->server.cors_origin,
+      "Send CORS headers allowing this origin (e.g. * or http://localhost:3000); without --api-key, browser "
+      "requests from any other origin are refused");
   cmd->add_option("--allowed-hosts", a->server.allowed_hosts,
                   "Without --api-key, Host names accepted beside localhost, 127.0.0.1, [::1] and the bound address "
                   "(comma-separated or repeated; * accepts any)")

@@ -56,7 +56,8 @@ int run_synth(const SynthArgs& a) {
   }
   double s = progress.elapsed_s();
   std::printf("wrote %s in %.1f s (%.2f GB/s), seed %llu\n", a.out.c_str(), s,
-              s > 0 ? static_cast<double>(writer.file_bytes()) / s / 1e9 : 0.0, static_cast<unsigned long long>(a.seed));
+              s > 0 ? static_cast<double>(writer.file_bytes()) / s / 1e9 : 0.0,
+              static_cast<unsigned long long>(a.seed));
   return 0;
 }
 

@@ -28,8 +28,9 @@ int run_tokenize(const TokenizeArgs& a) {
     return 1;
   };
   if (a.model.empty())
-    return fail("a model is needed for its vocabulary: dsv4 tokenize -m MODEL.gguf TEXT (any DeepSeek V4 GGUF, or a "
-                "test model from `dsv4 synth --preset tiny -o tiny.gguf`)");
+    return fail(
+        "a model is needed for its vocabulary: dsv4 tokenize -m MODEL.gguf TEXT (any DeepSeek V4 GGUF, or a "
+        "test model from `dsv4 synth --preset tiny -o tiny.gguf`)");
   if (!a.text_given && ::isatty(0) != 0) return fail("give the TEXT to tokenize (or pipe it on stdin)");
   std::string text = a.text;
   if (!a.text_given || text == "-") {
@@ -56,7 +57,9 @@ void register_tokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Token ids and pieces of a text, with a model's vocabulary");
   cmd->add_option("-m,--model", a->model, "Model GGUF file (only its vocabulary is read)");
-  cmd->add_option("text", a->text, "The text (default or -: stdin)")->each([a](const std::string&) { a->text_given = true; });
+  cmd->add_option("text", a->text, "The text (default or -: stdin)")->each([a](const std::string&) {
+    a->text_given = true;
+  });
   cmd->add_flag("--specials", a->specials,
                 "Recognise special tokens spelled in the text (<｜User｜>, <think>, ...) as single tokens");
   cmd->callback([a] { set_exit_code(run_tokenize(*a)); });

@@ -78,9 +78,7 @@ void ReplyPrinter::on_event(const DsmlEvent& e) {
       enter(Section::TOOL_CALL);
       write(e.text);
       break;
-    case DsmlEventKind::TOOL_CALL_END:
-      enter(Section::NONE);
-      break;
+    case DsmlEventKind::TOOL_CALL_END: enter(Section::NONE); break;
     case DsmlEventKind::TOOL_CALLS_ABORTED:
       enter(Section::NONE);
       if (last_ != '\n') write("\n");

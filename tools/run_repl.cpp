@@ -54,7 +54,8 @@ void on_line(char* line) {
   rl_callback_handler_remove();
 }
 
-const char* const k_commands[] = {"/think", "/think-max", "/nothink", "/reset", "/save", "/load", "/help", "/exit", "/quit"};
+const char* const k_commands[] = {"/think", "/think-max", "/nothink", "/reset", "/save",
+                                  "/load",  "/help",      "/exit",    "/quit"};
 
 char* command_generator(const char* text, int state) {
   static size_t next = 0;
@@ -142,7 +143,9 @@ class Repl {
   bool command(const std::string& line);
   void send(const std::string& text);
   void say(const std::string& s) const { std::fprintf(stderr, "%s%s%s\n", ansi_.dim(), s.c_str(), ansi_.reset()); }
-  void error(const std::string& s) const { std::fprintf(stderr, "%serror:%s %s\n", ansi_.red(), ansi_.reset(), s.c_str()); }
+  void error(const std::string& s) const {
+    std::fprintf(stderr, "%serror:%s %s\n", ansi_.red(), ansi_.reset(), s.c_str());
+  }
   std::string mode_line() const {
     return strfmt("thinking: %s (%s)", thinking_level_name(chat_.thinking()), thinking_level_flag(chat_.thinking()));
   }

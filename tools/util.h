@@ -17,9 +17,12 @@ inline std::string with_commas(uint64_t v) {
 inline std::string human_bytes(uint64_t b) {
   char buf[64];
   double v = static_cast<double>(b);
-  if (v >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1024.0 * 1024 * 1024));
-  else if (v >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.2f MiB", v / (1024.0 * 1024));
-  else std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024.0);
+  if (v >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1024.0 * 1024 * 1024));
+  else if (v >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", v / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024.0);
   return buf;
 }
 

@@ -31,8 +31,10 @@ std::string display_piece(std::string_view b) {
         case '"': out += "\\\""; break;
         case '\\': out += "\\\\"; break;
         default:
-          if (c < 0x20 || c == 0x7f) out += strfmt("\\x%02x", c);
-          else out += static_cast<char>(c);
+          if (c < 0x20 || c == 0x7f)
+            out += strfmt("\\x%02x", c);
+          else
+            out += static_cast<char>(c);
       }
       ++i;
       continue;

@@ -55,7 +55,8 @@ __device__ __forceinline__ void step_work(bool vec, const float* x, float* y, un
     if (blockIdx.x == 0 && threadIdx.x == 0) *counter += 1u;
     return;
   }
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < k_vec; i += gridDim.x * blockDim.x) y[i] = __ldcg(x + i) + 1.0f;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < k_vec; i += gridDim.x * blockDim.x)
+    y[i] = __ldcg(x + i) + 1.0f;
 }
 
 __global__ void chain_kernel(const float* x, float* y, unsigned* counter, bool vec) {

@@ -15,13 +15,19 @@ __global__ void mma_loop(float* out, int iters, unsigned seed) {
   float c[ACC][4] = {};
   unsigned a0 = seed ^ threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 * 11u, b1 = a0 * 13u;
   // keep the f16 bit patterns finite: clear exponent bits that would make inf/nan
-  a0 &= 0x3bff3bffu; a1 &= 0x3bff3bffu; a2 &= 0x3bff3bffu; a3 &= 0x3bff3bffu; b0 &= 0x3bff3bffu; b1 &= 0x3bff3bffu;
+  a0 &= 0x3bff3bffu;
+  a1 &= 0x3bff3bffu;
+  a2 &= 0x3bff3bffu;
+  a3 &= 0x3bff3bffu;
+  b0 &= 0x3bff3bffu;
+  b1 &= 0x3bff3bffu;
   for (int it = 0; it < iters; ++it) {
 #pragma unroll
     for (int k = 0; k < ACC; ++k)
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                   : "+f"(c[k][0]), "+f"(c[k][1]), "+f"(c[k][2]), "+f"(c[k][3])
-                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(c[k][0]), "+f"(c[k][1]), "+f"(c[k][2]), "+f"(c[k][3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
   float s = 0;
 #pragma unroll

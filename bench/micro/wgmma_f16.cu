@@ -27,7 +27,8 @@
 constexpr int kK = 64;  // K of the check
 
 // Offset (in halves) of element (r, k) of a rows x K operand stored as 8x8 core matrices of 16-byte rows:
-// layout 0: cores in row-group-major order (core (mi, ki) at mi * K/8 + ki); layout 1: K-major order (ki * rows/8 + mi).
+// layout 0: cores in row-group-major order (core (mi, ki) at mi * K/8 + ki); layout 1: K-major order (ki * rows/8 +
+// mi).
 __host__ __device__ inline int core_offset(int layout, int rows, int K, int r, int k) {
   const int mi = r / 8, ki = k / 8, core = layout == 0 ? mi * (K / 8) + ki : ki * (rows / 8) + mi;
   return core * 64 + (r % 8) * 8 + (k % 8);
@@ -54,8 +55,13 @@ __device__ inline void fence_async_smem() { asm volatile("fence.proxy.async.shar
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+      "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, "
+      "0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -63,15 +69,27 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uin
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
 template <int N>
 __device__ inline void wgmma_k16(float (&d)[N / 2], uint64_t da, uint64_t db, int acc) {
-  if constexpr (N == 64) wgmma_m64n64k16(d, da, db, acc);
-  else wgmma_m64n128k16(d, da, db, acc);
+  if constexpr (N == 64)
+    wgmma_m64n64k16(d, da, db, acc);
+  else
+    wgmma_m64n128k16(d, da, db, acc);
 }
 
 // One warpgroup: D (64 x N) = A (64 x K) B (N x K)^T through wgmma, written back with the assumed fragment layout.
@@ -88,7 +106,8 @@ __global__ void __launch_bounds__(128) wgmma_check(const __half* A, const __half
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
-  const uint32_t ka = k_stride(layout, 64), ra = r_stride(layout, kK), kb = k_stride(layout, N), rb = r_stride(layout, kK);
+  const uint32_t ka = k_stride(layout, 64), ra = r_stride(layout, kK), kb = k_stride(layout, N),
+                 rb = r_stride(layout, kK);
   uint64_t da[kK / 16], db[kK / 16];  // all descriptors before the first wgmma
 #pragma unroll
   for (int ks = 0; ks < kK / 16; ++ks) {
@@ -116,7 +135,8 @@ __global__ void __launch_bounds__(128 * WG) wgmma_rate(float* out, int iters, in
   extern __shared__ __align__(128) __half sm[];
   const int tid = threadIdx.x;
   const int a_el = 64 * kK, b_el = N * kK;
-  for (int i = tid; i < P * (a_el + b_el); i += blockDim.x) sm[i] = __float2half(0.001f * static_cast<float>((i * 7) % 13 - 6));
+  for (int i = tid; i < P * (a_el + b_el); i += blockDim.x)
+    sm[i] = __float2half(0.001f * static_cast<float>((i * 7) % 13 - 6));
   fence_async_smem();
   __syncthreads();
   float d[N / 2];
@@ -179,9 +199,9 @@ void check(int layout, int swap) {
       max_err = std::fmax(max_err, std::isnan(e) ? 1e30 : e);
       max_ref = std::fmax(max_ref, std::fabs(ref));
     }
-  std::printf("check m64n%dk16 x %d: layout %s, LBO = %s stride: max |err| %.3g (max |D| %.3g), %d of %d off -> %s\n", N,
-              kK / 16, layout == 0 ? "row-group-major cores" : "K-major cores", swap ? "row" : "K", max_err, max_ref, bad, 64 * N,
-              bad == 0 ? "OK" : "wrong");
+  std::printf("check m64n%dk16 x %d: layout %s, LBO = %s stride: max |err| %.3g (max |D| %.3g), %d of %d off -> %s\n",
+              N, kK / 16, layout == 0 ? "row-group-major cores" : "K-major cores", swap ? "row" : "K", max_err, max_ref,
+              bad, 64 * N, bad == 0 ? "OK" : "wrong");
   CK(cudaFree(dA));
   CK(cudaFree(dB));
   CK(cudaFree(dD));
@@ -206,8 +226,8 @@ void rate(int sms, int blocks_per_sm, int swap) {
   float ms = 0.0f;
   CK(cudaEventElapsedTime(&ms, e0, e1));
   const double flop = 2.0 * 64 * N * 16 * (kK / 16) * P * static_cast<double>(iters) * WG * blocks;
-  std::printf("rate m64n%dk16, %d product(s) per k-step, %d warpgroup(s) x %d block(s) per SM: %.3f ms, %.1f TFLOP/s\n", N, P, WG,
-              blocks_per_sm, ms, flop / (ms * 1e-3) / 1e12);
+  std::printf("rate m64n%dk16, %d product(s) per k-step, %d warpgroup(s) x %d block(s) per SM: %.3f ms, %.1f TFLOP/s\n",
+              N, P, WG, blocks_per_sm, ms, flop / (ms * 1e-3) / 1e12);
   CK(cudaFree(out));
 }
 

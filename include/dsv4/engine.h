@@ -40,16 +40,16 @@ expected<BackendChoice> backend_choice_from_name(std::string_view s);
 
 struct EngineOptions {
   std::string model_path;
-  std::string mtp_path;              // optional MTP block GGUF (--mtp)
+  std::string mtp_path;  // optional MTP block GGUF (--mtp)
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
-  uint32_t ctx = 32768;              // default context of new sessions
-  int threads = 0;                   // CPU threads (0 = all cores)
+  uint32_t ctx = 32768;  // default context of new sessions
+  int threads = 0;       // CPU threads (0 = all cores)
   // Tokens per forward batch; 0 = the backend's default (default_prefill_batch):
   // CUDA 4096 (the grouped experts get ~96 tokens per expert to share each
   // decoded weight tile; PERFORMANCE.md), CPU 512.
   int prefill_batch = 0;
-  bool show_progress = true;         // progress bar while loading
+  bool show_progress = true;  // progress bar while loading
   // The CUDA backend's switches (tools/engine_flags.h parses them); nullptr:
   // the defaults. Checked whichever backend runs (a typo must not depend on
   // the machine); the CPU backend ignores them.
@@ -67,19 +67,19 @@ struct EngineOptions {
 int default_prefill_batch(bool cuda);
 
 struct EngineInfo {
-  std::string model_name;   // "DeepSeek V4 Flash" or "custom ..."
+  std::string model_name;  // "DeepSeek V4 Flash" or "custom ..."
   std::string model_path;
-  std::string quant;        // quant mix description
+  std::string quant;  // quant mix description
   // 64 hex: SHA-256 of the hyperparameters and tensor table (kv/snapshot.h);
   // session snapshots load only into an engine with the same value. The
   // weights themselves: Engine::content_identity.
   std::string fingerprint;
-  std::string backend;      // backend name incl. device
-  int prefill_batch = 0;    // tokens per forward batch in use (the resolved EngineOptions value)
+  std::string backend;    // backend name incl. device
+  int prefill_batch = 0;  // tokens per forward batch in use (the resolved EngineOptions value)
   Numerics numerics = Numerics::REFERENCE;
   uint32_t n_vocab = 0;
   uint32_t n_layer = 0;
-  uint32_t max_ctx = 0;     // largest context a session may ask for
+  uint32_t max_ctx = 0;  // largest context a session may ask for
   uint64_t weight_bytes = 0;
   uint64_t decode_bytes_per_token = 0;  // weight bytes one decoded token reads (k of E experts, one embedding row)
   std::string kv_rows;                  // storage of the KV rows: "KV_FP8 + KV_FP4 (compact)" or "F32"

@@ -94,8 +94,7 @@ expected<ChatContent> content_from_json(const ordered_json& v, const std::string
     DSV4_TRY_ASSIGN(p.type, get_string(part, "type", pw, "text"));
     if (p.type == "text") {
       auto it = part.find("text");
-      if (it == part.end() || !it->is_string())
-        return make_error("%s: a text part needs a string 'text'", pw.c_str());
+      if (it == part.end() || !it->is_string()) return make_error("%s: a text part needs a string 'text'", pw.c_str());
       p.text = it->get<std::string>();
     }
     c.parts.push_back(std::move(p));
@@ -138,8 +137,7 @@ expected<ChatTool> tool_from_json(const ordered_json& v, const std::string& wher
   auto fn = v.find("function");
   if (fn == v.end() || !fn->is_object()) return make_error("%s: missing object 'function'", where.c_str());
   auto name = fn->find("name");
-  if (name == fn->end() || !name->is_string())
-    return make_error("%s.function: missing string 'name'", where.c_str());
+  if (name == fn->end() || !name->is_string()) return make_error("%s.function: missing string 'name'", where.c_str());
   return ChatTool{name->get<std::string>(), *fn};
 }
 

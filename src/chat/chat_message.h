@@ -38,8 +38,8 @@ enum class ReasoningEffort { NONE, HIGH, MAX };
 const char* chat_role_name(ChatRole role);
 const char* thinking_mode_name(ThinkingMode mode);
 expected<ChatRole> chat_role_from_string(std::string_view s);
-expected<ThinkingMode> thinking_mode_from_string(std::string_view s);          // "chat" | "thinking"
-expected<ReasoningEffort> reasoning_effort_from_string(std::string_view s);    // "none" | "high" | "max"
+expected<ThinkingMode> thinking_mode_from_string(std::string_view s);        // "chat" | "thinking"
+expected<ReasoningEffort> reasoning_effort_from_string(std::string_view s);  // "none" | "high" | "max"
 
 // One part of a list-valued content. Only "text" parts carry text; any other
 // type renders as "[Unsupported <type>]" (the official rule for tool results).
@@ -77,10 +77,10 @@ struct ChatTool {
 struct ChatMessage {
   ChatRole role = ChatRole::USER;
   ChatContent content;
-  std::optional<std::string> reasoning_content;        // assistant
-  std::vector<ChatToolCall> tool_calls;                // assistant
-  std::string tool_call_id;                            // tool
-  std::vector<ChatTool> tools;                         // system / developer
+  std::optional<std::string> reasoning_content;           // assistant
+  std::vector<ChatToolCall> tool_calls;                   // assistant
+  std::string tool_call_id;                               // tool
+  std::vector<ChatTool> tools;                            // system / developer
   std::optional<nlohmann::ordered_json> response_format;  // system / developer
   ChatTask task = ChatTask::NONE;
   bool wo_eos = false;  // assistant: omit the closing EOS (official `wo_eos`)

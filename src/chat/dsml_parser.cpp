@@ -34,8 +34,8 @@ struct Entity {
   std::string_view text;
   char decoded;
 };
-constexpr std::array<Entity, 5> ENTITIES = {{
-    {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}}};
+constexpr std::array<Entity, 5> ENTITIES = {
+    {{"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}}};
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -151,8 +151,8 @@ expected<std::vector<Attr>> parse_attrs(std::string_view s) {
     if (i == s.size()) return attrs;
     if (ws == 0) return make_error("expected whitespace before an attribute");
     size_t k = i;
-    while (k < s.size() && (std::isalnum(static_cast<unsigned char>(s[k])) || s[k] == '_' || s[k] == '-' ||
-                            s[k] == ':' || s[k] == '.'))
+    while (k < s.size() &&
+           (std::isalnum(static_cast<unsigned char>(s[k])) || s[k] == '_' || s[k] == '-' || s[k] == ':' || s[k] == '.'))
       ++k;
     if (k == i) return make_error("bad attribute syntax");
     std::string key(s.substr(i, k - i));
@@ -244,8 +244,7 @@ void DsmlParser::finish(std::vector<DsmlEvent>& events) {
   DSV4_ASSERT(rest().empty() && !in_block(), "input left after finish");
   if (state_ == State::REASONING) warn("the completion ended inside the reasoning (no </think>)");
   for (std::string_view m : {mk::BOS, mk::EOS, mk::THINK_START, mk::THINK_END, mk::DSML}) {
-    if (msg_.content.find(m) != std::string::npos)
-      warn("the content contains the special token " + std::string(m));
+    if (msg_.content.find(m) != std::string::npos) warn("the content contains the special token " + std::string(m));
     if (msg_.reasoning_content.find(m) != std::string::npos)
       warn("the reasoning contains the special token " + std::string(m));
   }
@@ -420,8 +419,7 @@ bool DsmlParser::step_expect_tag(std::vector<DsmlEvent>& ev) {
     return true;
   }
   if ((mo == TagMatch::PARTIAL || mc == TagMatch::PARTIAL) && !eof_) return ws > 0;
-  fail(in_invoke ? "expected a parameter or the end of the invoke" : "expected an invoke or the end of the block",
-       ev);
+  fail(in_invoke ? "expected a parameter or the end of the invoke" : "expected an invoke or the end of the block", ev);
   return true;
 }
 

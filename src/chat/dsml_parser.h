@@ -142,7 +142,7 @@ class DsmlParser {
   void warn(std::string w) { msg_.warnings.push_back(std::move(w)); }
 
   State state_;
-  std::string in_;   // input not yet consumed starts at pos_
+  std::string in_;  // input not yet consumed starts at pos_
   size_t pos_ = 0;
   bool eof_ = false;
   bool finished_ = false;

@@ -60,8 +60,8 @@ constexpr std::string_view RESPONSE_FORMAT_HEAD =
 struct UserBlock {
   enum class Kind { TEXT, TOOL_RESULT, UNSUPPORTED };
   Kind kind = Kind::TEXT;
-  std::string text;         // TEXT: the text; UNSUPPORTED: the part type
-  std::string tool_use_id;  // TOOL_RESULT
+  std::string text;                           // TEXT: the text; UNSUPPORTED: the part type
+  std::string tool_use_id;                    // TOOL_RESULT
   const ChatContent* tool_content = nullptr;  // TOOL_RESULT
 };
 
@@ -69,9 +69,9 @@ struct UserBlock {
 // TOOL_RESULT blocks of user turns.
 struct Turn {
   ChatRole role = ChatRole::USER;
-  const ChatMessage* msg = nullptr;  // source message; for a user turn the first user message, or null
-                                     // when the turn was opened by a tool result
-  std::vector<UserBlock> blocks;     // user turns only
+  const ChatMessage* msg = nullptr;    // source message; for a user turn the first user message, or null
+                                       // when the turn was opened by a tool result
+  std::vector<UserBlock> blocks;       // user turns only
   std::vector<const ChatTool*> tools;  // system/developer: the message's tools (+ request tools)
   bool drop_reasoning = false;
 
@@ -180,8 +180,8 @@ std::vector<Turn> drop_thinking(std::vector<Turn> turns) {
   std::vector<Turn> out;
   for (size_t i = 0; i < turns.size(); ++i) {
     Turn& t = turns[i];
-    const bool keep_role = t.role == ChatRole::USER || t.role == ChatRole::SYSTEM ||
-                           t.role == ChatRole::LATEST_REMINDER;
+    const bool keep_role =
+        t.role == ChatRole::USER || t.role == ChatRole::SYSTEM || t.role == ChatRole::LATEST_REMINDER;
     if (keep_role || static_cast<long>(i) >= last_user) {
       out.push_back(std::move(t));
     } else if (t.role == ChatRole::ASSISTANT) {
@@ -347,8 +347,7 @@ Status render_turn(PromptBuilder& b, const RenderState& st, size_t index) {
     case ChatRole::ASSISTANT: {
       const ChatMessage& m = *t.msg;
       const bool prev_has_task = index > 0 && st.turns[index - 1].task() != ChatTask::NONE;
-      if (st.thinking && !prev_has_task &&
-          (!st.drop_thinking || static_cast<long>(index) > st.last_user)) {
+      if (st.thinking && !prev_has_task && (!st.drop_thinking || static_cast<long>(index) > st.last_user)) {
         if (!t.drop_reasoning && m.reasoning_content) b.text(*m.reasoning_content);
         b.control(mk::THINK_END);
       }
@@ -377,8 +376,7 @@ Status render_turn(PromptBuilder& b, const RenderState& st, size_t index) {
     b.control(task_marker(t.task()));
   } else if (t.role == ChatRole::USER || t.role == ChatRole::DEVELOPER) {
     b.control(mk::ASSISTANT);
-    const bool open_thinking =
-        st.thinking && (!st.drop_thinking || static_cast<long>(index) >= st.last_user);
+    const bool open_thinking = st.thinking && (!st.drop_thinking || static_cast<long>(index) >= st.last_user);
     b.control(open_thinking ? mk::THINK_START : mk::THINK_END);
   }
   return {};

@@ -24,8 +24,9 @@ expected<ThinkingLevel> thinking_level_from_string(std::string_view s) {
   if (s == "none") return ThinkingLevel::NONE;
   if (s == "max") return ThinkingLevel::MAX;
   if (s == "high" || s == "xhigh" || s == "medium" || s == "low" || s == "minimal") return ThinkingLevel::HIGH;
-  return make_error("unknown thinking level '%.*s' (expected none, high or max; xhigh, medium, low and minimal mean high)",
-                    static_cast<int>(s.size()), s.data());
+  return make_error(
+      "unknown thinking level '%.*s' (expected none, high or max; xhigh, medium, low and minimal mean high)",
+      static_cast<int>(s.size()), s.data());
 }
 
 ThinkingLevel thinking_level_for_ctx(ThinkingLevel level, uint32_t ctx) {

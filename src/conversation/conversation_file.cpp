@@ -80,13 +80,15 @@ expected<SavedConversation> conversation_decode(std::span<const uint8_t> b) {
   const uint64_t session_bytes = get_u64(b.data() + 24);
   const uint64_t body = b.size() - k_fixed_header - k_digest_hex;
   if (json_bytes > body || session_bytes > body - json_bytes || json_bytes + session_bytes != body)
-    return make_error("conversation file size mismatch: the header announces %llu + %llu bytes, the file holds %llu "
-                      "(truncated or damaged)",
-                      static_cast<unsigned long long>(json_bytes), static_cast<unsigned long long>(session_bytes),
-                      static_cast<unsigned long long>(body));
+    return make_error(
+        "conversation file size mismatch: the header announces %llu + %llu bytes, the file holds %llu "
+        "(truncated or damaged)",
+        static_cast<unsigned long long>(json_bytes), static_cast<unsigned long long>(session_bytes),
+        static_cast<unsigned long long>(body));
   const size_t payload = b.size() - k_digest_hex;
   const std::string want(reinterpret_cast<const char*>(b.data() + payload), k_digest_hex);
-  if (sha256_hex(b.data(), payload) != want) return make_error("conversation file checksum mismatch (the file is damaged)");
+  if (sha256_hex(b.data(), payload) != want)
+    return make_error("conversation file checksum mismatch (the file is damaged)");
 
   const auto* json_begin = reinterpret_cast<const char*>(b.data() + k_fixed_header);
   auto parsed = parse_json_text(std::string_view(json_begin, json_bytes));

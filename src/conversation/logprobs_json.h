@@ -25,10 +25,10 @@
 namespace dsv4 {
 
 struct LogprobDump {
-  std::string model;      // model name (informational)
+  std::string model;  // model name (informational)
   size_t prompt_tokens = 0;
   int top_k = 0;
-  std::string finish;     // finish_reason_name()
+  std::string finish;  // finish_reason_name()
   std::vector<TokenLogprob> steps;
 };
 

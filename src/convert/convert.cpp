@@ -77,20 +77,23 @@ expected<SynthVocab> vocab_from_tokenizer_json(const std::string& path, uint32_t
   auto j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return make_error("%s is not valid JSON", path.c_str());
   const auto& model = j["model"];
-  if (!model.is_object() || model.value("type", "") != "BPE" || !model["vocab"].is_object() || !model["merges"].is_array())
+  if (!model.is_object() || model.value("type", "") != "BPE" || !model["vocab"].is_object() ||
+      !model["merges"].is_array())
     return make_error("%s: expected a BPE model with vocab and merges", path.c_str());
   SynthVocab v;
   v.tokens.assign(n_vocab, "");
   v.types.assign(n_vocab, static_cast<int32_t>(TokenType::UNUSED));
   auto put = [&](const std::string& text, int64_t id, TokenType type) -> Status {
     if (id < 0 || id >= static_cast<int64_t>(n_vocab))
-      return make_error("%s: token id %lld outside the model vocabulary of %u", path.c_str(), static_cast<long long>(id), n_vocab);
+      return make_error("%s: token id %lld outside the model vocabulary of %u", path.c_str(),
+                        static_cast<long long>(id), n_vocab);
     v.tokens[static_cast<size_t>(id)] = text;
     v.types[static_cast<size_t>(id)] = static_cast<int32_t>(type);
     return {};
   };
   for (const auto& [text, id] : model["vocab"].items()) {
-    if (!id.is_number_integer()) return make_error("%s: vocab id of \"%s\" is not an integer", path.c_str(), text.c_str());
+    if (!id.is_number_integer())
+      return make_error("%s: vocab id of \"%s\" is not an integer", path.c_str(), text.c_str());
     DSV4_TRY(put(text, id.get<int64_t>(), TokenType::NORMAL));
   }
   if (j["added_tokens"].is_array())
@@ -100,10 +103,12 @@ expected<SynthVocab> vocab_from_tokenizer_json(const std::string& path, uint32_t
                    t.value("special", false) ? TokenType::CONTROL : TokenType::USER_DEFINED));
     }
   for (const auto& m : model["merges"]) {
-    if (m.is_string()) v.merges.push_back(m.get<std::string>());
+    if (m.is_string())
+      v.merges.push_back(m.get<std::string>());
     else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
       v.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
-    else return make_error("%s: a merge is neither \"a b\" nor [a, b]", path.c_str());
+    else
+      return make_error("%s: a merge is neither \"a b\" nor [a, b]", path.c_str());
   }
   for (uint32_t id = 0; id < n_vocab; ++id)
     if (v.tokens[id].empty()) v.tokens[id] = strfmt("<\xef\xbd\x9cunused\xe2\x96\x81%u\xef\xbd\x9c>", id);
@@ -111,7 +116,8 @@ expected<SynthVocab> vocab_from_tokenizer_json(const std::string& path, uint32_t
 }
 
 // Reads GGUF rows [row0, row0 + n) of a planned tensor (its pieces concatenated) as f32 or i32.
-Status read_rows(const HfCheckpoint& ck, const GgufTensorPlan& plan, uint64_t row0, uint64_t n, float* f32, int32_t* i32) {
+Status read_rows(const HfCheckpoint& ck, const GgufTensorPlan& plan, uint64_t row0, uint64_t n, float* f32,
+                 int32_t* i32) {
   uint64_t at = 0;  // first GGUF row of the current piece
   const uint64_t ne0 = plan.ne[0];
   for (const auto& p : plan.pieces) {
@@ -144,10 +150,11 @@ Status check_recipe_fits(const ModelSpec& spec, QuantRecipe recipe) {
     const GgmlType type = recipe_type(recipe, t);
     const uint32_t block = ggml_type_info(type).block_elems;
     if (t.ne[0] % block)
-      return make_error("%s has rows of %llu values: the %s recipe stores it as %s, whose blocks hold %u values; "
-                        "convert with --type f16 or f32",
-                        t.name.c_str(), static_cast<unsigned long long>(t.ne[0]), quant_recipe_name(recipe),
-                        ggml_type_name(type), block);
+      return make_error(
+          "%s has rows of %llu values: the %s recipe stores it as %s, whose blocks hold %u values; "
+          "convert with --type f16 or f32",
+          t.name.c_str(), static_cast<unsigned long long>(t.ne[0]), quant_recipe_name(recipe), ggml_type_name(type),
+          block);
   }
   return {};
 }
@@ -164,15 +171,16 @@ expected<ConvertReport> convert_hf(const ConvertOptions& o, const std::function<
   ConvertReport report;
   GgufWriter w;
   spec.write_gguf(w);
-  w.set_string("general.name", "DeepSeek V4 converted from " + std::filesystem::path(o.hf_dir).filename().string() + " (" +
-                                   quant_recipe_name(o.recipe) + ")");
+  w.set_string("general.name", "DeepSeek V4 converted from " + std::filesystem::path(o.hf_dir).filename().string() +
+                                   " (" + quant_recipe_name(o.recipe) + ")");
   SynthVocab vocab;
   std::string tj = (std::filesystem::path(o.hf_dir) / "tokenizer.json").string();
   if (std::filesystem::exists(tj)) {
     DSV4_TRY_ASSIGN(vocab, vocab_from_tokenizer_json(tj, spec.n_vocab));
     report.vocab_source = "tokenizer.json";
   } else {
-    if (spec.n_vocab < 300) return make_error("%s has no tokenizer.json and a vocabulary below 300 tokens", o.hf_dir.c_str());
+    if (spec.n_vocab < 300)
+      return make_error("%s has no tokenizer.json and a vocabulary below 300 tokens", o.hf_dir.c_str());
     vocab = make_synth_vocab(spec.n_vocab);
     report.vocab_source = "synthetic byte-level vocabulary (no tokenizer.json)";
     log_warn("%s has no tokenizer.json: writing a synthetic byte-level vocabulary", o.hf_dir.c_str());
@@ -200,17 +208,18 @@ expected<ConvertReport> convert_hf(const ConvertOptions& o, const std::function<
     const bool is_int = t.cls == TypeClass::I32_TABLE;
     report.n_tensors++;
     report.tensor_bytes += ggml_type_bytes(type, t.n_elements());
-    w.add_tensor(t.name, type, t.ne, [ckp, p, type, ne0, is_int, pool](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
-      if (is_int) return read_rows(*ckp, *p, r0, nr, nullptr, reinterpret_cast<int32_t*>(dst));
-      std::vector<float> rows(static_cast<size_t>(nr * ne0));
-      DSV4_TRY(read_rows(*ckp, *p, r0, nr, rows.data(), nullptr));
-      const uint64_t rb = ggml_row_bytes(type, ne0);
-      pool->parallel_for(static_cast<size_t>(nr), [&](size_t b, size_t e) {
-        for (size_t r = b; r < e; ++r)
-          quant::quantize_row(type, rows.data() + r * ne0, dst + r * rb, static_cast<int64_t>(ne0), nullptr);
-      });
-      return {};
-    });
+    w.add_tensor(
+        t.name, type, t.ne, [ckp, p, type, ne0, is_int, pool](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
+          if (is_int) return read_rows(*ckp, *p, r0, nr, nullptr, reinterpret_cast<int32_t*>(dst));
+          std::vector<float> rows(static_cast<size_t>(nr * ne0));
+          DSV4_TRY(read_rows(*ckp, *p, r0, nr, rows.data(), nullptr));
+          const uint64_t rb = ggml_row_bytes(type, ne0);
+          pool->parallel_for(static_cast<size_t>(nr), [&](size_t b, size_t e) {
+            for (size_t r = b; r < e; ++r)
+              quant::quantize_row(type, rows.data() + r * ne0, dst + r * rb, static_cast<int64_t>(ne0), nullptr);
+          });
+          return {};
+        });
   }
   DSV4_TRY(w.write(o.output, progress, 16ull << 20));
   return report;

@@ -3,13 +3,13 @@
 #pragma once
 
 namespace dsv4 {
-[[noreturn, gnu::format(printf, 4, 5)]] void assert_fail(const char* file, int line, const char* cond,
-                                                        const char* fmt, ...);
+[[noreturn, gnu::format(printf, 4, 5)]] void assert_fail(const char* file, int line, const char* cond, const char* fmt,
+                                                         ...);
 [[noreturn]] void assert_fail(const char* file, int line, const char* cond);
 }  // namespace dsv4
 
-#define DSV4_ASSERT(cond, ...)                                                  \
-  do {                                                                          \
+#define DSV4_ASSERT(cond, ...)                                                                                   \
+  do {                                                                                                           \
     if (__builtin_expect(!(cond), 0)) ::dsv4::assert_fail(__FILE__, __LINE__, #cond __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
 

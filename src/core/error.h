@@ -43,19 +43,14 @@ class unexpected {
 template <class T, class E = Error>
 class [[nodiscard]] expected {
  public:
-  expected()
-    requires std::is_default_constructible_v<T>
-      : v_(std::in_place_index<0>) {}
-  expected(const T& v) : v_(std::in_place_index<0>, v) {}  // NOLINT(implicit)
+  expected() requires std::is_default_constructible_v<T> : v_(std::in_place_index<0>) {}
+  expected(const T& v) : v_(std::in_place_index<0>, v) {}        // NOLINT(implicit)
   expected(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}  // NOLINT(implicit)
   template <class G>
-  expected(unexpected<G> u) : v_(std::in_place_index<1>, E(std::move(u).error())) {}  // NOLINT
-  expected(const Error& e)
-    requires std::is_same_v<E, Error>
-      : v_(std::in_place_index<1>, e) {}  // NOLINT(implicit)
-  expected(Error&& e)
-    requires std::is_same_v<E, Error>
-      : v_(std::in_place_index<1>, std::move(e)) {}  // NOLINT(implicit)
+  expected(unexpected<G> u) : v_(std::in_place_index<1>, E(std::move(u).error())) {}             // NOLINT
+  expected(const Error& e) requires std::is_same_v<E, Error> : v_(std::in_place_index<1>, e) {}  // NOLINT(implicit)
+  expected(Error&& e) requires std::is_same_v<E, Error> : v_(std::in_place_index<1>, std::move(e)) {
+  }  // NOLINT(implicit)
 
   bool has_value() const { return v_.index() == 0; }
   explicit operator bool() const { return has_value(); }
@@ -92,13 +87,9 @@ class [[nodiscard]] expected<void, E> {
  public:
   expected() = default;
   template <class G>
-  expected(unexpected<G> u) : err_(E(std::move(u).error())), ok_(false) {}  // NOLINT
-  expected(const Error& e)
-    requires std::is_same_v<E, Error>
-      : err_(e), ok_(false) {}  // NOLINT(implicit)
-  expected(Error&& e)
-    requires std::is_same_v<E, Error>
-      : err_(std::move(e)), ok_(false) {}  // NOLINT(implicit)
+  expected(unexpected<G> u) : err_(E(std::move(u).error())), ok_(false) {}                   // NOLINT
+  expected(const Error& e) requires std::is_same_v<E, Error> : err_(e), ok_(false) {}        // NOLINT(implicit)
+  expected(Error&& e) requires std::is_same_v<E, Error> : err_(std::move(e)), ok_(false) {}  // NOLINT(implicit)
 
   bool has_value() const { return ok_; }
   explicit operator bool() const { return ok_; }
@@ -129,7 +120,7 @@ using Status = expected<void>;
 
 // DSV4_TRY_ASSIGN(lhs, expected_expr): lhs = value or return the error.
 #define DSV4_TRY_ASSIGN(lhs, expr) DSV4_TRY_ASSIGN_IMPL(DSV4_CONCAT(dsv4_try_v_, __LINE__), lhs, expr)
-#define DSV4_TRY_ASSIGN_IMPL(tmp, lhs, expr)    \
-  auto tmp = (expr);                            \
-  if (!tmp.has_value()) return tmp.error();     \
+#define DSV4_TRY_ASSIGN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                         \
+  if (!tmp.has_value()) return tmp.error();  \
   lhs = std::move(tmp).value()

@@ -7,9 +7,12 @@ float fp8_e4m3_decode(uint8_t b) {
   int exp = (b >> 3) & 0xf;
   int man = b & 7;
   float v;
-  if (exp == 0xf && man == 7) v = NAN;
-  else if (exp == 0) v = std::ldexp(static_cast<float>(man), -9);
-  else v = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  if (exp == 0xf && man == 7)
+    v = NAN;
+  else if (exp == 0)
+    v = std::ldexp(static_cast<float>(man), -9);
+  else
+    v = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
   return sign ? -v : v;
 }
 

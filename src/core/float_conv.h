@@ -91,7 +91,7 @@ inline float fp8_e4m3_round(float v) {
   if (!(a > 0.0f)) return v != v ? v : 0.0f * v;  // nan passes, ±0 kept
   if (a >= k_fp8_e4m3_max) return std::copysign(k_fp8_e4m3_max, v);
   int e;
-  std::frexp(a, &e);                         // a in [2^(e-1), 2^e)
+  std::frexp(a, &e);                          // a in [2^(e-1), 2^e)
   int q_exp = (e - 1 < -6) ? -9 : e - 1 - 3;  // quantum: 2^-9 in the subnormal range, else 3 mantissa bits
   float q = std::ldexp(1.0f, q_exp);
   float r = std::nearbyint(a / q) * q;  // default FP env: round half to even
@@ -110,14 +110,22 @@ constexpr float k_fp4_e2m1_max = 6.0f;
 inline float fp4_e2m1_round(float v) {
   float a = std::fabs(v);
   float r;
-  if (a <= 0.25f) r = 0.0f;
-  else if (a < 0.75f) r = 0.5f;
-  else if (a <= 1.25f) r = 1.0f;
-  else if (a < 1.75f) r = 1.5f;
-  else if (a <= 2.5f) r = 2.0f;
-  else if (a < 3.5f) r = 3.0f;
-  else if (a <= 5.0f) r = 4.0f;
-  else r = 6.0f;
+  if (a <= 0.25f)
+    r = 0.0f;
+  else if (a < 0.75f)
+    r = 0.5f;
+  else if (a <= 1.25f)
+    r = 1.0f;
+  else if (a < 1.75f)
+    r = 1.5f;
+  else if (a <= 2.5f)
+    r = 2.0f;
+  else if (a < 3.5f)
+    r = 3.0f;
+  else if (a <= 5.0f)
+    r = 4.0f;
+  else
+    r = 6.0f;
   return std::copysign(r, v);
 }
 

@@ -23,9 +23,7 @@ Hasher::Hasher(HashKind kind) : impl_(std::make_unique<Impl>()) {
 
 Hasher::~Hasher() { EVP_MD_CTX_free(impl_->ctx); }
 
-void Hasher::update(const void* data, size_t size) {
-  DSV4_ASSERT(EVP_DigestUpdate(impl_->ctx, data, size) == 1);
-}
+void Hasher::update(const void* data, size_t size) { DSV4_ASSERT(EVP_DigestUpdate(impl_->ctx, data, size) == 1); }
 
 std::string Hasher::hex_digest() {
   unsigned char md[EVP_MAX_MD_SIZE];

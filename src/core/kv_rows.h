@@ -39,9 +39,9 @@
 
 namespace dsv4 {
 
-constexpr int k_kv_rope_dims = 64;   // bf16 tail of a KV_FP8 row
-constexpr int k_kv_fp8_block = 64;   // FP8 scale block
-constexpr int k_kv_fp4_block = 32;   // FP4 scale block
+constexpr int k_kv_rope_dims = 64;  // bf16 tail of a KV_FP8 row
+constexpr int k_kv_fp8_block = 64;  // FP8 scale block
+constexpr int k_kv_fp4_block = 32;  // FP4 scale block
 
 // Bit casts usable on host and device.
 template <class To, class From>
@@ -82,7 +82,7 @@ DSV4_HD uint8_t kv_e4m3_code(float v) {
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
   const float af = kvr_float(a);
-  if (!(af < 448.0f)) return sign | 0x7eu;  // saturate (NaN never reaches storage)
+  if (!(af < 448.0f)) return sign | 0x7eu;                                   // saturate (NaN never reaches storage)
   if (af < 0x1p-6f) return sign | static_cast<uint8_t>(rintf(af * 512.0f));  // multiples of 2^-9; 8 = 2^-6
   // Keep 3 mantissa bits, ties to even; a carry moves into the exponent.
   const uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;  // biased exp << 3 | mantissa
@@ -100,14 +100,22 @@ DSV4_HD float kv_e4m3_value(uint8_t c) {
 DSV4_HD uint8_t kv_e2m1_code(float v) {
   const float a = fabsf(v);
   uint8_t c;
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;
+  if (a <= 0.25f)
+    c = 0;
+  else if (a < 0.75f)
+    c = 1;
+  else if (a <= 1.25f)
+    c = 2;
+  else if (a < 1.75f)
+    c = 3;
+  else if (a <= 2.5f)
+    c = 4;
+  else if (a < 3.5f)
+    c = 5;
+  else if (a <= 5.0f)
+    c = 6;
+  else
+    c = 7;
   return static_cast<uint8_t>((kvr_bits(v) >> 31) << 3) | c;
 }
 // Magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}: code e|m = (1 + m/2) * 2^(e-1) for e > 0, m/2 for e = 0.
@@ -157,7 +165,8 @@ DSV4_HD void kv_fp8_pack_row(uint8_t* dst, const float* x, int64_t d) {
 
 DSV4_HD void kv_fp8_unpack_row(float* x, const uint8_t* src, int64_t d) {
   const int64_t n = kv_fp8_nope(d);
-  for (int64_t i = 0; i < n; ++i) x[i] = kv_e4m3_value(src[i]) * kv_scale_value(src[kv_fp8_scale_offset(d) + i / k_kv_fp8_block]);
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = kv_e4m3_value(src[i]) * kv_scale_value(src[kv_fp8_scale_offset(d) + i / k_kv_fp8_block]);
   uint16_t tail[k_kv_rope_dims];
   std::memcpy(tail, src + kv_fp8_tail_offset(d), sizeof tail);
   for (int j = 0; j < k_kv_rope_dims; ++j) x[n + j] = kv_bf16_value(tail[j]);
@@ -178,7 +187,8 @@ DSV4_HD void kv_fp4_pack_row(uint8_t* dst, const float* x, int64_t d) {
 DSV4_HD void kv_fp4_unpack_row(float* x, const uint8_t* src, int64_t d) {
   for (int64_t i = 0; i < d; ++i) {
     const uint8_t byte = src[i / 2];
-    x[i] = kv_e2m1_value((i & 1) ? (byte >> 4) : (byte & 15)) * kv_scale_value(src[kv_fp4_scale_offset(d) + i / k_kv_fp4_block]);
+    x[i] = kv_e2m1_value((i & 1) ? (byte >> 4) : (byte & 15)) *
+           kv_scale_value(src[kv_fp4_scale_offset(d) + i / k_kv_fp4_block]);
   }
 }
 

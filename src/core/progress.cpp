@@ -37,9 +37,12 @@ void Progress::finish() {
 static std::string human(double v, const std::string& unit) {
   char buf[64];
   if (unit == "B") {
-    if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", v / 1e9);
-    else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", v / 1e6);
-    else std::snprintf(buf, sizeof buf, "%.0f B", v);
+    if (v >= 1e9)
+      std::snprintf(buf, sizeof buf, "%.2f GB", v / 1e9);
+    else if (v >= 1e6)
+      std::snprintf(buf, sizeof buf, "%.1f MB", v / 1e6);
+    else
+      std::snprintf(buf, sizeof buf, "%.0f B", v);
   } else {
     std::snprintf(buf, sizeof buf, "%.0f %s", v, unit.c_str());
   }

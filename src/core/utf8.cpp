@@ -10,10 +10,20 @@ size_t utf8_sequence_length(std::string_view s) {
   size_t n;
   uint32_t min_cp;
   uint32_t cp;
-  if ((c & 0xe0) == 0xc0) { n = 2; min_cp = 0x80; cp = c & 0x1f; }
-  else if ((c & 0xf0) == 0xe0) { n = 3; min_cp = 0x800; cp = c & 0x0f; }
-  else if ((c & 0xf8) == 0xf0) { n = 4; min_cp = 0x10000; cp = c & 0x07; }
-  else return 0;
+  if ((c & 0xe0) == 0xc0) {
+    n = 2;
+    min_cp = 0x80;
+    cp = c & 0x1f;
+  } else if ((c & 0xf0) == 0xe0) {
+    n = 3;
+    min_cp = 0x800;
+    cp = c & 0x0f;
+  } else if ((c & 0xf8) == 0xf0) {
+    n = 4;
+    min_cp = 0x10000;
+    cp = c & 0x07;
+  } else
+    return 0;
   if (s.size() < n) return 0;
   for (size_t i = 1; i < n; ++i) {
     if ((b(i) & 0xc0) != 0x80) return 0;

@@ -50,8 +50,9 @@ expected<BackendChoice> backend_choice_from_name(std::string_view s) {
 }
 
 std::string EngineOptions::describe() const {
-  const std::string model = synthetic.empty() ? model_path : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
-                                                                     static_cast<unsigned long long>(synthetic_seed));
+  const std::string model = synthetic.empty() ? model_path
+                                              : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
+                                                       static_cast<unsigned long long>(synthetic_seed));
   const std::string batch = prefill_batch > 0 ? std::to_string(prefill_batch) : "auto";
   const std::string switches = cuda ? cuda->describe() : std::string();
   return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s", model.c_str(),
@@ -123,7 +124,7 @@ struct Engine::Impl {
   std::unique_ptr<Model> model;
   std::string fingerprint;
   std::optional<ModelFileStamp> model_file;
-  mutable std::mutex identity_mu;  // guards content_identity
+  mutable std::mutex identity_mu;        // guards content_identity
   mutable std::string content_identity;  // "" until the first Engine::content_identity()
 };
 
@@ -226,13 +227,15 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   const bool on_cuda = impl->backend->kind() == BackendKind::CUDA;
   mo.max_batch = o.prefill_batch > 0 ? o.prefill_batch : default_prefill_batch(on_cuda);
   impl->opts.prefill_batch = mo.max_batch;
-  DSV4_TRY_ASSIGN(impl->model, Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+  DSV4_TRY_ASSIGN(impl->model,
+                  Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
 #ifdef DSV4_HAS_CUDA
   if (impl->backend->kind() == BackendKind::CUDA) {
     const CudaUploadStats up = cuda_upload_stats(*impl->backend);
     upload_bar->reset();
-    log_info("cuda: uploaded %llu weight tensors, %.2f GiB in %.2f s (%.2f GB/s)", static_cast<unsigned long long>(up.tensors),
-             static_cast<double>(up.bytes) / (1u << 30), up.seconds, up.rate_gbs());
+    log_info("cuda: uploaded %llu weight tensors, %.2f GiB in %.2f s (%.2f GB/s)",
+             static_cast<unsigned long long>(up.tensors), static_cast<double>(up.bytes) / (1u << 30), up.seconds,
+             up.rate_gbs());
   }
 #endif
   impl->fingerprint = model_fingerprint(spec, impl->file->weights);
@@ -264,11 +267,13 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     info.kv_rows = kv == GgmlType::F32 && ix == GgmlType::F32
                        ? "F32"
                        : strfmt("%s + %s (compact)", ggml_type_name(kv), ggml_type_name(ix));
-    info.kv_bytes_per_token = static_cast<double>(impl->model->state_bytes(1u << 20) - impl->model->state_bytes(0)) / (1u << 20);
+    info.kv_bytes_per_token =
+        static_cast<double>(impl->model->state_bytes(1u << 20) - impl->model->state_bytes(0)) / (1u << 20);
   }
   info.n_vocab = spec.n_vocab;
   info.n_layer = spec.n_layer;
-  info.max_ctx = spec.context_length ? static_cast<uint32_t>(std::min<uint64_t>(spec.context_length, 1u << 20)) : (1u << 20);
+  info.max_ctx =
+      spec.context_length ? static_cast<uint32_t>(std::min<uint64_t>(spec.context_length, 1u << 20)) : (1u << 20);
   info.weight_bytes = impl->file->weights.n_bytes;
   {
     // Every tensor is read once per token except: routed experts (k of E read),
@@ -356,17 +361,19 @@ std::string Engine::take_op_profile_report(double per, int max_rows) {
 
 expected<std::unique_ptr<Session>> Engine::new_session(uint32_t ctx) {
   if (ctx == 0) ctx = impl_->opts.ctx;
-  if (ctx > impl_->info.max_ctx) return make_error("context %u exceeds the model's maximum of %u", ctx, impl_->info.max_ctx);
+  if (ctx > impl_->info.max_ctx)
+    return make_error("context %u exceeds the model's maximum of %u", ctx, impl_->info.max_ctx);
   // A session's state is allocated whole; where the backend knows its free
   // memory, a session that cannot fit is an error here instead of a failed
   // allocation halfway (256 MiB kept for allocation rounding and scratch growth).
   if (const std::optional<uint64_t> free_b = free_memory()) {
     const uint64_t need = session_bytes(ctx), margin = uint64_t{256} << 20;
     if (need + margin > *free_b)
-      return make_error("not enough %s memory for a session of %u tokens: it needs %.2f GiB, %.2f GiB are free (a "
-                        "smaller --ctx or fewer --sessions)",
-                        impl_->backend->kind() == BackendKind::CUDA ? "GPU" : "backend", ctx,
-                        static_cast<double>(need) / (1 << 30), static_cast<double>(*free_b) / (1 << 30));
+      return make_error(
+          "not enough %s memory for a session of %u tokens: it needs %.2f GiB, %.2f GiB are free (a "
+          "smaller --ctx or fewer --sessions)",
+          impl_->backend->kind() == BackendKind::CUDA ? "GPU" : "backend", ctx, static_cast<double>(need) / (1 << 30),
+          static_cast<double>(*free_b) / (1 << 30));
   }
   auto s = std::make_unique<Session::Impl>();
   s->eng = impl_.get();

@@ -91,7 +91,8 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
   }
   // Feed the final token so the session ends exactly at the completion (the next
   // request of a conversation starts with it), unless generation was cancelled.
-  if (pending && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx()) DSV4_TRY(session.decode(r.tokens.back()));
+  if (pending && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx())
+    DSV4_TRY(session.decode(r.tokens.back()));
 
   reply.finish();
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();

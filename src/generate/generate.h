@@ -21,13 +21,13 @@ namespace dsv4 {
 
 struct GenerateOptions {
   SamplingParams sampling;
-  int max_tokens = 512;             // generated tokens at most (<= 0: until EOS or the context is full)
-  std::vector<std::string> stop;    // stop strings (matched on the decoded completion text)
-  bool parse_chat = true;           // run the DSML/thinking parser (chat); false: plain text (raw completions)
+  int max_tokens = 512;           // generated tokens at most (<= 0: until EOS or the context is full)
+  std::vector<std::string> stop;  // stop strings (matched on the decoded completion text)
+  bool parse_chat = true;         // run the DSML/thinking parser (chat); false: plain text (raw completions)
   ThinkingMode thinking = ThinkingMode::CHAT;
-  bool stop_at_tool_calls = true;   // end generation when a tool-calls block closes
-  int logprobs = -1;                // -1: off; k >= 0: record the chosen token's logprob and k alternatives
-  bool ignore_eos = false;          // keep generating past EOS, which adds no text (benchmarks; the server's ignore_eos)
+  bool stop_at_tool_calls = true;  // end generation when a tool-calls block closes
+  int logprobs = -1;               // -1: off; k >= 0: record the chosen token's logprob and k alternatives
+  bool ignore_eos = false;         // keep generating past EOS, which adds no text (benchmarks; the server's ignore_eos)
 };
 
 enum class FinishReason { STOP, LENGTH, TOOL_CALLS, CANCELLED };
@@ -42,19 +42,19 @@ struct TokenLogprob {
 
 struct GenerateResult {
   FinishReason finish = FinishReason::STOP;
-  std::string stop_string;            // the stop string that matched, if any
-  ParsedMessage message;              // content / reasoning / tool calls (parse_chat); content only otherwise
-  std::string text;                   // the decoded completion as generated (before stop trimming)
-  std::vector<int32_t> tokens;        // sampled tokens (EOS included when sampled)
+  std::string stop_string;      // the stop string that matched, if any
+  ParsedMessage message;        // content / reasoning / tool calls (parse_chat); content only otherwise
+  std::string text;             // the decoded completion as generated (before stop trimming)
+  std::vector<int32_t> tokens;  // sampled tokens (EOS included when sampled)
   std::vector<TokenLogprob> logprobs;
   size_t prompt_tokens = 0;
-  size_t cached_tokens = 0;           // prompt tokens reused from the session
+  size_t cached_tokens = 0;  // prompt tokens reused from the session
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };
 
 struct GenerateCallbacks {
-  std::function<void(const DsmlEvent&)> on_event;                         // content / reasoning / tool-call deltas
+  std::function<void(const DsmlEvent&)> on_event;                          // content / reasoning / tool-call deltas
   std::function<void(uint64_t done, uint64_t total)> on_prefill_progress;  // prompt tokens processed
   std::function<bool()> cancelled;                                         // polled before each token / batch
 };

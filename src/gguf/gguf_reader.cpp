@@ -33,11 +33,19 @@ namespace {
 // Fixed size of a scalar value type; 0 for string/array (variable) and unknown.
 uint64_t scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::U8: case GgufType::I8: case GgufType::BOOL: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
-    case GgufType::STRING: case GgufType::ARRAY: return 0;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::BOOL: return 1;
+    case GgufType::U16:
+    case GgufType::I16: return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32: return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64: return 8;
+    case GgufType::STRING:
+    case GgufType::ARRAY: return 0;
   }
   return 0;
 }
@@ -107,7 +115,8 @@ Status skip_value(Cursor& c, GgufType type, int depth) {
                         static_cast<unsigned long long>(c.pos()));
     DSV4_TRY_ASSIGN(uint32_t et, c.read<uint32_t>("array element type"));
     if (!valid_value_type(et))
-      return make_error("unknown array element type %u at offset %llu", et, static_cast<unsigned long long>(c.pos() - 4));
+      return make_error("unknown array element type %u at offset %llu", et,
+                        static_cast<unsigned long long>(c.pos() - 4));
     DSV4_TRY_ASSIGN(uint64_t count, c.read<uint64_t>("array length"));
     GgufType etype = static_cast<GgufType>(et);
     uint64_t es = scalar_size(etype);
@@ -161,8 +170,10 @@ std::string printable(std::string_view s) {
   std::string out;
   for (char ch : s.substr(0, 64)) {
     unsigned char c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f) out += ch;
-    else out += strfmt("\\x%02x", c);
+    if (c >= 0x20 && c < 0x7f)
+      out += ch;
+    else
+      out += strfmt("\\x%02x", c);
   }
   if (s.size() > 64) out += "...";
   return out;
@@ -172,8 +183,14 @@ std::string printable(std::string_view s) {
 
 bool GgufScalar::is_integer() const {
   switch (type) {
-    case GgufType::U8: case GgufType::I8: case GgufType::U16: case GgufType::I16: case GgufType::U32:
-    case GgufType::I32: case GgufType::U64: case GgufType::I64: return true;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::U16:
+    case GgufType::I16:
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::U64:
+    case GgufType::I64: return true;
     default: return false;
   }
 }
@@ -222,10 +239,12 @@ expected<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> 
   g->file_ = std::move(file);
   Cursor c(base, size, 0);
 
-  if (size < 24) return make_error("not a GGUF file: only %llu bytes (a header needs 24)", static_cast<unsigned long long>(size));
+  if (size < 24)
+    return make_error("not a GGUF file: only %llu bytes (a header needs 24)", static_cast<unsigned long long>(size));
   DSV4_TRY_ASSIGN(uint32_t magic, c.read<uint32_t>("magic"));
   if (magic != k_gguf_magic)
-    return make_error("not a GGUF file: bad magic %02x %02x %02x %02x (expected \"GGUF\")", base[0], base[1], base[2], base[3]);
+    return make_error("not a GGUF file: bad magic %02x %02x %02x %02x (expected \"GGUF\")", base[0], base[1], base[2],
+                      base[3]);
   DSV4_TRY_ASSIGN(g->version_, c.read<uint32_t>("version"));
   if (g->version_ != k_gguf_version)
     return make_error("unsupported GGUF version %u (dsv4 reads version %u)", g->version_, k_gguf_version);
@@ -245,10 +264,11 @@ expected<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> 
     GgufKV kv;
     kv.offset = c.pos();
     DSV4_TRY_ASSIGN(kv.key, c.read_string("metadata key"));
-    if (kv.key.empty()) return make_error("empty metadata key at offset %llu", static_cast<unsigned long long>(kv.offset));
+    if (kv.key.empty())
+      return make_error("empty metadata key at offset %llu", static_cast<unsigned long long>(kv.offset));
     if (!utf8_valid(kv.key))
-      return make_error("metadata key at offset %llu is not valid UTF-8: \"%s\"", static_cast<unsigned long long>(kv.offset),
-                        printable(kv.key).c_str());
+      return make_error("metadata key at offset %llu is not valid UTF-8: \"%s\"",
+                        static_cast<unsigned long long>(kv.offset), printable(kv.key).c_str());
     if (!keys.insert(kv.key).second)
       return make_error("duplicate metadata key \"%s\" at offset %llu", printable(kv.key).c_str(),
                         static_cast<unsigned long long>(kv.offset));
@@ -279,7 +299,8 @@ expected<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> 
       return make_error("general.alignment must be a u32, found %s", gguf_type_name(a->type));
     uint64_t al = load_le<uint32_t>(a->payload);
     if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20))
-      return make_error("general.alignment = %llu is not a power of two in [1, 2^20]", static_cast<unsigned long long>(al));
+      return make_error("general.alignment = %llu is not a power of two in [1, 2^20]",
+                        static_cast<unsigned long long>(al));
     g->alignment_ = al;
   }
 
@@ -332,9 +353,10 @@ expected<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> 
     by_offset.reserve(g->tensors_.size());
     for (const auto& t : g->tensors_) {
       if (t.rel_offset > data_size || t.n_bytes > data_size - t.rel_offset)
-        return make_error("truncated file: tensor \"%s\" (%llu bytes at data offset %llu) runs past the end of the file",
-                          printable(t.name).c_str(), static_cast<unsigned long long>(t.n_bytes),
-                          static_cast<unsigned long long>(t.rel_offset));
+        return make_error(
+            "truncated file: tensor \"%s\" (%llu bytes at data offset %llu) runs past the end of the file",
+            printable(t.name).c_str(), static_cast<unsigned long long>(t.n_bytes),
+            static_cast<unsigned long long>(t.rel_offset));
       by_offset.push_back(&t);
     }
     std::sort(by_offset.begin(), by_offset.end(),
@@ -343,8 +365,8 @@ expected<std::unique_ptr<GgufFile>> GgufFile::parse(std::unique_ptr<MappedFile> 
       const auto* a = by_offset[i - 1];
       const auto* b = by_offset[i];
       if (a->rel_offset + a->n_bytes > b->rel_offset)
-        return make_error("tensor data overlaps: \"%s\" [%llu, %llu) and \"%s\" starting at %llu", printable(a->name).c_str(),
-                          static_cast<unsigned long long>(a->rel_offset),
+        return make_error("tensor data overlaps: \"%s\" [%llu, %llu) and \"%s\" starting at %llu",
+                          printable(a->name).c_str(), static_cast<unsigned long long>(a->rel_offset),
                           static_cast<unsigned long long>(a->rel_offset + a->n_bytes), printable(b->name).c_str(),
                           static_cast<unsigned long long>(b->rel_offset));
     }
@@ -376,8 +398,10 @@ GgufScalar GgufFile::scalar(const GgufKV& kv) {
 }
 
 expected<std::vector<GgufScalar>> GgufFile::array(const GgufKV& kv) {
-  if (kv.type != GgufType::ARRAY) return make_error("metadata \"%s\" is a %s, not an array", printable(kv.key).c_str(), gguf_type_name(kv.type));
-  if (kv.elem_type == GgufType::ARRAY) return make_error("metadata \"%s\" is a nested array", printable(kv.key).c_str());
+  if (kv.type != GgufType::ARRAY)
+    return make_error("metadata \"%s\" is a %s, not an array", printable(kv.key).c_str(), gguf_type_name(kv.type));
+  if (kv.elem_type == GgufType::ARRAY)
+    return make_error("metadata \"%s\" is a nested array", printable(kv.key).c_str());
   std::vector<GgufScalar> out;
   out.reserve(static_cast<size_t>(kv.count));  // bounded: the parse checked count against the file size
   const uint8_t* p = kv.payload;
@@ -393,7 +417,8 @@ expected<GgufScalar> GgufFile::get_scalar(std::string_view key) const {
   const GgufKV* kv = find(key);
   if (!kv) return make_error("missing metadata key \"%.*s\"", static_cast<int>(key.size()), key.data());
   if (kv->type == GgufType::ARRAY)
-    return make_error("metadata key \"%.*s\" is an array, expected a single value", static_cast<int>(key.size()), key.data());
+    return make_error("metadata key \"%.*s\" is an array, expected a single value", static_cast<int>(key.size()),
+                      key.data());
   return scalar(*kv);
 }
 
@@ -421,9 +446,12 @@ std::string gguf_value_to_string(const GgufKV& kv, size_t max_array_items) {
         return q;
       }
       case GgufType::BOOL: return s.u ? "true" : "false";
-      case GgufType::F32: case GgufType::F64: return strfmt("%g", s.f);
-      case GgufType::I8: case GgufType::I16: case GgufType::I32: case GgufType::I64:
-        return strfmt("%lld", static_cast<long long>(s.i));
+      case GgufType::F32:
+      case GgufType::F64: return strfmt("%g", s.f);
+      case GgufType::I8:
+      case GgufType::I16:
+      case GgufType::I32:
+      case GgufType::I64: return strfmt("%lld", static_cast<long long>(s.i));
       default: return strfmt("%llu", static_cast<unsigned long long>(s.u));
     }
   };

@@ -61,10 +61,10 @@ void GgufWriter::put_kv(std::string key, GgufType type, std::vector<uint8_t> val
   kvs_.push_back({std::move(key), type, std::move(value)});
 }
 
-#define DSV4_SETTER(fn, T, gt)                     \
-  void GgufWriter::fn(std::string key, T v) {      \
-    std::vector<uint8_t> b;                        \
-    put<T>(b, v);                                  \
+#define DSV4_SETTER(fn, T, gt)                          \
+  void GgufWriter::fn(std::string key, T v) {           \
+    std::vector<uint8_t> b;                             \
+    put<T>(b, v);                                       \
     put_kv(std::move(key), GgufType::gt, std::move(b)); \
   }
 DSV4_SETTER(set_u8, uint8_t, U8)
@@ -253,7 +253,8 @@ Status GgufWriter::write_mapped(int fd, const std::string& what,
   return st;
 }
 
-Status GgufWriter::write_mapped(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) const {
+Status GgufWriter::write_mapped(const std::string& path,
+                                const std::function<void(uint64_t, uint64_t)>& progress) const {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_error("cannot create '%s': %s", tmp.c_str(), std::strerror(errno));

@@ -59,9 +59,11 @@ class Fields {
       return {};
     }
     uint64_t x = 0;
-    if (!as_u64(*v, x) || x > std::numeric_limits<uint32_t>::max()) return bad(key, "is not a non-negative 32-bit integer");
-    if (x < min_value) return make_error("%s: field \"%s\" must be >= %u (got %llu)", where_.c_str(), key, min_value,
-                                         (unsigned long long)x);
+    if (!as_u64(*v, x) || x > std::numeric_limits<uint32_t>::max())
+      return bad(key, "is not a non-negative 32-bit integer");
+    if (x < min_value)
+      return make_error("%s: field \"%s\" must be >= %u (got %llu)", where_.c_str(), key, min_value,
+                        (unsigned long long)x);
     out = static_cast<uint32_t>(x);
     return {};
   }
@@ -162,13 +164,16 @@ uint32_t layer_type_ratio(const std::string& t, const json* rates, bool& ok, std
 Status parse_yarn(const json& d, const std::string& where, HfYarn& y) {
   std::string type;
   Fields f(d, where, nullptr);
-  if (f.has("rope_type")) DSV4_TRY(f.string("rope_type", type));
-  else if (f.has("type")) DSV4_TRY(f.string("type", type));
+  if (f.has("rope_type"))
+    DSV4_TRY(f.string("rope_type", type));
+  else if (f.has("type"))
+    DSV4_TRY(f.string("type", type));
   if (type.empty() || type == "default") {
     y.enabled = false;
     return {};
   }
-  if (type != "yarn") return make_error("%s: unsupported rope type \"%s\" (DeepSeek V4 uses yarn)", where.c_str(), type.c_str());
+  if (type != "yarn")
+    return make_error("%s: unsupported rope type \"%s\" (DeepSeek V4 uses yarn)", where.c_str(), type.c_str());
   y.enabled = true;
   if (!f.has("factor")) return make_error("%s: yarn needs \"factor\"", where.c_str());
   if (!f.has("original_max_position_embeddings"))
@@ -232,7 +237,8 @@ expected<HfConfig> hf_config_parse(std::string_view json_text, const std::string
     // eos_token_id: an integer or a list of integers
     if (const json* e = f.get("eos_token_id")) {
       c.eos_token_ids.clear();
-      if (e->is_number_integer()) c.eos_token_ids.push_back(e->get<int64_t>());
+      if (e->is_number_integer())
+        c.eos_token_ids.push_back(e->get<int64_t>());
       else if (e->is_array()) {
         for (const auto& x : *e) {
           if (!x.is_number_integer()) return f.bad("eos_token_id", "is not an integer or a list of integers");
@@ -297,8 +303,10 @@ expected<HfConfig> hf_config_parse(std::string_view json_text, const std::string
       for (size_t i = 0; i < cr->size(); ++i) {
         uint64_t r = 0;
         if (!Fields::as_u64((*cr)[i], r) || r > 1u << 20) return f.bad("compress_ratios", "has an invalid entry");
-        if (i < L) c.compress_ratios.push_back(static_cast<uint32_t>(r));
-        else if (i == L) c.mtp_compress_ratio = static_cast<uint32_t>(r);
+        if (i < L)
+          c.compress_ratios.push_back(static_cast<uint32_t>(r));
+        else if (i == L)
+          c.mtp_compress_ratio = static_cast<uint32_t>(r);
       }
       c.schedule_source = HfScheduleSource::COMPRESS_RATIOS;
     } else {
@@ -318,7 +326,8 @@ expected<HfConfig> hf_config_parse(std::string_view json_text, const std::string
         std::string t = (*mt)[i].get<std::string>();
         if (t == "hash_moe") {
           if (!in_prefix)
-            return make_error("config: mlp_layer_types[%u] is hash_moe after a moe layer (hash layers must come first)", i);
+            return make_error("config: mlp_layer_types[%u] is hash_moe after a moe layer (hash layers must come first)",
+                              i);
           ++n_hash;
         } else if (t == "moe") {
           in_prefix = false;
@@ -352,7 +361,8 @@ expected<HfConfig> hf_config_parse(std::string_view json_text, const std::string
       std::string type;
       if (m.has("rope_type")) DSV4_TRY(m.string("rope_type", type));
       if (!type.empty() && type != "default")
-        return make_error("config: rope_parameters.main.rope_type \"%s\" (ratio-0 layers use plain RoPE)", type.c_str());
+        return make_error("config: rope_parameters.main.rope_type \"%s\" (ratio-0 layers use plain RoPE)",
+                          type.c_str());
     }
     if (rp_comp) {
       Fields m(*rp_comp, "rope_parameters.compress", nullptr);
@@ -389,13 +399,14 @@ Status hf_config_validate(const HfConfig& c) {
   const bool indexer = std::find(c.compress_ratios.begin(), c.compress_ratios.end(), 4u) != c.compress_ratios.end();
   if (indexer && c.qk_rope_head_dim > c.index_head_dim)
     return make_error("qk_rope_head_dim = %u exceeds index_head_dim = %u (indexer vectors carry RoPE too)",
-               c.qk_rope_head_dim, c.index_head_dim);
+                      c.qk_rope_head_dim, c.index_head_dim);
   // wo_a splits the concatenated head outputs [num_attention_heads * head_dim] into o_groups equal slices.
   if ((uint64_t{c.num_attention_heads} * c.head_dim) % c.o_groups)
     return make_error("num_attention_heads x head_dim = %u x %u is not a multiple of o_groups = %u",
                       c.num_attention_heads, c.head_dim, c.o_groups);
   if (c.num_experts_per_tok > c.n_routed_experts)
-    return make_error("num_experts_per_tok = %u exceeds n_routed_experts = %u", c.num_experts_per_tok, c.n_routed_experts);
+    return make_error("num_experts_per_tok = %u exceeds n_routed_experts = %u", c.num_experts_per_tok,
+                      c.n_routed_experts);
   if (c.num_hash_layers > c.num_hidden_layers)
     return make_error("num_hash_layers = %u exceeds num_hidden_layers = %u", c.num_hash_layers, c.num_hidden_layers);
   if (c.compress_ratios.size() != c.num_hidden_layers)
@@ -405,14 +416,17 @@ Status hf_config_validate(const HfConfig& c) {
     if (r != 0 && r != 4 && r != 128)
       return make_error("layer %zu has compress ratio %u (supported: 0 window only, 4 with indexer, 128)", i, r);
   }
-  if (c.mtp_compress_ratio != 0) return make_error("MTP compress ratio %u (the MTP block is window-only)", c.mtp_compress_ratio);
+  if (c.mtp_compress_ratio != 0)
+    return make_error("MTP compress ratio %u (the MTP block is window-only)", c.mtp_compress_ratio);
   if (c.scoring_func != "sqrtsoftplus")
-    return make_error("scoring_func \"%s\" is not supported (DeepSeek V4 routes with sqrtsoftplus)", c.scoring_func.c_str());
+    return make_error("scoring_func \"%s\" is not supported (DeepSeek V4 routes with sqrtsoftplus)",
+                      c.scoring_func.c_str());
   if (c.yarn.enabled) {
     if (!(c.yarn.factor >= 1.0)) return make_error("yarn factor %g must be >= 1", c.yarn.factor);
     if (c.yarn.original_max_position_embeddings == 0) return make_error("yarn original_max_position_embeddings is 0");
     if (c.yarn.attention_factor != 1.0)
-      return make_error("yarn attention_factor %g: DeepSeek V4 never scales cos/sin (must be 1)", c.yarn.attention_factor);
+      return make_error("yarn attention_factor %g: DeepSeek V4 never scales cos/sin (must be 1)",
+                        c.yarn.attention_factor);
   }
   if (c.vocab_size < 2) return make_error("vocab_size %u is too small", c.vocab_size);
   if (c.bos_token_id < 0 || c.bos_token_id >= c.vocab_size)

@@ -90,7 +90,7 @@ struct HfConfig {
   std::vector<int64_t> eos_token_ids = {1};
   bool tie_word_embeddings = false;
   uint32_t num_nextn_predict_layers = 1;
-  std::string expert_dtype;  // "fp4" / "fp8" in release configs, "" when absent
+  std::string expert_dtype;    // "fp4" / "fp8" in release configs, "" when absent
   bool fp8_quantized = false;  // a `quantization_config` with quant_method "fp8" is present
 
   std::vector<std::string> defaulted;  // fields absent from the JSON that took defaults

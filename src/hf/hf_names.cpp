@@ -47,11 +47,13 @@ constexpr BlockRow k_block_rows[] = {
     {R::EXPERT_DOWN, "ffn_down_exps.weight", nullptr, nullptr, nullptr},
     {R::FFN_GATE_SHEXP, "ffn_gate_shexp.weight", "ffn.shared_experts.w1.weight", nullptr,
      "mlp.shared_experts.gate_proj.weight"},
-    {R::FFN_UP_SHEXP, "ffn_up_shexp.weight", "ffn.shared_experts.w3.weight", nullptr, "mlp.shared_experts.up_proj.weight"},
+    {R::FFN_UP_SHEXP, "ffn_up_shexp.weight", "ffn.shared_experts.w3.weight", nullptr,
+     "mlp.shared_experts.up_proj.weight"},
     {R::FFN_DOWN_SHEXP, "ffn_down_shexp.weight", "ffn.shared_experts.w2.weight", nullptr,
      "mlp.shared_experts.down_proj.weight"},
     {R::CMP_APE, "attn_compressor_ape.weight", "attn.compressor.ape", nullptr, "self_attn.compressor.position_bias"},
-    {R::CMP_KV, "attn_compressor_kv.weight", "attn.compressor.wkv.weight", nullptr, "self_attn.compressor.kv_proj.weight"},
+    {R::CMP_KV, "attn_compressor_kv.weight", "attn.compressor.wkv.weight", nullptr,
+     "self_attn.compressor.kv_proj.weight"},
     {R::CMP_GATE, "attn_compressor_gate.weight", "attn.compressor.wgate.weight", nullptr,
      "self_attn.compressor.gate_proj.weight"},
     {R::CMP_NORM, "attn_compressor_norm.weight", "attn.compressor.norm.weight", nullptr,
@@ -108,13 +110,17 @@ constexpr MtpRow k_mtp_rows[] = {
 };
 
 constexpr const char* k_role_names[] = {
-    "TOKEN_EMBD", "OUTPUT_NORM", "OUTPUT", "OUTPUT_HC_FN", "OUTPUT_HC_BASE", "OUTPUT_HC_SCALE",
-    "HC_ATTN_FN", "HC_ATTN_SCALE", "HC_ATTN_BASE", "ATTN_NORM", "ATTN_Q_A", "ATTN_Q_A_NORM", "ATTN_Q_B", "ATTN_KV",
-    "ATTN_KV_NORM", "ATTN_SINKS", "ATTN_OUT_A", "ATTN_OUT_B", "HC_FFN_FN", "HC_FFN_SCALE", "HC_FFN_BASE", "FFN_NORM",
-    "FFN_GATE_INP", "FFN_EXP_PROBS_B", "FFN_TID2EID", "EXPERT_GATE", "EXPERT_UP", "EXPERT_DOWN", "FFN_GATE_SHEXP",
-    "FFN_UP_SHEXP", "FFN_DOWN_SHEXP", "CMP_APE", "CMP_KV", "CMP_GATE", "CMP_NORM", "IDX_Q_B", "IDX_PROJ",
-    "IDX_CMP_APE", "IDX_CMP_KV", "IDX_CMP_GATE", "IDX_CMP_NORM", "FUSED_GATE_UP", "FUSED_DOWN", "MTP_E_PROJ",
-    "MTP_H_PROJ", "MTP_ENORM", "MTP_HNORM", "MTP_NORM", "MTP_HC_HEAD_FN", "MTP_HC_HEAD_BASE", "MTP_HC_HEAD_SCALE",
+    "TOKEN_EMBD",        "OUTPUT_NORM",   "OUTPUT",        "OUTPUT_HC_FN",    "OUTPUT_HC_BASE",
+    "OUTPUT_HC_SCALE",   "HC_ATTN_FN",    "HC_ATTN_SCALE", "HC_ATTN_BASE",    "ATTN_NORM",
+    "ATTN_Q_A",          "ATTN_Q_A_NORM", "ATTN_Q_B",      "ATTN_KV",         "ATTN_KV_NORM",
+    "ATTN_SINKS",        "ATTN_OUT_A",    "ATTN_OUT_B",    "HC_FFN_FN",       "HC_FFN_SCALE",
+    "HC_FFN_BASE",       "FFN_NORM",      "FFN_GATE_INP",  "FFN_EXP_PROBS_B", "FFN_TID2EID",
+    "EXPERT_GATE",       "EXPERT_UP",     "EXPERT_DOWN",   "FFN_GATE_SHEXP",  "FFN_UP_SHEXP",
+    "FFN_DOWN_SHEXP",    "CMP_APE",       "CMP_KV",        "CMP_GATE",        "CMP_NORM",
+    "IDX_Q_B",           "IDX_PROJ",      "IDX_CMP_APE",   "IDX_CMP_KV",      "IDX_CMP_GATE",
+    "IDX_CMP_NORM",      "FUSED_GATE_UP", "FUSED_DOWN",    "MTP_E_PROJ",      "MTP_H_PROJ",
+    "MTP_ENORM",         "MTP_HNORM",     "MTP_NORM",      "MTP_HC_HEAD_FN",  "MTP_HC_HEAD_BASE",
+    "MTP_HC_HEAD_SCALE",
 };
 static_assert(sizeof(k_role_names) / sizeof(k_role_names[0]) == static_cast<size_t>(HfRole::COUNT));
 
@@ -198,8 +204,10 @@ const char* hf_role_name(HfRole r) { return k_role_names[static_cast<size_t>(r)]
 
 std::string hf_id_string(const HfTensorId& id) {
   std::string s;
-  if (id.mtp) s = "mtp " + std::to_string(id.layer) + " ";
-  else if (id.layer >= 0) s = "layer " + std::to_string(id.layer) + " ";
+  if (id.mtp)
+    s = "mtp " + std::to_string(id.layer) + " ";
+  else if (id.layer >= 0)
+    s = "layer " + std::to_string(id.layer) + " ";
   if (id.expert >= 0) s += "expert " + std::to_string(id.expert) + " ";
   return s + hf_role_name(id.role);
 }
@@ -241,9 +249,11 @@ std::optional<std::string> hf_tensor_name(const HfTensorId& id, HfSpelling spell
   }
   if (id.mtp && spelling != HfSpelling::RELEASE) return std::nullopt;  // transformers has no MTP module
   if (id.layer < 0) return std::nullopt;
-  const std::string prefix = id.mtp ? "mtp." + std::to_string(id.layer) + "." : "layers." + std::to_string(id.layer) + ".";
+  const std::string prefix =
+      id.mtp ? "mtp." + std::to_string(id.layer) + "." : "layers." + std::to_string(id.layer) + ".";
   const std::string model = spelling == HfSpelling::RELEASE ? "" : "model.";
-  if (const MtpRow* m = mtp_row(id.role)) return id.mtp ? std::optional<std::string>(prefix + m->release) : std::nullopt;
+  if (const MtpRow* m = mtp_row(id.role))
+    return id.mtp ? std::optional<std::string>(prefix + m->release) : std::nullopt;
   if (is_expert(id.role)) {
     if (spelling == HfSpelling::TRANSFORMERS_MODULE || id.expert < 0) return std::nullopt;
     const char* w = id.role == R::EXPERT_GATE ? "w1" : id.role == R::EXPERT_UP ? "w3" : "w2";
@@ -284,40 +294,57 @@ std::vector<uint64_t> hf_logical_shape(const HfConfig& c, const HfTensorId& id) 
                    : (static_cast<size_t>(id.layer) < c.compress_ratios.size() ? c.compress_ratios[id.layer] : 0);
   const uint64_t cm = ratio == 4 ? 2 : 1;
   switch (id.role) {
-    case R::TOKEN_EMBD: case R::OUTPUT: return {V, D};
-    case R::OUTPUT_NORM: case R::ATTN_NORM: case R::FFN_NORM: case R::MTP_ENORM: case R::MTP_HNORM: case R::MTP_NORM:
-      return {D};
-    case R::OUTPUT_HC_FN: case R::MTP_HC_HEAD_FN: return {n, n * D};
-    case R::OUTPUT_HC_BASE: case R::MTP_HC_HEAD_BASE: return {n};
-    case R::OUTPUT_HC_SCALE: case R::MTP_HC_HEAD_SCALE: return {1};
-    case R::HC_ATTN_FN: case R::HC_FFN_FN: return {mix, n * D};
-    case R::HC_ATTN_BASE: case R::HC_FFN_BASE: return {mix};
-    case R::HC_ATTN_SCALE: case R::HC_FFN_SCALE: return {3};
+    case R::TOKEN_EMBD:
+    case R::OUTPUT: return {V, D};
+    case R::OUTPUT_NORM:
+    case R::ATTN_NORM:
+    case R::FFN_NORM:
+    case R::MTP_ENORM:
+    case R::MTP_HNORM:
+    case R::MTP_NORM: return {D};
+    case R::OUTPUT_HC_FN:
+    case R::MTP_HC_HEAD_FN: return {n, n * D};
+    case R::OUTPUT_HC_BASE:
+    case R::MTP_HC_HEAD_BASE: return {n};
+    case R::OUTPUT_HC_SCALE:
+    case R::MTP_HC_HEAD_SCALE: return {1};
+    case R::HC_ATTN_FN:
+    case R::HC_FFN_FN: return {mix, n * D};
+    case R::HC_ATTN_BASE:
+    case R::HC_FFN_BASE: return {mix};
+    case R::HC_ATTN_SCALE:
+    case R::HC_FFN_SCALE: return {3};
     case R::ATTN_Q_A: return {rq, D};
     case R::ATTN_Q_A_NORM: return {rq};
     case R::ATTN_Q_B: return {H * hd, rq};
     case R::ATTN_KV: return {hd, D};
-    case R::ATTN_KV_NORM: case R::CMP_NORM: return {hd};
+    case R::ATTN_KV_NORM:
+    case R::CMP_NORM: return {hd};
     case R::ATTN_SINKS: return {H};
     case R::ATTN_OUT_A: return {G * ro, H * hd / G};
     case R::ATTN_OUT_B: return {D, G * ro};
     case R::FFN_GATE_INP: return {E, D};
     case R::FFN_EXP_PROBS_B: return {E};
     case R::FFN_TID2EID: return {V, c.num_experts_per_tok};
-    case R::EXPERT_GATE: case R::EXPERT_UP: return {F, D};
+    case R::EXPERT_GATE:
+    case R::EXPERT_UP: return {F, D};
     case R::EXPERT_DOWN: return {D, F};
     case R::FUSED_GATE_UP: return {E, 2 * F, D};
     case R::FUSED_DOWN: return {E, D, F};
-    case R::FFN_GATE_SHEXP: case R::FFN_UP_SHEXP: return {Fs, D};
+    case R::FFN_GATE_SHEXP:
+    case R::FFN_UP_SHEXP: return {Fs, D};
     case R::FFN_DOWN_SHEXP: return {D, Fs};
     case R::CMP_APE: return {ratio, cm * hd};
-    case R::CMP_KV: case R::CMP_GATE: return {cm * hd, D};
+    case R::CMP_KV:
+    case R::CMP_GATE: return {cm * hd, D};
     case R::IDX_Q_B: return {HI * dI, rq};
     case R::IDX_PROJ: return {HI, D};
     case R::IDX_CMP_APE: return {4, 2 * dI};
-    case R::IDX_CMP_KV: case R::IDX_CMP_GATE: return {2 * dI, D};
+    case R::IDX_CMP_KV:
+    case R::IDX_CMP_GATE: return {2 * dI, D};
     case R::IDX_CMP_NORM: return {dI};
-    case R::MTP_E_PROJ: case R::MTP_H_PROJ: return {D, D};
+    case R::MTP_E_PROJ:
+    case R::MTP_H_PROJ: return {D, D};
     case R::COUNT: break;
   }
   DSV4_UNREACHABLE();
@@ -330,21 +357,56 @@ bool block_has(R role, uint32_t ratio, bool hash, bool mtp) {
   switch (role) {
     case R::FFN_EXP_PROBS_B: return mtp || !hash;
     case R::FFN_TID2EID: return hash && !mtp;
-    case R::CMP_APE: case R::CMP_KV: case R::CMP_GATE: case R::CMP_NORM: return ratio != 0;
-    case R::IDX_Q_B: case R::IDX_PROJ: case R::IDX_CMP_APE: case R::IDX_CMP_KV: case R::IDX_CMP_GATE:
-    case R::IDX_CMP_NORM:
-      return ratio == 4;
-    case R::HC_ATTN_FN: case R::HC_ATTN_SCALE: case R::HC_ATTN_BASE: case R::ATTN_NORM: case R::ATTN_Q_A:
-    case R::ATTN_Q_A_NORM: case R::ATTN_Q_B: case R::ATTN_KV: case R::ATTN_KV_NORM: case R::ATTN_SINKS:
-    case R::ATTN_OUT_A: case R::ATTN_OUT_B: case R::HC_FFN_FN: case R::HC_FFN_SCALE: case R::HC_FFN_BASE:
-    case R::FFN_NORM: case R::FFN_GATE_INP: case R::EXPERT_GATE: case R::EXPERT_UP: case R::EXPERT_DOWN:
-    case R::FFN_GATE_SHEXP: case R::FFN_UP_SHEXP: case R::FFN_DOWN_SHEXP:
-      return true;
-    case R::TOKEN_EMBD: case R::OUTPUT_NORM: case R::OUTPUT: case R::OUTPUT_HC_FN: case R::OUTPUT_HC_BASE:
-    case R::OUTPUT_HC_SCALE: case R::FUSED_GATE_UP: case R::FUSED_DOWN: case R::MTP_E_PROJ: case R::MTP_H_PROJ:
-    case R::MTP_ENORM: case R::MTP_HNORM: case R::MTP_NORM: case R::MTP_HC_HEAD_FN: case R::MTP_HC_HEAD_BASE:
-    case R::MTP_HC_HEAD_SCALE: case R::COUNT:
-      return false;
+    case R::CMP_APE:
+    case R::CMP_KV:
+    case R::CMP_GATE:
+    case R::CMP_NORM: return ratio != 0;
+    case R::IDX_Q_B:
+    case R::IDX_PROJ:
+    case R::IDX_CMP_APE:
+    case R::IDX_CMP_KV:
+    case R::IDX_CMP_GATE:
+    case R::IDX_CMP_NORM: return ratio == 4;
+    case R::HC_ATTN_FN:
+    case R::HC_ATTN_SCALE:
+    case R::HC_ATTN_BASE:
+    case R::ATTN_NORM:
+    case R::ATTN_Q_A:
+    case R::ATTN_Q_A_NORM:
+    case R::ATTN_Q_B:
+    case R::ATTN_KV:
+    case R::ATTN_KV_NORM:
+    case R::ATTN_SINKS:
+    case R::ATTN_OUT_A:
+    case R::ATTN_OUT_B:
+    case R::HC_FFN_FN:
+    case R::HC_FFN_SCALE:
+    case R::HC_FFN_BASE:
+    case R::FFN_NORM:
+    case R::FFN_GATE_INP:
+    case R::EXPERT_GATE:
+    case R::EXPERT_UP:
+    case R::EXPERT_DOWN:
+    case R::FFN_GATE_SHEXP:
+    case R::FFN_UP_SHEXP:
+    case R::FFN_DOWN_SHEXP: return true;
+    case R::TOKEN_EMBD:
+    case R::OUTPUT_NORM:
+    case R::OUTPUT:
+    case R::OUTPUT_HC_FN:
+    case R::OUTPUT_HC_BASE:
+    case R::OUTPUT_HC_SCALE:
+    case R::FUSED_GATE_UP:
+    case R::FUSED_DOWN:
+    case R::MTP_E_PROJ:
+    case R::MTP_H_PROJ:
+    case R::MTP_ENORM:
+    case R::MTP_HNORM:
+    case R::MTP_NORM:
+    case R::MTP_HC_HEAD_FN:
+    case R::MTP_HC_HEAD_BASE:
+    case R::MTP_HC_HEAD_SCALE:
+    case R::COUNT: return false;
   }
   return false;
 }
@@ -423,8 +485,7 @@ std::vector<std::string> scale_names(const std::string& weight) {
 
 class Planner {
  public:
-  Planner(const HfConfig& c, const std::vector<HfTensorDesc>& tensors, const HfPlanOptions& o)
-      : c_(c), opt_(o) {
+  Planner(const HfConfig& c, const std::vector<HfTensorDesc>& tensors, const HfPlanOptions& o) : c_(c), opt_(o) {
     for (const auto& t : tensors) by_name_.emplace(t.name, &t);
   }
 
@@ -466,8 +527,7 @@ class Planner {
       auto id = hf_parse_tensor_name(name);
       if (id) {
         auto [it, fresh] = ids_.emplace(key(*id), name);
-        if (!fresh)
-          problems_.push_back("'" + it->second + "' and '" + name + "' both name " + hf_id_string(*id));
+        if (!fresh) problems_.push_back("'" + it->second + "' and '" + name + "' both name " + hf_id_string(*id));
         continue;
       }
       bool is_scale = false;
@@ -528,7 +588,8 @@ class Planner {
         break;
       }
     }
-    if (!scale) return mismatch(fp8 ? "FP8 weight without a .scale tensor" : "packed FP4 weight without a .scale tensor");
+    if (!scale)
+      return mismatch(fp8 ? "FP8 weight without a .scale tensor" : "packed FP4 weight without a .scale tensor");
     StTensor w, s;
     w.name = d.name;
     w.dtype = d.dtype;
@@ -631,8 +692,10 @@ class Planner {
     const bool hash = !mtp && c_.is_hash_layer(static_cast<uint32_t>(idx));
     for (const auto& b : k_block_rows) {
       if (!block_has(b.role, ratio, hash, mtp)) continue;
-      if (is_expert(b.role)) plan_experts(b.role, idx, mtp);
-      else plan_single({b.role, idx, -1, mtp});
+      if (is_expert(b.role))
+        plan_experts(b.role, idx, mtp);
+      else
+        plan_single({b.role, idx, -1, mtp});
     }
   }
 
@@ -641,11 +704,16 @@ class Planner {
       if (used_.count(k)) continue;
       HfTensorId id{static_cast<R>(k.role), k.layer, k.expert, k.mtp != 0};
       std::string why;
-      if (!id.mtp && id.layer >= static_cast<int32_t>(c_.num_hidden_layers)) why = "the config has fewer layers";
-      else if (id.role == R::FFN_TID2EID) why = "the layer is not hash-routed";
-      else if (id.role == R::FFN_EXP_PROBS_B) why = "hash-routed layers have no selection bias";
-      else if (id.expert >= static_cast<int32_t>(c_.n_routed_experts)) why = "expert index beyond n_routed_experts";
-      else why = "this config's layer schedule has no such tensor";
+      if (!id.mtp && id.layer >= static_cast<int32_t>(c_.num_hidden_layers))
+        why = "the config has fewer layers";
+      else if (id.role == R::FFN_TID2EID)
+        why = "the layer is not hash-routed";
+      else if (id.role == R::FFN_EXP_PROBS_B)
+        why = "hash-routed layers have no selection bias";
+      else if (id.expert >= static_cast<int32_t>(c_.n_routed_experts))
+        why = "expert index beyond n_routed_experts";
+      else
+        why = "this config's layer schedule has no such tensor";
       problems_.push_back("tensor '" + name + "' (" + hf_id_string(id) + ") is not used: " + why);
     }
     for (const auto& s : scales_)
@@ -681,7 +749,8 @@ Status read_planned(const HfCheckpoint& ck, const GgufTensorPlan& plan, T* out, 
     const StTensor* t = ck.find(piece.source);
     if (!t) return make_error("GGUF '%s': checkpoint tensor '%s' not found", plan.name.c_str(), piece.source.c_str());
     const uint64_t n = piece.n_rows * piece.row_length;
-    if (n > total - off) return make_error("GGUF '%s': pieces exceed %llu elements", plan.name.c_str(), (unsigned long long)total);
+    if (n > total - off)
+      return make_error("GGUF '%s': pieces exceed %llu elements", plan.name.c_str(), (unsigned long long)total);
     switch (piece.storage) {
       case HfStorage::PLAIN:
         if (t->row_length() != piece.row_length)

@@ -36,16 +36,60 @@ namespace dsv4 {
 
 enum class HfRole : uint8_t {
   // trunk
-  TOKEN_EMBD, OUTPUT_NORM, OUTPUT, OUTPUT_HC_FN, OUTPUT_HC_BASE, OUTPUT_HC_SCALE,
+  TOKEN_EMBD,
+  OUTPUT_NORM,
+  OUTPUT,
+  OUTPUT_HC_FN,
+  OUTPUT_HC_BASE,
+  OUTPUT_HC_SCALE,
   // per block (main layers and the MTP block)
-  HC_ATTN_FN, HC_ATTN_SCALE, HC_ATTN_BASE, ATTN_NORM, ATTN_Q_A, ATTN_Q_A_NORM, ATTN_Q_B, ATTN_KV, ATTN_KV_NORM,
-  ATTN_SINKS, ATTN_OUT_A, ATTN_OUT_B, HC_FFN_FN, HC_FFN_SCALE, HC_FFN_BASE, FFN_NORM, FFN_GATE_INP, FFN_EXP_PROBS_B,
-  FFN_TID2EID, EXPERT_GATE, EXPERT_UP, EXPERT_DOWN, FFN_GATE_SHEXP, FFN_UP_SHEXP, FFN_DOWN_SHEXP, CMP_APE, CMP_KV,
-  CMP_GATE, CMP_NORM, IDX_Q_B, IDX_PROJ, IDX_CMP_APE, IDX_CMP_KV, IDX_CMP_GATE, IDX_CMP_NORM,
+  HC_ATTN_FN,
+  HC_ATTN_SCALE,
+  HC_ATTN_BASE,
+  ATTN_NORM,
+  ATTN_Q_A,
+  ATTN_Q_A_NORM,
+  ATTN_Q_B,
+  ATTN_KV,
+  ATTN_KV_NORM,
+  ATTN_SINKS,
+  ATTN_OUT_A,
+  ATTN_OUT_B,
+  HC_FFN_FN,
+  HC_FFN_SCALE,
+  HC_FFN_BASE,
+  FFN_NORM,
+  FFN_GATE_INP,
+  FFN_EXP_PROBS_B,
+  FFN_TID2EID,
+  EXPERT_GATE,
+  EXPERT_UP,
+  EXPERT_DOWN,
+  FFN_GATE_SHEXP,
+  FFN_UP_SHEXP,
+  FFN_DOWN_SHEXP,
+  CMP_APE,
+  CMP_KV,
+  CMP_GATE,
+  CMP_NORM,
+  IDX_Q_B,
+  IDX_PROJ,
+  IDX_CMP_APE,
+  IDX_CMP_KV,
+  IDX_CMP_GATE,
+  IDX_CMP_NORM,
   // transformers' fused routed experts (one tensor for all experts of a layer)
-  FUSED_GATE_UP, FUSED_DOWN,
+  FUSED_GATE_UP,
+  FUSED_DOWN,
   // MTP head (mtp.N.)
-  MTP_E_PROJ, MTP_H_PROJ, MTP_ENORM, MTP_HNORM, MTP_NORM, MTP_HC_HEAD_FN, MTP_HC_HEAD_BASE, MTP_HC_HEAD_SCALE,
+  MTP_E_PROJ,
+  MTP_H_PROJ,
+  MTP_ENORM,
+  MTP_HNORM,
+  MTP_NORM,
+  MTP_HC_HEAD_FN,
+  MTP_HC_HEAD_BASE,
+  MTP_HC_HEAD_SCALE,
   COUNT
 };
 
@@ -95,7 +139,7 @@ struct HfPiece {
   std::string source;  // checkpoint tensor name
   std::string scale;   // its scale tensor ("" for PLAIN)
   HfStorage storage = HfStorage::PLAIN;
-  uint64_t first_row = 0;   // rows of the source's logical [rows, row_length] view
+  uint64_t first_row = 0;  // rows of the source's logical [rows, row_length] view
   uint64_t n_rows = 0;
   uint64_t row_length = 0;  // = GGUF ne0
 };
@@ -106,7 +150,7 @@ struct GgufTensorPlan {
   std::string name;          // GGUF tensor name
   std::vector<uint64_t> ne;  // GGUF dims, ne[0] fastest
   GgufElement element = GgufElement::FLOAT;
-  HfTensorId id;             // EXPERT_* with expert = -1 for the stacked expert tensors
+  HfTensorId id;                // EXPERT_* with expert = -1 for the stacked expert tensors
   std::vector<HfPiece> pieces;  // concatenated in order: the tensor's rows in GGUF order
   uint64_t n_elements() const;
 };

@@ -26,14 +26,22 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo k_dtypes[] = {
-    {StDtype::BOOL, "BOOL", 1, true},        {StDtype::U8, "U8", 1, true},
-    {StDtype::I8, "I8", 1, true},            {StDtype::U16, "U16", 2, true},
-    {StDtype::I16, "I16", 2, true},          {StDtype::U32, "U32", 4, true},
-    {StDtype::I32, "I32", 4, true},          {StDtype::U64, "U64", 8, true},
-    {StDtype::I64, "I64", 8, true},          {StDtype::F16, "F16", 2, false},
-    {StDtype::BF16, "BF16", 2, false},       {StDtype::F32, "F32", 4, false},
-    {StDtype::F64, "F64", 8, false},         {StDtype::F8_E4M3, "F8_E4M3", 1, false},
-    {StDtype::F8_E5M2, "F8_E5M2", 1, false}, {StDtype::F8_E8M0, "F8_E8M0", 1, false},
+    {StDtype::BOOL, "BOOL", 1, true},
+    {StDtype::U8, "U8", 1, true},
+    {StDtype::I8, "I8", 1, true},
+    {StDtype::U16, "U16", 2, true},
+    {StDtype::I16, "I16", 2, true},
+    {StDtype::U32, "U32", 4, true},
+    {StDtype::I32, "I32", 4, true},
+    {StDtype::U64, "U64", 8, true},
+    {StDtype::I64, "I64", 8, true},
+    {StDtype::F16, "F16", 2, false},
+    {StDtype::BF16, "BF16", 2, false},
+    {StDtype::F32, "F32", 4, false},
+    {StDtype::F64, "F64", 8, false},
+    {StDtype::F8_E4M3, "F8_E4M3", 1, false},
+    {StDtype::F8_E5M2, "F8_E5M2", 1, false},
+    {StDtype::F8_E8M0, "F8_E8M0", 1, false},
 };
 
 const DtypeInfo& info(StDtype t) {
@@ -112,7 +120,8 @@ expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(std::unique_pt
   const std::string& fname = file->path();
   const uint64_t size = file->size();
   auto fail = [&](const Error& e) { return e.with_context("safetensors '" + fname + "'"); };
-  if (size < 8) return fail(make_error("file is %llu bytes, shorter than the 8-byte header length", (unsigned long long)size));
+  if (size < 8)
+    return fail(make_error("file is %llu bytes, shorter than the 8-byte header length", (unsigned long long)size));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file->data()[i];  // little-endian u64
   if (header_len == 0) return fail(make_error("header length is 0 (no JSON header)"));
@@ -120,8 +129,8 @@ expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(std::unique_pt
     return fail(make_error("header length %llu exceeds the %llu-byte limit (corrupt length?)",
                            (unsigned long long)header_len, (unsigned long long)k_max_header_bytes));
   if (header_len > size - 8)
-    return fail(make_error("header length %llu runs past the end of the %llu-byte file",
-                           (unsigned long long)header_len, (unsigned long long)size));
+    return fail(make_error("header length %llu runs past the end of the %llu-byte file", (unsigned long long)header_len,
+                           (unsigned long long)size));
 
   std::string_view text(reinterpret_cast<const char*>(file->data()) + 8, header_len);
   auto parsed = json_parse_checked(text);
@@ -169,8 +178,10 @@ expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(std::unique_pt
     uint64_t n_elem = 1;
     for (const auto& d : *sh) {
       uint64_t dim = 0;
-      if (!json_u64(d, dim)) return tfail(make_error("shape %s has a non-integer or negative dimension", sh->dump().c_str()));
-      if (mul_overflows(n_elem, dim, n_elem)) return tfail(make_error("shape %s overflows 64 bits", sh->dump().c_str()));
+      if (!json_u64(d, dim))
+        return tfail(make_error("shape %s has a non-integer or negative dimension", sh->dump().c_str()));
+      if (mul_overflows(n_elem, dim, n_elem))
+        return tfail(make_error("shape %s overflows 64 bits", sh->dump().c_str()));
       t.shape.push_back(dim);
     }
     uint64_t expect_bytes = 0;
@@ -179,8 +190,9 @@ expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(std::unique_pt
     uint64_t begin = 0, end = 0;
     if (!json_u64((*off)[0], begin) || !json_u64((*off)[1], end))
       return tfail(make_error("data_offsets %s are not non-negative integers", off->dump().c_str()));
-    if (end < begin) return tfail(make_error("data_offsets [%llu, %llu] end before they begin",
-                                             (unsigned long long)begin, (unsigned long long)end));
+    if (end < begin)
+      return tfail(make_error("data_offsets [%llu, %llu] end before they begin", (unsigned long long)begin,
+                              (unsigned long long)end));
     if (end - begin != expect_bytes)
       return tfail(make_error("dtype %s x shape %s = %llu bytes, but data_offsets [%llu, %llu] span %llu bytes",
                               dts.c_str(), t.shape_string().c_str(), (unsigned long long)expect_bytes,
@@ -203,9 +215,8 @@ expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(std::unique_pt
   const StTensor* prev = nullptr;
   for (const StTensor& t : f->tensors_) {
     if (t.data_begin < pos)
-      return fail(make_error("tensors '%s' and '%s' overlap (bytes %llu..%llu of the data section)",
-                             prev->name.c_str(), t.name.c_str(), (unsigned long long)t.data_begin,
-                             (unsigned long long)pos));
+      return fail(make_error("tensors '%s' and '%s' overlap (bytes %llu..%llu of the data section)", prev->name.c_str(),
+                             t.name.c_str(), (unsigned long long)t.data_begin, (unsigned long long)pos));
     if (t.data_begin > pos)
       return fail(make_error("gap of %llu bytes before tensor '%s' (data section bytes %llu..%llu are not covered)",
                              (unsigned long long)(t.data_begin - pos), t.name.c_str(), (unsigned long long)pos,
@@ -305,7 +316,8 @@ expected<std::unique_ptr<HfCheckpoint>> HfCheckpoint::open(const std::string& pa
       return ifail(make_error("weight_map entry '%s' is not a file name string", it.key().c_str()));
     std::string shard = it.value().get<std::string>();
     if (!safe_relative(shard))
-      return ifail(make_error("weight_map entry '%s' names an unsafe shard path '%s'", it.key().c_str(), shard.c_str()));
+      return ifail(
+          make_error("weight_map entry '%s' names an unsafe shard path '%s'", it.key().c_str(), shard.c_str()));
     tensor_to_shard.emplace(it.key(), shard);
     shards.insert(shard);
   }
@@ -353,8 +365,8 @@ Status check_rows(const StTensor& t, uint64_t first_row, uint64_t n_rows) {
   uint64_t total = t.n_rows();
   if (first_row > total || n_rows > total - first_row)
     return make_error("tensor '%s' %s: rows [%llu, %llu) out of range (%llu rows)", t.name.c_str(),
-                      t.shape_string().c_str(), (unsigned long long)first_row,
-                      (unsigned long long)(first_row + n_rows), (unsigned long long)total);
+                      t.shape_string().c_str(), (unsigned long long)first_row, (unsigned long long)(first_row + n_rows),
+                      (unsigned long long)total);
   return {};
 }
 
@@ -373,9 +385,15 @@ float decode_float(StDtype dt, const uint8_t* p) {
     case StDtype::F8_E4M3: return fp8_e4m3_decode(*p);
     case StDtype::F8_E5M2: return fp8_e5m2_to_f32(*p);
     case StDtype::F8_E8M0: return *p == 0xFF ? NAN : e8m0_decode(*p);
-    case StDtype::BOOL: case StDtype::U8: case StDtype::I8: case StDtype::U16: case StDtype::I16:
-    case StDtype::U32: case StDtype::I32: case StDtype::U64: case StDtype::I64:
-      break;
+    case StDtype::BOOL:
+    case StDtype::U8:
+    case StDtype::I8:
+    case StDtype::U16:
+    case StDtype::I16:
+    case StDtype::U32:
+    case StDtype::I32:
+    case StDtype::U64:
+    case StDtype::I64: break;
   }
   DSV4_UNREACHABLE();
 }
@@ -480,7 +498,10 @@ Status st_read_rows_i32(const StTensor& t, uint64_t first_row, uint64_t n_rows, 
     int64_t v = 0;
     bool range_ok = true;
     switch (t.dtype) {
-      case StDtype::BOOL: v = *e; range_ok = *e <= 1; break;
+      case StDtype::BOOL:
+        v = *e;
+        range_ok = *e <= 1;
+        break;
       case StDtype::U8: v = *e; break;
       case StDtype::I8: v = static_cast<int8_t>(*e); break;
       case StDtype::U16: v = load_le<uint16_t>(e); break;
@@ -494,9 +515,13 @@ Status st_read_rows_i32(const StTensor& t, uint64_t first_row, uint64_t n_rows, 
         v = range_ok ? static_cast<int64_t>(u) : 0;
         break;
       }
-      case StDtype::F16: case StDtype::BF16: case StDtype::F32: case StDtype::F64: case StDtype::F8_E4M3:
-      case StDtype::F8_E5M2: case StDtype::F8_E8M0:
-        DSV4_UNREACHABLE();
+      case StDtype::F16:
+      case StDtype::BF16:
+      case StDtype::F32:
+      case StDtype::F64:
+      case StDtype::F8_E4M3:
+      case StDtype::F8_E5M2:
+      case StDtype::F8_E8M0: DSV4_UNREACHABLE();
     }
     if (!range_ok || v < lo || v > hi)
       return make_error("tensor '%s' element %llu does not fit int32", t.name.c_str(), (unsigned long long)(first + i));

@@ -35,25 +35,40 @@ namespace dsv4 {
 // The whole-byte element types of the safetensors format. Sub-byte types (F4, F6_*) and complex
 // types are rejected by name at parse time.
 enum class StDtype : uint8_t {
-  BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2, F8_E8M0,
+  BOOL,
+  U8,
+  I8,
+  U16,
+  I16,
+  U32,
+  I32,
+  U64,
+  I64,
+  F16,
+  BF16,
+  F32,
+  F64,
+  F8_E4M3,
+  F8_E5M2,
+  F8_E8M0,
 };
 
-const char* st_dtype_name(StDtype t);  // header spelling, e.g. "BF16"
-uint32_t st_dtype_size(StDtype t);     // bytes per element
-bool st_dtype_is_integer(StDtype t);   // BOOL, U*, I*
+const char* st_dtype_name(StDtype t);                              // header spelling, e.g. "BF16"
+uint32_t st_dtype_size(StDtype t);                                 // bytes per element
+bool st_dtype_is_integer(StDtype t);                               // BOOL, U*, I*
 std::optional<StDtype> st_dtype_from_name(std::string_view name);  // exact header spelling
 
 struct StTensor {
   std::string name;
   StDtype dtype = StDtype::F32;
-  std::vector<uint64_t> shape;  // PyTorch order (shape[0] slowest); empty = scalar (1 element)
-  uint64_t data_begin = 0;      // data_offsets[0], relative to the data section
-  uint64_t n_bytes = 0;         // data_offsets[1] - data_offsets[0]
+  std::vector<uint64_t> shape;    // PyTorch order (shape[0] slowest); empty = scalar (1 element)
+  uint64_t data_begin = 0;        // data_offsets[0], relative to the data section
+  uint64_t n_bytes = 0;           // data_offsets[1] - data_offsets[0]
   const uint8_t* data = nullptr;  // n_bytes bytes inside the mapping, no alignment guarantee
 
-  uint64_t n_elements() const;  // product of shape (validated not to overflow)
-  uint64_t row_length() const;  // last dim (1 for a scalar)
-  uint64_t n_rows() const;      // n_elements / row_length (0 when the tensor is empty)
+  uint64_t n_elements() const;       // product of shape (validated not to overflow)
+  uint64_t row_length() const;       // last dim (1 for a scalar)
+  uint64_t n_rows() const;           // n_elements / row_length (0 when the tensor is empty)
   std::string shape_string() const;  // "[4096, 1024]"
 };
 
@@ -68,7 +83,7 @@ class SafetensorsFile {
 
   const std::string& path() const { return file_->path(); }
   uint64_t file_size() const { return file_->size(); }
-  uint64_t data_offset() const { return data_offset_; }  // 8 + header_len
+  uint64_t data_offset() const { return data_offset_; }              // 8 + header_len
   const std::vector<StTensor>& tensors() const { return tensors_; }  // sorted by data_begin
   const StTensor* find(std::string_view name) const;
   // "__metadata__" entries (string -> string), in header order.

@@ -25,8 +25,8 @@ namespace dsv4 {
 
 namespace {
 
-constexpr size_t k_text_probe = 32;   // bytes of the key text's tail kept in the index
-constexpr size_t k_token_probe = 8;   // token ids of the tail kept in the index
+constexpr size_t k_text_probe = 32;  // bytes of the key text's tail kept in the index
+constexpr size_t k_token_probe = 8;  // token ids of the tail kept in the index
 constexpr size_t k_write_chunk = size_t{8} << 20;
 constexpr uint64_t k_stale_temp_seconds = 24 * 3600;
 
@@ -131,16 +131,19 @@ expected<std::unique_ptr<DiskCache>> DiskCache::open(DiskCacheOptions options, c
   if (::fstat(fd, &st) != 0) return make_error("cannot stat %s: %s", dir.c_str(), errno_text(errno).c_str());
   if (created) ::fchmod(fd, 0700);
   if (st.st_uid != ::geteuid())
-    return make_error("the KV cache directory %s belongs to another user (uid %u); use a directory of your own", dir.c_str(),
-                      static_cast<unsigned>(st.st_uid));
+    return make_error("the KV cache directory %s belongs to another user (uid %u); use a directory of your own",
+                      dir.c_str(), static_cast<unsigned>(st.st_uid));
   if (!created && (st.st_mode & 022))
-    return make_error("the KV cache directory %s is writable by group or others (mode %03o); chmod 700 it or use a private "
-                      "directory", dir.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+    return make_error(
+        "the KV cache directory %s is writable by group or others (mode %03o); chmod 700 it or use a private "
+        "directory",
+        dir.c_str(), static_cast<unsigned>(st.st_mode & 0777));
   // A probe write tells an unwritable directory (read-only mount, permissions) now, not at the first save.
   {
     const std::string probe = temp_name("probe");
     int pf = ::openat(fd, probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (pf < 0) return make_error("cannot write in the KV cache directory %s: %s", dir.c_str(), errno_text(errno).c_str());
+    if (pf < 0)
+      return make_error("cannot write in the KV cache directory %s: %s", dir.c_str(), errno_text(errno).c_str());
     const uint8_t one = 1;
     int e = write_all(pf, &one, 1);
     if (e == 0 && ::fsync(pf) != 0) e = errno;
@@ -184,7 +187,8 @@ std::optional<CacheEntry> DiskCache::index_file_locked(const std::string& name) 
   const size_t want = static_cast<size_t>(std::min<uint64_t>(size, k_kv_text_offset));
   int e = pread_all(f.fd, head, want, 0);
   if (e > 0) {
-    log_warn("KV disk cache: cannot read %s/%s: %s (skipped)", options_.dir.c_str(), name.c_str(), errno_text(e).c_str());
+    log_warn("KV disk cache: cannot read %s/%s: %s (skipped)", options_.dir.c_str(), name.c_str(),
+             errno_text(e).c_str());
     return std::nullopt;
   }
   if (e < 0) {  // shrank while we looked
@@ -207,7 +211,8 @@ std::optional<CacheEntry> DiskCache::index_file_locked(const std::string& name) 
   CacheEntry ent;
   ent.name = name;
   ent.header = *h;
-  ent.usage = kv_parse_usage(std::span<const uint8_t>(head + k_kv_usage_offset, k_kv_usage_bytes)).value_or(KvUsage{0, h->created});
+  ent.usage = kv_parse_usage(std::span<const uint8_t>(head + k_kv_usage_offset, k_kv_usage_bytes))
+                  .value_or(KvUsage{0, h->created});
   ent.file_bytes = size;
   ent.dev = dev;
   ent.ino = ino;
@@ -217,9 +222,11 @@ std::optional<CacheEntry> DiskCache::index_file_locked(const std::string& name) 
   e = pread_all(f.fd, reinterpret_cast<uint8_t*>(ent.text_tail.data()), nt, h->tokens_offset() - nt);
   const size_t nk = static_cast<size_t>(std::min<uint64_t>(h->n_tokens, k_token_probe));
   ent.token_tail.resize(nk);
-  if (e == 0) e = pread_all(f.fd, reinterpret_cast<uint8_t*>(ent.token_tail.data()), 4 * nk, h->payload_offset() - 4 * nk);
+  if (e == 0)
+    e = pread_all(f.fd, reinterpret_cast<uint8_t*>(ent.token_tail.data()), 4 * nk, h->payload_offset() - 4 * nk);
   if (e != 0) {
-    log_warn("KV disk cache: cannot read %s/%s: %s (skipped)", options_.dir.c_str(), name.c_str(), read_error_text(e).c_str());
+    log_warn("KV disk cache: cannot read %s/%s: %s (skipped)", options_.dir.c_str(), name.c_str(),
+             read_error_text(e).c_str());
     return std::nullopt;
   }
   return ent;
@@ -257,8 +264,8 @@ void DiskCache::rescan_locked() {
     present.insert(name);
     auto it = index_.find(name);
     if (it != index_.end() && it->second.dev == static_cast<uint64_t>(st.st_dev) &&
-        it->second.ino == static_cast<uint64_t>(st.st_ino) && it->second.file_bytes == static_cast<uint64_t>(st.st_size) &&
-        it->second.mtime_ns == mtime_ns(st))
+        it->second.ino == static_cast<uint64_t>(st.st_ino) &&
+        it->second.file_bytes == static_cast<uint64_t>(st.st_size) && it->second.mtime_ns == mtime_ns(st))
       continue;
     if (auto ent = index_file_locked(name)) {
       index_[name] = std::move(*ent);
@@ -281,12 +288,14 @@ std::vector<CacheCandidate> DiskCache::find(std::string_view text, std::span<con
     if (h.n_tokens < min_tokens || h.n_tokens > max_tokens) continue;
     CacheCandidate c;
     if (h.n_tokens <= tokens.size() &&
-        std::equal(e.token_tail.begin(), e.token_tail.end(), tokens.begin() + static_cast<long>(h.n_tokens - e.token_tail.size()))) {
+        std::equal(e.token_tail.begin(), e.token_tail.end(),
+                   tokens.begin() + static_cast<long>(h.n_tokens - e.token_tail.size()))) {
       auto it = token_sha.find(h.n_tokens);
       if (it == token_sha.end()) it = token_sha.emplace(h.n_tokens, sha256_digest(tokens.data(), 4 * h.n_tokens)).first;
       c.tokens_match = it->second == h.token_sha;
     }
-    if (h.text_bytes > 0 && h.text_bytes <= text.size() && text.substr(h.text_bytes - e.text_tail.size(), e.text_tail.size()) == e.text_tail) {
+    if (h.text_bytes > 0 && h.text_bytes <= text.size() &&
+        text.substr(h.text_bytes - e.text_tail.size(), e.text_tail.size()) == e.text_tail) {
       auto it = text_sha.find(h.text_bytes);
       if (it == text_sha.end()) it = text_sha.emplace(h.text_bytes, sha256_digest(text.data(), h.text_bytes)).first;
       c.text_match = it->second == h.text_sha;
@@ -335,8 +344,8 @@ expected<CacheRecord> DiskCache::read(const CacheEntry& entry) {
   // the scan validated is the size to read; anything else is damage.
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size != entry.file_bytes)
-    return invalid(strfmt("truncated or extended: %llu bytes, the header describes %llu", static_cast<unsigned long long>(size),
-                          static_cast<unsigned long long>(entry.file_bytes)));
+    return invalid(strfmt("truncated or extended: %llu bytes, the header describes %llu",
+                          static_cast<unsigned long long>(size), static_cast<unsigned long long>(entry.file_bytes)));
   CacheRecord rec;
   rec.image.resize(static_cast<size_t>(size));
   int e = read_all(f.fd, rec.image.data(), rec.image.size());
@@ -349,7 +358,8 @@ expected<CacheRecord> DiskCache::read(const CacheEntry& entry) {
   auto v = kv_parse_file(rec.image);
   if (!v) return invalid(v.error().message);
   if (auto id = kv_check_identity(v->header, identity_); !id) return invalid(id.error().message);
-  if (kv_parse_file_name(entry.name) != v->header.text_sha) return invalid("its name does not match the hash of its key text");
+  if (kv_parse_file_name(entry.name) != v->header.text_sha)
+    return invalid("its name does not match the hash of its key text");
   if (v->header.token_sha != entry.header.token_sha || v->header.n_tokens != entry.header.n_tokens) {
     forget();  // replaced by another writer since the scan: a miss, not a fault
     return make_error("%s: replaced since it was indexed", path.c_str());
@@ -407,7 +417,8 @@ expected<std::vector<uint8_t>> DiskCache::read_tool_section(const CacheEntry& e)
   std::vector<uint8_t> b(static_cast<size_t>(e.header.tool_map_bytes));
   int r = pread_all(f.fd, b.data(), b.size(), e.header.tool_map_offset());
   if (r != 0) return make_error("%s: %s", e.name.c_str(), read_error_text(r).c_str());
-  if (sha256_digest(b.data(), b.size()) != e.header.tool_map_sha) return make_error("%s: corrupt tool map", e.name.c_str());
+  if (sha256_digest(b.data(), b.size()) != e.header.tool_map_sha)
+    return make_error("%s: corrupt tool map", e.name.c_str());
   return b;
 }
 
@@ -416,10 +427,13 @@ expected<StoreResult> DiskCache::store(const StoreInput& in) {
   if (in.tokens.size() > k_kv_max_tokens || in.key_text.size() > k_kv_max_text_bytes)
     return make_error("nothing stored: %zu tokens / %zu key bytes exceed the file format's limits", in.tokens.size(),
                       in.key_text.size());
-  if (in.ctx < in.tokens.size()) return make_error("nothing stored: %zu tokens in a context of %u", in.tokens.size(), in.ctx);
+  if (in.ctx < in.tokens.size())
+    return make_error("nothing stored: %zu tokens in a context of %u", in.tokens.size(), in.ctx);
   auto snap = snapshot_peek(in.payload);
-  if (!snap || !snap->with_rows || snap->n_tokens != in.tokens.size() || static_cast<uint32_t>(snap->numerics) != identity_.numerics)
-    return make_error("nothing stored: the payload is not a full session snapshot of these %zu tokens", in.tokens.size());
+  if (!snap || !snap->with_rows || snap->n_tokens != in.tokens.size() ||
+      static_cast<uint32_t>(snap->numerics) != identity_.numerics)
+    return make_error("nothing stored: the payload is not a full session snapshot of these %zu tokens",
+                      in.tokens.size());
   ToolDsmlMap kept;
   if (in.tools)
     for (const auto& [id, dsml] : *in.tools)
@@ -533,7 +547,8 @@ expected<StoreResult> DiskCache::store(const StoreInput& in) {
     disable_writes(step, err);
     return make_error("KV disk cache: %s failed: %s", step.c_str(), errno_text(err).c_str());
   }
-  if (::fsync(dir_fd_) != 0) log_debug("KV disk cache: fsync of %s: %s", options_.dir.c_str(), errno_text(errno).c_str());
+  if (::fsync(dir_fd_) != 0)
+    log_debug("KV disk cache: fsync of %s: %s", options_.dir.c_str(), errno_text(errno).c_str());
 
   std::lock_guard<std::mutex> lock(mu_);
   if (auto ent = index_file_locked(res.name)) index_[res.name] = std::move(*ent);
@@ -570,8 +585,8 @@ std::vector<std::string> DiskCache::evict_locked(const std::string& protect) {
     DSV4_ASSERT(victim != nullptr);
     const std::string name = victim->name;
     log_info("KV disk cache: evicting %s (%llu tokens, %.1f MiB, %u hits)", name.c_str(),
-             static_cast<unsigned long long>(victim->header.n_tokens), static_cast<double>(victim->file_bytes) / (1 << 20),
-             victim->usage.hits);
+             static_cast<unsigned long long>(victim->header.n_tokens),
+             static_cast<double>(victim->file_bytes) / (1 << 20), victim->usage.hits);
     if (::unlinkat(dir_fd_, name.c_str(), 0) != 0 && errno != ENOENT)
       log_warn("KV disk cache: cannot remove %s/%s: %s", options_.dir.c_str(), name.c_str(), errno_text(errno).c_str());
     total -= victim->file_bytes;

@@ -59,9 +59,9 @@ struct CacheEntry {
   KvHeader header;
   KvUsage usage;
   uint64_t file_bytes = 0;
-  std::string text_tail;           // the last <= 32 bytes of the key text
-  std::vector<int32_t> token_tail; // the last <= 8 token ids
-  uint64_t dev = 0, ino = 0;       // to notice a file replaced under the same name
+  std::string text_tail;            // the last <= 32 bytes of the key text
+  std::vector<int32_t> token_tail;  // the last <= 8 token ids
+  uint64_t dev = 0, ino = 0;        // to notice a file replaced under the same name
   int64_t mtime_ns = 0;
 };
 
@@ -92,12 +92,12 @@ struct CacheStats {
 
 struct StoreInput {
   std::string_view key_text;
-  bool decoded_key = true;            // key_text == the decoded bytes of `tokens`
-  std::span<const int32_t> tokens;    // >= 1 token
-  std::span<const uint8_t> payload;   // Session::save() of exactly `tokens`
-  uint32_t ctx = 0;                   // context of the session
+  bool decoded_key = true;           // key_text == the decoded bytes of `tokens`
+  std::span<const int32_t> tokens;   // >= 1 token
+  std::span<const uint8_t> payload;  // Session::save() of exactly `tokens`
+  uint32_t ctx = 0;                  // context of the session
   SaveReason reason = SaveReason::OTHER;
-  const ToolDsmlMap* tools = nullptr; // kept: entries whose DSML occurs in key_text
+  const ToolDsmlMap* tools = nullptr;  // kept: entries whose DSML occurs in key_text
 };
 
 enum class StoreOutcome {

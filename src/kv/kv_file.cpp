@@ -132,8 +132,8 @@ std::array<uint8_t, k_kv_header_bytes> kv_encode_header(const KvHeader& h) {
 
 expected<KvHeader> kv_parse_header(std::span<const uint8_t> bytes, uint64_t file_bytes) {
   if (file_bytes < k_kv_text_offset || bytes.size() < k_kv_text_offset)
-    return make_error("truncated: %llu bytes, shorter than the %zu-byte header", static_cast<unsigned long long>(file_bytes),
-                      k_kv_text_offset);
+    return make_error("truncated: %llu bytes, shorter than the %zu-byte header",
+                      static_cast<unsigned long long>(file_bytes), k_kv_text_offset);
   const uint8_t* p = bytes.data();
   if (std::memcmp(p, k_kv_magic, 8) != 0) return make_error("not a dsv4 KV-cache file (bad magic)");
   KvHeader h;
@@ -173,7 +173,8 @@ expected<KvHeader> kv_parse_header(std::span<const uint8_t> bytes, uint64_t file
     return make_error("corrupt header (section sizes)");
   if (((h.flags & k_kv_flag_tool_map) != 0) != (h.tool_map_bytes > 0))
     return make_error("corrupt header (tool map flag and size disagree)");
-  if (h.tool_map_bytes == 0 && h.tool_map_sha != Digest{}) return make_error("corrupt header (tool map hash without a tool map)");
+  if (h.tool_map_bytes == 0 && h.tool_map_sha != Digest{})
+    return make_error("corrupt header (tool map hash without a tool map)");
   // Each size is bounded above, so the sum cannot overflow.
   const uint64_t want = h.file_bytes();
   if (file_bytes < want)
@@ -187,8 +188,8 @@ expected<KvHeader> kv_parse_header(std::span<const uint8_t> bytes, uint64_t file
 
 Status kv_check_identity(const KvHeader& h, const KvIdentity& id) {
   if (h.identity.model != id.model)
-    return make_error("foreign model: made by model %s, this engine is %s", digest_hex(h.identity.model).substr(0, 16).c_str(),
-                      digest_hex(id.model).substr(0, 16).c_str());
+    return make_error("foreign model: made by model %s, this engine is %s",
+                      digest_hex(h.identity.model).substr(0, 16).c_str(), digest_hex(id.model).substr(0, 16).c_str());
   if (!(h.identity == id)) return make_error("foreign model: same weights but different numerics or quant description");
   return {};
 }
@@ -228,7 +229,8 @@ std::vector<uint8_t> kv_encode_tool_map(const ToolDsmlMap& m) {
   };
   u32(static_cast<uint32_t>(m.size()));
   for (const auto& [id, dsml] : m) {  // std::map: ids strictly ascending
-    DSV4_ASSERT(kv_tool_entry_valid(id, dsml), "tool map entry out of range (id %zu bytes, dsml %zu bytes)", id.size(), dsml.size());
+    DSV4_ASSERT(kv_tool_entry_valid(id, dsml), "tool map entry out of range (id %zu bytes, dsml %zu bytes)", id.size(),
+                dsml.size());
     u32(static_cast<uint32_t>(id.size()));
     u32(static_cast<uint32_t>(dsml.size()));
     b.insert(b.end(), id.begin(), id.end());
@@ -294,13 +296,16 @@ expected<KvFileView> kv_parse_file(std::span<const uint8_t> image) {
   const KvHeader& h = v.header;
   KvChecksum sum;
   sum.update(image.data(), h.checksum_offset());
-  if (!digest_at(image.data() + h.checksum_offset(), sum.finish())) return make_error("corrupt: file checksum mismatch");
+  if (!digest_at(image.data() + h.checksum_offset(), sum.finish()))
+    return make_error("corrupt: file checksum mismatch");
   // The checksum matched, so what follows can only fail for a file that a
   // faulty writer sealed; it is still checked rather than trusted.
   const uint8_t* text = image.data() + k_kv_text_offset;
-  if (sha256_digest(text, h.text_bytes) != h.text_sha) return make_error("corrupt: the key text does not match its hash");
+  if (sha256_digest(text, h.text_bytes) != h.text_sha)
+    return make_error("corrupt: the key text does not match its hash");
   const uint8_t* toks = image.data() + h.tokens_offset();
-  if (sha256_digest(toks, 4 * h.n_tokens) != h.token_sha) return make_error("corrupt: the token ids do not match their hash");
+  if (sha256_digest(toks, 4 * h.n_tokens) != h.token_sha)
+    return make_error("corrupt: the token ids do not match their hash");
   v.text = std::string_view(reinterpret_cast<const char*>(text), h.text_bytes);
   v.tokens.resize(h.n_tokens);
   std::memcpy(v.tokens.data(), toks, 4 * h.n_tokens);
@@ -317,9 +322,10 @@ expected<KvFileView> kv_parse_file(std::span<const uint8_t> image) {
   if (!snap) return make_error("corrupt payload: %s", snap.error().message.c_str());
   if (!snap->with_rows) return make_error("corrupt payload: a light checkpoint, not a full session snapshot");
   if (snap->n_tokens != h.n_tokens)
-    return make_error("corrupt payload: holds %llu tokens, the header says %llu", static_cast<unsigned long long>(snap->n_tokens),
-                      static_cast<unsigned long long>(h.n_tokens));
-  if (static_cast<uint32_t>(snap->numerics) != h.identity.numerics) return make_error("corrupt payload: numerics differ from the header");
+    return make_error("corrupt payload: holds %llu tokens, the header says %llu",
+                      static_cast<unsigned long long>(snap->n_tokens), static_cast<unsigned long long>(h.n_tokens));
+  if (static_cast<uint32_t>(snap->numerics) != h.identity.numerics)
+    return make_error("corrupt payload: numerics differ from the header");
   v.usage = kv_parse_usage(image.subspan(k_kv_usage_offset, k_kv_usage_bytes)).value_or(KvUsage{0, h.created});
   return v;
 }

@@ -71,8 +71,8 @@ std::optional<Digest> digest_from_hex(std::string_view hex);  // 64 hex characte
 
 // Which engine may read a file. A file whose identity differs is foreign.
 struct KvIdentity {
-  Digest model{};              // Engine::content_identity (kv/model_identity.h): every byte of the model file
-  uint32_t numerics = 0;       // Numerics value (0 reference, 1 plain)
+  Digest model{};                    // Engine::content_identity (kv/model_identity.h): every byte of the model file
+  uint32_t numerics = 0;             // Numerics value (0 reference, 1 plain)
   uint32_t expert_gate_up_type = 0;  // ggml type ids of the quant mix (covered by `model`,
   uint32_t expert_down_type = 0;     // stored so a file can be described without the model)
   uint32_t dense_type = 0;
@@ -85,15 +85,15 @@ struct KvHeader {
   KvIdentity identity;
   SaveReason reason = SaveReason::OTHER;
   uint32_t flags = 0;
-  uint32_t ctx = 0;            // context of the session that wrote the file
+  uint32_t ctx = 0;  // context of the session that wrote the file
   uint64_t n_tokens = 0;
-  uint64_t created = 0;        // Unix seconds
+  uint64_t created = 0;  // Unix seconds
   uint64_t text_bytes = 0;
   uint64_t payload_bytes = 0;
   uint64_t tool_map_bytes = 0;
-  Digest text_sha{};           // SHA-256 of the key text (also the file name)
-  Digest token_sha{};          // SHA-256 of the token ids as i32 little-endian
-  Digest tool_map_sha{};       // SHA-256 of the tool map section (zeros when absent)
+  Digest text_sha{};      // SHA-256 of the key text (also the file name)
+  Digest token_sha{};     // SHA-256 of the token ids as i32 little-endian
+  Digest tool_map_sha{};  // SHA-256 of the tool map section (zeros when absent)
 
   uint64_t tokens_offset() const { return k_kv_text_offset + text_bytes; }
   uint64_t payload_offset() const { return tokens_offset() + 4 * n_tokens; }
@@ -135,7 +135,7 @@ bool kv_tool_entry_valid(const std::string& id, const std::string& dsml);
 // A whole file, fully validated.
 struct KvFileView {
   KvHeader header;
-  KvUsage usage;                   // {0, created} when the usage block is torn
+  KvUsage usage;  // {0, created} when the usage block is torn
   std::string_view text;
   std::vector<int32_t> tokens;
   std::span<const uint8_t> payload;

@@ -84,13 +84,15 @@ std::string model_fingerprint(const ModelSpec& spec, const ModelWeights& w) {
   Hasher h(HashKind::SHA256);
   auto u32 = [&](uint32_t v) { h.update(&v, 4); };
   auto f32 = [&](float v) { h.update(&v, 4); };
-  for (uint32_t v : {spec.n_layer, spec.n_embd, spec.n_vocab, spec.n_head, spec.head_dim, spec.rope_dim, spec.q_lora_rank,
-                     spec.o_lora_rank, spec.o_groups, spec.n_expert, spec.n_expert_used, spec.n_expert_shared,
-                     spec.expert_ff, spec.n_hash_layers, spec.sliding_window, spec.indexer_heads, spec.indexer_head_dim,
-                     spec.indexer_top_k, spec.hc_count, spec.hc_sinkhorn_iters})
+  for (uint32_t v :
+       {spec.n_layer,       spec.n_embd,           spec.n_vocab,       spec.n_head,        spec.head_dim,
+        spec.rope_dim,      spec.q_lora_rank,      spec.o_lora_rank,   spec.o_groups,      spec.n_expert,
+        spec.n_expert_used, spec.n_expert_shared,  spec.expert_ff,     spec.n_hash_layers, spec.sliding_window,
+        spec.indexer_heads, spec.indexer_head_dim, spec.indexer_top_k, spec.hc_count,      spec.hc_sinkhorn_iters})
     u32(v);
   for (uint32_t il = 0; il < spec.n_layer; ++il) u32(spec.ratio(il));
-  for (float v : {spec.rope_theta, spec.compress_rope_theta, spec.rope_scale_factor, spec.expert_weights_scale, spec.rms_eps})
+  for (float v :
+       {spec.rope_theta, spec.compress_rope_theta, spec.rope_scale_factor, spec.expert_weights_scale, spec.rms_eps})
     f32(v);
   auto tensor = [&](const TensorRef& t) {
     if (!t) return;
@@ -108,7 +110,8 @@ std::string model_fingerprint(const ModelSpec& spec, const ModelWeights& w) {
 }
 
 std::vector<uint8_t> snapshot_save(Model& model, const KvState& s, const std::string& fingerprint,
-                                   const std::vector<int32_t>& tokens, const std::vector<float>& logits, bool with_rows) {
+                                   const std::vector<int32_t>& tokens, const std::vector<float>& logits,
+                                   bool with_rows) {
   const ModelSpec& spec = model.spec();
   Backend& be = model.backend();
   const uint64_t T = tokens.size();
@@ -141,7 +144,8 @@ expected<SnapshotHeader> snapshot_peek(std::span<const uint8_t> bytes) {
   r.pos = 8;
   SnapshotHeader h;
   DSV4_TRY_ASSIGN(h.version, r.get<uint32_t>());
-  if (h.version != k_snapshot_version) return make_error("snapshot version %u is not supported (this build reads %u)", h.version, k_snapshot_version);
+  if (h.version != k_snapshot_version)
+    return make_error("snapshot version %u is not supported (this build reads %u)", h.version, k_snapshot_version);
   DSV4_TRY_ASSIGN(uint32_t flags, r.get<uint32_t>());
   h.with_rows = flags & 1;
   DSV4_TRY(r.need(32));
@@ -172,15 +176,17 @@ Status snapshot_load(Model& model, KvState& s, const std::string& fingerprint, s
                       numerics_name(model.options().numerics));
   Reader r{bytes.first(bytes.size() - 32)};
   r.pos = 8 + 4 + 4 + 32 + 4;
-  const uint32_t want[] = {spec.n_layer, spec.head_dim, spec.indexer_head_dim, spec.hc_count, spec.n_embd, spec.n_vocab,
-                           spec.sliding_window};
+  const uint32_t want[] = {spec.n_layer, spec.head_dim, spec.indexer_head_dim, spec.hc_count,
+                           spec.n_embd,  spec.n_vocab,  spec.sliding_window};
   for (uint32_t v : want) {
     DSV4_TRY_ASSIGN(uint32_t got, r.get<uint32_t>());
     if (got != v) return make_error("snapshot shape does not match the model");
   }
   r.pos += 4 + 8;  // ctx, T (from the header)
   const uint64_t T = h.n_tokens;
-  if (T > s.ctx) return make_error("snapshot holds %llu tokens but the session context is %u", static_cast<unsigned long long>(T), s.ctx);
+  if (T > s.ctx)
+    return make_error("snapshot holds %llu tokens but the session context is %u", static_cast<unsigned long long>(T),
+                      s.ctx);
   std::vector<int32_t> new_tokens;
   if (h.with_rows) {
     DSV4_TRY(r.need(T * 4));
@@ -188,7 +194,8 @@ Status snapshot_load(Model& model, KvState& s, const std::string& fingerprint, s
     std::memcpy(new_tokens.data(), bytes.data() + r.pos, T * 4);
     r.pos += T * 4;
     for (int32_t t : new_tokens)
-      if (t < 0 || static_cast<uint32_t>(t) >= spec.n_vocab) return make_error("snapshot holds an out-of-vocabulary token %d", t);
+      if (t < 0 || static_cast<uint32_t>(t) >= spec.n_vocab)
+        return make_error("snapshot holds an out-of-vocabulary token %d", t);
   } else {
     if (tokens.size() < T) return make_error("light snapshot is ahead of the session");
     new_tokens.assign(tokens.begin(), tokens.begin() + static_cast<long>(T));
@@ -199,9 +206,11 @@ Status snapshot_load(Model& model, KvState& s, const std::string& fingerprint, s
   r.pos += spec.n_vocab * 4ull;
   // Check the exact size before touching the state.
   uint64_t need = 0;
-  walk_layers(spec, s, T, h.with_rows, [&](const Tensor& t, int64_t, int64_t n) { need += static_cast<uint64_t>(n) * t.row_bytes(); });
+  walk_layers(spec, s, T, h.with_rows,
+              [&](const Tensor& t, int64_t, int64_t n) { need += static_cast<uint64_t>(n) * t.row_bytes(); });
   if (r.b.size() - r.pos != need)
-    return make_error("snapshot payload is %zu bytes, expected %llu", r.b.size() - r.pos, static_cast<unsigned long long>(need));
+    return make_error("snapshot payload is %zu bytes, expected %llu", r.b.size() - r.pos,
+                      static_cast<unsigned long long>(need));
   if (h.with_rows) model.reset_state(s);
   Status st;
   walk_layers(spec, s, T, h.with_rows, [&](const Tensor& t, int64_t r0, int64_t n) {

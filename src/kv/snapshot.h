@@ -52,7 +52,8 @@ struct SnapshotHeader {
 
 // Serialises state `s` holding `tokens.size()` tokens.
 std::vector<uint8_t> snapshot_save(Model& model, const KvState& s, const std::string& fingerprint,
-                                   const std::vector<int32_t>& tokens, const std::vector<float>& logits, bool with_rows);
+                                   const std::vector<int32_t>& tokens, const std::vector<float>& logits,
+                                   bool with_rows);
 
 // Restores into `s` (which must have ctx >= the saved token count). For a light
 // snapshot, `tokens` must already hold at least header.n_tokens tokens of the

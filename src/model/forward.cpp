@@ -12,20 +12,20 @@ namespace dsv4 {
 
 // Activation buffers for one batch of up to max_batch tokens.
 struct Model::Scratch {
-  Tensor pos, ids;             // [n] i32
-  Tensor state;                // [n, hc, D]
-  Tensor u, xn, y, ys;         // [n, D]
-  Tensor post, comb;           // [n, hc], [n, hc, hc]
-  Tensor qa, q, kv, o, la;     // [n, q_lora], [n, H*hd], [n, hd], [n, H*hd], [n, G*o_lora]
-  Tensor ckv, cgate;           // [n, 2*hd]
-  Tensor iq, iw, ikv, igate;   // [n, H_I*d_I], [n, H_I], [n, 2*d_I] x2
-  Tensor scores;               // [n, rows] (grown on demand)
-  Tensor sel;                  // [n, K_I] i32
+  Tensor pos, ids;                  // [n] i32
+  Tensor state;                     // [n, hc, D]
+  Tensor u, xn, y, ys;              // [n, D]
+  Tensor post, comb;                // [n, hc], [n, hc, hc]
+  Tensor qa, q, kv, o, la;          // [n, q_lora], [n, H*hd], [n, hd], [n, H*hd], [n, G*o_lora]
+  Tensor ckv, cgate;                // [n, 2*hd]
+  Tensor iq, iw, ikv, igate;        // [n, H_I*d_I], [n, H_I], [n, 2*d_I] x2
+  Tensor scores;                    // [n, rows] (grown on demand)
+  Tensor sel;                       // [n, K_I] i32
   Tensor router, experts, weights;  // [n, E] f32, [n, k] i32, [n, k] f32
-  Tensor sh_g, sh_u, sh_h;     // [n, F*shared]
-  Tensor sh_y;                 // [1, D]: the shared expert's output when it runs as a branch
-  Tensor h, hn, logits;        // [n, D], [n, D], [n, V]
-  Tensor mtp_e, mtp_y;         // MTP: [1, D], [1, hc, D]
+  Tensor sh_g, sh_u, sh_h;          // [n, F*shared]
+  Tensor sh_y;                      // [1, D]: the shared expert's output when it runs as a branch
+  Tensor h, hn, logits;             // [n, D], [n, D], [n, V]
+  Tensor mtp_e, mtp_y;              // MTP: [1, D], [1, hc, D]
   int64_t score_rows = 0;
 };
 
@@ -35,9 +35,10 @@ Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
 Model::~Model() {
   if (step_graph_) backend_.drop_replay(step_graph_);
   Scratch& s = *sc_;
-  for (Tensor* t : {&s.pos, &s.ids, &s.state, &s.u, &s.xn, &s.y, &s.ys, &s.post, &s.comb, &s.qa, &s.q, &s.kv, &s.o,
-                    &s.la, &s.ckv, &s.cgate, &s.iq, &s.iw, &s.ikv, &s.igate, &s.scores, &s.sel, &s.router,
-                    &s.experts, &s.weights, &s.sh_g, &s.sh_u, &s.sh_h, &s.sh_y, &s.h, &s.hn, &s.logits, &s.mtp_e, &s.mtp_y})
+  for (Tensor* t : {&s.pos,  &s.ids,   &s.state,  &s.u,   &s.xn,     &s.y,       &s.ys,      &s.post, &s.comb,
+                    &s.qa,   &s.q,     &s.kv,     &s.o,   &s.la,     &s.ckv,     &s.cgate,   &s.iq,   &s.iw,
+                    &s.ikv,  &s.igate, &s.scores, &s.sel, &s.router, &s.experts, &s.weights, &s.sh_g, &s.sh_u,
+                    &s.sh_h, &s.sh_y,  &s.h,      &s.hn,  &s.logits, &s.mtp_e,   &s.mtp_y})
     backend_.free(*t);
 }
 
@@ -182,7 +183,8 @@ KvState Model::new_state(uint32_t ctx) {
   s.ctx = ctx;
   s.uid = ++next_state_uid_;
   s.cap_w = spec_.sliding_window + static_cast<uint32_t>(options_.max_batch);
-  for (uint32_t il = 0; il < spec_.n_layer; ++il) s.layers.push_back(alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true));
+  for (uint32_t il = 0; il < spec_.n_layer; ++il)
+    s.layers.push_back(alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true));
   s.last_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
   if (has_mtp_) s.mtp = alloc_layer_state(0, ctx, s.cap_w, false);
   reset_state(s);
@@ -226,8 +228,8 @@ Status Model::forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, flo
                       static_cast<long long>(n), s.ctx);
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= spec_.n_vocab)
-      return make_error("token id %d at index %lld is outside the vocabulary [0, %u)", ids[i], static_cast<long long>(i),
-                        spec_.n_vocab);
+      return make_error("token id %d at index %lld is outside the vocabulary [0, %u)", ids[i],
+                        static_cast<long long>(i), spec_.n_vocab);
   for (int64_t b = 0; b < n; b += options_.max_batch) {
     int64_t nb = std::min<int64_t>(options_.max_batch, n - b);
     bool last = b + nb == n;
@@ -315,12 +317,24 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps});
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
   backend_.matmul({q.reshape(H * hd, n), L[LT::ATTN_Q_B], qa});
-  backend_.rms_norm({.out = q.reshape(hd, H * n), .x = q.reshape(hd, H * n), .w = Tensor{}, .eps = P.rms_eps, .rope_pos = pos, .rope = rope, .rope_rows_per_token = H});  // + RoPE
+  backend_.rms_norm({.out = q.reshape(hd, H * n),
+                     .x = q.reshape(hd, H * n),
+                     .w = Tensor{},
+                     .eps = P.rms_eps,
+                     .rope_pos = pos,
+                     .rope = rope,
+                     .rope_rows_per_token = H});  // + RoPE
 
   // KV path (§5.2): kv = RMSNorm(W_kv x; kv_norm), RoPE, FP8 simulation, into the ring.
   // A KV_FP8 ring applies the simulation itself while packing (core/kv_rows.h:
   // unpack(pack(v)) == FP8_BF16 sim of v), so the separate pass only runs for f32 rows.
-  backend_.rms_norm({.out = kv, .x = kv, .w = L[LT::ATTN_KV_A_NORM], .eps = P.rms_eps, .rope_pos = pos, .rope = rope, .rope_rows_per_token = 1});  // + RoPE
+  backend_.rms_norm({.out = kv,
+                     .x = kv,
+                     .w = L[LT::ATTN_KV_A_NORM],
+                     .eps = P.rms_eps,
+                     .rope_pos = pos,
+                     .rope = rope,
+                     .rope_rows_per_token = 1});  // + RoPE
   if (ref && S.ring.type != GgmlType::KV_FP8)
     backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
   backend_.store_rows({S.ring, kv, pos});
@@ -335,7 +349,10 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
     if (indexer) {
       // Lightning indexer (§5.6).
       const int64_t HI = P.indexer_heads, dI = P.indexer_head_dim;
-      Tensor iq = s.iq.reshape(dI * HI * options_.max_batch).reshape(dI, HI * options_.max_batch).rows(0, HI * n).reshape(dI, HI, n);
+      Tensor iq = s.iq.reshape(dI * HI * options_.max_batch)
+                      .reshape(dI, HI * options_.max_batch)
+                      .rows(0, HI * n)
+                      .reshape(dI, HI, n);
       backend_.matmul({iq.reshape(HI * dI, n), L[LT::INDEXER_ATTN_Q_B], qa});
       backend_.rope({.x = iq, .pos = pos, .rope = rope, .inverse = false});
       backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
@@ -347,7 +364,13 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
       const int64_t rows = S.idx.n_rows();
       ensure_scores(rows);
       Tensor scores = make_tensor(s.scores.data, GgmlType::F32, rows, n);  // [n, rows] inside the larger scratch
-      backend_.indexer_scores({.scores = scores, .q = iq, .w = iw, .rows = S.idx, .pos = pos, .ratio = 4, .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
+      backend_.indexer_scores({.scores = scores,
+                               .q = iq,
+                               .w = iw,
+                               .rows = S.idx,
+                               .pos = pos,
+                               .ratio = 4,
+                               .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
       sel = s.sel.rows(0, n);
       backend_.topk({.sel = sel, .scores = scores, .pos = pos, .ratio = 4});
     }
@@ -370,7 +393,8 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
   backend_.attention(a);
   backend_.rope({.x = o, .pos = pos, .rope = rope, .inverse = true});
   Tensor la = s.la.rows(0, n);
-  backend_.matmul({.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
+  backend_.matmul(
+      {.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
   backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], la});
 }
 
@@ -414,14 +438,26 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   r.alpha = P.expert_weights_scale;
   r.normalize = P.expert_weights_norm;
   backend_.moe_route(r);
-  backend_.moe_experts({.out = y, .x = xn, .gate = L[LT::FFN_GATE_EXPS], .up = L[LT::FFN_UP_EXPS], .down = L[LT::FFN_DOWN_EXPS], .experts = experts, .weights = weights, .clamp = clamp, .accumulate = false});
+  backend_.moe_experts({.out = y,
+                        .x = xn,
+                        .gate = L[LT::FFN_GATE_EXPS],
+                        .up = L[LT::FFN_UP_EXPS],
+                        .down = L[LT::FFN_DOWN_EXPS],
+                        .experts = experts,
+                        .weights = weights,
+                        .clamp = clamp,
+                        .accumulate = false});
   if (branch) {
     backend_.branch_join();
     return s.sh_y;  // y += W_down h, in hc_post
   }
   if (shexp) {
     shexp_hidden();
-    backend_.matmul({.out = y, .w = L[LT::FFN_DOWN_SHEXP], .x = h, .groups = 1, .accumulate = /*accumulate=*/true});  // y += W_down h
+    backend_.matmul({.out = y,
+                     .w = L[LT::FFN_DOWN_SHEXP],
+                     .x = h,
+                     .groups = 1,
+                     .accumulate = /*accumulate=*/true});  // y += W_down h
   }
   return {};
 }
@@ -480,10 +516,34 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
   for (uint32_t il = 0; il < P.n_layer; ++il) {
     const DeviceLayer& L = layers_[il];
     // hc_pre with the sublayer's input norm fused in: xn = RMSNorm(u; attn_norm).
-    backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_ATTN_FN], .scale = L[LT::HC_ATTN_SCALE], .base = L[LT::HC_ATTN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::ATTN_NORM], .norm_rms_eps = P.rms_eps});
+    backend_.hc_pre({.u = u,
+                     .post = post,
+                     .comb = comb,
+                     .state = state,
+                     .fn = L[LT::HC_ATTN_FN],
+                     .scale = L[LT::HC_ATTN_SCALE],
+                     .base = L[LT::HC_ATTN_BASE],
+                     .norm_eps = P.rms_eps,
+                     .hc_eps = P.hc_eps,
+                     .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
+                     .norm_out = xn,
+                     .norm_w = L[LT::ATTN_NORM],
+                     .norm_rms_eps = P.rms_eps});
     attention_block(L, st.layers[il], P.ratio(il), n, false);
     backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
-    backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_FFN_FN], .scale = L[LT::HC_FFN_SCALE], .base = L[LT::HC_FFN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::FFN_NORM], .norm_rms_eps = P.rms_eps});
+    backend_.hc_pre({.u = u,
+                     .post = post,
+                     .comb = comb,
+                     .state = state,
+                     .fn = L[LT::HC_FFN_FN],
+                     .scale = L[LT::HC_FFN_SCALE],
+                     .base = L[LT::HC_FFN_BASE],
+                     .norm_eps = P.rms_eps,
+                     .hc_eps = P.hc_eps,
+                     .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
+                     .norm_out = xn,
+                     .norm_w = L[LT::FFN_NORM],
+                     .norm_rms_eps = P.rms_eps});
     const Tensor y2 = ffn_block(L, n, il, P.is_hash_layer(il));
     backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
   }
@@ -494,7 +554,13 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
   // Head (§7): hc_head -> RMSNorm -> logits, for the last token (or all).
   const int64_t first = all_logits ? 0 : n - 1, cnt = n - first;
   Tensor h = s.h.rows(0, cnt), hn = s.hn.rows(0, cnt), lg = s.logits.rows(0, cnt);
-  backend_.hc_head({.h = h, .state = state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt), .fn = global_[static_cast<size_t>(GT::OUTPUT_HC_FN)], .scale = global_[static_cast<size_t>(GT::OUTPUT_HC_SCALE)], .base = global_[static_cast<size_t>(GT::OUTPUT_HC_BASE)], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps});
+  backend_.hc_head({.h = h,
+                    .state = state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt),
+                    .fn = global_[static_cast<size_t>(GT::OUTPUT_HC_FN)],
+                    .scale = global_[static_cast<size_t>(GT::OUTPUT_HC_SCALE)],
+                    .base = global_[static_cast<size_t>(GT::OUTPUT_HC_BASE)],
+                    .norm_eps = P.rms_eps,
+                    .hc_eps = P.hc_eps});
   backend_.rms_norm({.out = hn, .x = h, .w = global_[static_cast<size_t>(GT::OUTPUT_NORM)], .eps = P.rms_eps});
   backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
 }
@@ -504,8 +570,10 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   using MT = MtpTensor;
   using GT = GlobalTensor;
   if (!has_mtp_) return make_error("no MTP block loaded (use --mtp FILE)");
-  if (token < 0 || static_cast<uint32_t>(token) >= spec_.n_vocab) return make_error("MTP: token %d outside the vocabulary", token);
-  if (p < 0 || p >= static_cast<int64_t>(st.ctx)) return make_error("MTP: position %lld outside the context", static_cast<long long>(p));
+  if (token < 0 || static_cast<uint32_t>(token) >= spec_.n_vocab)
+    return make_error("MTP: token %d outside the vocabulary", token);
+  if (p < 0 || p >= static_cast<int64_t>(st.ctx))
+    return make_error("MTP: position %lld outside the context", static_cast<long long>(p));
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
   const bool ref = options_.numerics == Numerics::REFERENCE;
@@ -534,15 +602,45 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.
   const DeviceLayer& L = mtp_block_;
-  backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_ATTN_FN], .scale = L[LT::HC_ATTN_SCALE], .base = L[LT::HC_ATTN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::ATTN_NORM], .norm_rms_eps = P.rms_eps});
+  backend_.hc_pre({.u = u,
+                   .post = post,
+                   .comb = comb,
+                   .state = state,
+                   .fn = L[LT::HC_ATTN_FN],
+                   .scale = L[LT::HC_ATTN_SCALE],
+                   .base = L[LT::HC_ATTN_BASE],
+                   .norm_eps = P.rms_eps,
+                   .hc_eps = P.hc_eps,
+                   .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
+                   .norm_out = xn,
+                   .norm_w = L[LT::ATTN_NORM],
+                   .norm_rms_eps = P.rms_eps});
   attention_block(L, st.mtp, 0, 1, true);
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
-  backend_.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = L[LT::HC_FFN_FN], .scale = L[LT::HC_FFN_SCALE], .base = L[LT::HC_FFN_BASE], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps, .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters), .norm_out = xn, .norm_w = L[LT::FFN_NORM], .norm_rms_eps = P.rms_eps});
+  backend_.hc_pre({.u = u,
+                   .post = post,
+                   .comb = comb,
+                   .state = state,
+                   .fn = L[LT::HC_FFN_FN],
+                   .scale = L[LT::HC_FFN_SCALE],
+                   .base = L[LT::HC_FFN_BASE],
+                   .norm_eps = P.rms_eps,
+                   .hc_eps = P.hc_eps,
+                   .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
+                   .norm_out = xn,
+                   .norm_w = L[LT::FFN_NORM],
+                   .norm_rms_eps = P.rms_eps});
   const Tensor y2 = ffn_block(L, 1, P.n_layer, false);
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
   // Head with the MTP block's own hc_head and norm, the shared output matrix.
   Tensor h = s.h.rows(0, 1), hn = s.hn.rows(0, 1), lg = s.logits.rows(0, 1);
-  backend_.hc_head({.h = h, .state = state, .fn = mtp_head_[static_cast<size_t>(MT::HC_HEAD_FN)], .scale = mtp_head_[static_cast<size_t>(MT::HC_HEAD_SCALE)], .base = mtp_head_[static_cast<size_t>(MT::HC_HEAD_BASE)], .norm_eps = P.rms_eps, .hc_eps = P.hc_eps});
+  backend_.hc_head({.h = h,
+                    .state = state,
+                    .fn = mtp_head_[static_cast<size_t>(MT::HC_HEAD_FN)],
+                    .scale = mtp_head_[static_cast<size_t>(MT::HC_HEAD_SCALE)],
+                    .base = mtp_head_[static_cast<size_t>(MT::HC_HEAD_BASE)],
+                    .norm_eps = P.rms_eps,
+                    .hc_eps = P.hc_eps});
   backend_.rms_norm({.out = hn, .x = h, .w = mtp_head_[static_cast<size_t>(MT::NORM)], .eps = P.rms_eps});
   backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
   backend_.read(lg, logits, lg.n_bytes());

@@ -45,7 +45,8 @@ expected<uint64_t> read_u64(const GgufFile& f, const char* k) {
   std::string full = key(k);
   DSV4_TRY_ASSIGN(GgufScalar s, f.get_scalar(full));
   auto v = s.as_u64();
-  if (!v) return make_error("metadata %s must be a non-negative integer (found %s)", full.c_str(), gguf_type_name(s.type));
+  if (!v)
+    return make_error("metadata %s must be a non-negative integer (found %s)", full.c_str(), gguf_type_name(s.type));
   return *v;
 }
 
@@ -62,7 +63,8 @@ expected<float> read_f32(const GgufFile& f, const char* k) {
 expected<bool> read_bool(const GgufFile& f, const char* k) {
   std::string full = key(k);
   DSV4_TRY_ASSIGN(GgufScalar s, f.get_scalar(full));
-  if (s.type != GgufType::BOOL) return make_error("metadata %s must be a bool (found %s)", full.c_str(), gguf_type_name(s.type));
+  if (s.type != GgufType::BOOL)
+    return make_error("metadata %s must be a bool (found %s)", full.c_str(), gguf_type_name(s.type));
   return s.u != 0;
 }
 
@@ -84,7 +86,8 @@ expected<std::vector<float>> read_f32_array(const GgufFile& f, const char* k) {
   DSV4_TRY_ASSIGN(auto arr, f.get_array(full));
   std::vector<float> out;
   for (const auto& s : arr) {
-    if (!s.is_float()) return make_error("metadata %s must hold floats (found %s)", full.c_str(), gguf_type_name(s.type));
+    if (!s.is_float())
+      return make_error("metadata %s must hold floats (found %s)", full.c_str(), gguf_type_name(s.type));
     out.push_back(static_cast<float>(s.f));
   }
   return out;
@@ -110,8 +113,8 @@ expected<ModelSpec> ModelSpec::from_gguf(const GgufFile& f) {
   DSV4_TRY_ASSIGN(s.head_dim, read_u32(f, "attention.key_length"));
   DSV4_TRY_ASSIGN(uint32_t v_dim, read_u32(f, "attention.value_length"));
   if (v_dim != s.head_dim)
-    return make_error("attention.value_length (%u) must equal attention.key_length (%u): DeepSeek V4 shares K and V", v_dim,
-                      s.head_dim);
+    return make_error("attention.value_length (%u) must equal attention.key_length (%u): DeepSeek V4 shares K and V",
+                      v_dim, s.head_dim);
   DSV4_TRY_ASSIGN(s.rope_dim, read_u32(f, "rope.dimension_count"));
   DSV4_TRY_ASSIGN(s.q_lora_rank, read_u32(f, "attention.q_lora_rank"));
   DSV4_TRY_ASSIGN(s.o_lora_rank, read_u32(f, "attention.output_lora_rank"));
@@ -169,15 +172,18 @@ Status ModelSpec::validate() const {
                       head_dim);
   if (!in(o_lora_rank, 1, 1 << 16)) return make_error("attention.output_lora_rank %u out of range", o_lora_rank);
   if (!in(n_expert, 1, 1 << 16)) return make_error("expert_count %u out of range", n_expert);
-  if (!in(n_expert_used, 1, n_expert)) return make_error("expert_used_count %u must be in [1, expert_count %u]", n_expert_used, n_expert);
+  if (!in(n_expert_used, 1, n_expert))
+    return make_error("expert_used_count %u must be in [1, expert_count %u]", n_expert_used, n_expert);
   if (!in(expert_ff, 1, 1 << 20)) return make_error("expert_feed_forward_length %u out of range", expert_ff);
   if (!in(n_expert_shared, 0, 64)) return make_error("expert_shared_count %u out of range", n_expert_shared);
   if (n_hash_layers > n_layer) return make_error("hash_layer_count %u exceeds block_count %u", n_hash_layers, n_layer);
   if (!in(sliding_window, 1, 1 << 20)) return make_error("attention.sliding_window %u out of range", sliding_window);
   if (!in(hc_count, 1, 64)) return make_error("hyper_connection.count %u out of range", hc_count);
-  if (!in(hc_sinkhorn_iters, 1, 1000)) return make_error("hyper_connection.sinkhorn_iterations %u out of range", hc_sinkhorn_iters);
+  if (!in(hc_sinkhorn_iters, 1, 1000))
+    return make_error("hyper_connection.sinkhorn_iterations %u out of range", hc_sinkhorn_iters);
   if (compress_ratios.size() < n_layer)
-    return make_error("attention.compress_ratios has %zu entries, need at least block_count = %u", compress_ratios.size(), n_layer);
+    return make_error("attention.compress_ratios has %zu entries, need at least block_count = %u",
+                      compress_ratios.size(), n_layer);
   if (swiglu_clamp.size() < n_layer)
     return make_error("swiglu_clamp_exp has %zu entries, need at least block_count = %u", swiglu_clamp.size(), n_layer);
   bool any_sparse = false;
@@ -198,7 +204,8 @@ Status ModelSpec::validate() const {
     if (indexer_top_k == 0) return make_error("attention.indexer.top_k must be positive");
   }
   if (!(rope_theta > 0) || !(compress_rope_theta > 0)) return make_error("rope bases must be positive");
-  if (!(rope_scale_factor >= 1)) return make_error("rope.scaling.factor %g must be >= 1", static_cast<double>(rope_scale_factor));
+  if (!(rope_scale_factor >= 1))
+    return make_error("rope.scaling.factor %g must be >= 1", static_cast<double>(rope_scale_factor));
   if (rope_orig_ctx == 0) return make_error("rope.scaling.original_context_length must be positive");
   if (!(rms_eps > 0) || !(hc_eps > 0)) return make_error("epsilons must be positive");
   if (!(expert_weights_scale > 0)) return make_error("expert_weights_scale must be positive");
@@ -320,7 +327,9 @@ bool ModelSpec::same_hyperparameters(const ModelSpec& o) const {
   auto ratios = [](const ModelSpec& m) {
     return std::vector<uint32_t>(m.compress_ratios.begin(), m.compress_ratios.begin() + m.n_layer);
   };
-  auto clamps = [](const ModelSpec& m) { return std::vector<float>(m.swiglu_clamp.begin(), m.swiglu_clamp.begin() + m.n_layer); };
+  auto clamps = [](const ModelSpec& m) {
+    return std::vector<float>(m.swiglu_clamp.begin(), m.swiglu_clamp.begin() + m.n_layer);
+  };
   auto close = [](float a, float b) { return std::fabs(a - b) <= 1e-6f * std::max(std::fabs(b), 1.0f); };
   return n_layer == o.n_layer && n_embd == o.n_embd && n_vocab == o.n_vocab && n_head == o.n_head &&
          n_head_kv == o.n_head_kv && head_dim == o.head_dim && rope_dim == o.rope_dim && q_lora_rank == o.q_lora_rank &&

@@ -18,48 +18,48 @@ class GgufWriter;
 
 // What kind of attention a layer runs (model-spec.md §1.2, §5).
 enum class LayerKind {
-  WINDOW,        // compress ratio 0: 128-token raw window only
-  COMPRESSED,    // ratio m (e.g. 128): window + all compressed rows (HCA)
-  SPARSE,        // ratio 4: overlapping compressor + lightning indexer top-k (CSA)
+  WINDOW,      // compress ratio 0: 128-token raw window only
+  COMPRESSED,  // ratio m (e.g. 128): window + all compressed rows (HCA)
+  SPARSE,      // ratio 4: overlapping compressor + lightning indexer top-k (CSA)
 };
 
 const char* layer_kind_name(LayerKind k);
 
 struct ModelSpec {
-  std::string name;                 // general.name (informational)
-  uint32_t n_layer = 0;             // L (excluding MTP)
-  uint32_t n_embd = 0;              // D
-  uint32_t n_vocab = 0;             // V
-  uint32_t n_head = 0;              // H query heads
-  uint32_t n_head_kv = 1;           // shared K=V heads (must be 1)
-  uint32_t head_dim = 0;            // d_h (= key_length = value_length)
-  uint32_t rope_dim = 0;            // d_r: rotated tail of each head
-  uint32_t q_lora_rank = 0;         // r_q
-  uint32_t o_lora_rank = 0;         // r_o, rank per output group
-  uint32_t o_groups = 0;            // G
-  uint32_t n_expert = 0;            // E routed experts
-  uint32_t n_expert_used = 0;       // k
-  uint32_t n_expert_shared = 0;     // shared experts (fused width F * n_expert_shared)
-  uint32_t expert_ff = 0;           // F
-  uint32_t n_hash_layers = 0;       // layers < n_hash route by token-id table
-  uint32_t sliding_window = 0;      // W raw tokens incl. the current one
-  uint32_t indexer_heads = 0;       // H_I
-  uint32_t indexer_head_dim = 0;    // d_I
-  uint32_t indexer_top_k = 0;       // K_I
-  uint32_t hc_count = 0;            // n_hc mHC streams
-  uint32_t hc_sinkhorn_iters = 0;   // T_sk
+  std::string name;                       // general.name (informational)
+  uint32_t n_layer = 0;                   // L (excluding MTP)
+  uint32_t n_embd = 0;                    // D
+  uint32_t n_vocab = 0;                   // V
+  uint32_t n_head = 0;                    // H query heads
+  uint32_t n_head_kv = 1;                 // shared K=V heads (must be 1)
+  uint32_t head_dim = 0;                  // d_h (= key_length = value_length)
+  uint32_t rope_dim = 0;                  // d_r: rotated tail of each head
+  uint32_t q_lora_rank = 0;               // r_q
+  uint32_t o_lora_rank = 0;               // r_o, rank per output group
+  uint32_t o_groups = 0;                  // G
+  uint32_t n_expert = 0;                  // E routed experts
+  uint32_t n_expert_used = 0;             // k
+  uint32_t n_expert_shared = 0;           // shared experts (fused width F * n_expert_shared)
+  uint32_t expert_ff = 0;                 // F
+  uint32_t n_hash_layers = 0;             // layers < n_hash route by token-id table
+  uint32_t sliding_window = 0;            // W raw tokens incl. the current one
+  uint32_t indexer_heads = 0;             // H_I
+  uint32_t indexer_head_dim = 0;          // d_I
+  uint32_t indexer_top_k = 0;             // K_I
+  uint32_t hc_count = 0;                  // n_hc mHC streams
+  uint32_t hc_sinkhorn_iters = 0;         // T_sk
   std::vector<uint32_t> compress_ratios;  // per layer; may hold extra trailing entries (MTP)
   std::vector<float> swiglu_clamp;        // per layer
-  uint64_t rope_orig_ctx = 0;       // YaRN original context
-  float rope_theta = 0;             // θ for ratio-0 layers
-  float compress_rope_theta = 0;    // θ_c for compressed layers
-  float rope_scale_factor = 0;      // YaRN factor s
+  uint64_t rope_orig_ctx = 0;             // YaRN original context
+  float rope_theta = 0;                   // θ for ratio-0 layers
+  float compress_rope_theta = 0;          // θ_c for compressed layers
+  float rope_scale_factor = 0;            // YaRN factor s
   float yarn_beta_fast = 0, yarn_beta_slow = 0;
-  float expert_weights_scale = 0;   // α
+  float expert_weights_scale = 0;  // α
   bool expert_weights_norm = true;
   float rms_eps = 0;
   float hc_eps = 0;
-  uint64_t context_length = 0;      // advertised max context (0 if absent)
+  uint64_t context_length = 0;  // advertised max context (0 if absent)
 
   // ---- derived ------------------------------------------------------------
   uint32_t ratio(uint32_t il) const { return compress_ratios[il]; }

@@ -90,18 +90,39 @@ int presence(LT slot, uint32_t ratio, bool hash, bool mtp) {
   switch (slot) {
     case LT::EXP_PROBS_B: return mtp ? 1 : (hash ? 0 : 2);
     case LT::FFN_GATE_TID2EID: return hash && !mtp ? 1 : 0;
-    case LT::ATTN_COMPRESSOR_APE: case LT::ATTN_COMPRESSOR_KV: case LT::ATTN_COMPRESSOR_GATE:
-    case LT::ATTN_COMPRESSOR_NORM:
-      return !mtp && ratio != 0 ? 1 : 0;
-    case LT::INDEXER_ATTN_Q_B: case LT::INDEXER_PROJ: case LT::INDEXER_COMPRESSOR_APE: case LT::INDEXER_COMPRESSOR_KV:
-    case LT::INDEXER_COMPRESSOR_GATE: case LT::INDEXER_COMPRESSOR_NORM:
-      return !mtp && ratio == 4 ? 1 : 0;
-    case LT::HC_ATTN_FN: case LT::HC_ATTN_SCALE: case LT::HC_ATTN_BASE: case LT::ATTN_NORM: case LT::ATTN_Q_A:
-    case LT::ATTN_Q_A_NORM: case LT::ATTN_Q_B: case LT::ATTN_KV: case LT::ATTN_KV_A_NORM: case LT::ATTN_SINKS:
-    case LT::ATTN_OUTPUT_A: case LT::ATTN_OUTPUT_B: case LT::HC_FFN_FN: case LT::HC_FFN_SCALE: case LT::HC_FFN_BASE:
-    case LT::FFN_NORM: case LT::FFN_GATE_INP: case LT::FFN_GATE_EXPS: case LT::FFN_UP_EXPS: case LT::FFN_DOWN_EXPS:
-    case LT::FFN_GATE_SHEXP: case LT::FFN_UP_SHEXP: case LT::FFN_DOWN_SHEXP:
-      return 1;
+    case LT::ATTN_COMPRESSOR_APE:
+    case LT::ATTN_COMPRESSOR_KV:
+    case LT::ATTN_COMPRESSOR_GATE:
+    case LT::ATTN_COMPRESSOR_NORM: return !mtp && ratio != 0 ? 1 : 0;
+    case LT::INDEXER_ATTN_Q_B:
+    case LT::INDEXER_PROJ:
+    case LT::INDEXER_COMPRESSOR_APE:
+    case LT::INDEXER_COMPRESSOR_KV:
+    case LT::INDEXER_COMPRESSOR_GATE:
+    case LT::INDEXER_COMPRESSOR_NORM: return !mtp && ratio == 4 ? 1 : 0;
+    case LT::HC_ATTN_FN:
+    case LT::HC_ATTN_SCALE:
+    case LT::HC_ATTN_BASE:
+    case LT::ATTN_NORM:
+    case LT::ATTN_Q_A:
+    case LT::ATTN_Q_A_NORM:
+    case LT::ATTN_Q_B:
+    case LT::ATTN_KV:
+    case LT::ATTN_KV_A_NORM:
+    case LT::ATTN_SINKS:
+    case LT::ATTN_OUTPUT_A:
+    case LT::ATTN_OUTPUT_B:
+    case LT::HC_FFN_FN:
+    case LT::HC_FFN_SCALE:
+    case LT::HC_FFN_BASE:
+    case LT::FFN_NORM:
+    case LT::FFN_GATE_INP:
+    case LT::FFN_GATE_EXPS:
+    case LT::FFN_UP_EXPS:
+    case LT::FFN_DOWN_EXPS:
+    case LT::FFN_GATE_SHEXP:
+    case LT::FFN_UP_SHEXP:
+    case LT::FFN_DOWN_SHEXP: return 1;
     case LT::COUNT: break;
   }
   return 0;
@@ -115,10 +136,14 @@ std::vector<uint64_t> layer_shape(const ModelSpec& s, LT slot, uint32_t ratio) {
   const uint64_t c = ratio == 4 ? 2 : 1;
   const uint64_t dI = s.indexer_head_dim;
   switch (slot) {
-    case LT::HC_ATTN_FN: case LT::HC_FFN_FN: return {hc * D, mix};
-    case LT::HC_ATTN_SCALE: case LT::HC_FFN_SCALE: return {3};
-    case LT::HC_ATTN_BASE: case LT::HC_FFN_BASE: return {mix};
-    case LT::ATTN_NORM: case LT::FFN_NORM: return {D};
+    case LT::HC_ATTN_FN:
+    case LT::HC_FFN_FN: return {hc * D, mix};
+    case LT::HC_ATTN_SCALE:
+    case LT::HC_FFN_SCALE: return {3};
+    case LT::HC_ATTN_BASE:
+    case LT::HC_FFN_BASE: return {mix};
+    case LT::ATTN_NORM:
+    case LT::FFN_NORM: return {D};
     case LT::ATTN_Q_A: return {D, s.q_lora_rank};
     case LT::ATTN_Q_A_NORM: return {s.q_lora_rank};
     case LT::ATTN_Q_B: return {s.q_lora_rank, H * hd};
@@ -130,17 +155,21 @@ std::vector<uint64_t> layer_shape(const ModelSpec& s, LT slot, uint32_t ratio) {
     case LT::FFN_GATE_INP: return {D, E};
     case LT::EXP_PROBS_B: return {E};
     case LT::FFN_GATE_TID2EID: return {s.n_expert_used, s.n_vocab};
-    case LT::FFN_GATE_EXPS: case LT::FFN_UP_EXPS: return {D, F, E};
+    case LT::FFN_GATE_EXPS:
+    case LT::FFN_UP_EXPS: return {D, F, E};
     case LT::FFN_DOWN_EXPS: return {F, D, E};
-    case LT::FFN_GATE_SHEXP: case LT::FFN_UP_SHEXP: return {D, Fs};
+    case LT::FFN_GATE_SHEXP:
+    case LT::FFN_UP_SHEXP: return {D, Fs};
     case LT::FFN_DOWN_SHEXP: return {Fs, D};
     case LT::ATTN_COMPRESSOR_APE: return {c * hd, ratio};
-    case LT::ATTN_COMPRESSOR_KV: case LT::ATTN_COMPRESSOR_GATE: return {D, c * hd};
+    case LT::ATTN_COMPRESSOR_KV:
+    case LT::ATTN_COMPRESSOR_GATE: return {D, c * hd};
     case LT::ATTN_COMPRESSOR_NORM: return {hd};
     case LT::INDEXER_ATTN_Q_B: return {s.q_lora_rank, s.indexer_heads * dI};
     case LT::INDEXER_PROJ: return {D, s.indexer_heads};
     case LT::INDEXER_COMPRESSOR_APE: return {2 * dI, 4};
-    case LT::INDEXER_COMPRESSOR_KV: case LT::INDEXER_COMPRESSOR_GATE: return {D, 2 * dI};
+    case LT::INDEXER_COMPRESSOR_KV:
+    case LT::INDEXER_COMPRESSOR_GATE: return {D, 2 * dI};
     case LT::INDEXER_COMPRESSOR_NORM: return {dI};
     case LT::COUNT: break;
   }
@@ -187,7 +216,8 @@ std::vector<TensorSpec> mtp_tensor_table(const ModelSpec& s) {
   std::vector<TensorSpec> out;
   const uint64_t D = s.n_embd, hc = s.hc_count;
   auto head = [&](MtpTensor slot, const char* name, std::vector<uint64_t> ne, TypeClass cls) {
-    out.push_back({std::string("mtp.0.") + name, std::move(ne), cls, TensorScope::MTP_HEAD, -1, static_cast<int>(slot), true});
+    out.push_back(
+        {std::string("mtp.0.") + name, std::move(ne), cls, TensorScope::MTP_HEAD, -1, static_cast<int>(slot), true});
   };
   head(MtpTensor::HC_HEAD_BASE, "hc_head_base.weight", {hc}, TypeClass::F32_VEC);
   head(MtpTensor::HC_HEAD_FN, "hc_head_fn.weight", {hc * D, hc}, TypeClass::F16_MAT);
@@ -224,8 +254,7 @@ GgmlType recipe_type(QuantRecipe r, const TensorSpec& t) {
     case TypeClass::F32_VEC: return G::F32;
     case TypeClass::I32_TABLE: return G::I32;
     case TypeClass::F16_MAT: return r == QuantRecipe::F32 ? G::F32 : G::F16;
-    case TypeClass::DENSE_MAT:
-      return r == QuantRecipe::F32 ? G::F32 : r == QuantRecipe::F16 ? G::F16 : G::Q8_0;
+    case TypeClass::DENSE_MAT: return r == QuantRecipe::F32 ? G::F32 : r == QuantRecipe::F16 ? G::F16 : G::Q8_0;
     case TypeClass::EXPERT_GATE_UP:
     case TypeClass::EXPERT_DOWN: {
       bool down = t.cls == TypeClass::EXPERT_DOWN;

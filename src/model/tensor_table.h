@@ -35,14 +35,41 @@ enum class GlobalTensor { TOKEN_EMBD, OUTPUT_HC_BASE, OUTPUT_HC_FN, OUTPUT_HC_SC
 // Per-layer tensors; the MTP block uses the same slots (minus compressor,
 // indexer and hash table) plus its MtpTensor head tensors.
 enum class LayerTensor {
-  HC_ATTN_FN, HC_ATTN_SCALE, HC_ATTN_BASE, ATTN_NORM,
-  ATTN_Q_A, ATTN_Q_A_NORM, ATTN_Q_B, ATTN_KV, ATTN_KV_A_NORM, ATTN_SINKS, ATTN_OUTPUT_A, ATTN_OUTPUT_B,
-  HC_FFN_FN, HC_FFN_SCALE, HC_FFN_BASE, FFN_NORM,
-  FFN_GATE_INP, EXP_PROBS_B, FFN_GATE_TID2EID,
-  FFN_GATE_EXPS, FFN_UP_EXPS, FFN_DOWN_EXPS, FFN_GATE_SHEXP, FFN_UP_SHEXP, FFN_DOWN_SHEXP,
-  ATTN_COMPRESSOR_APE, ATTN_COMPRESSOR_KV, ATTN_COMPRESSOR_GATE, ATTN_COMPRESSOR_NORM,
-  INDEXER_ATTN_Q_B, INDEXER_PROJ,
-  INDEXER_COMPRESSOR_APE, INDEXER_COMPRESSOR_KV, INDEXER_COMPRESSOR_GATE, INDEXER_COMPRESSOR_NORM,
+  HC_ATTN_FN,
+  HC_ATTN_SCALE,
+  HC_ATTN_BASE,
+  ATTN_NORM,
+  ATTN_Q_A,
+  ATTN_Q_A_NORM,
+  ATTN_Q_B,
+  ATTN_KV,
+  ATTN_KV_A_NORM,
+  ATTN_SINKS,
+  ATTN_OUTPUT_A,
+  ATTN_OUTPUT_B,
+  HC_FFN_FN,
+  HC_FFN_SCALE,
+  HC_FFN_BASE,
+  FFN_NORM,
+  FFN_GATE_INP,
+  EXP_PROBS_B,
+  FFN_GATE_TID2EID,
+  FFN_GATE_EXPS,
+  FFN_UP_EXPS,
+  FFN_DOWN_EXPS,
+  FFN_GATE_SHEXP,
+  FFN_UP_SHEXP,
+  FFN_DOWN_SHEXP,
+  ATTN_COMPRESSOR_APE,
+  ATTN_COMPRESSOR_KV,
+  ATTN_COMPRESSOR_GATE,
+  ATTN_COMPRESSOR_NORM,
+  INDEXER_ATTN_Q_B,
+  INDEXER_PROJ,
+  INDEXER_COMPRESSOR_APE,
+  INDEXER_COMPRESSOR_KV,
+  INDEXER_COMPRESSOR_GATE,
+  INDEXER_COMPRESSOR_NORM,
   COUNT
 };
 
@@ -51,13 +78,13 @@ enum class MtpTensor { HC_HEAD_BASE, HC_HEAD_FN, HC_HEAD_SCALE, E_PROJ, H_PROJ, 
 enum class TensorScope { GLOBAL, LAYER, MTP_HEAD, MTP_LAYER };
 
 struct TensorSpec {
-  std::string name;           // full GGUF name, e.g. "blk.3.attn_q_a.weight"
-  std::vector<uint64_t> ne;   // expected dims (GGUF order)
+  std::string name;          // full GGUF name, e.g. "blk.3.attn_q_a.weight"
+  std::vector<uint64_t> ne;  // expected dims (GGUF order)
   TypeClass cls;
   TensorScope scope;
-  int layer = -1;             // block index for LAYER scope
-  int slot = 0;               // GlobalTensor / LayerTensor / MtpTensor value
-  bool required = true;       // false: may be absent (exp_probs_b.bias on top-k layers)
+  int layer = -1;        // block index for LAYER scope
+  int slot = 0;          // GlobalTensor / LayerTensor / MtpTensor value
+  bool required = true;  // false: may be absent (exp_probs_b.bias on top-k layers)
 
   uint64_t n_elements() const;
 };

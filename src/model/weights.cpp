@@ -24,12 +24,14 @@ TensorRef make_ref(const GgufFile& f, const GgufTensorInfo& t) {
 
 // Binds every entry of `table` into the slots via `store`; collects messages.
 template <class Store>
-void bind_table(const GgufFile& f, const std::vector<TensorSpec>& table, std::vector<std::string>& errors, Store&& store) {
+void bind_table(const GgufFile& f, const std::vector<TensorSpec>& table, std::vector<std::string>& errors,
+                Store&& store) {
   for (const auto& spec : table) {
     const GgufTensorInfo* t = f.find_tensor(spec.name);
     if (!t) {
-      if (spec.required) errors.push_back(strfmt("missing tensor %s (expected %s, type %s)", spec.name.c_str(),
-                                                 dims_string(spec.ne).c_str(), allowed_types(spec.cls).c_str()));
+      if (spec.required)
+        errors.push_back(strfmt("missing tensor %s (expected %s, type %s)", spec.name.c_str(),
+                                dims_string(spec.ne).c_str(), allowed_types(spec.cls).c_str()));
       continue;
     }
     std::string msg = check_tensor(spec, *t);
@@ -45,8 +47,8 @@ Status check_expert_pairing(const LayerWeights& lw, const std::string& where) {
   const TensorRef& g = lw[LayerTensor::FFN_GATE_EXPS];
   const TensorRef& u = lw[LayerTensor::FFN_UP_EXPS];
   if (g && u && g.type != u.type)
-    return make_error("%s: ffn_up_exps is %s but ffn_gate_exps is %s (gate and up must have the same type)", where.c_str(),
-                      ggml_type_name(u.type), ggml_type_name(g.type));
+    return make_error("%s: ffn_up_exps is %s but ffn_gate_exps is %s (gate and up must have the same type)",
+                      where.c_str(), ggml_type_name(u.type), ggml_type_name(g.type));
   return {};
 }
 
@@ -85,18 +87,24 @@ std::string check_tensor(const TensorSpec& spec, const GgufTensorInfo& t) {
 
 std::string QuantMix::describe() const {
   std::string recipe;
-  if (expert_gate_up == GgmlType::IQ2_XXS && expert_down == GgmlType::Q2_K) recipe = "q2";
-  else if (expert_gate_up == GgmlType::Q4_K && expert_down == GgmlType::Q4_K) recipe = "q4";
-  else if (expert_gate_up == GgmlType::Q8_0 && expert_down == GgmlType::Q8_0) recipe = "q8";
-  else if (expert_gate_up == expert_down) recipe = ggml_type_name(expert_gate_up);
-  else recipe = "mixed";
+  if (expert_gate_up == GgmlType::IQ2_XXS && expert_down == GgmlType::Q2_K)
+    recipe = "q2";
+  else if (expert_gate_up == GgmlType::Q4_K && expert_down == GgmlType::Q4_K)
+    recipe = "q4";
+  else if (expert_gate_up == GgmlType::Q8_0 && expert_down == GgmlType::Q8_0)
+    recipe = "q8";
+  else if (expert_gate_up == expert_down)
+    recipe = ggml_type_name(expert_gate_up);
+  else
+    recipe = "mixed";
   return strfmt("%s (experts %s gate/up, %s down; dense %s)%s", recipe.c_str(), ggml_type_name(expert_gate_up),
                 ggml_type_name(expert_down), ggml_type_name(dense), published_layout ? ", published layout" : "");
 }
 
 int QuantMix::routed_bits() const {
   switch (expert_gate_up) {
-    case GgmlType::IQ2_XXS: case GgmlType::Q2_K: return 2;
+    case GgmlType::IQ2_XXS:
+    case GgmlType::Q2_K: return 2;
     case GgmlType::Q4_K: return 4;
     case GgmlType::Q8_0: return 8;
     case GgmlType::F16: return 16;
@@ -112,8 +120,10 @@ expected<ModelWeights> bind_weights(const GgufFile& f, const ModelSpec& spec) {
   std::vector<std::string> errors;
   bind_table(f, table, errors, [&](const TensorSpec& s, TensorRef ref) {
     w.n_bytes += ref.n_bytes;
-    if (s.scope == TensorScope::GLOBAL) w.global[static_cast<size_t>(s.slot)] = std::move(ref);
-    else w.layers[static_cast<size_t>(s.layer)].t[static_cast<size_t>(s.slot)] = std::move(ref);
+    if (s.scope == TensorScope::GLOBAL)
+      w.global[static_cast<size_t>(s.slot)] = std::move(ref);
+    else
+      w.layers[static_cast<size_t>(s.layer)].t[static_cast<size_t>(s.slot)] = std::move(ref);
   });
   for (uint32_t il = 0; il < spec.n_layer; ++il) {
     auto st = check_expert_pairing(w.layers[il], "blk." + std::to_string(il));
@@ -163,8 +173,10 @@ expected<MtpWeights> bind_mtp_weights(const GgufFile& f, const ModelSpec& spec) 
   MtpWeights m;
   std::vector<std::string> errors;
   bind_table(f, mtp_tensor_table(spec), errors, [&](const TensorSpec& s, TensorRef ref) {
-    if (s.scope == TensorScope::MTP_HEAD) m.head[static_cast<size_t>(s.slot)] = std::move(ref);
-    else m.block.t[static_cast<size_t>(s.slot)] = std::move(ref);
+    if (s.scope == TensorScope::MTP_HEAD)
+      m.head[static_cast<size_t>(s.slot)] = std::move(ref);
+    else
+      m.block.t[static_cast<size_t>(s.slot)] = std::move(ref);
   });
   auto st = check_expert_pairing(m.block, "mtp.0");
   if (!st) errors.push_back(st.error().message);

@@ -64,7 +64,7 @@ struct ModelWeights {
   std::array<TensorRef, static_cast<size_t>(GlobalTensor::COUNT)> global;
   std::vector<LayerWeights> layers;
   QuantMix mix;
-  uint64_t n_bytes = 0;  // sum over bound tensors
+  uint64_t n_bytes = 0;              // sum over bound tensors
   std::vector<std::string> ignored;  // tensors in the file that the table does not know
 
   const TensorRef& operator[](GlobalTensor s) const { return global[static_cast<size_t>(s)]; }

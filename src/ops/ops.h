@@ -60,13 +60,13 @@ struct EmbedOp {
 // post = 2 sigmoid(s1 mu_post + b); comb = Sinkhorn(s2 mu_comb + b);
 // u = sum_i pre_i X_i.
 struct HcPreOp {
-  Tensor u;      // [n, D] f32 out
-  Tensor post;   // [n, hc] f32 out
-  Tensor comb;   // [n, hc, hc] f32 out (row = source stream, col = destination)
-  Tensor state;  // [n, hc, D] f32 in
-  Tensor fn;     // [mix, hc*D] weight, mix = (2 + hc) * hc
-  Tensor scale;  // [3] f32
-  Tensor base;   // [mix] f32
+  Tensor u;                // [n, D] f32 out
+  Tensor post;             // [n, hc] f32 out
+  Tensor comb;             // [n, hc, hc] f32 out (row = source stream, col = destination)
+  Tensor state;            // [n, hc, D] f32 in
+  Tensor fn;               // [mix, hc*D] weight, mix = (2 + hc) * hc
+  Tensor scale;            // [3] f32
+  Tensor base;             // [mix] f32
   float norm_eps = 1e-6f;  // RMS epsilon of the state normalisation
   float hc_eps = 1e-6f;
   int sinkhorn_iters = 20;
@@ -87,7 +87,7 @@ struct HcPostOp {
   bool round_bf16 = false;
   // Optional: y is taken as y + y2 (one f32 addition per element, the AddOp
   // it replaces: the shared expert's output of a decode branch).
-  Tensor y2;     // [n, D] f32, or empty
+  Tensor y2;  // [n, D] f32, or empty
 };
 
 // mHC head (§4.4): w_i = sigmoid(s * rho * (fn · x̄)_i + b_i) + eps; h = sum_i w_i X_i.
@@ -173,14 +173,14 @@ struct StoreRowsOp {
 // written as row k = p div m of `rows`; with overlap, the current window then
 // becomes the previous one. Row counts are implied by positions.
 struct CompressOp {
-  Tensor rows;      // [cap_rows, d] f32 out (row k = window k)
-  Tensor state_a;   // [R, w] f32 frontier values, R = 2m (overlap) or m, w = c*d
-  Tensor state_g;   // [R, w] f32 frontier scores (-inf = empty)
-  Tensor kv;        // [n, w] f32 projections
-  Tensor gate;      // [n, w] f32 projections (APE not yet added)
-  Tensor ape;       // [m, w] weight (F16/F32)
-  Tensor norm_w;    // [d] f32
-  Tensor pos;       // [n] i32
+  Tensor rows;     // [cap_rows, d] f32 out (row k = window k)
+  Tensor state_a;  // [R, w] f32 frontier values, R = 2m (overlap) or m, w = c*d
+  Tensor state_g;  // [R, w] f32 frontier scores (-inf = empty)
+  Tensor kv;       // [n, w] f32 projections
+  Tensor gate;     // [n, w] f32 projections (APE not yet added)
+  Tensor ape;      // [m, w] weight (F16/F32)
+  Tensor norm_w;   // [d] f32
+  Tensor pos;      // [n] i32
   int ratio = 4;
   bool overlap = true;
   float eps = 1e-6f;
@@ -240,12 +240,12 @@ struct AttentionOp {
 // Router (§6.1–§6.3): s = sqrt(softplus(logits)); experts = hash table row of
 // the token (hash layers) or top-k of s + bias; weights = s[e] / sum s[sel] * alpha.
 struct MoeRouteOp {
-  Tensor experts;   // [n, k] i32 out
-  Tensor weights;   // [n, k] f32 out
-  Tensor logits;    // [n, E] f32 router logits
-  Tensor bias;      // [E] f32 or empty
-  Tensor hash;      // [V, k] i32 table (hash layers) or empty
-  Tensor ids;       // [n] i32 token ids (hash layers)
+  Tensor experts;  // [n, k] i32 out
+  Tensor weights;  // [n, k] f32 out
+  Tensor logits;   // [n, E] f32 router logits
+  Tensor bias;     // [E] f32 or empty
+  Tensor hash;     // [V, k] i32 table (hash layers) or empty
+  Tensor ids;      // [n] i32 token ids (hash layers)
   float alpha = 1.5f;
   bool normalize = true;
 };
@@ -253,13 +253,13 @@ struct MoeRouteOp {
 // Routed experts (§6.4): out[t] = sum_i weights[t,i] * down_e(silu(min(gate_e x, c)) * clamp(up_e x, -c, c))
 // with e = experts[t, i]; `accumulate` adds into out instead of overwriting.
 struct MoeExpertsOp {
-  Tensor out;       // [n, D] f32
-  Tensor x;         // [n, D] f32
-  Tensor gate;      // [E, F, D] weight (stacked)
-  Tensor up;        // [E, F, D]
-  Tensor down;      // [E, D, F]
-  Tensor experts;   // [n, k] i32
-  Tensor weights;   // [n, k] f32
+  Tensor out;      // [n, D] f32
+  Tensor x;        // [n, D] f32
+  Tensor gate;     // [E, F, D] weight (stacked)
+  Tensor up;       // [E, F, D]
+  Tensor down;     // [E, D, F]
+  Tensor experts;  // [n, k] i32
+  Tensor weights;  // [n, k] f32
   float clamp = 10.0f;
   bool accumulate = false;
 };

@@ -19,7 +19,8 @@ void rope_frequencies(const RopeParams& p, float* omega) {
   double lo = 0, hi = 0;
   if (p.yarn) {
     auto corr = [&](double beta) {
-      return p.n_rot * std::log(static_cast<double>(p.orig_ctx) / (beta * 2.0 * M_PI)) / (2.0 * std::log(static_cast<double>(p.theta)));
+      return p.n_rot * std::log(static_cast<double>(p.orig_ctx) / (beta * 2.0 * M_PI)) /
+             (2.0 * std::log(static_cast<double>(p.theta)));
     };
     lo = std::max(std::floor(corr(p.beta_fast)), 0.0);
     hi = std::min(std::ceil(corr(p.beta_slow)), static_cast<double>(p.n_rot - 1));

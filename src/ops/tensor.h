@@ -49,7 +49,8 @@ struct Tensor {
   }
   // The first n elements of a 1-D tensor.
   Tensor head(int64_t n) const {
-    DSV4_ASSERT(ne[1] == 1 && ne[2] == 1 && ne[3] == 1 && n <= ne[0], "head(%lld) of a non-vector", static_cast<long long>(n));
+    DSV4_ASSERT(ne[1] == 1 && ne[2] == 1 && ne[3] == 1 && n <= ne[0], "head(%lld) of a non-vector",
+                static_cast<long long>(n));
     Tensor t = *this;
     t.ne[0] = n;
     return t;

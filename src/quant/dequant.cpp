@@ -25,8 +25,10 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   if (t == GgmlType::F16 || t == GgmlType::BF16) {
     DSV4_ASSERT(reinterpret_cast<uintptr_t>(src) % 2 == 0, "%s row must be 2-byte aligned", ggml_type_name(t));
     const auto* s = static_cast<const uint16_t*>(src);
-    if (t == GgmlType::F16) detail::decode_f16(s, dst, n);
-    else detail::decode_bf16(s, dst, n);
+    if (t == GgmlType::F16)
+      detail::decode_f16(s, dst, n);
+    else
+      detail::decode_bf16(s, dst, n);
     return;
   }
   if (t == GgmlType::Q8_0) {

@@ -41,8 +41,10 @@ float dot_half(const uint16_t* w, const float* x, int64_t n) {
   LaneAcc acc;
   for (int64_t i = 0; i < n; i += k_chunk) {
     const int64_t len = n - i < k_chunk ? n - i : k_chunk;
-    if constexpr (kIsF16) detail::decode_f16(w + i, buf, len);
-    else detail::decode_bf16(w + i, buf, len);
+    if constexpr (kIsF16)
+      detail::decode_f16(w + i, buf, len);
+    else
+      detail::decode_bf16(w + i, buf, len);
     lane_dot_any(acc, buf, x + i, len);
   }
   return acc.total();
@@ -127,7 +129,7 @@ float dot_iq2_xxs_q8_k(const BlockIQ2_XXS* w, const BlockQ8_K* a, int64_t nb) {
       for (int t = 0; t < 4; ++t) {
         int8_t g[8];  // byte j = magnitude of weight j (<= 43, so it fits an int8)
         std::memcpy(g, &grid[(wa >> (8 * t)) & 0xFF], 8);
-        const int8_t* m = signs + 8 * ((wb >> (7 * t)) & 127);  // 0 or -1 per weight
+        const int8_t* m = signs + 8 * ((wb >> (7 * t)) & 127);                                  // 0 or -1 per weight
         for (int j = 0; j < 8; ++j) sg[8 * t + j] = static_cast<int8_t>((g[j] ^ m[j]) - m[j]);  // g or -g
       }
       const int8_t* yq = y.qs + 32 * ib;

@@ -30,28 +30,28 @@ struct BlockQ8_0 {  // 34 bytes
   uint16_t d;       // binary16 scale
   int8_t qs[k_qk8_0];
 };
-struct BlockQ2_K {          // 84 bytes
-  uint8_t scales[16];       // low nibble scale code, high nibble min code, per 16-element sub-block
-  uint8_t qs[k_qk_k / 4];   // 2-bit quants (see formats.md §2.2 for placement)
-  uint16_t d;               // binary16 super-scale for scales
-  uint16_t dmin;            // binary16 super-scale for mins
+struct BlockQ2_K {         // 84 bytes
+  uint8_t scales[16];      // low nibble scale code, high nibble min code, per 16-element sub-block
+  uint8_t qs[k_qk_k / 4];  // 2-bit quants (see formats.md §2.2 for placement)
+  uint16_t d;              // binary16 super-scale for scales
+  uint16_t dmin;           // binary16 super-scale for mins
 };
-struct BlockQ4_K {          // 144 bytes
+struct BlockQ4_K {  // 144 bytes
   uint16_t d;
   uint16_t dmin;
-  uint8_t scales[12];       // 8 six-bit scales + 8 six-bit mins, packed
+  uint8_t scales[12];  // 8 six-bit scales + 8 six-bit mins, packed
   uint8_t qs[k_qk_k / 2];
 };
-struct BlockIQ2_XXS {       // 66 bytes
+struct BlockIQ2_XXS {  // 66 bytes
   uint16_t d;
   uint16_t qs[k_qk_k / 8];  // 8 groups x (two LE u32: 4 grid indices | 4x7-bit sign indices + 4-bit scale)
 };
 // Activation blocks (never stored in files).
-struct BlockQ8_0F {         // Q8_0 activation with an f32 scale (ds4 CPU convention), 36 bytes
+struct BlockQ8_0F {  // Q8_0 activation with an f32 scale (ds4 CPU convention), 36 bytes
   float d;
   int8_t qs[k_qk8_0];
 };
-struct BlockQ8_K {          // 292 bytes
+struct BlockQ8_K {  // 292 bytes
   float d;
   int8_t qs[k_qk_k];
   int16_t bsums[k_qk_k / 16];  // sum of qs over each 16-element group

@@ -52,7 +52,7 @@ namespace dsv4::quant::detail {
 
 namespace {
 
-constexpr int k_tuples = 6561;  // 3^8 tuples of codes 0..2
+constexpr int k_tuples = 6561;                    // 3^8 tuples of codes 0..2
 constexpr float k_q[3] = {1.0f, 3.125f, 5.375f};  // {8, 25, 43} / 8
 constexpr float k_mid01 = 0.5f * (k_q[0] + k_q[1]);
 constexpr float k_mid12 = 0.5f * (k_q[1] + k_q[2]);
@@ -162,11 +162,11 @@ void map_group(const Iq2Search& S, const float* xval, const float* w, float s, u
 }
 
 struct Group {
-  float xval[32];   // sign-folded targets (|x|, or -|x| for the parity-flipped element)
-  float w[32];      // weights
-  uint8_t sign7[4]; // 7-bit sign index per tuple
-  uint8_t idx[4];   // grid index per tuple
-  float scale;      // fitted s (0 for an all-zero group)
+  float xval[32];    // sign-folded targets (|x|, or -|x| for the parity-flipped element)
+  float w[32];       // weights
+  uint8_t sign7[4];  // 7-bit sign index per tuple
+  uint8_t idx[4];    // grid index per tuple
+  float scale;       // fitted s (0 for an all-zero group)
 };
 
 // Steps 1-2 for one group of 32.

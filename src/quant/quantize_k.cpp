@@ -176,7 +176,7 @@ float fit_codes(int n, int nmax, const float* v, const float* w, uint8_t* L) {
 
 // Result of steps 1-3 for one block of either type.
 struct KBlock {
-  float d, dmin;       // binary16-rounded super-scales
+  float d, dmin;  // binary16-rounded super-scales
   uint16_t d16, dmin16;
   uint8_t sc[16], m[16];  // per sub-block codes
   uint8_t L[k_qk_k];      // per-weight codes
@@ -253,8 +253,8 @@ void fit_k_block(const float* x, const float* imp, float sigma_mult, const ScanP
 void quantize_row_q2_k(const float* x, BlockQ2_K* y, int64_t n, const float* importance) {
   KBlock kb;
   for (int64_t b = 0; b < n / k_qk_k; ++b) {
-    fit_k_block<16, 3, 15>(x + b * k_qk_k, importance ? importance + b * k_qk_k : nullptr, 1.0f, k_scan_q2_k_ref,
-                           false, kb);
+    fit_k_block<16, 3, 15>(x + b * k_qk_k, importance ? importance + b * k_qk_k : nullptr, 1.0f, k_scan_q2_k_ref, false,
+                           kb);
     BlockQ2_K& o = y[b];
     for (int j = 0; j < 16; ++j) o.scales[j] = static_cast<uint8_t>(kb.sc[j] | (kb.m[j] << 4));
     // Byte 32h + l: bits 2s..2s+1 hold element 128h + 32s + l (formats.md §2.2).
@@ -271,8 +271,8 @@ void quantize_row_q2_k(const float* x, BlockQ2_K* y, int64_t n, const float* imp
 void quantize_row_q4_k(const float* x, BlockQ4_K* y, int64_t n, const float* importance) {
   KBlock kb;
   for (int64_t b = 0; b < n / k_qk_k; ++b) {
-    fit_k_block<32, 15, 63>(x + b * k_qk_k, importance ? importance + b * k_qk_k : nullptr, 2.0f, k_scan_q4_k_ref,
-                            true, kb);
+    fit_k_block<32, 15, 63>(x + b * k_qk_k, importance ? importance + b * k_qk_k : nullptr, 2.0f, k_scan_q4_k_ref, true,
+                            kb);
     BlockQ4_K& o = y[b];
     o.d = kb.d16;
     o.dmin = kb.dmin16;

@@ -64,7 +64,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   const float mx = work_[static_cast<size_t>(idx_[0])];
   std::vector<double> prob(keep);
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(static_cast<double>((work_[static_cast<size_t>(idx_[i])] - mx) * inv_t));
+  for (size_t i = 0; i < keep; ++i)
+    sum += prob[i] = std::exp(static_cast<double>((work_[static_cast<size_t>(idx_[i])] - mx) * inv_t));
   for (auto& v : prob) v /= sum;
   // min-p: drop candidates below min_p * p_max.
   if (params_.min_p > 0.0f) {

@@ -20,9 +20,9 @@ namespace dsv4 {
 
 struct SamplingParams {
   float temperature = 1.0f;
-  int top_k = 0;              // 0 = off
-  float top_p = 1.0f;         // 1 = off
-  float min_p = 0.0f;         // 0 = off
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off; > 1 discourages repeats (divides positive logits)
   float presence_penalty = 0.0f;    // subtracted once per token already seen
   float frequency_penalty = 0.0f;   // subtracted per occurrence
@@ -66,9 +66,9 @@ class StopMatcher {
  public:
   explicit StopMatcher(std::vector<std::string> stops);
   struct Result {
-    std::string emit;     // text safe to show now
-    bool stopped = false; // a stop string matched (emit holds the text before it)
-    std::string stop;     // which one
+    std::string emit;      // text safe to show now
+    bool stopped = false;  // a stop string matched (emit holds the text before it)
+    std::string stop;      // which one
   };
   Result push(std::string_view text);
   // End of generation: release what was held back.

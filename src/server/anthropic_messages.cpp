@@ -267,9 +267,7 @@ ordered_json usage_json(const FinalReply& r) {
                       {"output_tokens", r.completion_tokens}};
 }
 
-std::string signature_of(const std::string& thinking) {
-  return "dsv4-" + sha256_hex(thinking.data(), thinking.size());
-}
+std::string signature_of(const std::string& thinking) { return "dsv4-" + sha256_hex(thinking.data(), thinking.size()); }
 
 // A call's input object. The arguments are the parser's (dsml_parser.h: valid
 // JSON within k_max_json_depth); anything else is kept whole as a string.
@@ -326,10 +324,9 @@ class AnthropicWriter final : public ReplyWriter {
           break;
         case OutKind::CALL_START:
           out += close();
-          out += start(Block::TOOL, ordered_json{{"type", "tool_use"},
-                                                 {"id", e.id},
-                                                 {"name", e.text},
-                                                 {"input", ordered_json::object()}});
+          out += start(
+              Block::TOOL,
+              ordered_json{{"type", "tool_use"}, {"id", e.id}, {"name", e.text}, {"input", ordered_json::object()}});
           break;
         case OutKind::CALL_ARGS:
           if (open_ == Block::TOOL && !e.text.empty())
@@ -346,21 +343,26 @@ class AnthropicWriter final : public ReplyWriter {
     std::string out = close();
     ordered_json d{{"stop_reason", stop_reason(r)},
                    {"stop_sequence", r.stop_string.empty() ? ordered_json(nullptr) : ordered_json(r.stop_string)}};
-    out += sse_event("message_delta", ordered_json{{"type", "message_delta"}, {"delta", std::move(d)}, {"usage", usage_json(r)}});
+    out += sse_event("message_delta",
+                     ordered_json{{"type", "message_delta"}, {"delta", std::move(d)}, {"usage", usage_json(r)}});
     out += sse_event("message_stop", ordered_json{{"type", "message_stop"}});
     return out;
   }
 
-  std::string stream_error(const ApiError& e) override { return sse_event("error", error_json(e, ErrorShape::ANTHROPIC)); }
+  std::string stream_error(const ApiError& e) override {
+    return sse_event("error", error_json(e, ErrorShape::ANTHROPIC));
+  }
   std::string stream_keepalive() override { return sse_event("ping", ordered_json{{"type", "ping"}}); }
 
   ordered_json body(const FinalReply& r) override {
     ordered_json content = ordered_json::array();
     if (!r.reasoning.empty())
-      content.push_back(ordered_json{{"type", "thinking"}, {"thinking", r.reasoning}, {"signature", signature_of(r.reasoning)}});
+      content.push_back(
+          ordered_json{{"type", "thinking"}, {"thinking", r.reasoning}, {"signature", signature_of(r.reasoning)}});
     if (!r.content.empty() || r.calls.empty()) content.push_back(ordered_json{{"type", "text"}, {"text", r.content}});
     for (const auto& c : r.calls)
-      content.push_back(ordered_json{{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", tool_input(c.arguments)}});
+      content.push_back(
+          ordered_json{{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", tool_input(c.arguments)}});
     ordered_json j = ordered_json::object();
     j["id"] = id_;
     j["type"] = "message";
@@ -380,8 +382,9 @@ class AnthropicWriter final : public ReplyWriter {
     open_ = kind;
     index_ = next_index_++;
     if (kind == Block::THINKING) thinking_.clear();
-    return sse_event("content_block_start",
-                     ordered_json{{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(block)}});
+    return sse_event(
+        "content_block_start",
+        ordered_json{{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(block)}});
   }
 
   std::string delta(ordered_json d) const {

@@ -31,16 +31,16 @@ ApiError invalid_request(const Error& e) { return invalid_request(e.message); }
 
 ApiError api_error(const runtime::RuntimeError& e) {
   switch (e.kind) {
-    case runtime::RuntimeErrorKind::INVALID_REQUEST: return ApiError{ApiErrorKind::INVALID_REQUEST, e.message, e.param, ""};
-    case runtime::RuntimeErrorKind::CONTEXT_LENGTH: return ApiError{ApiErrorKind::CONTEXT_LENGTH, e.message, e.param, ""};
+    case runtime::RuntimeErrorKind::INVALID_REQUEST:
+      return ApiError{ApiErrorKind::INVALID_REQUEST, e.message, e.param, ""};
+    case runtime::RuntimeErrorKind::CONTEXT_LENGTH:
+      return ApiError{ApiErrorKind::CONTEXT_LENGTH, e.message, e.param, ""};
     case runtime::RuntimeErrorKind::INTERNAL: break;
   }
   return ApiError{ApiErrorKind::INTERNAL, e.message, e.param, ""};
 }
 
-ApiError internal_error(std::string message) {
-  return ApiError{ApiErrorKind::INTERNAL, std::move(message), "", ""};
-}
+ApiError internal_error(std::string message) { return ApiError{ApiErrorKind::INTERNAL, std::move(message), "", ""}; }
 
 namespace {
 

@@ -49,8 +49,8 @@ enum class ApiErrorKind {
 struct ApiError {
   ApiErrorKind kind = ApiErrorKind::INVALID_REQUEST;
   std::string message;
-  std::string param;  // the offending request field, when known
-  std::string code;   // OpenAI `code` override ("" = the kind's default)
+  std::string param;    // the offending request field, when known
+  std::string code;     // OpenAI `code` override ("" = the kind's default)
   int http_status = 0;  // overrides the kind's status (the transport's 417, 431, 501, 505)
 
   int status() const;

@@ -115,16 +115,17 @@ expected<PreparedChat, ApiError> prepare_chat(ChatRequest req, const ServeContex
     case ToolChoiceMode::AUTO:
     case ToolChoiceMode::NONE: break;
     case ToolChoiceMode::REQUIRED:
-      if (!has_tools) return unexpected(invalid_request("tool_choice requires a tool call but no tools were given", "tool_choice"));
+      if (!has_tools)
+        return unexpected(invalid_request("tool_choice requires a tool call but no tools were given", "tool_choice"));
       p.job.forced_tool = runtime::ForcedTool::ANY;
       break;
     case ToolChoiceMode::FUNCTION: {
       auto it = std::find_if(req.tools.begin(), req.tools.end(),
                              [&](const ChatTool& t) { return t.name == req.tool_choice.name; });
       if (it == req.tools.end())
-        return unexpected(invalid_request("tool_choice names the function '" + req.tool_choice.name +
-                                              "', which is not among the tools",
-                                          "tool_choice"));
+        return unexpected(invalid_request(
+            "tool_choice names the function '" + req.tool_choice.name + "', which is not among the tools",
+            "tool_choice"));
       p.job.forced_tool = runtime::ForcedTool::NAMED;
       p.job.forced_name = req.tool_choice.name;
       break;

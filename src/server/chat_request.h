@@ -70,9 +70,9 @@ struct ToolChoice {
 };
 
 struct ThinkingControl {
-  std::optional<bool> enabled;          // explicit on/off
-  std::optional<ThinkingLevel> level;   // explicit effort (NONE means off)
-  int budget_tokens = -1;               // Anthropic budget_tokens (-1: none)
+  std::optional<bool> enabled;         // explicit on/off
+  std::optional<ThinkingLevel> level;  // explicit effort (NONE means off)
+  int budget_tokens = -1;              // Anthropic budget_tokens (-1: none)
 };
 
 enum class ResponseFormat { TEXT, JSON_OBJECT, JSON_SCHEMA };

@@ -154,8 +154,8 @@ std::optional<ApiError> keyless_refusal(const httplib::Request& req, const Serve
                       "", ""};
   }
   if (req.method == "POST" && !is_json_media_type(req.get_header_value("Content-Type")))
-    return ApiError{ApiErrorKind::UNSUPPORTED_MEDIA, "the request body must be sent with Content-Type: application/json",
-                    "", ""};
+    return ApiError{ApiErrorKind::UNSUPPORTED_MEDIA,
+                    "the request body must be sent with Content-Type: application/json", "", ""};
   return std::nullopt;
 }
 
@@ -165,7 +165,8 @@ bool key_matches(const httplib::Request& req, const std::string& key, bool& any_
   const std::string x = req.get_header_value("x-api-key");
   const std::string auth = req.get_header_value("Authorization");
   std::string bearer;
-  if (auth.size() > 7 && iequals(std::string_view(auth).substr(0, 7), "bearer ")) bearer = trim(std::string_view(auth).substr(7));
+  if (auth.size() > 7 && iequals(std::string_view(auth).substr(0, 7), "bearer "))
+    bearer = trim(std::string_view(auth).substr(7));
   any_given = !x.empty() || !bearer.empty();
   // Both are compared, so the time taken does not tell which one matched.
   const bool x_ok = !x.empty() && api_key_matches(x, key);
@@ -221,10 +222,16 @@ struct StreamSession {
   bool begun = false;
   clock_type::time_point last_write = clock_type::now();
 
-  StreamSession(std::shared_ptr<runtime::Job> j, runtime::Runtime& r, ReplyAssembler a, std::unique_ptr<ReplyWriter> w, ResponseFormat f,
-                int socket, clock_type::duration ka, std::shared_ptr<ActiveToken> act)
-      : job(std::move(j)), runtime(r), assembler(std::move(a)), writer(std::move(w)), format(f), fd(socket),
-        keepalive(ka), active(std::move(act)) {}
+  StreamSession(std::shared_ptr<runtime::Job> j, runtime::Runtime& r, ReplyAssembler a, std::unique_ptr<ReplyWriter> w,
+                ResponseFormat f, int socket, clock_type::duration ka, std::shared_ptr<ActiveToken> act)
+      : job(std::move(j)),
+        runtime(r),
+        assembler(std::move(a)),
+        writer(std::move(w)),
+        format(f),
+        fd(socket),
+        keepalive(ka),
+        active(std::move(act)) {}
   // The response (and with it this session) goes before the connection closes.
   ~StreamSession() { job->clear_client_check(); }
   StreamSession(const StreamSession&) = delete;
@@ -316,8 +323,8 @@ TransportOptions transport_options(const ServerOptions& o) {
   t.max_connections_per_client = o.max_client_connections;
   t.max_connections = o.max_connections;
   t.framing.max_body_bytes = o.max_body_bytes;
-  t.max_buffered_bytes = o.max_buffered_bytes > 0 ? o.max_buffered_bytes
-                                                  : std::max(4 * o.max_body_bytes, size_t{256} << 20);
+  t.max_buffered_bytes =
+      o.max_buffered_bytes > 0 ? o.max_buffered_bytes : std::max(4 * o.max_body_bytes, size_t{256} << 20);
   return t;
 }
 
@@ -383,11 +390,12 @@ HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
     if (req.path == "/health" || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
     bool given = false;
     if (key_matches(req, options_.api_key, given)) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res,
-               ApiError{ApiErrorKind::AUTHENTICATION,
-                        given ? "invalid API key" : "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
-                        "", ""},
-               shape_for_path(req.path));
+    send_error(
+        res,
+        ApiError{ApiErrorKind::AUTHENTICATION,
+                 given ? "invalid API key" : "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                 "", ""},
+        shape_for_path(req.path));
     return httplib::Server::HandlerResponse::Handled;
   });
 
@@ -398,7 +406,9 @@ HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
     ApiError e;
     switch (res.status) {
       case 404: e = ApiError{ApiErrorKind::NOT_FOUND, "no route for " + req.method + " " + req.path, "", ""}; break;
-      case 413: e = ApiError{ApiErrorKind::PAYLOAD_TOO_LARGE, "the request body exceeds the server's limit", "", ""}; break;
+      case 413:
+        e = ApiError{ApiErrorKind::PAYLOAD_TOO_LARGE, "the request body exceeds the server's limit", "", ""};
+        break;
       default:
         e = res.status >= 500 ? internal_error(strfmt("HTTP %d", res.status))
                               : invalid_request(strfmt("bad request (HTTP %d)", res.status));
@@ -418,7 +428,8 @@ HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
     const double seconds = std::chrono::duration<double>(clock_type::now() - t_log.start).count();
     metrics_.request_done(req.path, res.status, seconds);
     std::string tokens;
-    if (t_log.has_tokens) tokens = strfmt(" prompt=%zu cached=%zu completion=%zu", t_log.prompt, t_log.cached, t_log.completion);
+    if (t_log.has_tokens)
+      tokens = strfmt(" prompt=%zu cached=%zu completion=%zu", t_log.prompt, t_log.cached, t_log.completion);
     log_info("%s %s %d%s %.0f ms%s%s", req.method.c_str(), clip(req.path).c_str(), res.status, tokens.c_str(),
              seconds * 1000, t_log.note.empty() ? "" : " - ", t_log.note.c_str());
   });
@@ -463,7 +474,8 @@ HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
   auto generation = [this](Endpoint ep) {
     return [this, ep](const httplib::Request& req, httplib::Response& res) {
       const ErrorShape shape = ep == Endpoint::MESSAGES ? ErrorShape::ANTHROPIC : ErrorShape::OPENAI;
-      if (draining_) return send_error(res, ApiError{ApiErrorKind::OVERLOADED, "the server is shutting down", "", ""}, shape);
+      if (draining_)
+        return send_error(res, ApiError{ApiErrorKind::OVERLOADED, "the server is shutting down", "", ""}, shape);
       auto body = parse_json_text(req.body);
       if (!body) return send_error(res, invalid_request(body.error().message), shape);
       expected<PreparedRequest, ApiError> prepared = [&]() -> expected<PreparedRequest, ApiError> {

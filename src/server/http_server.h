@@ -100,7 +100,7 @@ class HttpServer {
   std::atomic<bool> draining_{false};
   std::atomic<bool> force_{false};  // shutdown(true) was asked for: stop waiting
   std::atomic<int> active_{0};
-  std::mutex shutdown_mu_;          // the final steps run once
+  std::mutex shutdown_mu_;  // the final steps run once
   bool stopped_ = false;
 };
 

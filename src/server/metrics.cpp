@@ -6,8 +6,9 @@
 namespace dsv4::server {
 
 const char* route_label(std::string_view path) {
-  static constexpr const char* k_routes[] = {"/health",         "/metrics",       "/v1/models",   "/v1/chat/completions",
-                                             "/v1/completions", "/v1/responses",  "/v1/messages", "/v1/messages/count_tokens"};
+  static constexpr const char* k_routes[] = {
+      "/health",         "/metrics",      "/v1/models",   "/v1/chat/completions",
+      "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"};
   path = path.substr(0, path.find('?'));
   for (const char* r : k_routes)
     if (path == r) return r;
@@ -17,10 +18,14 @@ const char* route_label(std::string_view path) {
 std::string prometheus_escape(std::string_view value) {
   std::string out;
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -62,13 +67,15 @@ std::string Metrics::prometheus(size_t queue_depth, bool running, const runtime:
   auto head = [&](const char* name, const char* type, const char* help) {
     s += strfmt("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
   };
-  auto line_u = [&](const char* name, uint64_t v) { s += strfmt("%s %llu\n", name, static_cast<unsigned long long>(v)); };
+  auto line_u = [&](const char* name, uint64_t v) {
+    s += strfmt("%s %llu\n", name, static_cast<unsigned long long>(v));
+  };
   auto line_d = [&](const char* name, double v) { s += strfmt("%s %.6f\n", name, v); };
 
   head("dsv4_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
   for (const auto& [key, n] : requests_)
-    s += strfmt("dsv4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", prometheus_escape(key.first).c_str(), key.second,
-                static_cast<unsigned long long>(n));
+    s += strfmt("dsv4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", prometheus_escape(key.first).c_str(),
+                key.second, static_cast<unsigned long long>(n));
   head("dsv4_request_seconds", "summary", "Wall time of answered requests.");
   line_d("dsv4_request_seconds_sum", request_seconds_);
   line_u("dsv4_request_seconds_count", request_count_);
@@ -111,7 +118,8 @@ std::string Metrics::prometheus(size_t queue_depth, bool running, const runtime:
   head("dsv4_session_picks_total", "counter", "Requests by how their session was chosen.");
   static constexpr const char* k_picks[] = {"extends", "regenerates", "new", "displaced"};
   for (size_t i = 0; i < c.picks.size(); ++i)
-    s += strfmt("dsv4_session_picks_total{pick=\"%s\"} %llu\n", k_picks[i], static_cast<unsigned long long>(c.picks[i]));
+    s +=
+        strfmt("dsv4_session_picks_total{pick=\"%s\"} %llu\n", k_picks[i], static_cast<unsigned long long>(c.picks[i]));
 
   head("dsv4_kv_disk_enabled", "gauge", "1 when the on-disk KV cache is in use.");
   line_u("dsv4_kv_disk_enabled", c.disk_enabled ? 1 : 0);
@@ -128,15 +136,18 @@ std::string Metrics::prometheus(size_t queue_depth, bool running, const runtime:
   head("dsv4_kv_disk_saves_total", "counter", "Session states handed to the cache writer, by reason.");
   static constexpr const char* k_reasons[] = {"cold", "frontier", "displaced", "shutdown"};
   for (size_t i = 0; i < c.saves.size(); ++i)
-    s += strfmt("dsv4_kv_disk_saves_total{reason=\"%s\"} %llu\n", k_reasons[i], static_cast<unsigned long long>(c.saves[i]));
+    s += strfmt("dsv4_kv_disk_saves_total{reason=\"%s\"} %llu\n", k_reasons[i],
+                static_cast<unsigned long long>(c.saves[i]));
   head("dsv4_kv_disk_saves_skipped_total", "counter", "Saves skipped: the writer was busy, or the same file exists.");
   s += strfmt("dsv4_kv_disk_saves_skipped_total{why=\"busy\"} %llu\n", static_cast<unsigned long long>(c.skipped_busy));
-  s += strfmt("dsv4_kv_disk_saves_skipped_total{why=\"present\"} %llu\n", static_cast<unsigned long long>(c.skipped_present));
+  s += strfmt("dsv4_kv_disk_saves_skipped_total{why=\"present\"} %llu\n",
+              static_cast<unsigned long long>(c.skipped_present));
   head("dsv4_kv_disk_write_failures_total", "counter", "Cache file writes that failed.");
   line_u("dsv4_kv_disk_write_failures_total", c.write_failures);
   head("dsv4_kv_disk_evictions_total", "counter", "Cache files removed to stay within the budget.");
   line_u("dsv4_kv_disk_evictions_total", c.disk.evictions);
-  head("dsv4_kv_disk_rejected_files_total", "counter", "Invalid cache files removed (corrupt, truncated, foreign, wrong version).");
+  head("dsv4_kv_disk_rejected_files_total", "counter",
+       "Invalid cache files removed (corrupt, truncated, foreign, wrong version).");
   line_u("dsv4_kv_disk_rejected_files_total", c.disk.rejected);
   head("dsv4_kv_disk_files", "gauge", "Cache files in the directory.");
   line_u("dsv4_kv_disk_files", c.disk.files);

@@ -12,10 +12,14 @@ expected<ToolChoice> parse_openai_tool_choice(const ordered_json* v, bool respon
   if (!v) return c;
   if (v->is_string()) {
     const std::string& s = v->get_ref<const std::string&>();
-    if (s == "auto") c.mode = ToolChoiceMode::AUTO;
-    else if (s == "none") c.mode = ToolChoiceMode::NONE;
-    else if (s == "required") c.mode = ToolChoiceMode::REQUIRED;
-    else return make_error("'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got \"%s\"", s.c_str());
+    if (s == "auto")
+      c.mode = ToolChoiceMode::AUTO;
+    else if (s == "none")
+      c.mode = ToolChoiceMode::NONE;
+    else if (s == "required")
+      c.mode = ToolChoiceMode::REQUIRED;
+    else
+      return make_error("'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got \"%s\"", s.c_str());
     return c;
   }
   if (!v->is_object()) return make_error("'tool_choice' must be a string or an object, got %s", v->type_name());
@@ -133,8 +137,12 @@ namespace {
 class OpenAIChatWriter final : public ReplyWriter {
  public:
   OpenAIChatWriter(std::string model, bool include_usage, bool logprobs, const Tokenizer& tok)
-      : id_("chatcmpl-" + random_hex(12)), created_(unix_time()), model_(std::move(model)),
-        include_usage_(include_usage), logprobs_(logprobs), tok_(tok) {}
+      : id_("chatcmpl-" + random_hex(12)),
+        created_(unix_time()),
+        model_(std::move(model)),
+        include_usage_(include_usage),
+        logprobs_(logprobs),
+        tok_(tok) {}
 
   std::string stream_begin() override {
     return sse_data(chunk(ordered_json{{"role", "assistant"}, {"content", ""}}, nullptr));
@@ -187,7 +195,9 @@ class OpenAIChatWriter final : public ReplyWriter {
     return out + sse_done();
   }
 
-  std::string stream_error(const ApiError& e) override { return sse_data(error_json(e, ErrorShape::OPENAI)) + sse_done(); }
+  std::string stream_error(const ApiError& e) override {
+    return sse_data(error_json(e, ErrorShape::OPENAI)) + sse_done();
+  }
   std::string stream_keepalive() override { return sse_comment("keepalive"); }
 
   ordered_json body(const FinalReply& r) override {

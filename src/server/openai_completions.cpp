@@ -41,7 +41,8 @@ expected<CompletionRequest> parse(const ordered_json& body) {
     for (const auto& v : *p) {
       if (!v.is_number_integer()) return make_error("'prompt' token ids must be integers");
       const int64_t id = v.get<int64_t>();
-      if (id < 0 || id > INT32_MAX) return make_error("'prompt' holds the invalid token id %lld", static_cast<long long>(id));
+      if (id < 0 || id > INT32_MAX)
+        return make_error("'prompt' holds the invalid token id %lld", static_cast<long long>(id));
       c.prompt_ids.push_back(static_cast<int32_t>(id));
     }
   } else if (p->is_array() && p->size() > 1) {
@@ -80,7 +81,8 @@ ordered_json legacy_logprobs(const std::vector<TokenLogprob>& lps, const Tokeniz
     tokens.push_back(text);
     token_lps.push_back(std::isfinite(lp.logprob) ? static_cast<double>(lp.logprob) : -9999.0);
     ordered_json top = ordered_json::object();
-    for (const auto& [id, l] : lp.top) top[utf8_lossy(tok.token_bytes(id))] = std::isfinite(l) ? static_cast<double>(l) : -9999.0;
+    for (const auto& [id, l] : lp.top)
+      top[utf8_lossy(tok.token_bytes(id))] = std::isfinite(l) ? static_cast<double>(l) : -9999.0;
     tops.push_back(std::move(top));
     offsets.push_back(at);
     at += lp.text.size();
@@ -94,8 +96,13 @@ ordered_json legacy_logprobs(const std::vector<TokenLogprob>& lps, const Tokeniz
 class CompletionsWriter final : public ReplyWriter {
  public:
   CompletionsWriter(std::string model, bool include_usage, bool logprobs, std::string echo, const Tokenizer& tok)
-      : id_("cmpl-" + random_hex(12)), created_(unix_time()), model_(std::move(model)), include_usage_(include_usage),
-        logprobs_(logprobs), echo_(std::move(echo)), tok_(tok) {}
+      : id_("cmpl-" + random_hex(12)),
+        created_(unix_time()),
+        model_(std::move(model)),
+        include_usage_(include_usage),
+        logprobs_(logprobs),
+        echo_(std::move(echo)),
+        tok_(tok) {}
 
   std::string stream_begin() override { return echo_.empty() ? std::string() : sse_data(chunk(echo_, nullptr)); }
 
@@ -119,7 +126,9 @@ class CompletionsWriter final : public ReplyWriter {
     return out + sse_done();
   }
 
-  std::string stream_error(const ApiError& e) override { return sse_data(error_json(e, ErrorShape::OPENAI)) + sse_done(); }
+  std::string stream_error(const ApiError& e) override {
+    return sse_data(error_json(e, ErrorShape::OPENAI)) + sse_done();
+  }
   std::string stream_keepalive() override { return sse_comment("keepalive"); }
 
   ordered_json body(const FinalReply& r) override {
@@ -176,9 +185,9 @@ expected<PreparedRequest, ApiError> prepare_openai_completions(const ordered_jso
   if (req->ids_given) {
     for (int32_t id : req->prompt_ids)
       if (static_cast<size_t>(id) >= ctx.tok.n_vocab())
-        return unexpected(invalid_request(strfmt("'prompt' holds the token id %d, outside the vocabulary of %zu tokens",
-                                                 id, ctx.tok.n_vocab()),
-                                          "prompt"));
+        return unexpected(invalid_request(
+            strfmt("'prompt' holds the token id %d, outside the vocabulary of %zu tokens", id, ctx.tok.n_vocab()),
+            "prompt"));
     tokens = req->prompt_ids;
     prompt_text = utf8_lossy(ctx.tok.decode(tokens));
   } else {

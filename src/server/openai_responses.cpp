@@ -130,9 +130,10 @@ Status messages_from_input(const ordered_json& input, std::vector<ChatMessage>& 
       DSV4_TRY_ASSIGN(std::string text, reasoning_text(item, where));
       pending_reasoning += text;
     } else {
-      return make_error("'%s.type' \"%s\" is not supported (message, function_call, function_call_output and "
-                        "reasoning items are)",
-                        where.c_str(), t.c_str());
+      return make_error(
+          "'%s.type' \"%s\" is not supported (message, function_call, function_call_output and "
+          "reasoning items are)",
+          where.c_str(), t.c_str());
     }
   }
   return {};
@@ -197,8 +198,9 @@ expected<ChatRequest> parse_openai_responses(const ordered_json& body) {
   r.model = model.value_or("");
   DSV4_TRY_ASSIGN(auto previous, f.string("previous_response_id"));
   if (previous)
-    return make_error("'previous_response_id' is not supported: this server stores no responses; send the whole "
-                      "conversation as input");
+    return make_error(
+        "'previous_response_id' is not supported: this server stores no responses; send the whole "
+        "conversation as input");
   DSV4_TRY_ASSIGN(auto instructions, f.string("instructions"));
   if (instructions && !instructions->empty()) {
     ChatMessage sys;
@@ -261,10 +263,10 @@ class ResponsesWriter final : public ReplyWriter {
             out += open(Item::REASONING, "rs_", "", "");
           }
           text_ += e.text;
-          out += event("response.reasoning_text.delta", ordered_json{{"item_id", item_id_},
-                                                                      {"output_index", output_index_},
-                                                                      {"content_index", 0},
-                                                                      {"delta", e.text}});
+          out += event(
+              "response.reasoning_text.delta",
+              ordered_json{
+                  {"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0}, {"delta", e.text}});
           break;
         case OutKind::CONTENT:
           if (e.text.empty()) break;
@@ -274,10 +276,10 @@ class ResponsesWriter final : public ReplyWriter {
           }
           text_ += e.text;
           out += event("response.output_text.delta", ordered_json{{"item_id", item_id_},
-                                                                   {"output_index", output_index_},
-                                                                   {"content_index", 0},
-                                                                   {"delta", e.text},
-                                                                   {"logprobs", ordered_json::array()}});
+                                                                  {"output_index", output_index_},
+                                                                  {"content_index", 0},
+                                                                  {"delta", e.text},
+                                                                  {"logprobs", ordered_json::array()}});
           break;
         case OutKind::CALL_START:
           out += close();
@@ -300,7 +302,8 @@ class ResponsesWriter final : public ReplyWriter {
     std::string out = close();
     const bool incomplete = r.finish == FinishReason::LENGTH;
     ordered_json resp = response(incomplete ? "incomplete" : "completed", items_, &r);
-    out += event(incomplete ? "response.incomplete" : "response.completed", ordered_json{{"response", std::move(resp)}});
+    out +=
+        event(incomplete ? "response.incomplete" : "response.completed", ordered_json{{"response", std::move(resp)}});
     return out;
   }
 
@@ -308,8 +311,8 @@ class ResponsesWriter final : public ReplyWriter {
     std::string out = close();
     ordered_json resp = response("failed", items_, nullptr);
     const ordered_json err = error_json(e, ErrorShape::OPENAI)["error"];
-    resp["error"] = ordered_json{{"code", err["code"].is_null() ? ordered_json(err["type"]) : err["code"]},
-                                 {"message", e.message}};
+    resp["error"] =
+        ordered_json{{"code", err["code"].is_null() ? ordered_json(err["type"]) : err["code"]}, {"message", e.message}};
     out += event("response.failed", ordered_json{{"response", std::move(resp)}});
     return out;
   }
@@ -320,7 +323,8 @@ class ResponsesWriter final : public ReplyWriter {
     ordered_json items = ordered_json::array();
     if (!r.reasoning.empty()) items.push_back(reasoning_item("rs_" + random_hex(12), r.reasoning));
     if (!r.content.empty() || r.calls.empty()) items.push_back(message_item("msg_" + random_hex(12), r.content));
-    for (const auto& c : r.calls) items.push_back(call_item("fc_" + random_hex(12), c.id, c.name, c.arguments, "completed"));
+    for (const auto& c : r.calls)
+      items.push_back(call_item("fc_" + random_hex(12), c.id, c.name, c.arguments, "completed"));
     return response(r.finish == FinishReason::LENGTH ? "incomplete" : "completed", std::move(items), &r);
   }
 
@@ -334,7 +338,10 @@ class ResponsesWriter final : public ReplyWriter {
                         {"content", ordered_json::array({ordered_json{{"type", "reasoning_text"}, {"text", text}}})}};
   }
   static ordered_json output_text(const std::string& text) {
-    return ordered_json{{"type", "output_text"}, {"text", text}, {"annotations", ordered_json::array()}, {"logprobs", ordered_json::array()}};
+    return ordered_json{{"type", "output_text"},
+                        {"text", text},
+                        {"annotations", ordered_json::array()},
+                        {"logprobs", ordered_json::array()}};
   }
   static ordered_json message_item(const std::string& id, const std::string& text) {
     return ordered_json{{"id", id},
@@ -345,8 +352,8 @@ class ResponsesWriter final : public ReplyWriter {
   }
   static ordered_json call_item(const std::string& id, const std::string& call_id, const std::string& name,
                                 const std::string& arguments, const char* status) {
-    return ordered_json{{"id", id},         {"type", "function_call"}, {"status", status},
-                        {"call_id", call_id}, {"name", name},            {"arguments", arguments}};
+    return ordered_json{{"id", id},     {"type", "function_call"}, {"status", status}, {"call_id", call_id},
+                        {"name", name}, {"arguments", arguments}};
   }
 
   std::string event(const char* type, ordered_json payload) {
@@ -369,7 +376,8 @@ class ResponsesWriter final : public ReplyWriter {
       case Item::REASONING: {
         ordered_json item = reasoning_item(item_id_, "");
         item["content"] = ordered_json::array();
-        out += event("response.output_item.added", ordered_json{{"output_index", output_index_}, {"item", std::move(item)}});
+        out += event("response.output_item.added",
+                     ordered_json{{"output_index", output_index_}, {"item", std::move(item)}});
         out += event("response.content_part.added",
                      ordered_json{{"item_id", item_id_},
                                   {"output_index", output_index_},
@@ -381,7 +389,8 @@ class ResponsesWriter final : public ReplyWriter {
         ordered_json item = message_item(item_id_, "");
         item["status"] = "in_progress";
         item["content"] = ordered_json::array();
-        out += event("response.output_item.added", ordered_json{{"output_index", output_index_}, {"item", std::move(item)}});
+        out += event("response.output_item.added",
+                     ordered_json{{"output_index", output_index_}, {"item", std::move(item)}});
         out += event("response.content_part.added", ordered_json{{"item_id", item_id_},
                                                                  {"output_index", output_index_},
                                                                  {"content_index", 0},
@@ -403,10 +412,10 @@ class ResponsesWriter final : public ReplyWriter {
     switch (open_) {
       case Item::NONE: return out;
       case Item::REASONING:
-        out += event("response.reasoning_text.done", ordered_json{{"item_id", item_id_},
-                                                                   {"output_index", output_index_},
-                                                                   {"content_index", 0},
-                                                                   {"text", text_}});
+        out +=
+            event("response.reasoning_text.done",
+                  ordered_json{
+                      {"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0}, {"text", text_}});
         out += event("response.content_part.done",
                      ordered_json{{"item_id", item_id_},
                                   {"output_index", output_index_},
@@ -416,10 +425,10 @@ class ResponsesWriter final : public ReplyWriter {
         break;
       case Item::MESSAGE:
         out += event("response.output_text.done", ordered_json{{"item_id", item_id_},
-                                                                {"output_index", output_index_},
-                                                                {"content_index", 0},
-                                                                {"text", text_},
-                                                                {"logprobs", ordered_json::array()}});
+                                                               {"output_index", output_index_},
+                                                               {"content_index", 0},
+                                                               {"text", text_},
+                                                               {"logprobs", ordered_json::array()}});
         out += event("response.content_part.done", ordered_json{{"item_id", item_id_},
                                                                 {"output_index", output_index_},
                                                                 {"content_index", 0},
@@ -427,10 +436,10 @@ class ResponsesWriter final : public ReplyWriter {
         item = message_item(item_id_, text_);
         break;
       case Item::CALL:
-        out += event("response.function_call_arguments.done", ordered_json{{"item_id", item_id_},
-                                                                            {"output_index", output_index_},
-                                                                            {"name", name_},
-                                                                            {"arguments", text_}});
+        out +=
+            event("response.function_call_arguments.done",
+                  ordered_json{
+                      {"item_id", item_id_}, {"output_index", output_index_}, {"name", name_}, {"arguments", text_}});
         item = call_item(item_id_, call_id_, name_, text_, "completed");
         break;
     }
@@ -448,8 +457,8 @@ class ResponsesWriter final : public ReplyWriter {
     j["created_at"] = created_;
     j["status"] = status;
     j["error"] = nullptr;
-    j["incomplete_details"] =
-        std::string_view(status) == "incomplete" ? ordered_json{{"reason", "max_output_tokens"}} : ordered_json(nullptr);
+    j["incomplete_details"] = std::string_view(status) == "incomplete" ? ordered_json{{"reason", "max_output_tokens"}}
+                                                                       : ordered_json(nullptr);
     j["model"] = model_;
     j["output"] = std::move(output);
     for (const auto& [k, v] : echo_.items()) j[k] = v;

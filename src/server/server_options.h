@@ -6,18 +6,17 @@
 #include <string>
 #include <vector>
 
-
 namespace dsv4::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                     // 0: any free port (tests)
-  std::string api_key;                 // empty: no authentication (then Host, Origin and Content-Type are checked)
-  std::string cors_origin;             // empty: no CORS headers, and browser requests (Origin) are refused when keyless
+  int port = 8000;          // 0: any free port (tests)
+  std::string api_key;      // empty: no authentication (then Host, Origin and Content-Type are checked)
+  std::string cors_origin;  // empty: no CORS headers, and browser requests (Origin) are refused when keyless
   std::vector<std::string> allowed_hosts;  // Host names a keyless server accepts beside its own ("*": any)
-  std::string model_id;                // the served model id
-  std::vector<std::string> aliases;    // extra accepted model names
-  size_t max_queue = 64;               // jobs waiting for the engine; more get 503
+  std::string model_id;                    // the served model id
+  std::vector<std::string> aliases;        // extra accepted model names
+  size_t max_queue = 64;                   // jobs waiting for the engine; more get 503
   size_t max_body_bytes = size_t{32} << 20;
   int http_threads = 0;                // 0: max_queue + 16
   double read_timeout_seconds = 30;    // a request's head and body must arrive within this (408)

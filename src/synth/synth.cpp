@@ -110,7 +110,8 @@ GenParams gen_params(const TensorSpec& t) {
       case GlobalTensor::OUTPUT_HC_BASE: return {Dist::NORMAL, 0.5f};
       case GlobalTensor::OUTPUT_HC_SCALE: return {Dist::UNIFORM_SCALE, 0};
       case GlobalTensor::OUTPUT_NORM: return {Dist::NEAR_ONE, 0};
-      case GlobalTensor::OUTPUT_HC_FN: case GlobalTensor::OUTPUT: return p;
+      case GlobalTensor::OUTPUT_HC_FN:
+      case GlobalTensor::OUTPUT: return p;
       case GlobalTensor::COUNT: break;
     }
     return p;
@@ -119,29 +120,53 @@ GenParams gen_params(const TensorSpec& t) {
     switch (static_cast<MtpTensor>(t.slot)) {
       case MtpTensor::HC_HEAD_BASE: return {Dist::NORMAL, 0.5f};
       case MtpTensor::HC_HEAD_SCALE: return {Dist::UNIFORM_SCALE, 0};
-      case MtpTensor::ENORM: case MtpTensor::HNORM: case MtpTensor::NORM: return {Dist::NEAR_ONE, 0};
-      case MtpTensor::HC_HEAD_FN: case MtpTensor::E_PROJ: case MtpTensor::H_PROJ: return p;
+      case MtpTensor::ENORM:
+      case MtpTensor::HNORM:
+      case MtpTensor::NORM: return {Dist::NEAR_ONE, 0};
+      case MtpTensor::HC_HEAD_FN:
+      case MtpTensor::E_PROJ:
+      case MtpTensor::H_PROJ: return p;
       case MtpTensor::COUNT: break;
     }
     return p;
   }
   using LT = LayerTensor;
   switch (static_cast<LT>(t.slot)) {
-    case LT::ATTN_NORM: case LT::FFN_NORM: case LT::ATTN_Q_A_NORM: case LT::ATTN_KV_A_NORM:
-    case LT::ATTN_COMPRESSOR_NORM: case LT::INDEXER_COMPRESSOR_NORM:
-      return {Dist::NEAR_ONE, 0};
-    case LT::HC_ATTN_SCALE: case LT::HC_FFN_SCALE: return {Dist::UNIFORM_SCALE, 0};
-    case LT::HC_ATTN_BASE: case LT::HC_FFN_BASE: return {Dist::NORMAL, 0.5f};
+    case LT::ATTN_NORM:
+    case LT::FFN_NORM:
+    case LT::ATTN_Q_A_NORM:
+    case LT::ATTN_KV_A_NORM:
+    case LT::ATTN_COMPRESSOR_NORM:
+    case LT::INDEXER_COMPRESSOR_NORM: return {Dist::NEAR_ONE, 0};
+    case LT::HC_ATTN_SCALE:
+    case LT::HC_FFN_SCALE: return {Dist::UNIFORM_SCALE, 0};
+    case LT::HC_ATTN_BASE:
+    case LT::HC_FFN_BASE: return {Dist::NORMAL, 0.5f};
     case LT::ATTN_SINKS: return {Dist::NORMAL, 1.0f};
     case LT::EXP_PROBS_B: return {Dist::NORMAL, 0.1f};
-    case LT::ATTN_COMPRESSOR_APE: case LT::INDEXER_COMPRESSOR_APE: return {Dist::NORMAL, 0.5f};
+    case LT::ATTN_COMPRESSOR_APE:
+    case LT::INDEXER_COMPRESSOR_APE: return {Dist::NORMAL, 0.5f};
     case LT::FFN_GATE_TID2EID: return {Dist::HASH_TABLE, 0};
-    case LT::HC_ATTN_FN: case LT::HC_FFN_FN: case LT::ATTN_Q_A: case LT::ATTN_Q_B: case LT::ATTN_KV:
-    case LT::ATTN_OUTPUT_A: case LT::ATTN_OUTPUT_B: case LT::FFN_GATE_INP: case LT::FFN_GATE_EXPS: case LT::FFN_UP_EXPS:
-    case LT::FFN_DOWN_EXPS: case LT::FFN_GATE_SHEXP: case LT::FFN_UP_SHEXP: case LT::FFN_DOWN_SHEXP:
-    case LT::ATTN_COMPRESSOR_KV: case LT::ATTN_COMPRESSOR_GATE: case LT::INDEXER_ATTN_Q_B: case LT::INDEXER_PROJ:
-    case LT::INDEXER_COMPRESSOR_KV: case LT::INDEXER_COMPRESSOR_GATE:
-      return p;
+    case LT::HC_ATTN_FN:
+    case LT::HC_FFN_FN:
+    case LT::ATTN_Q_A:
+    case LT::ATTN_Q_B:
+    case LT::ATTN_KV:
+    case LT::ATTN_OUTPUT_A:
+    case LT::ATTN_OUTPUT_B:
+    case LT::FFN_GATE_INP:
+    case LT::FFN_GATE_EXPS:
+    case LT::FFN_UP_EXPS:
+    case LT::FFN_DOWN_EXPS:
+    case LT::FFN_GATE_SHEXP:
+    case LT::FFN_UP_SHEXP:
+    case LT::FFN_DOWN_SHEXP:
+    case LT::ATTN_COMPRESSOR_KV:
+    case LT::ATTN_COMPRESSOR_GATE:
+    case LT::INDEXER_ATTN_Q_B:
+    case LT::INDEXER_PROJ:
+    case LT::INDEXER_COMPRESSOR_KV:
+    case LT::INDEXER_COMPRESSOR_GATE: return p;
     case LT::COUNT: break;
   }
   return p;
@@ -259,11 +284,13 @@ GgufWriter synth_writer(const SynthPlan& plan, ThreadPool& pool) {
   for (const auto& t : plan.tensors) {
     const SynthTensor* tp = &t;
     uint64_t row_bytes = ggml_row_bytes(t.type, t.spec.ne[0]);
-    w.add_tensor(t.spec.name, t.type, t.spec.ne, [&plan, tp, &pool, row_bytes](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
-      pool.parallel_for(nr, [&](size_t b, size_t e) { synth_fill_rows(plan, *tp, r0 + b, e - b, dst + b * row_bytes); },
-                        std::max<size_t>(1, (1u << 20) / std::max<uint64_t>(1, row_bytes)));
-      return {};
-    });
+    w.add_tensor(t.spec.name, t.type, t.spec.ne,
+                 [&plan, tp, &pool, row_bytes](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
+                   pool.parallel_for(
+                       nr, [&](size_t b, size_t e) { synth_fill_rows(plan, *tp, r0 + b, e - b, dst + b * row_bytes); },
+                       std::max<size_t>(1, (1u << 20) / std::max<uint64_t>(1, row_bytes)));
+                   return {};
+                 });
   }
   return w;
 }
@@ -275,7 +302,8 @@ Status synth_write(const SynthPlan& plan, const std::string& path, int n_threads
   return w.write_mapped(path, progress);
 }
 
-expected<int> synth_memfd(const SynthPlan& plan, int n_threads, const std::function<void(uint64_t, uint64_t)>& progress) {
+expected<int> synth_memfd(const SynthPlan& plan, int n_threads,
+                          const std::function<void(uint64_t, uint64_t)>& progress) {
   const std::string name = "dsv4-synthetic-" + plan.preset.name;
   const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return make_error("memfd_create failed: %s", std::strerror(errno));

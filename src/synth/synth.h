@@ -16,7 +16,7 @@
 namespace dsv4 {
 
 struct Preset {
-  std::string name;         // "tiny", "flash-q2", ...
+  std::string name;  // "tiny", "flash-q2", ...
   std::string description;
   ModelSpec spec;
   QuantRecipe recipe;

@@ -50,7 +50,8 @@ DSV4_HD void gen_q8_0(BlockRng& r, uint16_t d_bits, uint8_t* out /*34 bytes*/) {
   out[1] = static_cast<uint8_t>(d_bits >> 8);
   for (int i = 0; i < 32; i += 8) {
     uint64_t x = r.next();
-    for (int j = 0; j < 8; ++j) out[2 + i + j] = static_cast<uint8_t>(static_cast<int8_t>(((x >> (8 * j)) & 0xff) % 255 - 127));
+    for (int j = 0; j < 8; ++j)
+      out[2 + i + j] = static_cast<uint8_t>(static_cast<int8_t>(((x >> (8 * j)) & 0xff) % 255 - 127));
   }
 }
 

@@ -43,10 +43,11 @@ struct MergeBuilder {
 };
 
 const char* const k_common_words[] = {
-    "the", "and", "to", "of", "in", "is", "you", "that", "it", "for", "on", "with", "as", "are", "this", "be", "at",
-    "have", "or", "from", "an", "by", "not", "we", "can", "what", "all", "your", "if", "will", "there", "one",
-    "hello", "world", "help", "code", "model", "token", "print", "return", "def", "int", "function", "class",
-    "import", "const", "let", "true", "false", "null", "tool", "call", "name", "value", "think", "user", "assistant",
+    "the",   "and",   "to",    "of",     "in",   "is",    "you",      "that",  "it",        "for",   "on",   "with",
+    "as",    "are",   "this",  "be",     "at",   "have",  "or",       "from",  "an",        "by",    "not",  "we",
+    "can",   "what",  "all",   "your",   "if",   "will",  "there",    "one",   "hello",     "world", "help", "code",
+    "model", "token", "print", "return", "def",  "int",   "function", "class", "import",    "const", "let",  "true",
+    "false", "null",  "tool",  "call",   "name", "value", "think",    "user",  "assistant",
 };
 
 }  // namespace
@@ -70,29 +71,63 @@ SynthVocab make_synth_vocab(uint32_t n_vocab) {
     const char* text;
   };
   const Special specials[] = {
-      {128800, "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>"},
-      {128801, "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-      {128802, "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
+      {128800,
+       "<\xef\xbd\x9c"
+       "fim\xe2\x96\x81hole\xef\xbd\x9c>"},
+      {128801,
+       "<\xef\xbd\x9c"
+       "fim\xe2\x96\x81"
+       "begin\xef\xbd\x9c>"},
+      {128802,
+       "<\xef\xbd\x9c"
+       "fim\xe2\x96\x81"
+       "end\xef\xbd\x9c>"},
       {128803, special::USER},
       {128804, special::ASSISTANT},
       {128805, "<|EOT|>"},
-      {128806, "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-      {128807, "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"},
-      {128808, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-      {128809, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"},
-      {128810, "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-      {128811, "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81" "end\xef\xbd\x9c>"},
-      {128812, "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "begin\xef\xbd\x9c>"},
-      {128813, "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "end\xef\xbd\x9c>"},
+      {128806,
+       "<\xef\xbd\x9ctool\xe2\x96\x81"
+       "calls\xe2\x96\x81"
+       "begin\xef\xbd\x9c>"},
+      {128807,
+       "<\xef\xbd\x9ctool\xe2\x96\x81"
+       "calls\xe2\x96\x81"
+       "end\xef\xbd\x9c>"},
+      {128808,
+       "<\xef\xbd\x9ctool\xe2\x96\x81"
+       "call\xe2\x96\x81"
+       "begin\xef\xbd\x9c>"},
+      {128809,
+       "<\xef\xbd\x9ctool\xe2\x96\x81"
+       "call\xe2\x96\x81"
+       "end\xef\xbd\x9c>"},
+      {128810,
+       "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"
+       "begin\xef\xbd\x9c>"},
+      {128811,
+       "<\xef\xbd\x9ctool\xe2\x96\x81outputs\xe2\x96\x81"
+       "end\xef\xbd\x9c>"},
+      {128812,
+       "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"
+       "begin\xef\xbd\x9c>"},
+      {128813,
+       "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"
+       "end\xef\xbd\x9c>"},
       {128814, "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"},
       {128821, special::THINK},
       {128822, special::THINK_END},
       {128825, special::DSML},
       {128828, special::LATEST_REMINDER},
-      {128829, "<\xef\xbd\x9c" "action\xef\xbd\x9c>"},
+      {128829,
+       "<\xef\xbd\x9c"
+       "action\xef\xbd\x9c>"},
       {128830, "<\xef\xbd\x9cquery\xef\xbd\x9c>"},
-      {128831, "<\xef\xbd\x9c" "authority\xef\xbd\x9c>"},
-      {128832, "<\xef\xbd\x9c" "domain\xef\xbd\x9c>"},
+      {128831,
+       "<\xef\xbd\x9c"
+       "authority\xef\xbd\x9c>"},
+      {128832,
+       "<\xef\xbd\x9c"
+       "domain\xef\xbd\x9c>"},
       {128836, "<\xef\xbd\x9ctitle\xef\xbd\x9c>"},
       {128845, "<\xef\xbd\x9cread_url\xef\xbd\x9c>"},
   };
@@ -107,7 +142,11 @@ SynthVocab make_synth_vocab(uint32_t n_vocab) {
     // Fill any rest with letter bigrams (reachable merges).
     for (char a = 'a'; a <= 'z' && v.tokens.size() < n_vocab; ++a)
       for (char b = 'a'; b <= 'z' && v.tokens.size() < n_vocab; ++b) mb.add_word(std::string{a, b});
-    while (v.tokens.size() < n_vocab) push(strfmt("<\xef\xbd\x9c" "unused\xe2\x96\x81%zu\xef\xbd\x9c>", v.tokens.size()), TokenType::UNUSED);
+    while (v.tokens.size() < n_vocab)
+      push(strfmt("<\xef\xbd\x9c"
+                  "unused\xe2\x96\x81%zu\xef\xbd\x9c>",
+                  v.tokens.size()),
+           TokenType::UNUSED);
     return v;
   }
 

@@ -25,14 +25,22 @@ SynthVocab make_synth_vocab(uint32_t n_vocab);
 
 // The special-token strings (formats.md §3.2).
 namespace special {
-inline constexpr const char* BOS = "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
-inline constexpr const char* EOS = "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+inline constexpr const char* BOS =
+    "<\xef\xbd\x9c"
+    "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+inline constexpr const char* EOS =
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
 inline constexpr const char* PAD = "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>";
 inline constexpr const char* USER = "<\xef\xbd\x9cUser\xef\xbd\x9c>";
-inline constexpr const char* ASSISTANT = "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";
+inline constexpr const char* ASSISTANT =
+    "<\xef\xbd\x9c"
+    "Assistant\xef\xbd\x9c>";
 inline constexpr const char* THINK = "<think>";
 inline constexpr const char* THINK_END = "</think>";
-inline constexpr const char* DSML = "\xef\xbd\x9c" "DSML\xef\xbd\x9c";
+inline constexpr const char* DSML =
+    "\xef\xbd\x9c"
+    "DSML\xef\xbd\x9c";
 inline constexpr const char* LATEST_REMINDER = "<\xef\xbd\x9clatest_reminder\xef\xbd\x9c>";
 }  // namespace special
 

@@ -29,9 +29,10 @@ expected<BpeModel> BpeModel::build(const std::function<std::optional<int32_t>(st
     utf8_append(text, byte_to_unicode(static_cast<uint8_t>(b)));
     std::optional<int32_t> id = lookup(text);
     if (!id)
-      return make_error("vocabulary has no token for byte 0x%02x (byte-level text \"%s\"); a byte-level BPE vocabulary "
-                        "must contain all 256 byte tokens",
-                        b, text.c_str());
+      return make_error(
+          "vocabulary has no token for byte 0x%02x (byte-level text \"%s\"); a byte-level BPE vocabulary "
+          "must contain all 256 byte tokens",
+          b, text.c_str());
     m.byte_ids_[b] = *id;
   }
 

@@ -44,17 +44,17 @@ std::vector<std::string_view> pretokenize(std::string_view text);
 
 // Character-class bits the scanner uses (exposed for tests).
 enum PretokClass : uint16_t {
-  PRETOK_CLASS_L = 1u << 0,             // \p{L}
-  PRETOK_CLASS_M = 1u << 1,             // \p{M}
-  PRETOK_CLASS_N = 1u << 2,             // \p{N}
-  PRETOK_CLASS_P = 1u << 3,             // \p{P}
-  PRETOK_CLASS_S = 1u << 4,             // \p{S}
-  PRETOK_CLASS_WS = 1u << 5,            // \s
-  PRETOK_CLASS_CRLF = 1u << 6,          // \r or \n
-  PRETOK_CLASS_SPACE = 1u << 7,         // U+0020 only (the " ?" of A3)
-  PRETOK_CLASS_ASCII_PUNCT = 1u << 8,   // the 32 characters of A1's first class
-  PRETOK_CLASS_ASCII_ALPHA = 1u << 9,   // [A-Za-z]
-  PRETOK_CLASS_CJK = 1u << 10,          // R2's class
+  PRETOK_CLASS_L = 1u << 0,            // \p{L}
+  PRETOK_CLASS_M = 1u << 1,            // \p{M}
+  PRETOK_CLASS_N = 1u << 2,            // \p{N}
+  PRETOK_CLASS_P = 1u << 3,            // \p{P}
+  PRETOK_CLASS_S = 1u << 4,            // \p{S}
+  PRETOK_CLASS_WS = 1u << 5,           // \s
+  PRETOK_CLASS_CRLF = 1u << 6,         // \r or \n
+  PRETOK_CLASS_SPACE = 1u << 7,        // U+0020 only (the " ?" of A3)
+  PRETOK_CLASS_ASCII_PUNCT = 1u << 8,  // the 32 characters of A1's first class
+  PRETOK_CLASS_ASCII_ALPHA = 1u << 9,  // [A-Za-z]
+  PRETOK_CLASS_CJK = 1u << 10,         // R2's class
 };
 
 // Class bits of code point `cp` (cp <= 0x10FFFF).

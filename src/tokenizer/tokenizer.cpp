@@ -74,9 +74,10 @@ expected<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& f) {
   if (const GgufKV* kv = f.find(k_key_pre)) {
     const std::string_view pre = kv->type == GgufType::STRING ? GgufFile::scalar(*kv).s : std::string_view();
     if (pre != "joyai-llm" && pre != "deepseek-v3")
-      return ctx(make_error("%s is %s; dsv4 implements only the DeepSeek V3/V4 pre-tokenizer (\"joyai-llm\" or "
-                            "\"deepseek-v3\")",
-                            std::string(k_key_pre).c_str(), gguf_value_to_string(*kv).c_str()));
+      return ctx(
+          make_error("%s is %s; dsv4 implements only the DeepSeek V3/V4 pre-tokenizer (\"joyai-llm\" or "
+                     "\"deepseek-v3\")",
+                     std::string(k_key_pre).c_str(), gguf_value_to_string(*kv).c_str()));
   }
   auto tokens = read_string_array(f, k_key_tokens);
   if (!tokens) return ctx(tokens.error());
@@ -178,9 +179,12 @@ Status Tokenizer::init() {
     int32_t* id;
   };
   const Required required[] = {
-      {k_token_bos, "BOS", &bos_},          {k_token_eos, "EOS", &eos_},
-      {k_token_user, "User marker", &user_}, {k_token_assistant, "Assistant marker", &assistant_},
-      {k_token_think_begin, "thinking start", &think_begin_}, {k_token_think_end, "thinking end", &think_end_},
+      {k_token_bos, "BOS", &bos_},
+      {k_token_eos, "EOS", &eos_},
+      {k_token_user, "User marker", &user_},
+      {k_token_assistant, "Assistant marker", &assistant_},
+      {k_token_think_begin, "thinking start", &think_begin_},
+      {k_token_think_end, "thinking end", &think_end_},
       {k_token_dsml, "DSML marker", &dsml_},
   };
   for (const Required& r : required) {

@@ -104,7 +104,7 @@ class Tokenizer {
   std::pair<int32_t, size_t> match_special(std::string_view text, size_t pos) const;
 
   struct TrieNode {
-    int32_t token = -1;                                // special token ending here
+    int32_t token = -1;                                 // special token ending here
     std::vector<std::pair<uint8_t, int32_t>> children;  // (byte, node index)
   };
 
@@ -112,10 +112,10 @@ class Tokenizer {
   std::vector<TokenType> types_;
   std::unordered_map<std::string_view, int32_t> by_text_;  // views into tokens_
   BpeModel bpe_;
-  std::string decoded_;                 // every token's bytes, concatenated
-  std::vector<uint32_t> decoded_off_;   // token id -> offset in decoded_ (n_vocab + 1 entries)
+  std::string decoded_;                // every token's bytes, concatenated
+  std::vector<uint32_t> decoded_off_;  // token id -> offset in decoded_ (n_vocab + 1 entries)
   size_t max_token_bytes_ = 1;
-  std::vector<TrieNode> trie_;          // special-token texts; node 0 is the root
+  std::vector<TrieNode> trie_;         // special-token texts; node 0 is the root
   bool special_first_byte_[256] = {};  // quick filter for match_special
 
   int32_t bos_ = -1, eos_ = -1, user_ = -1, assistant_ = -1, think_begin_ = -1, think_end_ = -1, dsml_ = -1;

@@ -94,7 +94,8 @@ struct Stats {
   std::string finish;
 };
 Stats stats_of(const std::string& err) {
-  static const std::regex re(R"(\[prompt (\d+) tokens \((\d+) cached\), prefill [^|]*\| generated (\d+) tokens, decode [^|]*\| finish (\w+) \| context \d+/\d+\])");
+  static const std::regex re(
+      R"(\[prompt (\d+) tokens \((\d+) cached\), prefill [^|]*\| generated (\d+) tokens, decode [^|]*\| finish (\w+) \| context \d+/\d+\])");
   std::smatch m;
   Stats s;
   if (std::regex_search(err, m, re)) {
@@ -228,7 +229,8 @@ TEST(CliRun, DumpLogprobsWritesTheGreedyContinuation) {
   EXPECT_NE(r.err.find("temp=0"), std::string::npos) << r.err;
   // Greedy, so a second dump is identical.
   const std::string path2 = scratch() + "/lp2.json";
-  Result r2 = run_dsv4(run_tiny("-p hello -n 8 --ignore-eos --nothink --dump-logprobs " + path2 + " --logprobs-top-k 3"));
+  Result r2 =
+      run_dsv4(run_tiny("-p hello -n 8 --ignore-eos --nothink --dump-logprobs " + path2 + " --logprobs-top-k 3"));
   ASSERT_EQ(r2.status, 0) << r2.err;
   EXPECT_EQ(slurp(path2), text);
   // Needs a prompt.
@@ -239,10 +241,10 @@ TEST(CliRun, DumpLogprobsWritesTheGreedyContinuation) {
 TEST(CliRun, CtrlCStopsAOneShotReply) {
   // An endless reply (no EOS, no limit, large context), interrupted once it streams.
   const std::string base = scratch() + "/sigint";
-  const std::string script = std::string(DSV4_EXE) + " run -m " + tiny() +
-                             " -p hi -n 0 --ignore-eos --nothink >" + base + ".out 2>" + base + ".err & pid=$!; " +
-                             "for i in $(seq 200); do [ -s " + base + ".out ] && break; sleep 0.05; done; " +
-                             "kill -INT $pid; wait $pid; echo $? >" + base + ".rc";
+  const std::string script = std::string(DSV4_EXE) + " run -m " + tiny() + " -p hi -n 0 --ignore-eos --nothink >" +
+                             base + ".out 2>" + base + ".err & pid=$!; " + "for i in $(seq 200); do [ -s " + base +
+                             ".out ] && break; sleep 0.05; done; " + "kill -INT $pid; wait $pid; echo $? >" + base +
+                             ".rc";
   ASSERT_EQ(std::system(("sh -c '" + script + "'").c_str()), 0);
   EXPECT_EQ(slurp(base + ".rc"), "130\n") << slurp(base + ".err");
   const std::string err = slurp(base + ".err");
@@ -269,17 +271,25 @@ TEST(CliRun, MissingOrWrongModelFiles) {
 
 TEST(CliRun, BadFlagValuesAreRefused) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--temp -1", "--temp"},          {"--temp abc", "--temp"},
-      {"--top-p 0", "--top-p"},         {"--top-p 1.5", "--top-p"},
-      {"--top-k -3", "--top-k"},        {"--min-p 2", "--min-p"},
+      {"--temp -1", "--temp"},
+      {"--temp abc", "--temp"},
+      {"--top-p 0", "--top-p"},
+      {"--top-p 1.5", "--top-p"},
+      {"--top-k -3", "--top-k"},
+      {"--min-p 2", "--min-p"},
       {"--repeat-penalty 0", "--repeat-penalty"},
       {"--presence-penalty 9", "--presence-penalty"},
-      {"-n -1", "-n"},                  {"--ctx 1", "--ctx"},
-      {"--threads -2", "--threads"},    {"--batch -1", "--batch"},
-      {"--backend tpu", "--backend"},   {"--numerics fast", "--numerics"},
+      {"-n -1", "-n"},
+      {"--ctx 1", "--ctx"},
+      {"--threads -2", "--threads"},
+      {"--batch -1", "--batch"},
+      {"--backend tpu", "--backend"},
+      {"--numerics fast", "--numerics"},
       {"--logprobs-top-k 1000 --dump-logprobs x.json", "--logprobs-top-k"},
-      {"--stop ''", "--stop"},          {"--no-such-flag", "no-such-flag"},
-      {"--gemm-min-tokens 1", "--gemm-min-tokens"}, {"--expert-gemm fast", "--expert-gemm"},
+      {"--stop ''", "--stop"},
+      {"--no-such-flag", "no-such-flag"},
+      {"--gemm-min-tokens 1", "--gemm-min-tokens"},
+      {"--expert-gemm fast", "--expert-gemm"},
       {"--expert-gemm 0", "--expert-gemm"},
   };
   for (const auto& [flags, mention] : cases) {
@@ -318,12 +328,39 @@ TEST(CliRun, ContextOverflowIsExplained) {
 TEST(CliRun, HelpListsTheFlagsAndCommands) {
   Result r = run_dsv4("run --help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--prompt-file", "--system", "--nothink", "--think-max", "--temp", "--top-p", "--top-k",
-                           "--min-p", "--seed", "--max-tokens", "--ctx", "--repeat-penalty", "--presence-penalty",
-                           "--frequency-penalty", "--stop", "--backend", "--threads", "--numerics", "--mtp",
-                           "--dump-logprobs", "--logprobs-top-k", "--no-color", "--ignore-eos", "/save FILE", "/nothink",
-                           "CUDA:", "--no-tensor-cores", "--no-int-dot", "--cublas", "--gemm-min-tokens",
-                           "--no-cuda-branches", "--no-pdl", "--expert-gemm"})
+  for (const char* flag : {"--prompt-file",
+                           "--system",
+                           "--nothink",
+                           "--think-max",
+                           "--temp",
+                           "--top-p",
+                           "--top-k",
+                           "--min-p",
+                           "--seed",
+                           "--max-tokens",
+                           "--ctx",
+                           "--repeat-penalty",
+                           "--presence-penalty",
+                           "--frequency-penalty",
+                           "--stop",
+                           "--backend",
+                           "--threads",
+                           "--numerics",
+                           "--mtp",
+                           "--dump-logprobs",
+                           "--logprobs-top-k",
+                           "--no-color",
+                           "--ignore-eos",
+                           "/save FILE",
+                           "/nothink",
+                           "CUDA:",
+                           "--no-tensor-cores",
+                           "--no-int-dot",
+                           "--cublas",
+                           "--gemm-min-tokens",
+                           "--no-cuda-branches",
+                           "--no-pdl",
+                           "--expert-gemm"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -332,7 +369,8 @@ TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   Result r = run_dsv4(
       run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off"));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos)
+      << r.err;
 }
 
 TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
@@ -405,7 +443,8 @@ TEST(CliRender, TokensMatchTheRenderedTextsSpecials) {
   for (const char* mode : {"chat", "thinking"}) {
     Result text = run_dsv4(std::string("render --messages ") + msgs + " --thinking-mode " + mode);
     ASSERT_EQ(text.status, 0) << text.err;
-    Result ids = run_dsv4(std::string("render --tokens -m ") + tiny() + " --messages " + msgs + " --thinking-mode " + mode);
+    Result ids =
+        run_dsv4(std::string("render --tokens -m ") + tiny() + " --messages " + msgs + " --thinking-mode " + mode);
     ASSERT_EQ(ids.status, 0) << ids.err;
     // The message texts hold no special-token strings, so tokenizing the
     // rendered text with specials gives the same ids.
@@ -428,8 +467,10 @@ TEST(CliRun, KvDiskCacheCarriesAPromptAcrossRuns) {
   std::string prompt;
   for (int i = 0; i < 30; ++i) prompt += "the quick brown fox " + std::to_string(i) + " ";
   write_file(scratch() + "/kv-prompt.txt", prompt);
-  const std::string args = run_tiny("--prompt-file " + scratch() + "/kv-prompt.txt --nothink -n 6 --ignore-eos --seed 3 "
-                                    "--kv-disk-dir " + dir + " --kv-cache-min-tokens 8 --kv-cache-align 8");
+  const std::string args = run_tiny("--prompt-file " + scratch() +
+                                    "/kv-prompt.txt --nothink -n 6 --ignore-eos --seed 3 "
+                                    "--kv-disk-dir " +
+                                    dir + " --kv-cache-min-tokens 8 --kv-cache-align 8");
   Result first = run_dsv4(args);
   ASSERT_EQ(first.status, 0) << first.err;
   EXPECT_NE(first.err.find("KV disk cache " + dir), std::string::npos) << first.err;

@@ -119,10 +119,12 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
       {G::F16, 1024, 4096, 1},   {G::F16, 512, 4096, 1},   {G::F16, 256, 4096, 1},   {G::F16, 64, 4096, 1},
   };
   for (const C& c : cases) {
-    const std::string name = strfmt("matmul %s %lldx%lld%s n=%lld", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
-                                    c.groups > 1 ? strfmt(" g%d", c.groups).c_str() : "", (long long)o.n);
+    const std::string name =
+        strfmt("matmul %s %lldx%lld%s n=%lld", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
+               c.groups > 1 ? strfmt(" g%d", c.groups).c_str() : "", (long long)o.n);
     if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
-    const double wbytes = static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(c.rows);
+    const double wbytes =
+        static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(c.rows);
     const int copies = static_cast<int>(std::min<double>(64.0, std::max(2.0, std::ceil(256.0 * 1048576.0 / wbytes))));
     const std::vector<uint8_t> bytes = random_weight(r, c.t, c.cols, c.rows);  // one random matrix, copied
     std::vector<Tensor> ws;
@@ -130,8 +132,11 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
     Tensor x = f32_input(gpu, r, c.cols * c.groups, o.n);
     Tensor out = gpu.alloc(GgmlType::F32, c.rows, o.n);
     const int reps = o.reps > 0 ? o.reps : copies;
-    const double sec = time_ops(gpu, reps, [&](int i) { gpu.matmul({.out = out, .w = ws[static_cast<size_t>(i % copies)], .x = x, .groups = c.groups}); });
-    row(name.c_str(), sec, wbytes, 2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(o.n));
+    const double sec = time_ops(gpu, reps, [&](int i) {
+      gpu.matmul({.out = out, .w = ws[static_cast<size_t>(i % copies)], .x = x, .groups = c.groups});
+    });
+    row(name.c_str(), sec, wbytes,
+        2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(o.n));
     gpu.synchronize();
     for (auto& w : ws) gpu.free(w);
     gpu.free(x);
@@ -148,7 +153,9 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
     std::vector<int64_t> rows;
     int64_t cols;
   };
-  const C cases[] = {{G::Q8_0, {1024, 512}, 4096}, {G::Q8_0, {2048, 2048}, 4096}, {G::F16, {1024, 1024, 64, 256, 256}, 4096},
+  const C cases[] = {{G::Q8_0, {1024, 512}, 4096},
+                     {G::Q8_0, {2048, 2048}, 4096},
+                     {G::F16, {1024, 1024, 64, 256, 256}, 4096},
                      {G::F16, {512, 512}, 4096}};
   for (const C& c : cases) {
     std::string name = strfmt("matmuls %s ", ggml_type_name(c.t));
@@ -156,7 +163,8 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
     name += strfmt("x%lld n=%lld", (long long)c.cols, (long long)o.n);
     if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
     double wbytes = 0;
-    for (int64_t rows : c.rows) wbytes += static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(rows);
+    for (int64_t rows : c.rows)
+      wbytes += static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(rows);
     const int copies = static_cast<int>(std::min<double>(64.0, std::max(2.0, std::ceil(256.0 * 1048576.0 / wbytes))));
     std::vector<std::vector<Tensor>> ws(static_cast<size_t>(copies));
     std::vector<Tensor> outs;
@@ -178,7 +186,8 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
       gpu.matmuls(op);
     });
     double flops = 0;
-    for (int64_t rows : c.rows) flops += 2.0 * static_cast<double>(rows) * static_cast<double>(c.cols) * static_cast<double>(o.n);
+    for (int64_t rows : c.rows)
+      flops += 2.0 * static_cast<double>(rows) * static_cast<double>(c.cols) * static_cast<double>(o.n);
     row(name.c_str(), sec, wbytes, flops);
     gpu.synchronize();
     for (auto& set : ws)
@@ -222,11 +231,20 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o) {
   Tensor x = f32_input(gpu, r, D, n);
   Tensor out = gpu.alloc(GgmlType::F32, D, n);
   const double sec = time_ops(gpu, reps, [&](int i) {
-    gpu.moe_experts({.out = out, .x = x, .gate = gate, .up = up, .down = down, .experts = ids[static_cast<size_t>(i)], .weights = wts[static_cast<size_t>(i)], .clamp = 10.0f, .accumulate = false});
+    gpu.moe_experts({.out = out,
+                     .x = x,
+                     .gate = gate,
+                     .up = up,
+                     .down = down,
+                     .experts = ids[static_cast<size_t>(i)],
+                     .weights = wts[static_cast<size_t>(i)],
+                     .clamp = 10.0f,
+                     .accumulate = false});
   });
   // Weight bytes: each distinct expert's three matrices once (n = 1: k experts).
   const double per_expert = static_cast<double>(gate.row_bytes() * F * 2 + down.row_bytes() * D);
-  const double distinct = n == 1 ? static_cast<double>(k) : static_cast<double>(E) * (1.0 - std::pow(1.0 - 1.0 / E, static_cast<double>(n * k)));
+  const double distinct = n == 1 ? static_cast<double>(k)
+                                 : static_cast<double>(E) * (1.0 - std::pow(1.0 - 1.0 / E, static_cast<double>(n * k)));
   row(name.c_str(), sec, per_expert * distinct, 2.0 * 3.0 * static_cast<double>(F * D) * static_cast<double>(n * k));
   gpu.synchronize();
   for (auto& t : ids) gpu.free(t);
@@ -262,7 +280,19 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
     Tensor u = gpu.alloc(GgmlType::F32, D, n), xn = gpu.alloc(GgmlType::F32, D, n);
     Tensor post = gpu.alloc(GgmlType::F32, hc, n), comb = gpu.alloc(GgmlType::F32, hc, hc, n);
     const double sec = time_ops(gpu, reps, [&](int) {
-      gpu.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = fn, .scale = scale, .base = base, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn, .norm_w = nw, .norm_rms_eps = 1e-6f});
+      gpu.hc_pre({.u = u,
+                  .post = post,
+                  .comb = comb,
+                  .state = state,
+                  .fn = fn,
+                  .scale = scale,
+                  .base = base,
+                  .norm_eps = 1e-6f,
+                  .hc_eps = 1e-6f,
+                  .sinkhorn_iters = 20,
+                  .norm_out = xn,
+                  .norm_w = nw,
+                  .norm_rms_eps = 1e-6f});
     });
     row(pre_name.c_str(), sec, state_bytes + 2.0 * row_bytes + static_cast<double>(fn.row_bytes() * mix),
         2.0 * static_cast<double>(hc * D * mix * n));
@@ -279,7 +309,9 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
       const std::vector<float> cv = random_uniform(r, static_cast<size_t>(hc * hc * n), 0.0f, 0.25f);
       gpu.write(comb, cv.data(), cv.size() * sizeof(float));
     }
-    const double sec = time_ops(gpu, reps, [&](int) { gpu.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = false}); });
+    const double sec = time_ops(gpu, reps, [&](int) {
+      gpu.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = false});
+    });
     row(post_name.c_str(), sec, 2.0 * state_bytes + row_bytes, 0);
     gpu.synchronize();
     for (Tensor* t : {&y, &post, &comb}) gpu.free(*t);
@@ -296,7 +328,10 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
   const int64_t H = 64, d = 512, n = o.n, window = 128, top_k = 512;
   const int64_t end = std::max<int64_t>(2048, n), cap_w = window + n;
   for (const int ratio : {0, 4, 128}) {
-    const std::string name = strfmt("attention %s n=%lld ctx=%lld", ratio == 0 ? "window" : ratio == 4 ? "ratio 4 top-512" : "ratio 128",
+    const std::string name = strfmt("attention %s n=%lld ctx=%lld",
+                                    ratio == 0   ? "window"
+                                    : ratio == 4 ? "ratio 4 top-512"
+                                                 : "ratio 128",
                                     (long long)n, (long long)end);
     if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
     const int64_t comp_rows = ratio ? end / ratio : 0;
@@ -367,9 +402,8 @@ const char* k_usage =
 // 32768 x 1024). Each B reads its own weight copy (from DRAM, not L2).
 void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
   const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
-  const std::string names[2] = {
-      strfmt("overlap hc_pre F16 4x4096 > matmuls Q8_0 1024+512x4096 n=%lld", (long long)n),
-      strfmt("overlap rms_norm 1024 > matmul Q8_0 32768x1024 n=%lld", (long long)n)};
+  const std::string names[2] = {strfmt("overlap hc_pre F16 4x4096 > matmuls Q8_0 1024+512x4096 n=%lld", (long long)n),
+                                strfmt("overlap rms_norm 1024 > matmul Q8_0 32768x1024 n=%lld", (long long)n)};
   for (int which = 0; which < 2; ++which) {
     if (!o.filter.empty() && names[which].find(o.filter) == std::string::npos) continue;
     std::vector<Tensor> owned;
@@ -384,15 +418,31 @@ void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
       Tensor state = keep(f32_input(gpu, r, D * hc, n));
       state = state.reshape(D, hc, n);
       Tensor fn = keep(upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix));
-      Tensor scale = keep(f32_input(gpu, r, 3, 1)), base = keep(f32_input(gpu, r, mix, 1)), nw = keep(f32_input(gpu, r, D, 1));
+      Tensor scale = keep(f32_input(gpu, r, 3, 1)), base = keep(f32_input(gpu, r, mix, 1)),
+             nw = keep(f32_input(gpu, r, D, 1));
       Tensor u = keep(gpu.alloc(GgmlType::F32, D, n)), xn = keep(gpu.alloc(GgmlType::F32, D, n));
       Tensor post = keep(gpu.alloc(GgmlType::F32, hc, n)), comb = keep(gpu.alloc(GgmlType::F32, hc, hc, n));
       Tensor qa = keep(gpu.alloc(GgmlType::F32, 1024, n)), kv = keep(gpu.alloc(GgmlType::F32, 512, n));
       for (const int64_t rows : {1024, 512}) {
         const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, D, rows);
-        for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, D, rows));
+        for (int i = 0; i < copies; ++i)
+          ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, D, rows));
       }
-      op_a = [=, &gpu](int) { gpu.hc_pre({.u = u, .post = post, .comb = comb, .state = state, .fn = fn, .scale = scale, .base = base, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn, .norm_w = nw, .norm_rms_eps = 1e-6f}); };
+      op_a = [=, &gpu](int) {
+        gpu.hc_pre({.u = u,
+                    .post = post,
+                    .comb = comb,
+                    .state = state,
+                    .fn = fn,
+                    .scale = scale,
+                    .base = base,
+                    .norm_eps = 1e-6f,
+                    .hc_eps = 1e-6f,
+                    .sinkhorn_iters = 20,
+                    .norm_out = xn,
+                    .norm_w = nw,
+                    .norm_rms_eps = 1e-6f});
+      };
       op_b = [=, &gpu, &ws](int i) {
         MatmulsOp m;
         m.x = xn;
@@ -407,7 +457,8 @@ void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
       Tensor x = keep(f32_input(gpu, r, 1024, n)), w = keep(f32_input(gpu, r, 1024, 1));
       Tensor xn = keep(gpu.alloc(GgmlType::F32, 1024, n)), q = keep(gpu.alloc(GgmlType::F32, 32768, n));
       const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, 1024, 32768);
-      for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, 1024, 32768));
+      for (int i = 0; i < copies; ++i)
+        ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, 1024, 32768));
       op_a = [=, &gpu](int) { gpu.rms_norm({.out = xn, .x = x, .w = w, .eps = 1e-6f}); };
       op_b = [=, &gpu, &ws](int i) { gpu.matmul({q, ws[static_cast<size_t>(i % copies)][0], xn}); };
     }
@@ -438,15 +489,24 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--filter") o.filter = value();
-    else if (a == "--n") o.n = std::atoll(value());
-    else if (a == "--reps") o.reps = std::atoi(value());
-    else if (a == "--no-tensor-cores") o.tensor_cores = false;
-    else if (a == "--cublas") o.cublas = value();
-    else if (a == "--gemm-min-tokens") o.gemm_min_tokens = std::atoll(value());
-    else if (a == "--no-int-dot") o.int_dot = false;
-    else if (a == "--no-gemm-cache") o.gemm_cache = false;
-    else if (a == "--expert-gemm" && i + 1 < argc) o.expert_gemm = argv[++i];
+    if (a == "--filter")
+      o.filter = value();
+    else if (a == "--n")
+      o.n = std::atoll(value());
+    else if (a == "--reps")
+      o.reps = std::atoi(value());
+    else if (a == "--no-tensor-cores")
+      o.tensor_cores = false;
+    else if (a == "--cublas")
+      o.cublas = value();
+    else if (a == "--gemm-min-tokens")
+      o.gemm_min_tokens = std::atoll(value());
+    else if (a == "--no-int-dot")
+      o.int_dot = false;
+    else if (a == "--no-gemm-cache")
+      o.gemm_cache = false;
+    else if (a == "--expert-gemm" && i + 1 < argc)
+      o.expert_gemm = argv[++i];
     else if (a == "--help" || a == "-h") {
       std::printf("%s", k_usage);
       return 0;

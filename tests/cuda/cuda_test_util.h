@@ -41,7 +41,7 @@ class Rng {
     s_[3] = rotl(s_[3], 45);
     return r;
   }
-  float uniform() { return static_cast<float>(next() >> 40) * 0x1p-24f; }         // [0, 1)
+  float uniform() { return static_cast<float>(next() >> 40) * 0x1p-24f; }  // [0, 1)
   float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
   int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
   float normal() {  // Box-Muller
@@ -200,15 +200,17 @@ class Report {
   // NMSE check: passes when every non-finite value matches and nmse <= threshold.
   bool nmse(const std::string& op, const std::string& shape, const Diff& d, double threshold) {
     const bool ok = d.bad_nonfinite == 0 && d.nmse <= threshold;
-    line(op, shape, strfmt("nmse %9.2e (max |d| %8.1e)  thr %7.1e  nonfinite-mismatch %lld", d.nmse, d.max_abs, threshold,
-                           static_cast<long long>(d.bad_nonfinite)),
+    line(op, shape,
+         strfmt("nmse %9.2e (max |d| %8.1e)  thr %7.1e  nonfinite-mismatch %lld", d.nmse, d.max_abs, threshold,
+                static_cast<long long>(d.bad_nonfinite)),
          ok);
     return ok;
   }
   // Exact check: every element bit-identical.
   bool exact(const std::string& op, const std::string& shape, const Diff& d) {
     const bool ok = d.n_diff == 0 && d.bad_nonfinite == 0;
-    line(op, shape, strfmt("exact: %lld of %lld differ", static_cast<long long>(d.n_diff), static_cast<long long>(d.n)), ok);
+    line(op, shape, strfmt("exact: %lld of %lld differ", static_cast<long long>(d.n_diff), static_cast<long long>(d.n)),
+         ok);
     return ok;
   }
   bool check(const std::string& op, const std::string& shape, bool ok, const std::string& what) {
@@ -223,8 +225,10 @@ class Report {
   void line(const std::string& op, const std::string& shape, const std::string& what, bool ok) {
     std::printf("%-15s %-58s %s  %s\n", op.c_str(), shape.c_str(), what.c_str(), ok ? "ok" : "FAIL");
     std::fflush(stdout);
-    if (ok) ++passed_;
-    else failures_.push_back(op + " " + shape);
+    if (ok)
+      ++passed_;
+    else
+      failures_.push_back(op + " " + shape);
   }
   int passed_ = 0;
   std::vector<std::string> failures_;

@@ -54,18 +54,73 @@ void cases_compress(Harness& h) {
       {4, true, 128, KvQuantSim::FP8_BF16, 64, true, {1, 3, 4, 7, 1, 16, 30, 2}, false, "tiny main ratio 4"},
       {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain"},
       {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain, F32 APE", F32, F32},
-      {4, true, 128, KvQuantSim::NONE, 0, false, {5, 11, 48}, false, "tiny main ratio 4, plain, Q8_0 APE", F32, GgmlType::Q8_0},
+      {4,
+       true,
+       128,
+       KvQuantSim::NONE,
+       0,
+       false,
+       {5, 11, 48},
+       false,
+       "tiny main ratio 4, plain, Q8_0 APE",
+       F32,
+       GgmlType::Q8_0},
       {128, false, 128, KvQuantSim::FP8_BF16, 64, true, {1, 126, 1, 130, 300}, false, "tiny main ratio 128"},
       {128, false, 128, KvQuantSim::NONE, 0, false, {255, 1, 2}, false, "tiny ratio 128, plain"},
       {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {2, 6, 40, 1, 1}, false, "tiny indexer ratio 4"},
-      {4, true, 128, KvQuantSim::FP8_BF16, 64, true, {1, 3, 4, 7, 1, 16, 30, 2}, false, "tiny main ratio 4, KV_FP8 rows", FP8},
-      {128, false, 128, KvQuantSim::FP8_BF16, 64, true, {1, 126, 1, 130, 300}, false, "tiny main ratio 128, KV_FP8 rows", FP8},
-      {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {2, 6, 40, 1, 1}, false, "tiny indexer ratio 4, KV_FP4 rows", FP4},
+      {4,
+       true,
+       128,
+       KvQuantSim::FP8_BF16,
+       64,
+       true,
+       {1, 3, 4, 7, 1, 16, 30, 2},
+       false,
+       "tiny main ratio 4, KV_FP8 rows",
+       FP8},
+      {128,
+       false,
+       128,
+       KvQuantSim::FP8_BF16,
+       64,
+       true,
+       {1, 126, 1, 130, 300},
+       false,
+       "tiny main ratio 128, KV_FP8 rows",
+       FP8},
+      {4,
+       true,
+       128,
+       KvQuantSim::HADAMARD_FP4,
+       0,
+       true,
+       {2, 6, 40, 1, 1},
+       false,
+       "tiny indexer ratio 4, KV_FP4 rows",
+       FP4},
       {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1}, true, "flash main ratio 4"},
       {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300}, true, "flash main ratio 128"},
       // (2000 / 1000: prefill-sized batches completing hundreds of windows at once)
-      {4, true, 512, KvQuantSim::FP8_BF16, 448, true, {3, 64, 1, 2000, 1}, true, "flash main ratio 4, KV_FP8 rows", FP8},
-      {128, false, 512, KvQuantSim::FP8_BF16, 448, true, {127, 1, 300, 1000, 1}, true, "flash main ratio 128, KV_FP8 rows", FP8},
+      {4,
+       true,
+       512,
+       KvQuantSim::FP8_BF16,
+       448,
+       true,
+       {3, 64, 1, 2000, 1},
+       true,
+       "flash main ratio 4, KV_FP8 rows",
+       FP8},
+      {128,
+       false,
+       512,
+       KvQuantSim::FP8_BF16,
+       448,
+       true,
+       {127, 1, 300, 1000, 1},
+       true,
+       "flash main ratio 128, KV_FP8 rows",
+       FP8},
       {4, true, 128, KvQuantSim::HADAMARD_FP4, 0, true, {511, 1, 300}, true, "flash indexer ratio 4, KV_FP4 rows", FP4},
   };
   for (const C& c : cases) {
@@ -78,7 +133,8 @@ void cases_compress(Harness& h) {
     const int64_t cap_rows = total / m + 1;
     Pair sa = b.f32(std::vector<float>(static_cast<size_t>(R * w), 0.0f), Shape(w, R));
     Pair sg = b.f32(std::vector<float>(static_cast<size_t>(R * w), k_neg_inf), Shape(w, R));
-    Pair rows = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(cap_rows * c.d)), Shape(c.d, cap_rows));  // earlier rows: kept
+    Pair rows = b.kv_rows(c.rows_type, random_normal(r, static_cast<size_t>(cap_rows * c.d)),
+                          Shape(c.d, cap_rows));  // earlier rows: kept
     Pair ape = b.random_weight(c.ape_type, Shape(w, m));
     Pair norm = b.weight_f32(random_uniform(r, static_cast<size_t>(c.d), 0.5f, 1.5f), Shape(c.d));
     Diff frontier, worst_rows;
@@ -98,8 +154,10 @@ void cases_compress(Harness& h) {
       op.n_quant = c.n_quant;
       op.round_pooled_bf16 = c.round;
       CompressOp oc = op, og = op;
-      oc.rows = rows.c, oc.state_a = sa.c, oc.state_g = sg.c, oc.kv = kv.c, oc.gate = gate.c, oc.ape = ape.c, oc.norm_w = norm.c, oc.pos = p.c;
-      og.rows = rows.g, og.state_a = sa.g, og.state_g = sg.g, og.kv = kv.g, og.gate = gate.g, og.ape = ape.g, og.norm_w = norm.g, og.pos = p.g;
+      oc.rows = rows.c, oc.state_a = sa.c, oc.state_g = sg.c, oc.kv = kv.c, oc.gate = gate.c, oc.ape = ape.c,
+      oc.norm_w = norm.c, oc.pos = p.c;
+      og.rows = rows.g, og.state_a = sa.g, og.state_g = sg.g, og.kv = kv.g, og.gate = gate.g, og.ape = ape.g,
+      og.norm_w = norm.g, og.pos = p.g;
       h.cpu.compress(oc);
       h.gpu.compress(og);
       const Diff da = b.diff(sa), dg = b.diff(sg), dr = b.diff_kv(rows);
@@ -124,7 +182,8 @@ void cases_indexer(Harness& h) {
       std::vector<int32_t> pos;
       bool flash;
       GgmlType rows_type = GgmlType::F32;
-      bool exact = false;  // q and rows bf16-exact, IndexerScoresOp::inputs_bf16 (the tensor-core kernel for >= 8 queries)
+      bool exact =
+          false;  // q and rows bf16-exact, IndexerScoresOp::inputs_bf16 (the tensor-core kernel for >= 8 queries)
     };
     auto queries = [&](int n, int32_t lo, int32_t hi) {
       std::vector<int32_t> v(static_cast<size_t>(n));
@@ -161,12 +220,15 @@ void cases_indexer(Harness& h) {
       Pair rows = b.kv_rows(c.rows_type, values(static_cast<size_t>(c.cap * c.dI)), Shape(c.dI, c.cap));
       Pair p = b.i32(c.pos, Shape(n));
       Pair sc = b.out(GgmlType::F32, Shape(c.cap, n));
-      h.cpu.indexer_scores({.scores = sc.c, .q = q.c, .w = w.c, .rows = rows.c, .pos = p.c, .ratio = 4, .inputs_bf16 = c.exact});
-      h.gpu.indexer_scores({.scores = sc.g, .q = q.g, .w = w.g, .rows = rows.g, .pos = p.g, .ratio = 4, .inputs_bf16 = c.exact});
-      h.report.nmse("indexer_scores", strfmt("H_I=%lld d_I=%lld rows=%lld %s%s n=%lld pos %d..", (long long)c.HI, (long long)c.dI,
-                                             (long long)c.cap, ggml_type_name(c.rows_type), c.exact ? " bf16-exact" : "",
-                                             (long long)n, c.pos[0]),
-                    b.diff(sc), k_thr_f32);
+      h.cpu.indexer_scores(
+          {.scores = sc.c, .q = q.c, .w = w.c, .rows = rows.c, .pos = p.c, .ratio = 4, .inputs_bf16 = c.exact});
+      h.gpu.indexer_scores(
+          {.scores = sc.g, .q = q.g, .w = w.g, .rows = rows.g, .pos = p.g, .ratio = 4, .inputs_bf16 = c.exact});
+      h.report.nmse(
+          "indexer_scores",
+          strfmt("H_I=%lld d_I=%lld rows=%lld %s%s n=%lld pos %d..", (long long)c.HI, (long long)c.dI, (long long)c.cap,
+                 ggml_type_name(c.rows_type), c.exact ? " bf16-exact" : "", (long long)n, c.pos[0]),
+          b.diff(sc), k_thr_f32);
     }
   }
   if (h.want("topk")) {
@@ -196,11 +258,12 @@ void cases_indexer(Harness& h) {
         const int64_t visible = std::min<int64_t>((c.pos[t] + 1) / 4, c.cap);
         for (int64_t k = 0; k < c.cap; ++k) {
           float v = r.normal();
-          if (c.fill == Fill::TIES) v = static_cast<float>(r.below(3));                      // three distinct values
+          if (c.fill == Fill::TIES) v = static_cast<float>(r.below(3));                         // three distinct values
           if (c.fill == Fill::ZEROS) v = r.below(4) == 0 ? 1.0f : (r.below(2) ? 0.0f : -0.0f);  // +0 and -0 tie
           if (c.fill == Fill::NEGATIVE) v = -1.0f - std::fabs(v);
           if (c.fill == Fill::WIDE) v = (r.below(2) ? 1.0f : -1.0f) * std::exp(20.0f * v);
-          s[static_cast<size_t>(t * c.cap + k)] = k < visible ? v : (k % 2 ? k_neg_inf : 1e30f);  // past visible: ignored
+          s[static_cast<size_t>(t * c.cap + k)] =
+              k < visible ? v : (k % 2 ? k_neg_inf : 1e30f);  // past visible: ignored
         }
       }
       Pair sc = b.f32(s, Shape(c.cap, n));
@@ -208,12 +271,13 @@ void cases_indexer(Harness& h) {
       Pair sel = b.out(GgmlType::I32, Shape(c.K, n));
       h.cpu.topk({.sel = sel.c, .scores = sc.c, .pos = p.c, .ratio = 4});
       h.gpu.topk({.sel = sel.g, .scores = sc.g, .pos = p.g, .ratio = 4});
-      h.report.exact("topk", strfmt("k=%lld rows=%lld n=%lld %s", (long long)c.K, (long long)c.cap, (long long)n,
-                                    c.fill == Fill::TIES        ? "ties"
-                                    : c.fill == Fill::ZEROS     ? "+0/-0 ties"
-                                    : c.fill == Fill::NEGATIVE  ? "negative"
-                                    : c.fill == Fill::WIDE      ? "wide range"
-                                                                : "random"),
+      h.report.exact("topk",
+                     strfmt("k=%lld rows=%lld n=%lld %s", (long long)c.K, (long long)c.cap, (long long)n,
+                            c.fill == Fill::TIES       ? "ties"
+                            : c.fill == Fill::ZEROS    ? "+0/-0 ties"
+                            : c.fill == Fill::NEGATIVE ? "negative"
+                            : c.fill == Fill::WIDE     ? "wide range"
+                                                       : "random"),
                      b.diff_ids(sel));
     }
   }
@@ -255,12 +319,16 @@ void cases_attention(Harness& h) {
       {4, 128, 192, 176, 16, 128, 4, positions(40, 0, 699), false, "tiny batch, ratio 4, top-16, KV_FP8 rows", FP8},
       {4, 128, 192, 6, 0, 128, 128, positions(24, 100, 699), false, "tiny batch, ratio 128, bf16 f32 rows", F32, true},
       {4, 128, 192, 6, 0, 128, 128, positions(24, 100, 699), false, "tiny batch, ratio 128, f32 rows (FFMA)"},
-      {40, 256, 300, 40, 0, 128, 128, positions(20, 0, 5000), false, "40 heads (padded block), ratio 128, KV_FP8 rows", FP8},
-      {20, 128, 200, 60, 8, 128, 4, positions(12, 0, 239), false, "20 heads (padded block), top-8, bf16 f32 rows", F32, true},
-      {64, 512, 640, 2049, 512, 128, 4, positions(48, 0, 8191), true, "flash batch, ratio 4, top-512, KV_FP8 rows", FP8},
+      {40, 256, 300, 40, 0, 128, 128, positions(20, 0, 5000), false, "40 heads (padded block), ratio 128, KV_FP8 rows",
+       FP8},
+      {20, 128, 200, 60, 8, 128, 4, positions(12, 0, 239), false, "20 heads (padded block), top-8, bf16 f32 rows", F32,
+       true},
+      {64, 512, 640, 2049, 512, 128, 4, positions(48, 0, 8191), true, "flash batch, ratio 4, top-512, KV_FP8 rows",
+       FP8},
       {64, 512, 640, 65, 0, 128, 128, positions(32, 0, 8191), true, "flash batch, ratio 128, KV_FP8 rows", FP8},
       {64, 512, 640, 0, 0, 128, 0, positions(16, 0, 3000), true, "flash batch, window only, bf16 f32 rows", F32, true},
-      {64, 512, 640, 8193, 0, 128, 128, positions(8, 1040000, 1048575), true, "flash batch, ratio 128 near 1M, KV_FP8 rows", FP8},
+      {64, 512, 640, 8193, 0, 128, 128, positions(8, 1040000, 1048575), true,
+       "flash batch, ratio 128 near 1M, KV_FP8 rows", FP8},
   };
   for (const C& c : cases) {
     if (c.flash && !h.flash) continue;
@@ -283,7 +351,7 @@ void cases_attention(Harness& h) {
         for (int64_t i = 0; i < c.n_sel; ++i) {
           const int64_t kind = r.below(10);
           int32_t v = visible > 0 ? static_cast<int32_t>(r.below(visible)) : -1;
-          if (kind == 0) v = -1;                                  // padding
+          if (kind == 0) v = -1;                                          // padding
           if (kind == 1) v = static_cast<int32_t>(visible + r.below(4));  // not visible yet: skipped
           s[static_cast<size_t>(t * c.n_sel + i)] = v;
         }
@@ -303,8 +371,10 @@ void cases_attention(Harness& h) {
     og.out = out.g, og.q = q.g, og.ring = ring.g, og.comp = comp.g, og.sel = sel.g, og.sinks = sinks.g, og.pos = p.g;
     h.cpu.attention(oc);
     h.gpu.attention(og);
-    h.report.nmse("attention", strfmt("H=%lld d=%lld n=%lld pos %d.. (%s)", (long long)c.H, (long long)c.d, (long long)n, c.pos[0], c.what),
-                  b.diff(out), k_thr_f32);
+    h.report.nmse(
+        "attention",
+        strfmt("H=%lld d=%lld n=%lld pos %d.. (%s)", (long long)c.H, (long long)c.d, (long long)n, c.pos[0], c.what),
+        b.diff(out), k_thr_f32);
   }
   {
     // The KV_FP8 key decode bit for bit, e4m3 subnormal codes included (NMSE could
@@ -340,7 +410,8 @@ void cases_attention(Harness& h) {
     og.out = out.g, og.q = q.g, og.ring = ring.g, og.comp = comp.g, og.sinks = sinks.g, og.pos = p.g;
     h.cpu.attention(oc);
     h.gpu.attention(og);
-    h.report.exact("attention", "H=32 d=512 n=16, identical KV_FP8 rows with subnormal e4m3 codes, q = 0: o = the row", b.diff(out));
+    h.report.exact("attention", "H=32 d=512 n=16, identical KV_FP8 rows with subnormal e4m3 codes, q = 0: o = the row",
+                   b.diff(out));
   }
 }
 

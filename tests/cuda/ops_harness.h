@@ -41,16 +41,18 @@ struct Harness {
   Backend& gpu;
   Rng rng;
   Report report;
-  bool flash = true;   // include DeepSeek V4 Flash shapes (GBs of weights)
-  std::string filter;  // run only ops whose name contains this
+  bool flash = true;         // include DeepSeek V4 Flash shapes (GBs of weights)
+  std::string filter;        // run only ops whose name contains this
   bool tensor_cores = true;  // the gpu backend runs batched matmuls on tensor cores
   bool want(const char* op) const { return filter.empty() || std::string(op).find(filter) != std::string::npos; }
 };
 
 // Batched vs one-token CUDA results: bitwise on the FFMA tiles, k_thr_f32 on tensor cores.
 inline void report_batch_invariance(Harness& h, const char* op, const std::string& s, const Diff& d) {
-  if (h.tensor_cores) h.report.nmse(op, s, d, k_thr_f32);
-  else h.report.exact(op, s, d);
+  if (h.tensor_cores)
+    h.report.nmse(op, s, d, k_thr_f32);
+  else
+    h.report.exact(op, s, d);
 }
 
 struct Shape {
@@ -76,7 +78,8 @@ class Bufs {
   Bufs& operator=(const Bufs&) = delete;
 
   Pair alloc(GgmlType type, Shape s) {
-    Pair p{h_.cpu.alloc(type, s.ne[0], s.ne[1], s.ne[2], s.ne[3]), h_.gpu.alloc(type, s.ne[0], s.ne[1], s.ne[2], s.ne[3])};
+    Pair p{h_.cpu.alloc(type, s.ne[0], s.ne[1], s.ne[2], s.ne[3]),
+           h_.gpu.alloc(type, s.ne[0], s.ne[1], s.ne[2], s.ne[3])};
     cpu_allocs_.push_back(p.c);
     gpu_allocs_.push_back(p.g);
     return p;
@@ -123,7 +126,9 @@ class Bufs {
     std::memcpy(b.data(), v.data(), b.size());
     return weight(GgmlType::F32, std::move(b), s);
   }
-  Pair random_weight(GgmlType type, Shape s) { return weight(type, cudatest::random_weight(h_.rng, type, s.ne[0], s.n() / s.ne[0]), s); }
+  Pair random_weight(GgmlType type, Shape s) {
+    return weight(type, cudatest::random_weight(h_.rng, type, s.ne[0], s.n() / s.ne[0]), s);
+  }
 
   std::vector<float> get_f32(const Tensor& t, Backend& b) {
     std::vector<float> v(static_cast<size_t>(t.n_elements()));
@@ -143,9 +148,12 @@ class Bufs {
     for (int64_t r = 0; r < s.n() / d; ++r) {
       const float* x = v.data() + r * d;
       uint8_t* dst = bytes.data() + r * p.c.row_bytes();
-      if (type == GgmlType::KV_FP8) kv_fp8_pack_row(dst, x, d);
-      else if (type == GgmlType::KV_FP4) kv_fp4_pack_row(dst, x, d);
-      else std::memcpy(dst, x, static_cast<size_t>(d) * 4);
+      if (type == GgmlType::KV_FP8)
+        kv_fp8_pack_row(dst, x, d);
+      else if (type == GgmlType::KV_FP4)
+        kv_fp4_pack_row(dst, x, d);
+      else
+        std::memcpy(dst, x, static_cast<size_t>(d) * 4);
     }
     set(p, bytes.data());
     return p;
@@ -158,9 +166,12 @@ class Bufs {
     std::vector<float> v(static_cast<size_t>(t.n_elements()));
     for (int64_t r = 0; r < t.n_rows(); ++r) {
       const uint8_t* src = bytes.data() + r * t.row_bytes();
-      if (t.type == GgmlType::KV_FP8) kv_fp8_unpack_row(v.data() + r * d, src, d);
-      else if (t.type == GgmlType::KV_FP4) kv_fp4_unpack_row(v.data() + r * d, src, d);
-      else std::memcpy(v.data() + r * d, src, static_cast<size_t>(d) * 4);
+      if (t.type == GgmlType::KV_FP8)
+        kv_fp8_unpack_row(v.data() + r * d, src, d);
+      else if (t.type == GgmlType::KV_FP4)
+        kv_fp4_unpack_row(v.data() + r * d, src, d);
+      else
+        std::memcpy(v.data() + r * d, src, static_cast<size_t>(d) * 4);
     }
     return v;
   }

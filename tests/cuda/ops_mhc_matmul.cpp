@@ -29,8 +29,9 @@ void cases_mhc(Harness& h) {
       Pair out = b.out(GgmlType::F32, Shape(c.D, c.hc, c.n));
       h.cpu.embed({out.c, table.c, id.c});
       h.gpu.embed({out.g, table.g, id.g});
-      h.report.exact("embed", strfmt("%s[%lld,%lld] -> [%lld,%lld,%lld]", ggml_type_name(c.t), (long long)c.V, (long long)c.D,
-                                     (long long)c.n, (long long)c.hc, (long long)c.D),
+      h.report.exact("embed",
+                     strfmt("%s[%lld,%lld] -> [%lld,%lld,%lld]", ggml_type_name(c.t), (long long)c.V, (long long)c.D,
+                            (long long)c.n, (long long)c.hc, (long long)c.D),
                      b.diff(out));
     }
   }
@@ -39,8 +40,9 @@ void cases_mhc(Harness& h) {
     GgmlType fn;
     bool flash;
   };
-  const C shapes[] = {{256, 4, 1, GgmlType::F16, false},  {256, 4, 5, GgmlType::F16, false}, {256, 4, 33, GgmlType::F32, false},
-                      {128, 2, 3, GgmlType::BF16, false}, {4096, 4, 1, GgmlType::F16, true}, {4096, 4, 3, GgmlType::F16, true},
+  const C shapes[] = {{256, 4, 1, GgmlType::F16, false},  {256, 4, 5, GgmlType::F16, false},
+                      {256, 4, 33, GgmlType::F32, false}, {128, 2, 3, GgmlType::BF16, false},
+                      {4096, 4, 1, GgmlType::F16, true},  {4096, 4, 3, GgmlType::F16, true},
                       {4096, 4, 40, GgmlType::F16, true}};
   if (h.want("hc_pre")) {
     for (const C& c : shapes) {
@@ -57,9 +59,34 @@ void cases_mhc(Harness& h) {
       // With the fused input norm (as the model runs it): xn = RMSNorm(u; w).
       Pair xn = b.out(GgmlType::F32, Shape(c.D, c.n));
       Pair nw = b.weight_f32(random_uniform(r, static_cast<size_t>(c.D), 0.5f, 1.5f), Shape(c.D));
-      h.cpu.hc_pre({.u = u.c, .post = post.c, .comb = comb.c, .state = state.c, .fn = fn.c, .scale = scale.c, .base = base.c, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn.c, .norm_w = nw.c, .norm_rms_eps = 1e-6f});
-      h.gpu.hc_pre({.u = u.g, .post = post.g, .comb = comb.g, .state = state.g, .fn = fn.g, .scale = scale.g, .base = base.g, .norm_eps = 1e-6f, .hc_eps = 1e-6f, .sinkhorn_iters = 20, .norm_out = xn.g, .norm_w = nw.g, .norm_rms_eps = 1e-6f});
-      const std::string s = strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
+      h.cpu.hc_pre({.u = u.c,
+                    .post = post.c,
+                    .comb = comb.c,
+                    .state = state.c,
+                    .fn = fn.c,
+                    .scale = scale.c,
+                    .base = base.c,
+                    .norm_eps = 1e-6f,
+                    .hc_eps = 1e-6f,
+                    .sinkhorn_iters = 20,
+                    .norm_out = xn.c,
+                    .norm_w = nw.c,
+                    .norm_rms_eps = 1e-6f});
+      h.gpu.hc_pre({.u = u.g,
+                    .post = post.g,
+                    .comb = comb.g,
+                    .state = state.g,
+                    .fn = fn.g,
+                    .scale = scale.g,
+                    .base = base.g,
+                    .norm_eps = 1e-6f,
+                    .hc_eps = 1e-6f,
+                    .sinkhorn_iters = 20,
+                    .norm_out = xn.g,
+                    .norm_w = nw.g,
+                    .norm_rms_eps = 1e-6f});
+      const std::string s =
+          strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
       h.report.nmse("hc_pre u", s, b.diff(u), k_thr_f32);
       h.report.nmse("hc_pre post", s, b.diff(post), k_thr_f32);
       h.report.nmse("hc_pre comb", s, b.diff(comb), k_thr_f32);
@@ -69,18 +96,23 @@ void cases_mhc(Harness& h) {
   if (h.want("hc_post")) {
     for (const C& c : shapes) {
       if (c.flash && !h.flash) continue;
-      for (int mode = 0; mode < 3; ++mode) {  // 0 plain, 1 bf16 rounding, 2 with y2 (y + y2: the decode FFN's shared expert)
+      for (int mode = 0; mode < 3;
+           ++mode) {  // 0 plain, 1 bf16 rounding, 2 with y2 (y + y2: the decode FFN's shared expert)
         const bool round = mode == 1, with_y2 = mode == 2;
         Bufs b(h);
         Pair state = b.f32(random_normal(r, static_cast<size_t>(c.n * c.hc * c.D)), Shape(c.D, c.hc, c.n));
         Pair y = b.f32(random_normal(r, static_cast<size_t>(c.n * c.D)), Shape(c.D, c.n));
         Pair post = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc), 0.0f, 2.0f), Shape(c.hc, c.n));
-        Pair comb = b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc * c.hc), 0.0f, 1.0f), Shape(c.hc, c.hc, c.n));
+        Pair comb =
+            b.f32(random_uniform(r, static_cast<size_t>(c.n * c.hc * c.hc), 0.0f, 1.0f), Shape(c.hc, c.hc, c.n));
         Pair y2 = with_y2 ? b.f32(random_normal(r, static_cast<size_t>(c.n * c.D)), Shape(c.D, c.n)) : Pair{};
         h.cpu.hc_post({.state = state.c, .y = y.c, .post = post.c, .comb = comb.c, .round_bf16 = round, .y2 = y2.c});
         h.gpu.hc_post({.state = state.g, .y = y.g, .post = post.g, .comb = comb.g, .round_bf16 = round, .y2 = y2.g});
         h.report.exact("hc_post",
-                       strfmt("[%lld,%lld,%lld]%s", (long long)c.n, (long long)c.hc, (long long)c.D, round ? " bf16" : with_y2 ? " y+y2" : ""),
+                       strfmt("[%lld,%lld,%lld]%s", (long long)c.n, (long long)c.hc, (long long)c.D,
+                              round     ? " bf16"
+                              : with_y2 ? " y+y2"
+                                        : ""),
                        b.diff(state));
       }
     }
@@ -94,10 +126,24 @@ void cases_mhc(Harness& h) {
       Pair scale = b.weight_f32(random_uniform(r, 1, 0.5f, 2.0f), Shape(1));
       Pair base = b.weight_f32(random_normal(r, static_cast<size_t>(c.hc), 0.5f), Shape(c.hc));
       Pair out = b.out(GgmlType::F32, Shape(c.D, c.n));
-      h.cpu.hc_head({.h = out.c, .state = state.c, .fn = fn.c, .scale = scale.c, .base = base.c, .norm_eps = 1e-6f, .hc_eps = 1e-6f});
-      h.gpu.hc_head({.h = out.g, .state = state.g, .fn = fn.g, .scale = scale.g, .base = base.g, .norm_eps = 1e-6f, .hc_eps = 1e-6f});
-      h.report.nmse("hc_head", strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn)),
-                    b.diff(out), k_thr_f32);
+      h.cpu.hc_head({.h = out.c,
+                     .state = state.c,
+                     .fn = fn.c,
+                     .scale = scale.c,
+                     .base = base.c,
+                     .norm_eps = 1e-6f,
+                     .hc_eps = 1e-6f});
+      h.gpu.hc_head({.h = out.g,
+                     .state = state.g,
+                     .fn = fn.g,
+                     .scale = scale.g,
+                     .base = base.g,
+                     .norm_eps = 1e-6f,
+                     .hc_eps = 1e-6f});
+      h.report.nmse(
+          "hc_head",
+          strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn)),
+          b.diff(out), k_thr_f32);
     }
   }
 }
@@ -183,8 +229,9 @@ void cases_matmul(Harness& h) {
       Pair out = b.out(GgmlType::F32, Shape(c.rows, n));
       h.cpu.matmul({.out = out.c, .w = w.c, .x = x.c, .groups = c.groups});
       h.gpu.matmul({.out = out.g, .w = w.g, .x = x.g, .groups = c.groups});
-      const std::string s = strfmt("%s [%lld,%lld]%s n=%lld (%s)", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
-                                   c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)n, c.what);
+      const std::string s =
+          strfmt("%s [%lld,%lld]%s n=%lld (%s)", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
+                 c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)n, c.what);
       h.report.nmse("matmul", s, b.diff(out), k_thr_f32);
       if (c.rows * c.cols <= (int64_t{1} << 24)) {
         // accumulate: out += W x, vs the CPU and bitwise vs matmul then add on the GPU.
@@ -195,12 +242,14 @@ void cases_matmul(Harness& h) {
         h.gpu.matmul({.out = acc.g, .w = w.g, .x = x.g, .groups = c.groups, .accumulate = true});
         h.report.nmse("matmul", s + " accumulate", b.diff(acc), k_thr_f32);
         h.gpu.add({sum.g, out.g});
-        h.report.exact("matmul", s + " accumulate vs matmul, add", diff_f32(b.get_f32(acc.g, h.gpu), b.get_f32(sum.g, h.gpu)));
+        h.report.exact("matmul", s + " accumulate vs matmul, add",
+                       diff_f32(b.get_f32(acc.g, h.gpu), b.get_f32(sum.g, h.gpu)));
       }
       if (n > 1) {
         // Batch invariance: each token alone (the decode kernel) vs the batched kernel.
         Pair one = b.out(GgmlType::F32, Shape(c.rows, n));
-        for (int64_t t = 0; t < n; ++t) h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups});
+        for (int64_t t = 0; t < n; ++t)
+          h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups});
         report_batch_invariance(h, "matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
       }
     }
@@ -216,8 +265,10 @@ void cases_matmul(Harness& h) {
     std::vector<float> xv = random_normal(r, static_cast<size_t>(cols * n));
     for (size_t i = 0; i < xv.size(); ++i) {
       const size_t unit = (i % cols) / 32;
-      if (unit % 8 == 6 && i % 32 == 5) xv[i] = 1e4f;
-      else xv[i] *= unit_scales[unit % 8];
+      if (unit % 8 == 6 && i % 32 == 5)
+        xv[i] = 1e4f;
+      else
+        xv[i] *= unit_scales[unit % 8];
     }
     Pair x = b.f32(xv, Shape(cols, n));
     Pair out = b.out(GgmlType::F32, Shape(rows, n));
@@ -241,7 +292,11 @@ void cases_matmul(Harness& h) {
       {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2, 130}, false, "tiny q8_0 x2"},
       {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1, 140}, false, "mixed types (separate launches)"},
       {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1, 2, 256}, true, "flash wq_a + wkv"},
-      {{{G::F16, 1024}, {G::F16, 1024}, {G::F16, 64}, {G::F16, 256}, {G::F16, 256}}, 4096, {1}, true, "flash compressors + indexer"},
+      {{{G::F16, 1024}, {G::F16, 1024}, {G::F16, 64}, {G::F16, 256}, {G::F16, 256}},
+       4096,
+       {1},
+       true,
+       "flash compressors + indexer"},
       {{{G::Q8_0, 2048}, {G::Q8_0, 2048}}, 4096, {1}, true, "flash shared expert gate + up"},
   };
   for (const M& m : sets) {
@@ -267,11 +322,12 @@ void cases_matmul(Harness& h) {
       h.cpu.matmuls(oc);
       h.gpu.matmuls(og);
       for (size_t i = 0; i < ws.size(); ++i) {
-        const std::string s = strfmt("%s [%lld,%lld] of %zu n=%lld (%s)", ggml_type_name(m.mats[i].first), (long long)m.mats[i].second,
-                                     (long long)m.cols, ws.size(), (long long)n, m.what);
+        const std::string s = strfmt("%s [%lld,%lld] of %zu n=%lld (%s)", ggml_type_name(m.mats[i].first),
+                                     (long long)m.mats[i].second, (long long)m.cols, ws.size(), (long long)n, m.what);
         h.report.nmse("matmuls", s, b.diff(outs[i]), k_thr_f32);
         h.gpu.matmul({sep[i].g, ws[i].g, x.g});
-        h.report.exact("matmuls", s + " vs one matmul", diff_f32(b.get_f32(outs[i].g, h.gpu), b.get_f32(sep[i].g, h.gpu)));
+        h.report.exact("matmuls", s + " vs one matmul",
+                       diff_f32(b.get_f32(outs[i].g, h.gpu), b.get_f32(sep[i].g, h.gpu)));
       }
     }
   }

@@ -17,11 +17,11 @@ void cases_moe(Harness& h) {
       bool flash;
     };
     const std::vector<C> cases = {
-        {8, 2, 7, 512, false, false, true, 1.5f, false},  {8, 2, 9, 512, true, false, true, 1.5f, false},
-        {8, 2, 12, 512, false, true, true, 1.5f, false},  {16, 4, 5, 512, false, false, false, 2.5f, false},
+        {8, 2, 7, 512, false, false, true, 1.5f, false},     {8, 2, 9, 512, true, false, true, 1.5f, false},
+        {8, 2, 12, 512, false, true, true, 1.5f, false},     {16, 4, 5, 512, false, false, false, 2.5f, false},
         {256, 6, 5, 129280, false, false, true, 1.5f, true}, {256, 6, 64, 129280, false, true, true, 1.5f, true},
-        {256, 6, 5, 129280, true, false, true, 1.5f, true},
-        {300, 8, 3, 512, false, false, true, 1.0f, false}, {300, 8, 4, 512, false, true, true, 1.0f, false},
+        {256, 6, 5, 129280, true, false, true, 1.5f, true},  {300, 8, 3, 512, false, false, true, 1.0f, false},
+        {300, 8, 4, 512, false, true, true, 1.0f, false},
     };
     for (const C& c : cases) {
       if (c.flash && !h.flash) continue;
@@ -30,9 +30,10 @@ void cases_moe(Harness& h) {
       if (c.ties)
         for (auto& v : z) v = static_cast<float>(r.below(4)) - 1.5f;  // few distinct scores: ties everywhere
       Pair logits = b.f32(z, Shape(c.E, c.n));
-      Pair bias = c.hash ? Pair{} : b.weight_f32(c.ties ? std::vector<float>(static_cast<size_t>(c.E), 0.0f)
-                                                        : random_normal(r, static_cast<size_t>(c.E), 0.1f),
-                                                 Shape(c.E));
+      Pair bias = c.hash ? Pair{}
+                         : b.weight_f32(c.ties ? std::vector<float>(static_cast<size_t>(c.E), 0.0f)
+                                               : random_normal(r, static_cast<size_t>(c.E), 0.1f),
+                                        Shape(c.E));
       Pair table{}, ids{};
       if (c.hash) {
         std::vector<int32_t> t(static_cast<size_t>(c.V * c.k));
@@ -47,10 +48,25 @@ void cases_moe(Harness& h) {
       }
       Pair ex = b.out(GgmlType::I32, Shape(c.k, c.n));
       Pair wt = b.out(GgmlType::F32, Shape(c.k, c.n));
-      h.cpu.moe_route({.experts = ex.c, .weights = wt.c, .logits = logits.c, .bias = bias.c, .hash = table.c, .ids = ids.c, .alpha = c.alpha, .normalize = c.normalize});
-      h.gpu.moe_route({.experts = ex.g, .weights = wt.g, .logits = logits.g, .bias = bias.g, .hash = table.g, .ids = ids.g, .alpha = c.alpha, .normalize = c.normalize});
-      const std::string s = strfmt("E=%lld k=%lld n=%lld %s%s%s", (long long)c.E, (long long)c.k, (long long)c.n,
-                                   c.hash ? "hash" : "biased top-k", c.ties ? " ties" : "", c.normalize ? "" : " unnormalised");
+      h.cpu.moe_route({.experts = ex.c,
+                       .weights = wt.c,
+                       .logits = logits.c,
+                       .bias = bias.c,
+                       .hash = table.c,
+                       .ids = ids.c,
+                       .alpha = c.alpha,
+                       .normalize = c.normalize});
+      h.gpu.moe_route({.experts = ex.g,
+                       .weights = wt.g,
+                       .logits = logits.g,
+                       .bias = bias.g,
+                       .hash = table.g,
+                       .ids = ids.g,
+                       .alpha = c.alpha,
+                       .normalize = c.normalize});
+      const std::string s =
+          strfmt("E=%lld k=%lld n=%lld %s%s%s", (long long)c.E, (long long)c.k, (long long)c.n,
+                 c.hash ? "hash" : "biased top-k", c.ties ? " ties" : "", c.normalize ? "" : " unnormalised");
       h.report.exact("moe_route ids", s, b.diff_ids(ex));
       h.report.nmse("moe_route w", s, b.diff(wt), k_thr_elem);
     }
@@ -110,18 +126,45 @@ void cases_moe(Harness& h) {
           }
           Pair ex = b.i32(e, Shape(c.k, n));
           Pair wt = b.f32(random_uniform(r, static_cast<size_t>(n * c.k), 0.1f, 1.0f), Shape(c.k, n));
-          Pair out = accumulate ? b.f32(random_normal(r, static_cast<size_t>(n * c.D)), Shape(c.D, n)) : b.out(GgmlType::F32, Shape(c.D, n));
-          h.cpu.moe_experts({.out = out.c, .x = x.c, .gate = gate.c, .up = up.c, .down = down.c, .experts = ex.c, .weights = wt.c, .clamp = 10.0f, .accumulate = accumulate});
-          h.gpu.moe_experts({.out = out.g, .x = x.g, .gate = gate.g, .up = up.g, .down = down.g, .experts = ex.g, .weights = wt.g, .clamp = 10.0f, .accumulate = accumulate});
-          const std::string s = strfmt("%s/%s E=%lld F=%lld D=%lld k=%lld n=%lld%s%s", ggml_type_name(c.gate_up), ggml_type_name(c.down),
-                                       (long long)c.E, (long long)c.F, (long long)c.D, (long long)c.k, (long long)n,
-                                       c.hot > 0 ? " skewed" : "", accumulate ? " accumulate" : "");
+          Pair out = accumulate ? b.f32(random_normal(r, static_cast<size_t>(n * c.D)), Shape(c.D, n))
+                                : b.out(GgmlType::F32, Shape(c.D, n));
+          h.cpu.moe_experts({.out = out.c,
+                             .x = x.c,
+                             .gate = gate.c,
+                             .up = up.c,
+                             .down = down.c,
+                             .experts = ex.c,
+                             .weights = wt.c,
+                             .clamp = 10.0f,
+                             .accumulate = accumulate});
+          h.gpu.moe_experts({.out = out.g,
+                             .x = x.g,
+                             .gate = gate.g,
+                             .up = up.g,
+                             .down = down.g,
+                             .experts = ex.g,
+                             .weights = wt.g,
+                             .clamp = 10.0f,
+                             .accumulate = accumulate});
+          const std::string s =
+              strfmt("%s/%s E=%lld F=%lld D=%lld k=%lld n=%lld%s%s", ggml_type_name(c.gate_up), ggml_type_name(c.down),
+                     (long long)c.E, (long long)c.F, (long long)c.D, (long long)c.k, (long long)n,
+                     c.hot > 0 ? " skewed" : "", accumulate ? " accumulate" : "");
           h.report.nmse("moe_experts", s, b.diff(out), k_thr_f32);
           if (n > 1 && !accumulate) {
             Pair one = b.out(GgmlType::F32, Shape(c.D, n));
             for (int64_t t = 0; t < n; ++t)
-              h.gpu.moe_experts({.out = one.g.rows(t, 1), .x = x.g.rows(t, 1), .gate = gate.g, .up = up.g, .down = down.g, .experts = ex.g.rows(t, 1), .weights = wt.g.rows(t, 1), .clamp = 10.0f, .accumulate = false});
-            report_batch_invariance(h, "moe_experts n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
+              h.gpu.moe_experts({.out = one.g.rows(t, 1),
+                                 .x = x.g.rows(t, 1),
+                                 .gate = gate.g,
+                                 .up = up.g,
+                                 .down = down.g,
+                                 .experts = ex.g.rows(t, 1),
+                                 .weights = wt.g.rows(t, 1),
+                                 .clamp = 10.0f,
+                                 .accumulate = false});
+            report_batch_invariance(h, "moe_experts n vs 1", s,
+                                    diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
           }
         }
       }
@@ -139,15 +182,19 @@ void cases_moe(Harness& h) {
       Pair down = b.random_weight(G::Q2_K, Shape(F, D, E));
       const float unit_scales[] = {1.0f, 0.0f, 1e-3f, 1.0f, 30.0f, 1.0f, 1.0f, 0.25f};
       // n = 1 / 3: the decode path; n = 40: the expert-grouped path (per-token scales in the grouped GEMM).
-      for (const auto& [scale, n] : {std::pair{0.0f, int64_t{3}}, std::pair{1e-15f, int64_t{1}}, std::pair{1e-6f, int64_t{1}},
-                                     std::pair{1e15f, int64_t{1}}, std::pair{0.0f, int64_t{40}}, std::pair{1e-15f, int64_t{40}},
-                                     std::pair{1e15f, int64_t{40}}}) {
+      for (const auto& [scale, n] :
+           {std::pair{0.0f, int64_t{3}}, std::pair{1e-15f, int64_t{1}}, std::pair{1e-6f, int64_t{1}},
+            std::pair{1e15f, int64_t{1}}, std::pair{0.0f, int64_t{40}}, std::pair{1e-15f, int64_t{40}},
+            std::pair{1e15f, int64_t{40}}}) {
         std::vector<float> xv = random_normal(r, static_cast<size_t>(n * D));
         for (size_t i = 0; i < xv.size(); ++i) {
           const size_t unit = i / 32;
-          if (scale != 0.0f) xv[i] *= scale;
-          else if (unit % 8 == 6 && i % 32 == 5) xv[i] = 1e4f;  // one large value, 31 small ones
-          else xv[i] *= unit_scales[unit % 8];
+          if (scale != 0.0f)
+            xv[i] *= scale;
+          else if (unit % 8 == 6 && i % 32 == 5)
+            xv[i] = 1e4f;  // one large value, 31 small ones
+          else
+            xv[i] *= unit_scales[unit % 8];
         }
         Pair x = b.f32(xv, Shape(D, n));
         std::vector<int32_t> e(static_cast<size_t>(n * k));
@@ -162,10 +209,27 @@ void cases_moe(Harness& h) {
         // flip, found on about one seed in a hundred (device check on an H200). Unsaturated, the
         // output is continuous in g and u and the case tests what it is for: x splits at 1e15.
         const float limit = scale >= 1e15f ? 1e30f : 10.0f;
-        h.cpu.moe_experts({.out = out.c, .x = x.c, .gate = gate.c, .up = up.c, .down = down.c, .experts = ex.c, .weights = wt.c, .clamp = limit, .accumulate = false});
-        h.gpu.moe_experts({.out = out.g, .x = x.g, .gate = gate.g, .up = up.g, .down = down.g, .experts = ex.g, .weights = wt.g, .clamp = limit, .accumulate = false});
-        h.report.nmse("moe_experts", scale == 0.0f ? strfmt("IQ2_XXS/Q2_K x mixed unit ranges n=%lld", (long long)n)
-                                                  : strfmt("IQ2_XXS/Q2_K x scaled %g n=%lld", scale, (long long)n),
+        h.cpu.moe_experts({.out = out.c,
+                           .x = x.c,
+                           .gate = gate.c,
+                           .up = up.c,
+                           .down = down.c,
+                           .experts = ex.c,
+                           .weights = wt.c,
+                           .clamp = limit,
+                           .accumulate = false});
+        h.gpu.moe_experts({.out = out.g,
+                           .x = x.g,
+                           .gate = gate.g,
+                           .up = up.g,
+                           .down = down.g,
+                           .experts = ex.g,
+                           .weights = wt.g,
+                           .clamp = limit,
+                           .accumulate = false});
+        h.report.nmse("moe_experts",
+                      scale == 0.0f ? strfmt("IQ2_XXS/Q2_K x mixed unit ranges n=%lld", (long long)n)
+                                    : strfmt("IQ2_XXS/Q2_K x scaled %g n=%lld", scale, (long long)n),
                       b.diff(out), k_thr_f32);
       }
     }

@@ -98,7 +98,8 @@ std::vector<float> sim_rows(Rng& r, int64_t d, int64_t rows) {
       for (int64_t j = 0; j < d; j += 3) x[j] = 0.0f;
     if (kind == 2) x[r.below(d)] *= 1000.0f;
     if (kind == 3)  // halfway cases: k/16 + 1/32 between e4m3 steps once scaled (ties to even)
-      for (int64_t j = 0; j < d; ++j) x[j] = (static_cast<float>(r.below(64)) / 16.0f + 1.0f / 32.0f) * (j % 2 ? -1.0f : 1.0f);
+      for (int64_t j = 0; j < d; ++j)
+        x[j] = (static_cast<float>(r.below(64)) / 16.0f + 1.0f / 32.0f) * (j % 2 ? -1.0f : 1.0f);
     if (kind == 4)  // e2m1 ties: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 times a power of two
       for (int64_t j = 0; j < d; ++j) {
         static const float ties[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
@@ -128,8 +129,10 @@ void cases_dense(Harness& h) {
       Pair out = c.alias ? x : b.out(GgmlType::F32, Shape(c.d, c.rows));
       h.cpu.rms_norm({.out = out.c, .x = x.c, .w = w.c, .eps = 1e-6f});
       h.gpu.rms_norm({.out = out.g, .x = x.g, .w = w.g, .eps = 1e-6f});
-      h.report.nmse("rms_norm", strfmt("[%lld,%lld]%s%s", (long long)c.rows, (long long)c.d, c.w ? " w" : "", c.alias ? " in-place" : ""),
-                    b.diff(out), k_thr_elem);
+      h.report.nmse(
+          "rms_norm",
+          strfmt("[%lld,%lld]%s%s", (long long)c.rows, (long long)c.d, c.w ? " w" : "", c.alias ? " in-place" : ""),
+          b.diff(out), k_thr_elem);
     }
   }
   if (h.want("rms_norm")) {
@@ -139,7 +142,8 @@ void cases_dense(Harness& h) {
       int64_t d, per_tok, n;
       bool w, compress;
     };
-    for (C c : {C{512, 64, 3, false, true}, C{512, 1, 5, true, false}, C{128, 4, 7, true, true}, C{64, 2, 1, false, false}}) {
+    for (C c :
+         {C{512, 64, 3, false, true}, C{512, 1, 5, true, false}, C{128, 4, 7, true, true}, C{64, 2, 1, false, false}}) {
       Bufs b(h);
       const int64_t rows = c.per_tok * c.n;
       const std::vector<float> xv = random_normal(r, static_cast<size_t>(c.d * rows), r.uniform(0.01f, 10.0f));
@@ -150,14 +154,27 @@ void cases_dense(Harness& h) {
       for (int64_t i = 0; i < c.n; ++i) pos[i] = static_cast<int32_t>(r.below(1 << 20));
       Pair p = b.i32(pos, Shape(c.n));
       const RopeParams rp = c.compress ? rope_compress() : rope_main();
-      h.cpu.rms_norm({.out = x.c, .x = x.c, .w = w.c, .eps = 1e-6f, .rope_pos = p.c, .rope = rp, .rope_rows_per_token = c.per_tok});
-      h.gpu.rms_norm({.out = x.g, .x = x.g, .w = w.g, .eps = 1e-6f, .rope_pos = p.g, .rope = rp, .rope_rows_per_token = c.per_tok});
+      h.cpu.rms_norm({.out = x.c,
+                      .x = x.c,
+                      .w = w.c,
+                      .eps = 1e-6f,
+                      .rope_pos = p.c,
+                      .rope = rp,
+                      .rope_rows_per_token = c.per_tok});
+      h.gpu.rms_norm({.out = x.g,
+                      .x = x.g,
+                      .w = w.g,
+                      .eps = 1e-6f,
+                      .rope_pos = p.g,
+                      .rope = rp,
+                      .rope_rows_per_token = c.per_tok});
       const std::string s = strfmt("[%lld,%lld,%lld]%s + rope %s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
                                    c.w ? " w" : "", c.compress ? "yarn" : "plain");
       h.report.nmse("rms_norm", s, b.diff(x), k_thr_elem);
       h.gpu.rms_norm({.out = sep.g, .x = sep.g, .w = w.g, .eps = 1e-6f});
       h.gpu.rope({.x = sep.g.reshape(c.d, c.per_tok, c.n), .pos = p.g, .rope = rp, .inverse = false});
-      h.report.exact("rms_norm", s + " vs norm, rope kernels", diff_f32(b.get_f32(x.g, h.gpu), b.get_f32(sep.g, h.gpu)));
+      h.report.exact("rms_norm", s + " vs norm, rope kernels",
+                     diff_f32(b.get_f32(x.g, h.gpu), b.get_f32(sep.g, h.gpu)));
     }
   }
   if (h.want("rope")) {
@@ -176,9 +193,11 @@ void cases_dense(Harness& h) {
       const RopeParams rp = c.compress ? rope_compress() : rope_main();
       h.cpu.rope({.x = x.c, .pos = p.c, .rope = rp, .inverse = c.inverse});
       h.gpu.rope({.x = x.g, .pos = p.g, .rope = rp, .inverse = c.inverse});
-      h.report.nmse("rope", strfmt("[%lld,%lld,%lld] %s%s%s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
-                                   c.compress ? "yarn" : "plain", c.inverse ? " inverse" : "", c.large_pos ? " pos<2^20" : " pos 0.."),
-                    b.diff(x), k_thr_elem);
+      h.report.nmse(
+          "rope",
+          strfmt("[%lld,%lld,%lld] %s%s%s", (long long)c.n, (long long)c.per_tok, (long long)c.d,
+                 c.compress ? "yarn" : "plain", c.inverse ? " inverse" : "", c.large_pos ? " pos<2^20" : " pos 0.."),
+          b.diff(x), k_thr_elem);
     }
   }
   if (h.want("quant_sim")) {
@@ -187,17 +206,19 @@ void cases_dense(Harness& h) {
       int64_t d, rows;
       int n_quant;
     };
-    for (C c : {C{KvQuantSim::FP8_BF16, 512, 24, 448}, C{KvQuantSim::FP8_BF16, 128, 33, 64}, C{KvQuantSim::FP8_BF16, 160, 12, 96},
-                C{KvQuantSim::FP8_BF16, 512, 7, 512}, C{KvQuantSim::HADAMARD_FP4, 128, 128, 0},
-                C{KvQuantSim::HADAMARD_FP4, 64, 12, 0}, C{KvQuantSim::HADAMARD_FP4, 256, 18, 0},
-                C{KvQuantSim::HADAMARD_FP4, 512, 6, 0}, C{KvQuantSim::HADAMARD_FP4, 1024, 3, 0},
-                C{KvQuantSim::HADAMARD_FP4, 32, 5, 0}, C{KvQuantSim::HADAMARD_FP4, 2048, 2, 0}}) {
+    for (C c : {C{KvQuantSim::FP8_BF16, 512, 24, 448}, C{KvQuantSim::FP8_BF16, 128, 33, 64},
+                C{KvQuantSim::FP8_BF16, 160, 12, 96}, C{KvQuantSim::FP8_BF16, 512, 7, 512},
+                C{KvQuantSim::HADAMARD_FP4, 128, 128, 0}, C{KvQuantSim::HADAMARD_FP4, 64, 12, 0},
+                C{KvQuantSim::HADAMARD_FP4, 256, 18, 0}, C{KvQuantSim::HADAMARD_FP4, 512, 6, 0},
+                C{KvQuantSim::HADAMARD_FP4, 1024, 3, 0}, C{KvQuantSim::HADAMARD_FP4, 32, 5, 0},
+                C{KvQuantSim::HADAMARD_FP4, 2048, 2, 0}}) {
       Bufs b(h);
       Pair x = b.f32(sim_rows(r, c.d, c.rows), Shape(c.d, c.rows));
       h.cpu.quant_sim({x.c, c.sim, c.n_quant});
       h.gpu.quant_sim({x.g, c.sim, c.n_quant});
-      h.report.exact("quant_sim", strfmt("[%lld,%lld] %s n_quant %d", (long long)c.rows, (long long)c.d,
-                                         c.sim == KvQuantSim::FP8_BF16 ? "fp8+bf16" : "hadamard+fp4", c.n_quant),
+      h.report.exact("quant_sim",
+                     strfmt("[%lld,%lld] %s n_quant %d", (long long)c.rows, (long long)c.d,
+                            c.sim == KvQuantSim::FP8_BF16 ? "fp8+bf16" : "hadamard+fp4", c.n_quant),
                      b.diff(x));
     }
   }
@@ -221,8 +242,9 @@ void cases_dense(Harness& h) {
       Pair p = b.i32(c.pos, Shape(n));
       h.cpu.store_rows({ring.c, rows.c, p.c});
       h.gpu.store_rows({ring.g, rows.g, p.g});
-      h.report.exact("store_rows", strfmt("ring[%lld,%lld] %s n=%lld from pos %d", (long long)c.cap, (long long)c.d,
-                                          ggml_type_name(c.type), (long long)n, c.pos[0]),
+      h.report.exact("store_rows",
+                     strfmt("ring[%lld,%lld] %s n=%lld from pos %d", (long long)c.cap, (long long)c.d,
+                            ggml_type_name(c.type), (long long)n, c.pos[0]),
                      b.diff_bytes(ring));
     }
   }
@@ -262,23 +284,33 @@ int main(int argc, char** argv) {
   bool flash = true, tensor_cores = true, cublas = true, int_dot = true, gemm_cache = true;
   std::string expert_gemm = "auto";
   std::string filter;
-  const std::string usage = std::string("usage: ") + argv[0] +
-                            " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
-                            "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
-                            "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
-                            "  --no-int-dot  decode experts on the float matvec\n"
-                            "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
-                            "                 auto (default: N = 64), on (every expert), off (the tile), or N\n";
+  const std::string usage =
+      std::string("usage: ") + argv[0] +
+      " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-gemm-cache] "
+      "[--expert-gemm auto|on|off|N]\n"
+      "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
+      "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
+      "  --no-int-dot  decode experts on the float matvec\n"
+      "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
+      "                 auto (default: N = 64), on (every expert), off (the tile), or N\n";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
-    else if (a == "--no-flash") flash = false;
-    else if (a == "--no-tensor-cores") tensor_cores = false;
-    else if (a == "--no-cublas") cublas = false;
-    else if (a == "--no-int-dot") int_dot = false;
-    else if (a == "--no-gemm-cache") gemm_cache = false;
-    else if (a == "--expert-gemm" && i + 1 < argc) expert_gemm = argv[++i];
+    if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--filter" && i + 1 < argc)
+      filter = argv[++i];
+    else if (a == "--no-flash")
+      flash = false;
+    else if (a == "--no-tensor-cores")
+      tensor_cores = false;
+    else if (a == "--no-cublas")
+      cublas = false;
+    else if (a == "--no-int-dot")
+      int_dot = false;
+    else if (a == "--no-gemm-cache")
+      gemm_cache = false;
+    else if (a == "--expert-gemm" && i + 1 < argc)
+      expert_gemm = argv[++i];
     else if (a == "--help") {
       std::printf("%s", usage.c_str());
       return 0;
@@ -320,14 +352,20 @@ int main(int argc, char** argv) {
     const char* name;
     void (*fn)(Harness&);
   };
-  const Group groups[] = {{"memory", cases_memory}, {"dense", cases_dense},     {"mhc", cases_mhc},
-                          {"matmul", cases_matmul}, {"compress", cases_compress}, {"indexer", cases_indexer},
-                          {"attention", cases_attention}, {"moe", cases_moe}};
+  const Group groups[] = {{"memory", cases_memory},
+                          {"dense", cases_dense},
+                          {"mhc", cases_mhc},
+                          {"matmul", cases_matmul},
+                          {"compress", cases_compress},
+                          {"indexer", cases_indexer},
+                          {"attention", cases_attention},
+                          {"moe", cases_moe}};
   for (const Group& g : groups) {
     const auto t0 = std::chrono::steady_clock::now();
     g.fn(h);
     (*gpu)->synchronize();
-    std::printf("-- %s: %.1f s\n", g.name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf("-- %s: %.1f s\n", g.name,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   for (const auto& f : h.report.failures()) std::printf("FAILED: %s\n", f.c_str());
   std::printf("SUMMARY test_backend_ops: %d passed, %d failed (seed %llu)\n", h.report.passed(), h.report.failed(),

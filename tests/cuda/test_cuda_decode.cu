@@ -64,8 +64,10 @@ void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows) {
           // (Q8_0: the kernel decodes staged units from aligned 4-byte words, decode_words.)
           for (int lane = 0; lane < k; ++lane) {
             const auto* sb = reinterpret_cast<const uint8_t*>(buf.data());
-            if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(sb, lane, staged.data() + (c0 + lane) * U);
-            else WeightUnit<T>::decode(sb, lane, staged.data() + (c0 + lane) * U, tab);
+            if constexpr (T == GgmlType::Q8_0)
+              WeightUnit<T>::decode_words(sb, lane, staged.data() + (c0 + lane) * U);
+            else
+              WeightUnit<T>::decode(sb, lane, staged.data() + (c0 + lane) * U, tab);
           }
         }
         const Diff dz = diff_f32(staged, ref);
@@ -75,7 +77,8 @@ void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows) {
     }
   }
   rep.exact("decode", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
-  if (stage) rep.exact("decode staged", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), ds);
+  if (stage)
+    rep.exact("decode staged", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), ds);
 }
 
 // The tensor-core tile's weight codes (cuda_mma.cuh): for every unit and quad
@@ -86,7 +89,9 @@ template <GgmlType T>
 void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows) {
   const QuantTables qt{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
   std::vector<uint2> grid(256);
-  for (int i = 0; i < 256; ++i) grid[static_cast<size_t>(i)] = make_uint2(static_cast<uint32_t>(qt.iq2_grid[i]), static_cast<uint32_t>(qt.iq2_grid[i] >> 32));
+  for (int i = 0; i < 256; ++i)
+    grid[static_cast<size_t>(i)] =
+        make_uint2(static_cast<uint32_t>(qt.iq2_grid[i]), static_cast<uint32_t>(qt.iq2_grid[i] >> 32));
   const MmaTables tab{grid.data()};
   const std::vector<uint8_t> bytes = random_weight(r, T, cols, rows);
   const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
@@ -166,7 +171,8 @@ void check_kernel_sources(Report& rep) {
     while (std::getline(lines, line)) {
       ++line_no;
       const size_t c = line.find("//");
-      if (line.substr(0, c).find("<<<") != std::string::npos) bad.push_back(strfmt("%s:%d: <<<>>> launch", name.c_str(), line_no));
+      if (line.substr(0, c).find("<<<") != std::string::npos)
+        bad.push_back(strfmt("%s:%d: <<<>>> launch", name.c_str(), line_no));
     }
     for (size_t at = src.find("__global__"); at != std::string::npos; at = src.find("__global__", at + 1)) {
       // The body: the first '{' after the parameter list, to its matching '}'.
@@ -175,8 +181,10 @@ void check_kernel_sources(Report& rep) {
       int depth = 0;
       size_t end = open;
       for (; end < src.size(); ++end) {
-        if (src[end] == '{') ++depth;
-        else if (src[end] == '}' && --depth == 0) break;
+        if (src[end] == '{')
+          ++depth;
+        else if (src[end] == '}' && --depth == 0)
+          break;
       }
       const std::string body = src.substr(open, end - open);
       ++kernels;
@@ -196,7 +204,8 @@ int main(int argc, char** argv) {
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--help") {
       std::printf("usage: %s [--seed N]\n", argv[0]);
       return 0;
@@ -228,9 +237,9 @@ int main(int argc, char** argv) {
     check_mma_codes<G::F16>(r, rep, cols, 6);
   }
   check_mma_codes<G::Q8_0>(r, rep, 96, 6);  // 3 blocks per row: rows start at both 4-byte phases
-  check_type<G::Q8_0>(r, rep, 64, 9);   // 2 units: no staging
-  check_type<G::Q8_0>(r, rep, 2080, 3);  // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
-  check_type<G::Q8_0>(r, rep, 2304, 3);  // 72 units: staged with a partial chunk of 8
+  check_type<G::Q8_0>(r, rep, 64, 9);       // 2 units: no staging
+  check_type<G::Q8_0>(r, rep, 2080, 3);     // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
+  check_type<G::Q8_0>(r, rep, 2304, 3);     // 72 units: staged with a partial chunk of 8
 
   {  // IQ2_XXS sign bytes: computed (iq2_sign_bits) == the table
     Diff d;
@@ -249,10 +258,12 @@ int main(int argc, char** argv) {
     rep.exact("f16 decode", "all 65536 codes", d);
   }
   // Roundings on values across the whole range, plus special values.
-  std::vector<float> vals = {0.0f, -0.0f, 1.0f, -1.0f, 448.0f, 449.0f, 464.0f, 480.0f, -480.0f, 6.0f, 5.0f, 0.25f, 0.75f,
-                             1e-30f, 0x1p-9f, 0x1p-10f, 3.0f * 0x1p-11f, 1.0625f, 1.1875f, INFINITY, -INFINITY, NAN};
+  std::vector<float> vals = {0.0f,    -0.0f,    1.0f,      -1.0f, 448.0f, 449.0f,  464.0f,   480.0f,          -480.0f,
+                             6.0f,    5.0f,     0.25f,     0.75f, 1e-30f, 0x1p-9f, 0x1p-10f, 3.0f * 0x1p-11f, 1.0625f,
+                             1.1875f, INFINITY, -INFINITY, NAN};
   for (int i = 0; i < 400000; ++i) vals.push_back(random_float(r, -20, 12));
-  for (int i = 0; i < 100000; ++i) vals.push_back(static_cast<float>(r.below(1 << 12)) / 64.0f * (r.below(2) ? 1.0f : -1.0f));
+  for (int i = 0; i < 100000; ++i)
+    vals.push_back(static_cast<float>(r.below(1 << 12)) / 64.0f * (r.below(2) ? 1.0f : -1.0f));
   {
     Diff bf, f8, f4, p2, cl;
     for (float v : vals) {

@@ -44,8 +44,9 @@ void check(bool good, const std::string& what) {
   (good ? g_ok : g_fail)++;
 }
 
-std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, int batch, const std::string& numerics = "reference",
-                             bool tensor_cores = true, CudaOptions switches = {}) {
+std::unique_ptr<Engine> load(const std::string& path, const std::string& backend, int batch,
+                             const std::string& numerics = "reference", bool tensor_cores = true,
+                             CudaOptions switches = {}) {
   EngineOptions o;
   switches.tensor_cores = tensor_cores;
   o.cuda = std::make_shared<const CudaOptions>(switches);
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--help") {
       std::printf("usage: %s [--seed N]\n", argv[0]);
       return 0;
@@ -100,15 +102,18 @@ int main(int argc, char** argv) {
 
   // Backend selection.
   auto cuda = load(path, "cuda", 64);
-  check(cuda && cuda->info().backend.rfind("cuda", 0) == 0, "--backend cuda: " + (cuda ? cuda->info().backend : "load failed"));
+  check(cuda && cuda->info().backend.rfind("cuda", 0) == 0,
+        "--backend cuda: " + (cuda ? cuda->info().backend : "load failed"));
   auto autob = load(path, "auto", 64);
-  check(autob && autob->info().backend.rfind("cuda", 0) == 0, "--backend auto picks CUDA with a GPU: " + (autob ? autob->info().backend : "load failed"));
+  check(autob && autob->info().backend.rfind("cuda", 0) == 0,
+        "--backend auto picks CUDA with a GPU: " + (autob ? autob->info().backend : "load failed"));
   auto cpu = load(path, "cpu", 64);
   // The bitwise session invariants below run on FFMA tiles.
   auto cuda_tc = std::move(cuda);
   cuda = load(path, "cuda", 64, "reference", false);
   if (!cuda || !cuda_tc || !cpu) {
-    std::printf("SUMMARY test_cuda_engine: %d passed, %d failed (seed %llu)\n", g_ok, g_fail + 1, static_cast<unsigned long long>(seed));
+    std::printf("SUMMARY test_cuda_engine: %d passed, %d failed (seed %llu)\n", g_ok, g_fail + 1,
+                static_cast<unsigned long long>(seed));
     return 1;
   }
 
@@ -193,8 +198,10 @@ int main(int argc, char** argv) {
       ok = ok && dd.bad_nonfinite == 0 && dd.nmse <= 1e-7;
       if (!ok) std::printf("  position %zu: NMSE %.2e\n", i, dd.nmse);
     }
-    check(ok, strfmt("plain, tensor cores: decode token by token vs prefill_all_logits: worst NMSE %.2e <= 1e-7 (200 tokens)",
-                     worst));
+    check(
+        ok,
+        strfmt("plain, tensor cores: decode token by token vs prefill_all_logits: worst NMSE %.2e <= 1e-7 (200 tokens)",
+               worst));
   } else {
     check(false, "loading the plain-numerics engines");
   }
@@ -213,13 +220,15 @@ int main(int argc, char** argv) {
       const std::span<const int32_t> p(t.data(), 300);
       same = sd->prefill(p).has_value() && sr->prefill(p).has_value() && bitwise(sd->logits(), sr->logits());
       for (int i = 0; same && i < 4; ++i)
-        same = sd->decode(t[300 + static_cast<size_t>(i)]).has_value() && sr->decode(t[300 + static_cast<size_t>(i)]).has_value() &&
-               bitwise(sd->logits(), sr->logits());
+        same = sd->decode(t[300 + static_cast<size_t>(i)]).has_value() &&
+               sr->decode(t[300 + static_cast<size_t>(i)]).has_value() && bitwise(sd->logits(), sr->logits());
     }
-    check(same, "cuda: --dup-ops " + std::string(cuda_dup_op_names()) + ": the same logits after 300 + 4 tokens (bitwise)");
+    check(same,
+          "cuda: --dup-ops " + std::string(cuda_dup_op_names()) + ": the same logits after 300 + 4 tokens (bitwise)");
     auto bad = parse_dup_ops("matmul,hc_post");
     check(!bad && bad.error().message.find("\"hc_post\"") != std::string::npos,
-          "--dup-ops with an op that cannot run twice is an error: " + (bad ? std::string("parsed") : bad.error().message));
+          "--dup-ops with an op that cannot run twice is an error: " +
+              (bad ? std::string("parsed") : bad.error().message));
   }
 
   // Decode == prefill, bitwise, on CUDA.
@@ -274,7 +283,8 @@ int main(int argc, char** argv) {
     check(live->prefill(std::span<const int32_t>(t.data(), 257)).has_value(), "cuda: prefill 257 tokens");
     const std::vector<uint8_t> snap = live->save();
     auto restored = *cuda->new_session();
-    check(restored->load(snap).has_value() && restored->tokens() == live->tokens() && bitwise(restored->logits(), live->logits()),
+    check(restored->load(snap).has_value() && restored->tokens() == live->tokens() &&
+              bitwise(restored->logits(), live->logits()),
           "cuda: snapshot load restores tokens and logits");
     const auto rest = std::span<const int32_t>(t.data() + 257, t.size() - 257);
     auto a = live->prefill_all_logits(rest);
@@ -291,7 +301,8 @@ int main(int argc, char** argv) {
     for (size_t i = 300; ok && i < 360; ++i) ok = s->decode(t[i]).has_value();
     for (size_t target : {350u, 301u, 300u, 299u, 130u, 1u}) {
       ok = ok && s->rewind(target).has_value();
-      std::vector<float> want(all->begin() + static_cast<long>((target - 1) * V), all->begin() + static_cast<long>(target * V));
+      std::vector<float> want(all->begin() + static_cast<long>((target - 1) * V),
+                              all->begin() + static_cast<long>(target * V));
       ok = ok && bitwise(s->logits(), want);
     }
     check(ok, "cuda: rewind to 350, 301, 300, 299, 130, 1 restores the exact logits");
@@ -300,14 +311,16 @@ int main(int argc, char** argv) {
   // A full GPU: new_session is a clear error, not a failed allocation halfway; room again, a session again.
   {
     const std::optional<uint64_t> before = cuda->free_memory();
-    check(before.has_value() && *before > cuda->session_bytes(0), "cuda: free_memory() known and larger than a session");
+    check(before.has_value() && *before > cuda->session_bytes(0),
+          "cuda: free_memory() known and larger than a session");
     std::vector<void*> blocks;
     for (void* p = nullptr; blocks.size() < (size_t{1} << 16) && cudaMalloc(&p, size_t{16} << 20) == cudaSuccess;)
       blocks.push_back(p);
     (void)cudaGetLastError();
     auto full = cuda->new_session();
     check(!full.has_value() && full.error().message.find("not enough GPU memory") != std::string::npos,
-          "cuda: a full GPU makes new_session an error (" + (full ? std::string("it succeeded") : full.error().message) + ")");
+          "cuda: a full GPU makes new_session an error (" +
+              (full ? std::string("it succeeded") : full.error().message) + ")");
     for (void* p : blocks) (void)cudaFree(p);
     check(cuda->new_session().has_value(), "cuda: with the memory back, new_session succeeds");
   }
@@ -317,6 +330,7 @@ int main(int argc, char** argv) {
   autob.reset();
   cpu.reset();
   std::filesystem::remove_all(dir);
-  std::printf("SUMMARY test_cuda_engine: %d passed, %d failed (seed %llu)\n", g_ok, g_fail, static_cast<unsigned long long>(seed));
+  std::printf("SUMMARY test_cuda_engine: %d passed, %d failed (seed %llu)\n", g_ok, g_fail,
+              static_cast<unsigned long long>(seed));
   return g_fail == 0 ? 0 : 1;
 }

@@ -103,8 +103,8 @@ void compare_backends(const char* what, const std::vector<float>& got, const std
   std::sort(sorted.begin(), sorted.end());
   const double med = sorted[n / 2];
   check(nonfinite == 0 && med <= 1e-10 && outliers * 20 <= static_cast<int64_t>(n) && flips == 0,
-        strfmt("%s: %zu positions, NMSE median %.2e max %.2e, %lld over 1e-7, %lld top-1 flips", what, n, med, sorted.back(),
-               static_cast<long long>(outliers), static_cast<long long>(flips)));
+        strfmt("%s: %zu positions, NMSE median %.2e max %.2e, %lld over 1e-7, %lld top-1 flips", what, n, med,
+               sorted.back(), static_cast<long long>(outliers), static_cast<long long>(flips)));
 }
 
 }  // namespace
@@ -114,8 +114,10 @@ int main(int argc, char** argv) {
   std::string backend = "cuda";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--data" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--backend" && i + 1 < argc) backend = argv[++i];
+    if (a == "--data" && i + 1 < argc)
+      dir = argv[++i];
+    else if (a == "--backend" && i + 1 < argc)
+      backend = argv[++i];
     else if (a == "--help") {
       std::printf("usage: %s [--data DIR] [--backend cuda|cpu]\n", argv[0]);
       return 0;
@@ -172,12 +174,12 @@ int main(int argc, char** argv) {
     const double kl = hf.kl_sum / static_cast<double>(hf.positions);
     if (c.exact)
       check(hf.top1_same == hf.positions && hf.max_rel <= 2e-4 && kl <= c.max_kl,
-            strfmt("%s: cuda vs transformers: top-1 same %zu/%zu, max |d|/spread %.3g <= 2e-4, mean KL %.3g <= %.0e", c.type,
-                   hf.top1_same, hf.positions, hf.max_rel, kl, c.max_kl));
+            strfmt("%s: cuda vs transformers: top-1 same %zu/%zu, max |d|/spread %.3g <= 2e-4, mean KL %.3g <= %.0e",
+                   c.type, hf.top1_same, hf.positions, hf.max_rel, kl, c.max_kl));
     else
       check(agree >= c.min_agree && kl <= c.max_kl,
-            strfmt("%s: cuda vs transformers: top-1 agreement %.4f >= %.2f, mean KL %.4g <= %.2g", c.type, agree, c.min_agree,
-                   kl, c.max_kl));
+            strfmt("%s: cuda vs transformers: top-1 agreement %.4f >= %.2f, mean KL %.4g <= %.2g", c.type, agree,
+                   c.min_agree, kl, c.max_kl));
   }
   std::filesystem::remove_all(tmp);
   std::printf("SUMMARY test_cuda_golden: %d passed, %d failed\n", g_ok, g_fail);

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
     else {
       std::fprintf(stderr, "usage: test_cuda_memory [--seed N]\n");
       return 2;
@@ -131,9 +132,10 @@ int main(int argc, char** argv) {
   const size_t f0 = free_bytes();
   const std::vector<float> first = matmul(f, 256);
   const size_t cached_took = f0 - free_bytes();
-  std::printf("the first matmul of 256 tokens took %.1f MiB without the cache, %.1f MiB with it (the split: %.1f MiB)\n",
-              static_cast<double>(plain_took) / (1 << 20), static_cast<double>(cached_took) / (1 << 20),
-              static_cast<double>(split_bytes) / (1 << 20));
+  std::printf(
+      "the first matmul of 256 tokens took %.1f MiB without the cache, %.1f MiB with it (the split: %.1f MiB)\n",
+      static_cast<double>(plain_took) / (1 << 20), static_cast<double>(cached_took) / (1 << 20),
+      static_cast<double>(split_bytes) / (1 << 20));
   if (cached_took < plain_took + split_bytes) {
     std::printf("test_cuda_memory: no split-weight cache here (no cuBLAS path?): skipped\n");
     return 77;
@@ -172,6 +174,7 @@ int main(int argc, char** argv) {
   // Step 5: the scratch grows (512 tokens) with the cache released; against the backend that never had one.
   check(same(matmul(f, n_max), ref512), "after the release: matmul of 512 tokens bitwise equal to no cache");
 
-  std::printf("SUMMARY test_cuda_memory: %d passed, %d failed (seed %llu)\n", g_ok, g_fail, static_cast<unsigned long long>(seed));
+  std::printf("SUMMARY test_cuda_memory: %d passed, %d failed (seed %llu)\n", g_ok, g_fail,
+              static_cast<unsigned long long>(seed));
   return g_fail == 0 ? 0 : 1;
 }

@@ -107,7 +107,8 @@ struct Verdict {
   void add(bool good, const std::string& line) {
     std::printf("%-64s %s\n", line.c_str(), good ? "ok" : "FAIL");
     std::fflush(stdout);
-    if (good) ++ok;
+    if (good)
+      ++ok;
     else {
       ++fail;
       failures.push_back(line);
@@ -116,8 +117,8 @@ struct Verdict {
 };
 
 // Compares CUDA and CPU logits [n][V] position by position with the rules of the header.
-void compare_positions(Verdict& v, const char* what, const std::vector<float>& got, const std::vector<float>& want, int64_t V,
-                       double t_med, double t_pos) {
+void compare_positions(Verdict& v, const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                       int64_t V, double t_med, double t_pos) {
   const int64_t n = static_cast<int64_t>(want.size()) / V;
   std::vector<double> nmse(static_cast<size_t>(n));
   int64_t bad_nonfinite = 0, top1_fail = 0, top1_near_tie = 0, top1_outlier = 0;
@@ -129,29 +130,35 @@ void compare_positions(Verdict& v, const char* what, const std::vector<float>& g
     const bool outlier = !(d.nmse <= t_pos);
     if (outlier) outliers.push_back(p);
     if (argmax(got.data() + p * V, V) != argmax(want.data() + p * V, V)) {
-      if (outlier) ++top1_outlier;
-      else if (margin(want.data() + p * V, V) <= 4.0 * d.max_abs) ++top1_near_tie;
-      else ++top1_fail;
+      if (outlier)
+        ++top1_outlier;
+      else if (margin(want.data() + p * V, V) <= 4.0 * d.max_abs)
+        ++top1_near_tie;
+      else
+        ++top1_fail;
     }
   }
   std::vector<double> sorted = nmse;
   std::sort(sorted.begin(), sorted.end());
   const double med = sorted[sorted.size() / 2], p95 = sorted[std::min(sorted.size() - 1, sorted.size() * 95 / 100)];
-  std::printf("  %s: %lld positions, NMSE median %.2e, p95 %.2e, max %.2e; top-1 flips: %lld at near-ties, %lld at outliers, "
-              "%lld otherwise\n",
-              what, static_cast<long long>(n), med, p95, sorted.back(), static_cast<long long>(top1_near_tie),
-              static_cast<long long>(top1_outlier), static_cast<long long>(top1_fail));
+  std::printf(
+      "  %s: %lld positions, NMSE median %.2e, p95 %.2e, max %.2e; top-1 flips: %lld at near-ties, %lld at outliers, "
+      "%lld otherwise\n",
+      what, static_cast<long long>(n), med, p95, sorted.back(), static_cast<long long>(top1_near_tie),
+      static_cast<long long>(top1_outlier), static_cast<long long>(top1_fail));
   if (!outliers.empty()) {
     std::printf("  outliers (NMSE > %.0e):", t_pos);
     for (size_t i = 0; i < outliers.size() && i < 12; ++i)
       std::printf(" %lld (%.1e)", static_cast<long long>(outliers[i]), nmse[static_cast<size_t>(outliers[i])]);
     std::printf("%s\n", outliers.size() > 12 ? " ..." : "");
   }
-  v.add(bad_nonfinite == 0, strfmt("%s: logits finite where the CPU's are (%lld bad)", what, static_cast<long long>(bad_nonfinite)));
+  v.add(bad_nonfinite == 0,
+        strfmt("%s: logits finite where the CPU's are (%lld bad)", what, static_cast<long long>(bad_nonfinite)));
   v.add(med <= t_med, strfmt("%s: median NMSE %.2e <= %.0e", what, med, t_med));
-  v.add(static_cast<int64_t>(outliers.size()) * 20 <= n,
-        strfmt("%s: %zu of %lld positions over %.0e (<= 5%%)", what, outliers.size(), static_cast<long long>(n), t_pos));
-  v.add(top1_fail == 0, strfmt("%s: top-1 identical (except near-ties/outliers; %lld flips)", what, static_cast<long long>(top1_fail)));
+  v.add(static_cast<int64_t>(outliers.size()) * 20 <= n, strfmt("%s: %zu of %lld positions over %.0e (<= 5%%)", what,
+                                                                outliers.size(), static_cast<long long>(n), t_pos));
+  v.add(top1_fail == 0,
+        strfmt("%s: top-1 identical (except near-ties/outliers; %lld flips)", what, static_cast<long long>(top1_fail)));
 }
 
 }  // namespace
@@ -162,8 +169,10 @@ int main(int argc, char** argv) {
   int64_t n_tokens = 700;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--tokens" && i + 1 < argc) n_tokens = std::max<int64_t>(2, std::strtoll(argv[++i], nullptr, 10));
+    if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--tokens" && i + 1 < argc)
+      n_tokens = std::max<int64_t>(2, std::strtoll(argv[++i], nullptr, 10));
     else if (a == "--help") {
       std::printf("usage: %s [--seed N] [--tokens N]\n", argv[0]);
       return 0;
@@ -172,8 +181,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("test_cuda_model: seed %llu (repeat with --seed %llu), %lld tokens\n", static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(seed), static_cast<long long>(n_tokens));
+  std::printf("test_cuda_model: seed %llu (repeat with --seed %llu), %lld tokens\n",
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
+              static_cast<long long>(n_tokens));
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_cuda_model: no CUDA device: nothing to test\n");
     return 77;
@@ -229,8 +239,9 @@ int main(int argc, char** argv) {
     const auto t1 = std::chrono::steady_clock::now();
     const Run g = run_model(**gpu, **mf, &*mtp, num, 1024, whole, toks);
     const auto t2 = std::chrono::steady_clock::now();
-    std::printf("  prefill of %lld tokens: cpu %.2f s, cuda %.3f s (incl. weight upload)\n", static_cast<long long>(n_tokens),
-                std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
+    std::printf("  prefill of %lld tokens: cpu %.2f s, cuda %.3f s (incl. weight upload)\n",
+                static_cast<long long>(n_tokens), std::chrono::duration<double>(t1 - t0).count(),
+                std::chrono::duration<double>(t2 - t1).count());
     compare_positions(v, strfmt("%s cuda vs cpu", nn).c_str(), g.logits, c.logits, V, t_med, t_pos);
     const Run gf = run_model(**gpu_ffma, **mf, nullptr, num, 1024, whole, toks);
     compare_positions(v, strfmt("%s cuda (FFMA tiles) vs cpu", nn).c_str(), gf.logits, c.logits, V, t_med, t_pos);
@@ -239,12 +250,15 @@ int main(int argc, char** argv) {
       const int64_t last = n_tokens - 1;
       const Diff dl = diff_f32(g.logits.data() + last * V, c.logits.data() + last * V, static_cast<size_t>(V));
       const Diff d = diff_f32(g.mtp, c.mtp);
-      const bool top_ok = argmax(g.mtp.data(), V) == argmax(c.mtp.data(), V) || margin(c.mtp.data(), V) <= 4.0 * d.max_abs;
+      const bool top_ok =
+          argmax(g.mtp.data(), V) == argmax(c.mtp.data(), V) || margin(c.mtp.data(), V) <= 4.0 * d.max_abs;
       if (dl.nmse <= t_pos)
         v.add(d.bad_nonfinite == 0 && d.nmse <= t_pos && top_ok,
-              strfmt("%s mtp draft cuda vs cpu: NMSE %.2e <= %.0e, top-1 %s", nn, d.nmse, t_pos, top_ok ? "same" : "differs"));
+              strfmt("%s mtp draft cuda vs cpu: NMSE %.2e <= %.0e, top-1 %s", nn, d.nmse, t_pos,
+                     top_ok ? "same" : "differs"));
       else
-        std::printf("  mtp draft not compared: the last position is an outlier (NMSE %.1e); draft NMSE %.1e\n", dl.nmse, d.nmse);
+        std::printf("  mtp draft not compared: the last position is an outlier (NMSE %.1e); draft NMSE %.1e\n", dl.nmse,
+                    d.nmse);
     }
     for (int batch : {1, 7, 64, 300}) {
       const Run b = run_model(**gpu_ffma, **mf, nullptr, num, batch, whole, toks);
@@ -252,23 +266,27 @@ int main(int argc, char** argv) {
       v.add(d.n_diff == 0, strfmt("%s cuda FFMA batch %d == cuda FFMA whole (bitwise; %lld differ)", nn, batch,
                                   static_cast<long long>(d.n_diff)));
       const Run bt = run_model(**gpu, **mf, nullptr, num, batch, whole, toks);
-      compare_positions(v, strfmt("%s cuda batch %d vs cuda whole", nn, batch).c_str(), bt.logits, g.logits, V, t_med, t_pos);
+      compare_positions(v, strfmt("%s cuda batch %d vs cuda whole", nn, batch).c_str(), bt.logits, g.logits, V, t_med,
+                        t_pos);
     }
     const Run rf = run_model(**gpu_ffma, **mf, nullptr, num, 512, ragged, toks);
     const Diff d = diff_f32(rf.logits, gf.logits);
     v.add(d.n_diff == 0, strfmt("%s cuda FFMA ragged prefill calls == cuda FFMA whole (bitwise; %lld differ)", nn,
                                 static_cast<long long>(d.n_diff)));
     const Run rg = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks);
-    compare_positions(v, strfmt("%s cuda ragged prefill calls vs cuda whole", nn).c_str(), rg.logits, g.logits, V, t_med, t_pos);
+    compare_positions(v, strfmt("%s cuda ragged prefill calls vs cuda whole", nn).c_str(), rg.logits, g.logits, V,
+                      t_med, t_pos);
     if (ref) {
       // Compact KV rows (KV_FP8/KV_FP4) hold the simulated values exactly: f32 rows give the same logits.
       const Run rf32 = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks, false);
       const Diff df = diff_f32(rf32.logits, rg.logits);
-      v.add(df.n_diff == 0, strfmt("%s cuda f32 KV rows == compact KV rows (bitwise; %lld differ)", nn, static_cast<long long>(df.n_diff)));
+      v.add(df.n_diff == 0, strfmt("%s cuda f32 KV rows == compact KV rows (bitwise; %lld differ)", nn,
+                                   static_cast<long long>(df.n_diff)));
     }
   }
   std::filesystem::remove_all(dir);
   for (const auto& f : v.failures) std::printf("FAILED: %s\n", f.c_str());
-  std::printf("SUMMARY test_cuda_model: %d passed, %d failed (seed %llu)\n", v.ok, v.fail, static_cast<unsigned long long>(seed));
+  std::printf("SUMMARY test_cuda_model: %d passed, %d failed (seed %llu)\n", v.ok, v.fail,
+              static_cast<unsigned long long>(seed));
   return v.fail == 0 ? 0 : 1;
 }

@@ -26,12 +26,12 @@ namespace {
 
 using namespace dsv4;
 
-#define FUZZ_CHECK(cond)                                                         \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
+#define FUZZ_CHECK(cond)                                                                \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
       std::fprintf(stderr, "fuzz_dsml: check failed: %s (line %d)\n", #cond, __LINE__); \
-      std::abort();                                                              \
-    }                                                                            \
+      std::abort();                                                                     \
+    }                                                                                   \
   } while (0)
 
 struct Run {

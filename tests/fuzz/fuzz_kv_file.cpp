@@ -47,8 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.tools = &v->tools;
   std::vector<uint8_t> again = dsv4::kv_build_image(c, v->usage);
   // Equal except the usage block, which the parser replaces when its check fails.
-  if (again.size() != sealed.size() ||
-      std::memcmp(again.data(), sealed.data(), dsv4::k_kv_usage_offset) != 0 ||
+  if (again.size() != sealed.size() || std::memcmp(again.data(), sealed.data(), dsv4::k_kv_usage_offset) != 0 ||
       std::memcmp(again.data() + dsv4::k_kv_text_offset, sealed.data() + dsv4::k_kv_text_offset,
                   sealed.size() - dsv4::k_kv_text_offset) != 0)
     std::abort();

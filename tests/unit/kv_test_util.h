@@ -74,7 +74,8 @@ inline unsigned mode_of(const std::string& path) {
 // The 92-byte header of a full session snapshot (kv/snapshot.h, k_snapshot_version)
 // followed by `body` pattern bytes: enough for snapshot_peek, which is all the
 // store checks. Only an engine can make a loadable payload.
-inline std::vector<uint8_t> fake_snapshot(uint64_t n_tokens, uint32_t numerics = 0, size_t body = 256, uint8_t seed = 1) {
+inline std::vector<uint8_t> fake_snapshot(uint64_t n_tokens, uint32_t numerics = 0, size_t body = 256,
+                                          uint8_t seed = 1) {
   std::vector<uint8_t> b;
   auto put = [&](auto v) {
     uint8_t x[sizeof v];
@@ -84,7 +85,7 @@ inline std::vector<uint8_t> fake_snapshot(uint64_t n_tokens, uint32_t numerics =
   const char magic[8] = {'D', 'S', 'V', '4', 'S', 'N', 'A', 'P'};
   b.insert(b.end(), magic, magic + 8);
   put(dsv4::k_snapshot_version);
-  put(uint32_t{1});  // flags: full snapshot (rows included)
+  put(uint32_t{1});             // flags: full snapshot (rows included)
   b.insert(b.end(), 32, 0xab);  // layout fingerprint
   put(numerics);
   for (uint32_t v : {6u, 128u, 64u, 4u, 256u, 512u, 128u, 4096u}) put(v);  // shape fields + ctx

@@ -74,9 +74,12 @@ inline std::vector<SseFrame> parse_sse(const std::string& text) {
       if (le == std::string::npos) le = block.size();
       std::string line = block.substr(lp, le - lp);
       lp = le + 1;
-      if (line.rfind(": ", 0) == 0 || line == ":") f.comment = true;
-      else if (line.rfind("event: ", 0) == 0) f.event = line.substr(7);
-      else if (line.rfind("data: ", 0) == 0) f.data += line.substr(6);
+      if (line.rfind(": ", 0) == 0 || line == ":")
+        f.comment = true;
+      else if (line.rfind("event: ", 0) == 0)
+        f.event = line.substr(7);
+      else if (line.rfind("data: ", 0) == 0)
+        f.data += line.substr(6);
     }
     out.push_back(std::move(f));
   }

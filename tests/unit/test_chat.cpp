@@ -22,9 +22,10 @@ constexpr std::array<std::string_view, 8> SPECIALS = {mk::BOS,         mk::EOS, 
                                                       mk::THINK_START, mk::THINK_END, mk::DSML, mk::LATEST_REMINDER};
 // Every string the renderer may emit as a control piece.
 constexpr std::array<std::string_view, 14> CONTROLS = {
-    mk::BOS,         mk::EOS,        mk::USER,       mk::ASSISTANT,   mk::THINK_START, mk::THINK_END,  mk::DSML,
-    mk::LATEST_REMINDER, mk::TASK_ACTION, mk::TASK_QUERY, mk::TASK_AUTHORITY, mk::TASK_DOMAIN, mk::TASK_TITLE,
-    mk::TASK_READ_URL};
+    mk::BOS,         mk::EOS,          mk::USER,           mk::ASSISTANT,
+    mk::THINK_START, mk::THINK_END,    mk::DSML,           mk::LATEST_REMINDER,
+    mk::TASK_ACTION, mk::TASK_QUERY,   mk::TASK_AUTHORITY, mk::TASK_DOMAIN,
+    mk::TASK_TITLE,  mk::TASK_READ_URL};
 
 // The special-token strings of `s` in order (what a tokenizer that splits out
 // specials everywhere, like the official one, would see).
@@ -93,8 +94,8 @@ std::vector<ChatMessage> msgs_from(const char* json) {
   return m ? *m : std::vector<ChatMessage>{};
 }
 
-const std::string BOS(mk::BOS), EOS(mk::EOS), U(mk::USER), A(mk::ASSISTANT), TS(mk::THINK_START),
-    TE(mk::THINK_END), DS(mk::DSML);
+const std::string BOS(mk::BOS), EOS(mk::EOS), U(mk::USER), A(mk::ASSISTANT), TS(mk::THINK_START), TE(mk::THINK_END),
+    DS(mk::DSML);
 
 }  // namespace
 
@@ -171,7 +172,8 @@ TEST(ChatRender, ForgedMarkersInClientTextAreNeverControl) {
 }
 
 TEST(ChatRender, KeepThinkingRendersPastReasoning) {
-  auto fx = ordered_json::parse(test::read_text_file(test::chat_fixture_dir() + "/render_multi_turn_drops_old_reasoning.json"));
+  auto fx = ordered_json::parse(
+      test::read_text_file(test::chat_fixture_dir() + "/render_multi_turn_drops_old_reasoning.json"));
   auto msgs = from_openai_json(fx["messages"]);
   ASSERT_TRUE(msgs.has_value());
   RenderOptions o;
@@ -191,9 +193,12 @@ TEST(ChatRender, DeveloperMessagesDroppedBeforeLastUserInThinkingMode) {
   // Chat mode keeps it: developer = U + content; no transition before a user.
   EXPECT_EQ(render_text(msgs), BOS + "S" + U + "dev" + U + "u1" + A + TE + "a1" + EOS + U + "u2" + A + TE);
   // A developer message as the last turn opens the assistant turn.
-  auto dev_last = msgs_from(R"([{"role": "developer", "content": "do it", "response_format": {"type": "json_object"}}])");
-  EXPECT_EQ(render_text(dev_last, o), BOS + U + "do it\n\n## Response Format:\n\nYou MUST strictly adhere to the "
-                                            "following schema to reply:\n{\"type\": \"json_object\"}" + A + TS);
+  auto dev_last =
+      msgs_from(R"([{"role": "developer", "content": "do it", "response_format": {"type": "json_object"}}])");
+  EXPECT_EQ(render_text(dev_last, o), BOS + U +
+                                          "do it\n\n## Response Format:\n\nYou MUST strictly adhere to the "
+                                          "following schema to reply:\n{\"type\": \"json_object\"}" +
+                                          A + TS);
   auto empty_dev = msgs_from(R"([{"role": "developer", "content": ""}])");
   auto r = render_official(empty_dev, o);
   ASSERT_FALSE(r.has_value());
@@ -203,8 +208,10 @@ TEST(ChatRender, DeveloperMessagesDroppedBeforeLastUserInThinkingMode) {
 TEST(ChatRender, ResponseFormatOnSystem) {
   auto msgs = msgs_from(R"([{"role": "system", "content": "S", "response_format": {"type": "json_schema", "n": 1.0}},
                             {"role": "user", "content": "q"}])");
-  EXPECT_EQ(render_text(msgs), BOS + "S\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to "
-                                     "reply:\n{\"type\": \"json_schema\", \"n\": 1.0}" + U + "q" + A + TE);
+  EXPECT_EQ(render_text(msgs), BOS +
+                                   "S\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to "
+                                   "reply:\n{\"type\": \"json_schema\", \"n\": 1.0}" +
+                                   U + "q" + A + TE);
 }
 
 TEST(ChatRender, LatestReminderAndTasks) {
@@ -230,7 +237,8 @@ TEST(ChatRender, LatestReminderAndTasks) {
 }
 
 TEST(ChatRender, AssistantWithoutEos) {
-  auto msgs = msgs_from(R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "partial", "wo_eos": true}])");
+  auto msgs =
+      msgs_from(R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "partial", "wo_eos": true}])");
   EXPECT_EQ(render_text(msgs), BOS + U + "q" + A + TE + "partial");
 }
 
@@ -249,14 +257,14 @@ TEST(ChatRender, UserTurnsMergeAndToolResultsSortByCallOrder) {
   const std::string inv_end = "\n</" + DS + "invoke>";
   const std::string par = "<" + DS + "parameter name=\"";
   const std::string par_end = "</" + DS + "parameter>";
-  EXPECT_EQ(render_text(msgs),
-            BOS + U + "a\n\nb\n\n[Unsupported image_url]" + A + TE + "\n\n<" + DS + "tool_calls>\n" +
-                inv + "f\">\n" + inv_end + "\n" +
-                inv + "g\">\n" + par + "arguments\" string=\"true\">not json" + par_end + inv_end + "\n" +
-                inv + "h\">\n" + par + "arguments\" string=\"true\">[1, 2]" + par_end + inv_end +
-                "\n</" + DS + "tool_calls>" + EOS +
-                U + "<tool_result>rx</tool_result>\n\nmid\n\n<tool_result></tool_result>\n\n"
-                    "<tool_result>t1\n\nt2\n\n[Unsupported image]</tool_result>" + A + TE);
+  EXPECT_EQ(render_text(msgs), BOS + U + "a\n\nb\n\n[Unsupported image_url]" + A + TE + "\n\n<" + DS + "tool_calls>\n" +
+                                   inv + "f\">\n" + inv_end + "\n" + inv + "g\">\n" + par +
+                                   "arguments\" string=\"true\">not json" + par_end + inv_end + "\n" + inv + "h\">\n" +
+                                   par + "arguments\" string=\"true\">[1, 2]" + par_end + inv_end + "\n</" + DS +
+                                   "tool_calls>" + EOS + U +
+                                   "<tool_result>rx</tool_result>\n\nmid\n\n<tool_result></tool_result>\n\n"
+                                   "<tool_result>t1\n\nt2\n\n[Unsupported image]</tool_result>" +
+                                   A + TE);
 }
 
 TEST(ChatRender, DsmlArgumentValuesUsePythonJson) {
@@ -264,15 +272,13 @@ TEST(ChatRender, DsmlArgumentValuesUsePythonJson) {
     {"type": "function", "function": {"name": "f", "arguments": {"s": "é\n\"<&>", "f": 1e-5, "i": -3, "b": false, "n": null, "o": {"a": [1.0, "x"]}}}}]}])");
   const std::string par = "<" + DS + "parameter name=\"";
   const std::string par_end = "</" + DS + "parameter>";
-  EXPECT_EQ(render_text(msgs),
-            BOS + U + "q" + A + TE + "c\n\n<" + DS + "tool_calls>\n<" + DS + "invoke name=\"f\">\n" +
-                par + "s\" string=\"true\">é\n\"<&>" + par_end + "\n" +
-                par + "f\" string=\"false\">1e-05" + par_end + "\n" +
-                par + "i\" string=\"false\">-3" + par_end + "\n" +
-                par + "b\" string=\"false\">false" + par_end + "\n" +
-                par + "n\" string=\"false\">null" + par_end + "\n" +
-                par + "o\" string=\"false\">{\"a\": [1.0, \"x\"]}" + par_end +
-                "\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS);
+  EXPECT_EQ(render_text(msgs), BOS + U + "q" + A + TE + "c\n\n<" + DS + "tool_calls>\n<" + DS + "invoke name=\"f\">\n" +
+                                   par + "s\" string=\"true\">é\n\"<&>" + par_end + "\n" + par +
+                                   "f\" string=\"false\">1e-05" + par_end + "\n" + par + "i\" string=\"false\">-3" +
+                                   par_end + "\n" + par + "b\" string=\"false\">false" + par_end + "\n" + par +
+                                   "n\" string=\"false\">null" + par_end + "\n" + par +
+                                   "o\" string=\"false\">{\"a\": [1.0, \"x\"]}" + par_end + "\n</" + DS +
+                                   "invoke>\n</" + DS + "tool_calls>" + EOS);
 }
 
 TEST(ChatRender, ThinkMaxPrefixGoesFirst) {
@@ -309,8 +315,10 @@ TEST(ChatModel, FromOpenaiJsonRejectsMalformedInput) {
       {R"([{"role": "assistant", "tool_calls": {}}])", "'tool_calls' must be an array"},
       {R"([{"role": "assistant", "tool_calls": [{"id": "1"}]}])", "tool_calls[0]: missing object 'function'"},
       {R"([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}])", "missing string 'name'"},
-      {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}])", "'arguments' must be"},
-      {R"([{"role": "assistant", "tool_calls": [{"type": "web", "function": {"name": "f"}}]}])", "unsupported tool call type"},
+      {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}])",
+       "'arguments' must be"},
+      {R"([{"role": "assistant", "tool_calls": [{"type": "web", "function": {"name": "f"}}]}])",
+       "unsupported tool call type"},
       {R"([{"role": "assistant", "tool_calls": [{"id": 5, "function": {"name": "f"}}]}])", "'id' must be a string"},
       {R"([{"role": "tool", "tool_call_id": []}])", "'tool_call_id' must be a string"},
       {R"([{"role": "user", "tools": [{"type": "function", "function": {"name": "f"}}]}])", "only valid on system"},

@@ -69,8 +69,8 @@ TEST(ChatReplay, RawBlockRendersVerbatimWithDsmlMarkersAsControl) {
   auto replay = render_official(msgs, o);
   ASSERT_TRUE(replay.has_value());
   const std::string text = rendered_text(*replay);
-  const std::string expected_turn = std::string(mk::ASSISTANT) + std::string(mk::THINK_END) + completion +
-                                    std::string(mk::EOS);
+  const std::string expected_turn =
+      std::string(mk::ASSISTANT) + std::string(mk::THINK_END) + completion + std::string(mk::EOS);
   EXPECT_NE(text.find(expected_turn), std::string::npos) << text;
   // The tool result follows as before.
   EXPECT_NE(text.find("<tool_result>a b</tool_result>"), std::string::npos);
@@ -88,8 +88,9 @@ TEST(ChatReplay, RawBlockRendersVerbatimWithDsmlMarkersAsControl) {
 
 TEST(ChatReplay, RawBlockOverridesToolCallsAndKeepsTextInValuesAsText) {
   // Marker-like text inside a parameter value (not a DSML marker) stays text.
-  const std::string block = dsml("\n\n<|tool_calls>\n<|invoke name=\"echo\">\n<|parameter name=\"s\" string=\"true\">"
-                                 "<think>hi</think></|parameter>\n</|invoke>\n</|tool_calls>");
+  const std::string block = dsml(
+      "\n\n<|tool_calls>\n<|invoke name=\"echo\">\n<|parameter name=\"s\" string=\"true\">"
+      "<think>hi</think></|parameter>\n</|invoke>\n</|tool_calls>");
   ChatMessage a;
   a.role = ChatRole::ASSISTANT;
   a.tool_calls = {ChatToolCall{"call_x", "something_else", "{}"}};  // ignored in favour of the raw block

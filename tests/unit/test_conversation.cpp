@@ -269,9 +269,9 @@ TEST(ConversationFile, RejectsBadHeaderJson) {
   EXPECT_NE(error_of(R"({"format": "dsv4-conversation", "thinking": "huge", "messages": []})").find("huge"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"format": "dsv4-conversation", "thinking": "none"})").find("messages"), std::string::npos);
-  EXPECT_NE(error_of(R"({"format": "dsv4-conversation", "thinking": "none", "messages": [{"role": "robot"}]})")
-                .find("robot"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"format": "dsv4-conversation", "thinking": "none", "messages": [{"role": "robot"}]})").find("robot"),
+      std::string::npos);
   auto ok = conversation_decode(container(R"({"format": "dsv4-conversation", "thinking": "none", "messages": []})"));
   ASSERT_TRUE(ok.has_value()) << ok.error().message;
   EXPECT_EQ(ok->thinking, ThinkingLevel::NONE);
@@ -303,9 +303,7 @@ TEST(ConversationFile, FilesAndInvalidUtf8) {
   auto unwritable = conversation_save_file(tmp_dir() + "/no/such/dir/x.dsv4", c);
   ASSERT_FALSE(unwritable.has_value());
   EXPECT_NE(unwritable.error().message.find("cannot create"), std::string::npos);
-  {
-    std::ofstream(tmp_dir() + "/text.txt") << "just text\n";
-  }
+  { std::ofstream(tmp_dir() + "/text.txt") << "just text\n"; }
   auto text = conversation_load_file(tmp_dir() + "/text.txt");
   ASSERT_FALSE(text.has_value());
   EXPECT_NE(text.error().message.find("not a dsv4 conversation file"), std::string::npos);

@@ -24,9 +24,9 @@ TEST(Float16, ExhaustiveRoundTrip) {
 }
 
 TEST(Float16, RoundsToNearestEven) {
-  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 0x1p-11f)), 1.0f);              // tie -> even (down)
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 0x1p-11f)), 1.0f);                // tie -> even (down)
   EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);  // tie -> even (up)
-  EXPECT_EQ(f16_to_f32(f32_to_f16(65520.0f)), INFINITY);                  // rounds past max
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65520.0f)), INFINITY);                   // rounds past max
   EXPECT_EQ(f16_to_f32(f32_to_f16(65519.0f)), 65504.0f);
   EXPECT_EQ(f16_to_f32(f32_to_f16(0x1p-24f)), 0x1p-24f);  // smallest subnormal
   EXPECT_EQ(f16_to_f32(f32_to_f16(0x1p-25f)), 0.0f);      // tie to even zero
@@ -36,7 +36,7 @@ TEST(Float16, RoundsToNearestEven) {
 
 TEST(BFloat16, RoundTripAndRounding) {
   EXPECT_EQ(bf16_round(1.0f), 1.0f);
-  EXPECT_EQ(bf16_round(1.0f + 0x1p-8f), 1.0f);                 // tie -> even
+  EXPECT_EQ(bf16_round(1.0f + 0x1p-8f), 1.0f);  // tie -> even
   EXPECT_EQ(bf16_round(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);
   EXPECT_TRUE(std::isnan(bf16_round(NAN)));
 }
@@ -50,9 +50,9 @@ TEST(Fp8E4M3, GridValuesAreFixedPoints) {
   }
   EXPECT_EQ(fp8_e4m3_decode(0x7e), 448.0f);
   EXPECT_EQ(fp8_e4m3_round(1000.0f), 448.0f);
-  EXPECT_EQ(fp8_e4m3_round(0x1p-10f), 0.0f);   // half the smallest subnormal: tie to 0
-  EXPECT_EQ(fp8_e4m3_round(1.0625f), 1.0f);    // tie between 1 and 1.125 -> even
-  EXPECT_EQ(fp8_e4m3_round(1.1875f), 1.25f);   // tie between 1.125 and 1.25 -> even
+  EXPECT_EQ(fp8_e4m3_round(0x1p-10f), 0.0f);  // half the smallest subnormal: tie to 0
+  EXPECT_EQ(fp8_e4m3_round(1.0625f), 1.0f);   // tie between 1 and 1.125 -> even
+  EXPECT_EQ(fp8_e4m3_round(1.1875f), 1.25f);  // tie between 1.125 and 1.25 -> even
 }
 
 TEST(Fp4E2M1, Rounding) {
@@ -66,7 +66,8 @@ TEST(Fp4E2M1, Rounding) {
   EXPECT_EQ(fp4_e2m1_round(2.5f), 2.0f);
   EXPECT_EQ(fp4_e2m1_round(5.0f), 4.0f);
   EXPECT_EQ(fp4_e2m1_round(100.0f), 6.0f);
-  for (int n = 0; n < 16; ++n) EXPECT_EQ(fp4_e2m1_round(fp4_e2m1_decode(static_cast<uint8_t>(n))), fp4_e2m1_decode(static_cast<uint8_t>(n)));
+  for (int n = 0; n < 16; ++n)
+    EXPECT_EQ(fp4_e2m1_round(fp4_e2m1_decode(static_cast<uint8_t>(n))), fp4_e2m1_decode(static_cast<uint8_t>(n)));
 }
 
 TEST(Pow2Ceil, Exact) {
@@ -119,7 +120,8 @@ TEST(ThreadPool, CoversRangeOnce) {
   // Nested calls run inline instead of deadlocking.
   std::atomic<int> total{0};
   pool.parallel_for(8, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) pool.parallel_for(10, [&](size_t b2, size_t e2) { total += static_cast<int>(e2 - b2); });
+    for (size_t i = b; i < e; ++i)
+      pool.parallel_for(10, [&](size_t b2, size_t e2) { total += static_cast<int>(e2 - b2); });
   });
   EXPECT_EQ(total.load(), 80);
 }

@@ -51,7 +51,8 @@ TEST(CpuOps, RmsNormWithRopeIsNormThenRope) {
   const std::vector<int32_t> pv = {0, 7, 100000};
   Tensor pos = be->alloc(GgmlType::I32, n);
   be->write(pos, pv.data(), pv.size() * sizeof(int32_t));
-  be->rms_norm({.out = fused, .x = fused, .w = w, .eps = 1e-6f, .rope_pos = pos, .rope = rp, .rope_rows_per_token = per_tok});
+  be->rms_norm(
+      {.out = fused, .x = fused, .w = w, .eps = 1e-6f, .rope_pos = pos, .rope = rp, .rope_rows_per_token = per_tok});
   be->rms_norm({.out = sep, .x = sep, .w = w, .eps = 1e-6f});
   be->rope({.x = sep.reshape(d, per_tok, n), .pos = pos, .rope = rp, .inverse = false});
   const std::vector<float> a = get(*be, fused), b = get(*be, sep);

@@ -238,19 +238,19 @@ TEST(DiskCache, DamagedForeignAndWrongVersionFilesAreRemoved) {
     fault(image);
     kvtest::write_bytes(dir + "/" + kv_file_name(sha256_digest(it.text.data(), it.text.size())), image);
   };
-  make(1, [](std::vector<uint8_t>& b) { b.erase(b.end() - 10, b.end()); });      // truncated
+  make(1, [](std::vector<uint8_t>& b) { b.erase(b.end() - 10, b.end()); });     // truncated
   make(2, [](std::vector<uint8_t>& b) { b.erase(b.begin() + 100, b.end()); });  // truncated inside the header
-  make(3, [](std::vector<uint8_t>& b) { b[40] ^= 1; });                       // header bit flip
-  make(4, [](std::vector<uint8_t>& b) {                                       // wrong version (sealed)
+  make(3, [](std::vector<uint8_t>& b) { b[40] ^= 1; });                         // header bit flip
+  make(4, [](std::vector<uint8_t>& b) {                                         // wrong version (sealed)
     b[8] = 9;
     kv_seal(b);
   });
-  make(5, [](std::vector<uint8_t>& b) {                                       // foreign model (sealed)
+  make(5, [](std::vector<uint8_t>& b) {  // foreign model (sealed)
     b[16] ^= 0xff;
     kv_seal(b);
   });
   make(6, [](std::vector<uint8_t>& b) { std::fill(b.begin(), b.end(), 0x5a); });  // garbage
-  make(7, [](std::vector<uint8_t>& b) { b.clear(); });                         // empty
+  make(7, [](std::vector<uint8_t>& b) { b.clear(); });                            // empty
   // A valid file under the wrong name.
   kvtest::write_bytes(dir + "/" + std::string(64, 'a') + ".kv", good);
   // Not ours: left alone.
@@ -568,8 +568,10 @@ TEST(DiskCache, TwoStoresShareADirectory) {
         continue;
       }
       auto rec = c->read(f[0].entry);
-      if (!rec) ++failures;
-      else c->record_hit(rec->entry);
+      if (!rec)
+        ++failures;
+      else
+        c->record_hit(rec->entry);
       // Rewriting the same key concurrently from both stores: atomic renames, never a torn file.
       Item shared(39, 30);
       ToolDsmlMap tools = {{"id" + std::to_string(base + i), "t1"}};

@@ -60,7 +60,8 @@ std::vector<DsmlEvent> normalized(const std::vector<DsmlEvent>& ev) {
 
 std::string describe(const std::vector<DsmlEvent>& ev) {
   std::string s;
-  for (const auto& e : ev) s += std::string(dsml_event_kind_name(e.kind)) + "#" + std::to_string(e.index) + "[" + e.text + "] ";
+  for (const auto& e : ev)
+    s += std::string(dsml_event_kind_name(e.kind)) + "#" + std::to_string(e.index) + "[" + e.text + "] ";
   return s;
 }
 
@@ -146,7 +147,9 @@ ParseRun check_all_chunkings(std::string_view text, ThinkingMode mode) {
   return whole;
 }
 
-std::string block(const std::string& body) { return "\n\n<" + DS + "tool_calls>\n" + body + "\n</" + DS + "tool_calls>"; }
+std::string block(const std::string& body) {
+  return "\n\n<" + DS + "tool_calls>\n" + body + "\n</" + DS + "tool_calls>";
+}
 std::string invoke(const std::string& name, const std::string& params) {
   return "<" + DS + "invoke name=\"" + name + "\">\n" + params + "\n</" + DS + "invoke>";
 }
@@ -185,7 +188,8 @@ TEST(DsmlParse, OfficialFixtures) {
 }
 
 TEST(DsmlParse, StreamingEventsForAToolCall) {
-  const std::string text = "Sure." + block(invoke("f", param("path", "true", "a\"b") + "\n" + param("n", "false", "[1, 2]"))) + EOS;
+  const std::string text =
+      "Sure." + block(invoke("f", param("path", "true", "a\"b") + "\n" + param("n", "false", "[1, 2]"))) + EOS;
   DsmlParser p(ThinkingMode::CHAT);
   std::vector<DsmlEvent> ev;
   p.feed("Sure.\n\n", ev);
@@ -209,7 +213,7 @@ TEST(DsmlParse, StreamingEventsForAToolCall) {
   EXPECT_TRUE(p.in_dsml_structure());  // "</" may start the closing tag
   EXPECT_EQ(ev.back().text, "\\\"b");
   p.feed(DS + "parameter>\n<" + DS + "parameter name=\"n\" string=\"false\">[1, ", ev);
-  EXPECT_TRUE(p.in_dsml_structure());  // JSON outside a string literal
+  EXPECT_TRUE(p.in_dsml_structure());      // JSON outside a string literal
   EXPECT_EQ(ev.back().text, ", \"n\": ");  // JSON values wait for validation
   p.feed("2]</" + DS + "parameter>\n</" + DS + "invoke>\n</" + DS + "tool_calls>", ev);
   EXPECT_TRUE(p.block_closed());
@@ -237,7 +241,8 @@ TEST(DsmlParse, JsonStringLiteralsAreFree) {
 }
 
 TEST(DsmlParse, ThinkingMode) {
-  ParseRun r = check_all_chunkings("a <｜DSML｜tool_calls> b</think>" + std::string("\n\nc") + EOS, ThinkingMode::THINKING);
+  ParseRun r =
+      check_all_chunkings("a <｜DSML｜tool_calls> b</think>" + std::string("\n\nc") + EOS, ThinkingMode::THINKING);
   EXPECT_EQ(r.msg.reasoning_content, "a <｜DSML｜tool_calls> b");  // markers inside reasoning are text
   EXPECT_EQ(r.msg.content, "\n\nc");
   // No </think>: everything is reasoning, with a warning.
@@ -268,7 +273,8 @@ TEST(DsmlParse, ContentEdgeCases) {
 }
 
 TEST(DsmlParse, Utf8IsNeverSplitAcrossDeltas) {
-  const std::string text = "h\xc3\xa9llo \xf0\x9f\x98\x80" + block(invoke("f", param("s", "true", "\xe4\xbd\xa0\xe5\xa5\xbd"))) + EOS;
+  const std::string text =
+      "h\xc3\xa9llo \xf0\x9f\x98\x80" + block(invoke("f", param("s", "true", "\xe4\xbd\xa0\xe5\xa5\xbd"))) + EOS;
   ParseRun r = check_all_chunkings(text, ThinkingMode::CHAT);
   ParseRun bytes = run_chunks(text, ThinkingMode::CHAT, {1});
   for (const auto& e : bytes.events) EXPECT_TRUE(utf8_valid(e.text)) << e.text;
@@ -307,14 +313,16 @@ TEST(DsmlParse, NonCanonicalPrefixes) {
 }
 
 TEST(DsmlParse, NonStringValuesAreAlwaysValidJson) {
-  ParseRun r = check_all_chunkings(
-      block(invoke("f", param("e", "false", " ") + "\n" + param("bad", "false", "/tmp/x") + "\n" +
-                            param("ok", "false", "{\"a\": \"</x>\", \"b\": [true, null, 1.5e3]}") + "\n" +
-                            param("half", "false", "[1, 2"))) + EOS,
-      ThinkingMode::CHAT);
+  ParseRun r =
+      check_all_chunkings(block(invoke("f", param("e", "false", " ") + "\n" + param("bad", "false", "/tmp/x") + "\n" +
+                                                param("ok", "false", "{\"a\": \"</x>\", \"b\": [true, null, 1.5e3]}") +
+                                                "\n" + param("half", "false", "[1, 2"))) +
+                              EOS,
+                          ThinkingMode::CHAT);
   ASSERT_EQ(r.msg.tool_calls.size(), 1u);
-  EXPECT_EQ(r.msg.tool_calls[0].arguments,
-            "{\"e\": null, \"bad\": \"/tmp/x\", \"ok\": {\"a\": \"</x>\", \"b\": [true, null, 1.5e3]}, \"half\": \"[1, 2\"}");
+  EXPECT_EQ(
+      r.msg.tool_calls[0].arguments,
+      "{\"e\": null, \"bad\": \"/tmp/x\", \"ok\": {\"a\": \"</x>\", \"b\": [true, null, 1.5e3]}, \"half\": \"[1, 2\"}");
   EXPECT_TRUE(has_warning(r.msg, "empty non-string"));
   EXPECT_TRUE(has_warning(r.msg, "'bad'"));
   EXPECT_TRUE(has_warning(r.msg, "'half'"));
@@ -329,7 +337,8 @@ TEST(DsmlParse, NulInANonStringValueIsNotJson) {
       ThinkingMode::CHAT);
   ASSERT_EQ(r.msg.tool_calls.size(), 1u);
   EXPECT_TRUE(nlohmann::json::accept(r.msg.tool_calls[0].arguments)) << r.msg.tool_calls[0].arguments;
-  EXPECT_EQ(r.msg.tool_calls[0].arguments, "{\"top_k\": \"2\\u0000 \", \"filters\": \"{\\\"recent\\\": true\\u0000\\u0001}\"}");
+  EXPECT_EQ(r.msg.tool_calls[0].arguments,
+            "{\"top_k\": \"2\\u0000 \", \"filters\": \"{\\\"recent\\\": true\\u0000\\u0001}\"}");
   EXPECT_TRUE(has_warning(r.msg, "'top_k'"));
   EXPECT_TRUE(has_warning(r.msg, "'filters'"));
 }
@@ -364,18 +373,26 @@ TEST(DsmlParse, MalformedBlocksDegradeToContent) {
       {"truncated in string body", "c" + open + "<" + DS + "invoke name=\"f\">\n<" + DS + "parameter name=\"k\">val"},
       {"truncated closing tag", "c" + open + good_invoke + "\n</" + DS + "tool_ca"},
       {"eos in string body", "c" + open + "<" + DS + "invoke name=\"f\">\n<" + DS + "parameter name=\"k\">va" + EOS},
-      {"eos in json body", "c" + open + "<" + DS + "invoke name=\"f\">\n<" + DS + "parameter name=\"k\" string=\"false\">[1" + EOS},
+      {"eos in json body",
+       "c" + open + "<" + DS + "invoke name=\"f\">\n<" + DS + "parameter name=\"k\" string=\"false\">[1" + EOS},
       {"eos in tag", "c" + open + "<" + DS + "invoke name=\"f" + EOS},
       {"eos before close", "c" + open + good_invoke + EOS},
-      {"unterminated invoke", "c" + open + "<" + DS + "invoke name=\"f\">\n" + param("k", "true", "v") + "\n</" + DS + "tool_calls>" + EOS},
+      {"unterminated invoke",
+       "c" + open + "<" + DS + "invoke name=\"f\">\n" + param("k", "true", "v") + "\n</" + DS + "tool_calls>" + EOS},
       {"bad string attr", "c" + open + invoke("f", param("k", "maybe", "v")) + "\n</" + DS + "tool_calls>" + EOS},
       {"missing invoke name", "c" + open + "<" + DS + "invoke>\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
-      {"unquoted attribute", "c" + open + "<" + DS + "invoke name=f>\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
-      {"no space before attribute", "c" + open + "<" + DS + "invokename=\"f\">\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
+      {"unquoted attribute",
+       "c" + open + "<" + DS + "invoke name=f>\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
+      {"no space before attribute",
+       "c" + open + "<" + DS + "invokename=\"f\">\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
       {"junk between tags", "c" + open + good_invoke + "\njunk\n</" + DS + "tool_calls>" + EOS},
-      {"junk in invoke", "c" + open + "<" + DS + "invoke name=\"f\">\nhello\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
-      {"nested garbage", "c" + open + invoke("f", param("k", "true", "<" + DS + "parameter name=\"x\">y</" + DS + "parameter>")) + "\n</" + DS + "tool_calls>" + EOS},
-      {"duplicate parameter", "c" + open + invoke("f", param("k", "true", "1") + "\n" + param("k", "true", "2")) + "\n</" + DS + "tool_calls>" + EOS},
+      {"junk in invoke",
+       "c" + open + "<" + DS + "invoke name=\"f\">\nhello\n</" + DS + "invoke>\n</" + DS + "tool_calls>" + EOS},
+      {"nested garbage",
+       "c" + open + invoke("f", param("k", "true", "<" + DS + "parameter name=\"x\">y</" + DS + "parameter>")) +
+           "\n</" + DS + "tool_calls>" + EOS},
+      {"duplicate parameter", "c" + open + invoke("f", param("k", "true", "1") + "\n" + param("k", "true", "2")) +
+                                  "\n</" + DS + "tool_calls>" + EOS},
       {"malformed close", "c" + open + good_invoke + "\n</" + DS + "tool_calls x>" + EOS},
       {"tag too long", "c" + open + "<" + DS + "invoke name=\"" + std::string(5000, 'a') + EOS},
       {"second opener", "c" + open + open + EOS},
@@ -415,7 +432,8 @@ TEST(DsmlParse, RandomMutationsNeverBreakInvariants) {
   // same way under every chunking (the fuzz target does this at scale).
   std::vector<std::pair<std::string, ThinkingMode>> seeds;
   for (const auto& [name, fx] : test::load_chat_fixtures("parse_"))
-    seeds.emplace_back(fx["completion"].get<std::string>(), *thinking_mode_from_string(fx["thinking_mode"].get<std::string>()));
+    seeds.emplace_back(fx["completion"].get<std::string>(),
+                       *thinking_mode_from_string(fx["thinking_mode"].get<std::string>()));
   ASSERT_FALSE(seeds.empty());
   std::mt19937 rng(42);
   for (int i = 0; i < 150; ++i) {
@@ -446,11 +464,16 @@ TEST(DsmlParse, InvalidUtf8NeverReachesTheArgumentsJson) {
   // A cut-off sequence in a string body, a stray byte in a JSON value and in a
   // parameter name: the arguments stay valid JSON (U+FFFD per bad byte), the
   // content keeps the sampled bytes.
-  const std::string text = "c\xff" + block(invoke("f", param("s\x80", "true", "a\xe4\xbd" "b") + "\n" +
-                                                           param("j", "false", "\"x\xc3\""))) + EOS;
+  const std::string text = "c\xff" +
+                           block(invoke("f", param("s\x80", "true",
+                                                   "a\xe4\xbd"
+                                                   "b") +
+                                                 "\n" + param("j", "false", "\"x\xc3\""))) +
+                           EOS;
   ParseRun r = check_all_chunkings(text, ThinkingMode::CHAT);
   EXPECT_EQ(r.msg.content, "c\xff");
   ASSERT_EQ(r.msg.tool_calls.size(), 1u);
   EXPECT_EQ(r.msg.tool_calls[0].arguments,
-            "{\"s\xef\xbf\xbd\": \"a\xef\xbf\xbd\xef\xbf\xbd" "b\", \"j\": \"x\xef\xbf\xbd\"}");
+            "{\"s\xef\xbf\xbd\": \"a\xef\xbf\xbd\xef\xbf\xbd"
+            "b\", \"j\": \"x\xef\xbf\xbd\"}");
 }

@@ -176,7 +176,8 @@ TEST_F(EngineTest, RewindIsExact) {
   for (size_t target : {350u, 301u, 300u, 299u, 130u, 1u}) {
     ASSERT_TRUE((*s)->rewind(target).has_value()) << target;
     EXPECT_EQ((*s)->n_tokens(), target);
-    std::vector<float> want(all->begin() + static_cast<long>((target - 1) * V), all->begin() + static_cast<long>(target * V));
+    std::vector<float> want(all->begin() + static_cast<long>((target - 1) * V),
+                            all->begin() + static_cast<long>(target * V));
     EXPECT_TRUE(bitwise_equal((*s)->logits(), want)) << "rewind to " << target;
   }
   // And continuing after a rewind matches the reference.

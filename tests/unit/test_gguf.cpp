@@ -223,7 +223,10 @@ TEST(Gguf, MappedWriterWritesTheSameBytes) {
   const std::string p1 = temp_path("streamed.gguf"), p2 = temp_path("mapped.gguf");
   ASSERT_TRUE(w.write(p1, {}, 28).has_value());  // one row per chunk
   uint64_t last = 0;
-  ASSERT_TRUE(w.write_mapped(p2, [&](uint64_t done, uint64_t total) { last = done; EXPECT_LE(done, total); }).has_value());
+  ASSERT_TRUE(w.write_mapped(p2, [&](uint64_t done, uint64_t total) {
+                 last = done;
+                 EXPECT_LE(done, total);
+               }).has_value());
   EXPECT_EQ(last, w.file_bytes());
   const std::string a = read_all(p1), b = read_all(p2);
   EXPECT_EQ(a.size(), w.file_bytes());

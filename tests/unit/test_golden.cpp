@@ -53,8 +53,9 @@ Golden load_golden(const std::string& dir = k_dir) {
 }
 
 std::string convert(const std::string& type, const std::string& dir = k_dir) {
-  std::string out = (std::filesystem::temp_directory_path() /
-                     ("dsv4_golden_" + std::to_string(::getpid()) + "_" + type + ".gguf")).string();
+  std::string out =
+      (std::filesystem::temp_directory_path() / ("dsv4_golden_" + std::to_string(::getpid()) + "_" + type + ".gguf"))
+          .string();
   ConvertOptions o;
   o.hf_dir = dir;
   o.output = out;
@@ -105,8 +106,8 @@ TEST(Golden, PlainF32MatchesTransformers) {
   Compare c = run(path, g, "plain");
   std::filesystem::remove(path);
   ASSERT_GT(c.positions, 2000u);
-  std::printf("f32/plain vs transformers: %zu positions, top-1 same %zu, max |d|/spread %.3g, mean KL %.3g\n", c.positions,
-              c.top1_same, c.max_rel, c.kl_sum / c.positions);
+  std::printf("f32/plain vs transformers: %zu positions, top-1 same %zu, max |d|/spread %.3g, mean KL %.3g\n",
+              c.positions, c.top1_same, c.max_rel, c.kl_sum / c.positions);
   EXPECT_EQ(c.top1_same, c.positions);
   EXPECT_LE(c.max_rel, 2e-4);
   EXPECT_LE(c.kl_sum / c.positions, 1e-4);
@@ -229,8 +230,9 @@ TEST(GoldenOddShape, RecipesNeedWholeBlocks) {
   EXPECT_TRUE(check_recipe_fits(*spec, QuantRecipe::F32).has_value());
   auto q8 = check_recipe_fits(*spec, QuantRecipe::Q8);
   ASSERT_FALSE(q8.has_value());
-  const std::string want_q8 = "output.weight has rows of 200 values: the q8 recipe stores it as Q8_0, whose blocks hold "
-                              "32 values; convert with --type f16 or f32";
+  const std::string want_q8 =
+      "output.weight has rows of 200 values: the q8 recipe stores it as Q8_0, whose blocks hold "
+      "32 values; convert with --type f16 or f32";
   EXPECT_NE(q8.error().message.find(want_q8), std::string::npos) << q8.error().message;
   c.hidden_size = 256;
   spec = spec_from_hf(c);
@@ -239,7 +241,8 @@ TEST(GoldenOddShape, RecipesNeedWholeBlocks) {
   auto q2 = check_recipe_fits(*spec, QuantRecipe::Q2);
   ASSERT_FALSE(q2.has_value());
   const std::string want_q2 =
-      "blk.0.ffn_down_exps.weight has rows of 160 values: the q2 recipe stores it as Q2_K, whose blocks hold 256 values";
+      "blk.0.ffn_down_exps.weight has rows of 160 values: the q2 recipe stores it as Q2_K, whose blocks hold 256 "
+      "values";
   EXPECT_NE(q2.error().message.find(want_q2), std::string::npos) << q2.error().message;
 
   // Through convert_hf: a folder with only the config fails on the recipe, not on the missing tensors.

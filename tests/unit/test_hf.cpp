@@ -62,8 +62,8 @@ std::vector<uint8_t> build(const std::vector<Entry>& entries, const std::string&
     if (h.size() > 1) h += ",";
     uint64_t b = data.size();
     data.insert(data.end(), e.bytes.begin(), e.bytes.end());
-    h += "\"" + e.name + "\":{\"dtype\":\"" + e.dtype + "\",\"shape\":" + shape_json(e.shape) +
-         ",\"data_offsets\":[" + std::to_string(b) + "," + std::to_string(data.size()) + "]}";
+    h += "\"" + e.name + "\":{\"dtype\":\"" + e.dtype + "\",\"shape\":" + shape_json(e.shape) + ",\"data_offsets\":[" +
+         std::to_string(b) + "," + std::to_string(data.size()) + "]}";
   }
   h += "}";
   h += std::string(pad, ' ');
@@ -239,7 +239,8 @@ TEST(Safetensors, OpensMappedFile) {
 TEST(Safetensors, OutOfOrderOffsetsAndUnsortedHeaderAreFine) {
   // header order differs from data order; the reader sorts by offset
   std::vector<uint8_t> data = le_bytes(std::vector<float>{1, 2, 3});
-  std::string h = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string h =
+      R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   auto r = parse(raw_file(h, data));
   ASSERT_TRUE(r.has_value()) << r.error().message;
   EXPECT_EQ((*r)->tensors()[0].name, "a");
@@ -269,7 +270,8 @@ TEST(Safetensors, RejectsBadJson) {
   expect_rejected(raw_file("[1,2,3]", {}), "not an object");
   expect_rejected(raw_file("{\"a\":5}", {}), "entry is not an object");
   // a tensor described twice
-  std::string dup = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string dup =
+      R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   expect_rejected(raw_file(dup, std::vector<uint8_t>(4)), "duplicate key \"w\"");
   std::string dup_field = R"({"w":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})";
   expect_rejected(raw_file(dup_field, std::vector<uint8_t>(4)), "duplicate key \"dtype\"");
@@ -300,15 +302,18 @@ TEST(Safetensors, RejectsBadEntries) {
 }
 
 TEST(Safetensors, RejectsOverlapGapsAndTrailingBytes) {
-  std::string overlap = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  std::string overlap =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   expect_rejected(raw_file(overlap, std::vector<uint8_t>(12)), "tensors 'a' and 'b' overlap");
-  std::string gap = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
+  std::string gap =
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
   expect_rejected(raw_file(gap, std::vector<uint8_t>(12)), "gap of 4 bytes before tensor 'b'");
   std::string late = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   expect_rejected(raw_file(late, std::vector<uint8_t>(8)), "gap of 4 bytes before tensor 'a'");
   std::string trailing = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   expect_rejected(raw_file(trailing, std::vector<uint8_t>(9)), "5 trailing bytes after the last tensor");
-  std::string same = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})";
+  std::string same =
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})";
   expect_rejected(raw_file(same, std::vector<uint8_t>(4)), "overlap");
 }
 
@@ -376,13 +381,14 @@ TEST(SafetensorsReaders, Fp8BlockScaled) {
   std::vector<Entry> nan_scale = {{"l.weight", "F8_E4M3", {R, C}, w}, {"l.scale", "F8_E8M0", {2, 1}, {0xFF, 127}}};
   auto n = parse(build(nan_scale));
   ASSERT_TRUE(n.has_value());
-  EXPECT_FALSE(st_read_rows_f32_scaled(*(*n)->find("l.weight"), *(*n)->find("l.scale"), StScaledFormat::FP8_BLOCK, 0,
-                                       1, out.data())
+  EXPECT_FALSE(st_read_rows_f32_scaled(*(*n)->find("l.weight"), *(*n)->find("l.scale"), StScaledFormat::FP8_BLOCK, 0, 1,
+                                       out.data())
                    .has_value());
   // An FP8 NaN code in the weight is an error too.
   std::vector<uint8_t> wn = w;
   wn[5] = 0x7F;
-  std::vector<Entry> nan_w = {{"l.weight", "F8_E4M3", {R, C}, wn}, {"l.scale", "F32", {2, 1}, le_bytes(std::vector<float>{1, 1})}};
+  std::vector<Entry> nan_w = {{"l.weight", "F8_E4M3", {R, C}, wn},
+                              {"l.scale", "F32", {2, 1}, le_bytes(std::vector<float>{1, 1})}};
   auto m = parse(build(nan_w));
   ASSERT_TRUE(m.has_value());
   auto err = st_read_rows_f32_scaled(*(*m)->find("l.weight"), *(*m)->find("l.scale"), StScaledFormat::FP8_BLOCK, 0, 2,
@@ -447,7 +453,8 @@ TEST(SafetensorsReaders, IntegerRangeAndNonFiniteFloats) {
 
 TEST(HfCheckpoint, SingleFileFolderAndShards) {
   TempDir dir;
-  auto s1 = build({{"a", "F32", {2}, le_bytes(std::vector<float>{1, 2})}, {"b", "I64", {1}, le_bytes(std::vector<int64_t>{9})}});
+  auto s1 = build(
+      {{"a", "F32", {2}, le_bytes(std::vector<float>{1, 2})}, {"b", "I64", {1}, le_bytes(std::vector<int64_t>{9})}});
   auto s2 = build({{"c", "BF16", {2}, bf16_bytes({3, 4})}});
   {
     TempDir single;
@@ -476,7 +483,8 @@ TEST(HfCheckpoint, SingleFileFolderAndShards) {
 }
 
 TEST(HfCheckpoint, RejectsInconsistentIndexes) {
-  auto s1 = build({{"a", "F32", {1}, le_bytes(std::vector<float>{1})}, {"b", "F32", {1}, le_bytes(std::vector<float>{2})}});
+  auto s1 =
+      build({{"a", "F32", {1}, le_bytes(std::vector<float>{1})}, {"b", "F32", {1}, le_bytes(std::vector<float>{2})}});
   auto s2 = build({{"b", "F32", {1}, le_bytes(std::vector<float>{3})}});
   auto check = [&](const std::string& index, bool second_shard, const std::string& needle) {
     TempDir dir;
@@ -533,8 +541,11 @@ nlohmann::ordered_json flash_release_config() {
   j["compress_ratios"] = ratios;
   j["rope_theta"] = 10000;
   j["compress_rope_theta"] = 160000;
-  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 16}, {"original_max_position_embeddings", 65536},
-                       {"beta_fast", 32}, {"beta_slow", 1}};
+  j["rope_scaling"] = {{"type", "yarn"},
+                       {"factor", 16},
+                       {"original_max_position_embeddings", 65536},
+                       {"beta_fast", 32},
+                       {"beta_slow", 1}};
   j["max_position_embeddings"] = 1048576;
   j["index_n_heads"] = 64;
   j["index_head_dim"] = 128;
@@ -606,8 +617,10 @@ void expect_config_error(const std::string& text, const std::string& needle) {
 // Flash release config with one field replaced (null deletes it).
 std::string flash_with(const std::string& key, const nlohmann::ordered_json& value) {
   auto j = flash_release_config();
-  if (value.is_null()) j.erase(key);
-  else j[key] = value;
+  if (value.is_null())
+    j.erase(key);
+  else
+    j[key] = value;
   return j.dump();
 }
 
@@ -719,7 +732,7 @@ TEST(HfConfig, AcceptsEveryTransformersShape) {
   HfConfig a = parse_ok(flash_with("head_dim", 96));  // 32 non-RoPE dims: no FP8 64-block
   EXPECT_EQ(a.head_dim - a.qk_rope_head_dim, 32u);
   EXPECT_EQ(parse_ok(flash_with("index_head_dim", 96)).index_head_dim, 96u);  // no power of two
-  EXPECT_EQ(parse_ok(flash_with("hidden_size", 200)).hidden_size, 200u);     // no multiple of 32
+  EXPECT_EQ(parse_ok(flash_with("hidden_size", 200)).hidden_size, 200u);      // no multiple of 32
   auto j = flash_release_config();
   j["num_attention_heads"] = 3;  // 3 x 512 head outputs in 8 groups of 192: a group cuts a head
   EXPECT_EQ(parse_ok(j.dump()).o_groups, 8u);
@@ -958,8 +971,7 @@ const char* k_transformers_saved_tiny =
     "model.layers.3.hc_ffn_base 24 bfloat16\n"
     "model.layers.3.hc_ffn_fn 24x1024 bfloat16\n"
     "model.layers.3.hc_ffn_scale 3 bfloat16\n"
-    "model.norm.weight 256 bfloat16\n"
-    ;
+    "model.norm.weight 256 bfloat16\n";
 
 HfConfig tiny_config() { return parse_ok(k_transformers_tiny_config); }
 
@@ -1199,13 +1211,17 @@ TEST(HfNames, PlanErrors) {
     d.push_back(std::move(extra));
     return d;
   };
-  expect_plan_error(c, without("layers.3.attn.wq_a.weight"), "missing layer 3 ATTN_Q_A (e.g. 'layers.3.attn.wq_a.weight')");
+  expect_plan_error(c, without("layers.3.attn.wq_a.weight"),
+                    "missing layer 3 ATTN_Q_A (e.g. 'layers.3.attn.wq_a.weight')");
   expect_plan_error(c, without("layers.2.ffn.experts.1.w2.weight"), "missing layer 2 expert 1 EXPERT_DOWN");
   expect_plan_error(c, with({"layers.3.ffn.gate.tid2eid", StDtype::I64, {c.vocab_size, 2}}), "not hash-routed");
-  expect_plan_error(c, with({"layers.0.ffn.gate.bias", StDtype::F32, {4}}), "hash-routed layers have no selection bias");
-  expect_plan_error(c, with({"layers.0.attn.compressor.ape", StDtype::F32, {4, 256}}), "layer schedule has no such tensor");
+  expect_plan_error(c, with({"layers.0.ffn.gate.bias", StDtype::F32, {4}}),
+                    "hash-routed layers have no selection bias");
+  expect_plan_error(c, with({"layers.0.attn.compressor.ape", StDtype::F32, {4, 256}}),
+                    "layer schedule has no such tensor");
   expect_plan_error(c, with({"layers.9.attn_norm.weight", StDtype::F32, {256}}), "the config has fewer layers");
-  expect_plan_error(c, with({"layers.2.ffn.experts.4.w1.weight", StDtype::BF16, {256, 256}}), "beyond n_routed_experts");
+  expect_plan_error(c, with({"layers.2.ffn.experts.4.w1.weight", StDtype::BF16, {256, 256}}),
+                    "beyond n_routed_experts");
   expect_plan_error(c, with({"model.layers.0.self_attn.q_a_proj.weight", StDtype::BF16, {64, 256}}),
                     "both name layer 0 ATTN_Q_A");
   expect_plan_error(c, with({"something.else", StDtype::F32, {1}}), "unrecognised tensor 'something.else'");
@@ -1214,7 +1230,8 @@ TEST(HfNames, PlanErrors) {
   auto bad_shape = base;
   for (auto& d : bad_shape)
     if (d.name == "layers.1.attn.wq_b.weight") d.shape = {512, 32};
-  expect_plan_error(c, bad_shape, "'layers.1.attn.wq_b.weight' BF16 [512, 32]: shape mismatch (expected logical shape [512, 64])");
+  expect_plan_error(c, bad_shape,
+                    "'layers.1.attn.wq_b.weight' BF16 [512, 32]: shape mismatch (expected logical shape [512, 64])");
   auto bad_dtype = base;
   for (auto& d : bad_dtype)
     if (d.name == "layers.0.ffn.gate.tid2eid") d.dtype = StDtype::F32;
@@ -1278,17 +1295,18 @@ TEST(HfNames, QuantisedStorageAndMtp) {
   EXPECT_TRUE(m.ignored.empty());
   std::set<std::string> names;
   for (const auto& t : m.tensors) names.insert(t.name);
-  for (const char* n : {"mtp.0.e_proj.weight", "mtp.0.h_proj.weight", "mtp.0.enorm.weight", "mtp.0.hnorm.weight",
-                        "mtp.0.norm.weight", "mtp.0.hc_head_fn.weight", "mtp.0.hc_head_base.weight",
-                        "mtp.0.hc_head_scale.weight", "mtp.0.attn_q_a.weight", "mtp.0.exp_probs_b.bias",
-                        "mtp.0.ffn_gate_exps.weight"})
+  for (const char* n :
+       {"mtp.0.e_proj.weight", "mtp.0.h_proj.weight", "mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.norm.weight",
+        "mtp.0.hc_head_fn.weight", "mtp.0.hc_head_base.weight", "mtp.0.hc_head_scale.weight", "mtp.0.attn_q_a.weight",
+        "mtp.0.exp_probs_b.bias", "mtp.0.ffn_gate_exps.weight"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("mtp.0.ffn_gate_tid2eid.weight"));
   EXPECT_FALSE(names.count("mtp.0.attn_compressor_kv.weight"));
   // FP4 with the wrong packed width is a shape error
   for (auto& x : d)
     if (x.name == "layers.1.ffn.experts.0.w1.weight") x.shape[1] = 4096;
-  expect_plan_error(c, d, "'layers.1.ffn.experts.0.w1.weight' I8 [2048, 4096]: tensor 'layers.1.ffn.experts.0.w1.weight'");
+  expect_plan_error(c, d,
+                    "'layers.1.ffn.experts.0.w1.weight' I8 [2048, 4096]: tensor 'layers.1.ffn.experts.0.w1.weight'");
 }
 
 // =================================================================================================
@@ -1330,7 +1348,8 @@ std::vector<float> expected_gguf(const HfConfig& c, const GgufTensorPlan& t, HfS
   for (uint64_t e = 0; e < E; ++e) {
     if (sp == HfSpelling::TRANSFORMERS_MODULE) {
       const bool down = id.role == HfRole::EXPERT_DOWN;
-      const auto& f = src.at(*hf_tensor_name({down ? HfRole::FUSED_DOWN : HfRole::FUSED_GATE_UP, id.layer, -1, false}, sp));
+      const auto& f =
+          src.at(*hf_tensor_name({down ? HfRole::FUSED_DOWN : HfRole::FUSED_GATE_UP, id.layer, -1, false}, sp));
       if (down) {
         out.insert(out.end(), f.begin() + e * D * F, f.begin() + (e + 1) * D * F);
       } else {
@@ -1369,7 +1388,8 @@ TEST(HfEndToEnd, ShardedFusedCheckpoint) {
       e.bytes = bf16_bytes(src[name]);
     }
     const int s = k++ % 2;
-    weight_map += std::string(weight_map.empty() ? "" : ",") + "\"" + name + "\":\"part" + std::to_string(s) + ".safetensors\"";
+    weight_map +=
+        std::string(weight_map.empty() ? "" : ",") + "\"" + name + "\":\"part" + std::to_string(s) + ".safetensors\"";
     shard[s].push_back(std::move(e));
   }
   dir.write("part0.safetensors", build(shard[0], "{\"format\":\"pt\"}"));
@@ -1464,7 +1484,8 @@ TEST(HfEndToEnd, ReleaseCheckpointWithFp8Experts) {
 // distinct expert ids.
 TEST(HfGoldenFixture, TransformersCheckpointPlansAndReads) {
   const fs::path dir = fs::path(DSV4_TEST_DATA_DIR) / "golden" / "flash_tiny";
-  if (!fs::exists(dir / "model.safetensors")) GTEST_SKIP() << "no fixture at " << dir << " (run tools/golden/make_golden.py)";
+  if (!fs::exists(dir / "model.safetensors"))
+    GTEST_SKIP() << "no fixture at " << dir << " (run tools/golden/make_golden.py)";
   auto cfg = hf_config_load(dir.string());
   ASSERT_TRUE(cfg.has_value()) << cfg.error().message;
   auto ck = HfCheckpoint::open(dir.string());

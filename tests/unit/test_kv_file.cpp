@@ -76,16 +76,16 @@ TEST(KvFile, LayoutMatchesTheDocument) {
   Sample s;
   auto image = kv_build_image(s.content(), KvUsage{3, 1700000200});
   EXPECT_EQ(std::memcmp(image.data(), "DSV4KVC\0", 8), 0);
-  EXPECT_EQ(at<uint32_t>(image, 8), 2u);    // version
-  EXPECT_EQ(at<uint32_t>(image, 12), 256u); // header bytes
-  EXPECT_EQ(image[16], 1);                  // model identity (test_identity fills it with 1)
-  EXPECT_EQ(at<uint32_t>(image, 48), 0u);   // numerics
-  EXPECT_EQ(at<uint32_t>(image, 52), 16u);  // expert gate/up type (IQ2_XXS)
-  EXPECT_EQ(at<uint32_t>(image, 56), 10u);  // expert down type (Q2_K)
-  EXPECT_EQ(at<uint32_t>(image, 60), 8u);   // dense type (Q8_0)
-  EXPECT_EQ(at<uint32_t>(image, 64), 2u);   // routed bits
-  EXPECT_EQ(at<uint32_t>(image, 68), 2u);   // reason: frontier
-  EXPECT_EQ(at<uint32_t>(image, 72), 3u);   // flags: decoded key | tool map
+  EXPECT_EQ(at<uint32_t>(image, 8), 2u);     // version
+  EXPECT_EQ(at<uint32_t>(image, 12), 256u);  // header bytes
+  EXPECT_EQ(image[16], 1);                   // model identity (test_identity fills it with 1)
+  EXPECT_EQ(at<uint32_t>(image, 48), 0u);    // numerics
+  EXPECT_EQ(at<uint32_t>(image, 52), 16u);   // expert gate/up type (IQ2_XXS)
+  EXPECT_EQ(at<uint32_t>(image, 56), 10u);   // expert down type (Q2_K)
+  EXPECT_EQ(at<uint32_t>(image, 60), 8u);    // dense type (Q8_0)
+  EXPECT_EQ(at<uint32_t>(image, 64), 2u);    // routed bits
+  EXPECT_EQ(at<uint32_t>(image, 68), 2u);    // reason: frontier
+  EXPECT_EQ(at<uint32_t>(image, 72), 3u);    // flags: decoded key | tool map
   EXPECT_EQ(at<uint32_t>(image, 76), 4096u);
   EXPECT_EQ(at<uint64_t>(image, 80), s.tokens.size());
   EXPECT_EQ(at<uint64_t>(image, 88), 1700000000u);
@@ -185,23 +185,23 @@ TEST(KvFile, SealedButInvalidFieldsAreRejected) {
   };
   auto resealed = image;
   kv_seal(resealed);
-  EXPECT_EQ(resealed, image);  // sealing a good image changes nothing
+  EXPECT_EQ(resealed, image);            // sealing a good image changes nothing
   auto v = sealed_with(8, uint32_t{1});  // the previous version
   ASSERT_FALSE(v.has_value());
   EXPECT_NE(v.error().message.find("wrong version"), std::string::npos);
-  EXPECT_FALSE(sealed_with(0, uint8_t{'X'}).has_value());      // magic
-  EXPECT_FALSE(sealed_with(12, uint32_t{300}).has_value());    // header size
-  EXPECT_FALSE(sealed_with(68, uint32_t{99}).has_value());     // save reason
-  EXPECT_FALSE(sealed_with(72, uint32_t{0x7}).has_value());    // unknown flag
-  EXPECT_FALSE(sealed_with(72, uint32_t{0x1}).has_value());    // tool map present but flag clear
-  EXPECT_FALSE(sealed_with(76, uint32_t{3}).has_value());      // ctx below the token count
-  EXPECT_FALSE(sealed_with(80, uint64_t{0}).has_value());      // no tokens
-  EXPECT_FALSE(sealed_with(80, uint64_t{1} << 40).has_value());  // absurd token count
-  EXPECT_FALSE(sealed_with(96, uint64_t{1} << 50).has_value());  // absurd text size
-  EXPECT_FALSE(sealed_with(104, uint64_t{0}).has_value());     // no payload
-  EXPECT_FALSE(sealed_with(216, uint8_t{1}).has_value());      // reserved byte
-  EXPECT_FALSE(sealed_with(120, uint8_t{0}).has_value());      // text hash
-  EXPECT_FALSE(sealed_with(152, uint8_t{0}).has_value());      // token hash
+  EXPECT_FALSE(sealed_with(0, uint8_t{'X'}).has_value());                   // magic
+  EXPECT_FALSE(sealed_with(12, uint32_t{300}).has_value());                 // header size
+  EXPECT_FALSE(sealed_with(68, uint32_t{99}).has_value());                  // save reason
+  EXPECT_FALSE(sealed_with(72, uint32_t{0x7}).has_value());                 // unknown flag
+  EXPECT_FALSE(sealed_with(72, uint32_t{0x1}).has_value());                 // tool map present but flag clear
+  EXPECT_FALSE(sealed_with(76, uint32_t{3}).has_value());                   // ctx below the token count
+  EXPECT_FALSE(sealed_with(80, uint64_t{0}).has_value());                   // no tokens
+  EXPECT_FALSE(sealed_with(80, uint64_t{1} << 40).has_value());             // absurd token count
+  EXPECT_FALSE(sealed_with(96, uint64_t{1} << 50).has_value());             // absurd text size
+  EXPECT_FALSE(sealed_with(104, uint64_t{0}).has_value());                  // no payload
+  EXPECT_FALSE(sealed_with(216, uint8_t{1}).has_value());                   // reserved byte
+  EXPECT_FALSE(sealed_with(120, uint8_t{0}).has_value());                   // text hash
+  EXPECT_FALSE(sealed_with(152, uint8_t{0}).has_value());                   // token hash
   EXPECT_FALSE(sealed_with(288 + s.text.size(), int32_t{-5}).has_value());  // negative token id
   // The payload must be a full snapshot of exactly these tokens, with the header's numerics.
   const size_t p = 288 + s.text.size() + 4 * s.tokens.size();
@@ -211,8 +211,8 @@ TEST(KvFile, SealedButInvalidFieldsAreRejected) {
   EXPECT_FALSE(sealed_with(p + 48, uint32_t{1}).has_value());  // other numerics
   // A damaged tool map with a resealed hash is still parsed and rejected.
   const size_t tm = p + s.payload.size();
-  EXPECT_FALSE(sealed_with(tm, uint32_t{3}).has_value());      // entry count
-  EXPECT_FALSE(sealed_with(tm + 4, uint32_t{0}).has_value());  // empty id
+  EXPECT_FALSE(sealed_with(tm, uint32_t{3}).has_value());         // entry count
+  EXPECT_FALSE(sealed_with(tm + 4, uint32_t{0}).has_value());     // empty id
   EXPECT_FALSE(sealed_with(tm + 8, uint32_t{1000}).has_value());  // dsml runs past the end
 }
 
@@ -296,8 +296,10 @@ TEST(KvFile, GoldenFilesWrittenFromTheDocument) {
   ASSERT_TRUE(torn.has_value());
   EXPECT_EQ(torn->usage.hits, 0u);
   const std::pair<const char*, const char*> rejected[] = {
-      {"truncated.bin", "truncated"},          {"header_only.bin", "truncated"},
-      {"wrong_version.bin", "wrong version"},  {"bitflip_text.bin", "checksum"},
+      {"truncated.bin", "truncated"},
+      {"header_only.bin", "truncated"},
+      {"wrong_version.bin", "wrong version"},
+      {"bitflip_text.bin", "checksum"},
       {"light_payload.bin", "light checkpoint"},
   };
   for (const auto& [file, why] : rejected) {

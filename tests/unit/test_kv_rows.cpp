@@ -38,13 +38,14 @@ std::vector<std::vector<float>> test_rows(int64_t d, uint32_t seed) {
     rows.push_back(r);
   }
   std::vector<float> r(static_cast<size_t>(d), 0.0f);
-  rows.push_back(r);                                        // all zero
+  rows.push_back(r);  // all zero
   for (int64_t i = 0; i < d; i += 3) r[static_cast<size_t>(i)] = -0.0f;
-  r[5] = 1e6f;                                              // outlier in block 0
+  r[5] = 1e6f;  // outlier in block 0
   r[static_cast<size_t>(d - 1)] = -2.5f;
   rows.push_back(r);
   std::vector<float> ties(static_cast<size_t>(d));
-  for (int64_t i = 0; i < d; ++i) ties[static_cast<size_t>(i)] = (static_cast<float>(i % 17) + 0.5f) * (i % 2 ? -1.0f : 1.0f);
+  for (int64_t i = 0; i < d; ++i)
+    ties[static_cast<size_t>(i)] = (static_cast<float>(i % 17) + 0.5f) * (i % 2 ? -1.0f : 1.0f);
   rows.push_back(ties);
   return rows;
 }
@@ -92,13 +93,15 @@ TEST(KvRows, Fp8RowsStoreTheSimulationExactly) {
       // Packing a raw row stores its simulation ...
       kv_fp8_pack_row(row.data(), x.data(), d);
       kv_fp8_unpack_row(back.data(), row.data(), d);
-      for (int64_t i = 0; i < d; ++i) ASSERT_TRUE(same_bits(back[i], sim[i])) << "raw, d=" << d << " i=" << i << " x=" << x[i];
+      for (int64_t i = 0; i < d; ++i)
+        ASSERT_TRUE(same_bits(back[i], sim[i])) << "raw, d=" << d << " i=" << i << " x=" << x[i];
       // ... and a simulated row unchanged (the simulation is idempotent).
       const std::vector<uint8_t> once = row;
       kv_fp8_pack_row(row.data(), sim.data(), d);
       kv_fp8_unpack_row(back.data(), row.data(), d);
       for (int64_t i = 0; i < d; ++i) ASSERT_TRUE(same_bits(back[i], sim[i])) << "sim, d=" << d << " i=" << i;
-      for (int64_t i = kv_fp8_scale_offset(d) + (d - 64) / 64; i < kv_fp8_row_bytes(d); ++i) EXPECT_EQ(row[i], 0) << "padding";
+      for (int64_t i = kv_fp8_scale_offset(d) + (d - 64) / 64; i < kv_fp8_row_bytes(d); ++i)
+        EXPECT_EQ(row[i], 0) << "padding";
     }
   }
   std::vector<uint8_t> zero(592, 0);
@@ -116,7 +119,8 @@ TEST(KvRows, Fp4RowsStoreTheSimulationExactly) {
       std::vector<uint8_t> row(static_cast<size_t>(kv_fp4_row_bytes(d)));
       kv_fp4_pack_row(row.data(), sim.data(), d);
       kv_fp4_unpack_row(back.data(), row.data(), d);
-      for (int64_t i = 0; i < d; ++i) ASSERT_TRUE(same_bits(back[i], sim[i])) << "d=" << d << " i=" << i << " v=" << sim[i];
+      for (int64_t i = 0; i < d; ++i)
+        ASSERT_TRUE(same_bits(back[i], sim[i])) << "d=" << d << " i=" << i << " v=" << sim[i];
     }
   }
 }

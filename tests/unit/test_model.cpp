@@ -103,20 +103,32 @@ TEST(ModelSpec, BadMetadataIsRejectedWithTheKey) {
   std::vector<Case> cases = {
       {"wrong architecture", [](GgufWriter& w) { w.set_string("general.architecture", "llama"); }, "\"llama\" model"},
       {"kv heads", [](GgufWriter& w) { w.set_u32("deepseek4.attention.head_count_kv", 8); }, "one shared KV head"},
-      {"string instead of int", [](GgufWriter& w) { w.set_string("deepseek4.expert_count", "256"); }, "deepseek4.expert_count"},
-      {"negative ratio", [](GgufWriter& w) { w.set_array_i32("deepseek4.attention.compress_ratios", std::vector<int32_t>(44, -4)); },
+      {"string instead of int", [](GgufWriter& w) { w.set_string("deepseek4.expert_count", "256"); },
+       "deepseek4.expert_count"},
+      {"negative ratio",
+       [](GgufWriter& w) { w.set_array_i32("deepseek4.attention.compress_ratios", std::vector<int32_t>(44, -4)); },
        "compress_ratios"},
-      {"short ratios", [](GgufWriter& w) { w.set_array_u32("deepseek4.attention.compress_ratios", {0, 0, 4}); }, "need at least"},
-      {"bad ratio", [](GgufWriter& w) {
+      {"short ratios",
+       [](GgufWriter& w) {
+         w.set_array_u32("deepseek4.attention.compress_ratios", {0, 0, 4});
+       },
+       "need at least"},
+      {"bad ratio",
+       [](GgufWriter& w) {
          auto r = ModelSpec::flash().compress_ratios;
          r[5] = 1;
          w.set_array_u32("deepseek4.attention.compress_ratios", r);
-       }, "compress_ratios[5] = 1"},
-      {"groups", [](GgufWriter& w) { w.set_u32("deepseek4.attention.output_group_count", 7); }, "must divide head_count"},
+       },
+       "compress_ratios[5] = 1"},
+      {"groups", [](GgufWriter& w) { w.set_u32("deepseek4.attention.output_group_count", 7); },
+       "must divide head_count"},
       {"used > experts", [](GgufWriter& w) { w.set_u32("deepseek4.expert_used_count", 300); }, "expert_used_count"},
-      {"value != key length", [](GgufWriter& w) { w.set_u32("deepseek4.attention.value_length", 256); }, "shares K and V"},
+      {"value != key length", [](GgufWriter& w) { w.set_u32("deepseek4.attention.value_length", 256); },
+       "shares K and V"},
       {"expert groups", [](GgufWriter& w) { w.set_u32("deepseek4.expert_group_count", 8); }, "group-limited"},
-      {"clamp type", [](GgufWriter& w) { w.set_array_u32("deepseek4.swiglu_clamp_exp", std::vector<uint32_t>(44, 10)); }, "must hold floats"},
+      {"clamp type",
+       [](GgufWriter& w) { w.set_array_u32("deepseek4.swiglu_clamp_exp", std::vector<uint32_t>(44, 10)); },
+       "must hold floats"},
       {"indexer dim", [](GgufWriter& w) { w.set_u32("deepseek4.attention.indexer.key_length", 32); },
        "indexer.key_length 32 must be in [rope.dimension_count 64"},
       {"rope dims", [](GgufWriter& w) { w.set_u32("deepseek4.rope.dimension_count", 63); }, "must be even"},
@@ -144,7 +156,8 @@ TEST(ModelSpec, BadMetadataIsRejectedWithTheKey) {
   auto f = GgufFile::open(path);
   auto r = ModelSpec::from_gguf(**f);
   ASSERT_FALSE(r.has_value());
-  EXPECT_NE(r.error().message.find("missing metadata key \"deepseek4.embedding_length\""), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("missing metadata key \"deepseek4.embedding_length\""), std::string::npos)
+      << r.error().message;
   std::filesystem::remove(path);
 }
 
@@ -210,8 +223,9 @@ TEST(ShapeFit, CudaRefusesWidthsItsKernelsCannotLaunch) {
   EXPECT_TRUE(cuda_fit(tiny_spec(), QuantRecipe::Q2, Numerics::REFERENCE).has_value());
   EXPECT_TRUE(cuda_fit(tiny_spec(), QuantRecipe::F32, Numerics::PLAIN).has_value());
   std::string e = fit_error(cuda_fit(odd_spec(), QuantRecipe::F32, Numerics::PLAIN));
-  const std::string want = "the CUDA backend cannot run this model: its attention heads have 96 dims and 3 heads; the "
-                           "attention kernel takes a multiple of 256 up to 8192 for this head count; use --backend cpu";
+  const std::string want =
+      "the CUDA backend cannot run this model: its attention heads have 96 dims and 3 heads; the "
+      "attention kernel takes a multiple of 256 up to 8192 for this head count; use --backend cpu";
   EXPECT_NE(e.find(want), std::string::npos) << e;
   // 3 heads of 128: the split kernel needs 256-multiples then; the tensor-core kernel (reference) takes 128.
   ModelSpec s = tiny_spec();
@@ -256,10 +270,18 @@ TEST(TensorTable, PublishedQ2AndQ4Layouts) {
   EXPECT_EQ(q4.tensor_bytes, 164628167004ull);
   // Per-expert geometry (formats.md §1.7).
   for (const auto& t : q2.tensors) {
-    if (t.spec.name == "blk.5.ffn_gate_exps.weight") { EXPECT_EQ(t.n_bytes, 553648128ull); }
-    if (t.spec.name == "blk.5.ffn_down_exps.weight") { EXPECT_EQ(t.n_bytes, 704643072ull); }
-    if (t.spec.name == "token_embd.weight") { EXPECT_EQ(t.n_bytes, 1059061760ull); }
-    if (t.spec.name == "output.weight") { EXPECT_EQ(t.n_bytes, 562626560ull); }
+    if (t.spec.name == "blk.5.ffn_gate_exps.weight") {
+      EXPECT_EQ(t.n_bytes, 553648128ull);
+    }
+    if (t.spec.name == "blk.5.ffn_down_exps.weight") {
+      EXPECT_EQ(t.n_bytes, 704643072ull);
+    }
+    if (t.spec.name == "token_embd.weight") {
+      EXPECT_EQ(t.n_bytes, 1059061760ull);
+    }
+    if (t.spec.name == "output.weight") {
+      EXPECT_EQ(t.n_bytes, 562626560ull);
+    }
   }
   std::set<std::string> names;
   for (const auto& t : q2.tensors) EXPECT_TRUE(names.insert(t.spec.name).second) << t.spec.name;
@@ -345,7 +367,8 @@ TEST(Weights, MismatchesNameTensorExpectedAndActual) {
   EXPECT_NE(e.find("tensor blk.1.attn_norm.weight: type F16 is not allowed (allowed: F32)"), std::string::npos) << e;
   // Missing.
   e = bind_error(mutate([&](auto& v) {
-    v.erase(std::remove_if(v.begin(), v.end(), [](const SynthTensor& t) { return t.spec.name == "blk.4.indexer.proj.weight"; }),
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [](const SynthTensor& t) { return t.spec.name == "blk.4.indexer.proj.weight"; }),
             v.end());
   }));
   EXPECT_NE(e.find("missing tensor blk.4.indexer.proj.weight"), std::string::npos) << e;
@@ -354,7 +377,8 @@ TEST(Weights, MismatchesNameTensorExpectedAndActual) {
   EXPECT_NE(e.find("gate and up must have the same type"), std::string::npos) << e;
   // Optional bias may be absent; unknown extra tensors are ignored.
   e = bind_error(mutate([&](auto& v) {
-    v.erase(std::remove_if(v.begin(), v.end(), [](const SynthTensor& t) { return t.spec.name == "blk.5.exp_probs_b.bias"; }),
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [](const SynthTensor& t) { return t.spec.name == "blk.5.exp_probs_b.bias"; }),
             v.end());
     SynthTensor extra = v[1];
     extra.spec.name = "something.else";

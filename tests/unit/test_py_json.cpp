@@ -52,8 +52,8 @@ TEST(PyJson, NestedValuesUsePythonSeparatorsAndKeyOrder) {
 
 TEST(PyJson, StringEscapes) {
   // Python: json.dumps('x"y\\z\n\t\r\b\f\x00\x01\x1f\x7f é 😀 \u2028', ensure_ascii=False)
-  const std::string s = std::string("x\"y\\z\n\t\r\b\f") + std::string("\0\x01\x1f\x7f", 4) +
-                        " \xc3\xa9 \xf0\x9f\x98\x80 \xe2\x80\xa8";
+  const std::string s =
+      std::string("x\"y\\z\n\t\r\b\f") + std::string("\0\x01\x1f\x7f", 4) + " \xc3\xa9 \xf0\x9f\x98\x80 \xe2\x80\xa8";
   EXPECT_EQ(py_json_quote(s), std::string("\"x\\\"y\\\\z\\n\\t\\r\\b\\f\\u0000\\u0001\\u001f\x7f") +
                                   " \xc3\xa9 \xf0\x9f\x98\x80 \xe2\x80\xa8\"");
   EXPECT_EQ(py_json_dumps(ordered_json(s)), py_json_quote(s));

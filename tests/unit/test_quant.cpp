@@ -83,7 +83,8 @@ std::vector<float> dequantize_act(GgmlType t, const std::vector<uint8_t>& act, i
 }
 
 // ||x - y|| / ||x||, optionally weighted per column by imp (period n_col).
-double rel_rmse(const std::vector<float>& x, const std::vector<float>& y, const float* imp = nullptr, size_t n_col = 1) {
+double rel_rmse(const std::vector<float>& x, const std::vector<float>& y, const float* imp = nullptr,
+                size_t n_col = 1) {
   double e = 0.0, s = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
     const double w = imp ? imp[i % n_col] : 1.0;
@@ -229,16 +230,16 @@ TEST(HandBuilt, Q2_K) {
   blk.qs[16] = 0x03;       // element 16 (g1) q=3
   blk.qs[32 + 31] = 0xC0;  // bits 6-7 of byte 32h+l, h=1, l=31: element 128+96+31 = 255 (g15) q=3
   std::vector<float> want(256, 0.0f);
-  for (int i = 0; i < 16; ++i) want[i] = -1.0f;       // g0 q=0: -0.5*2
-  for (int i = 16; i < 32; ++i) want[i] = -1.5f;      // g1 q=0: -0.5*3
-  for (int i = 32; i < 48; ++i) want[i] = -0.5f;      // g2 q=0: -0.5*1
-  for (int i = 96; i < 112; ++i) want[i] = -4.5f;     // g6: 0*q - 0.5*9
-  for (int i = 240; i < 256; ++i) want[i] = -7.5f;    // g15 q=0: -0.5*15
-  want[16] = 43.5f;   // 15*3 - 1.5
-  want[32] = 3.5f;    // 4*1 - 0.5
-  want[64] = 14.0f;   // 7*2 - 0
-  want[96] = -4.5f;   // 0*3 - 4.5
-  want[255] = -1.5f;  // 2*3 - 7.5
+  for (int i = 0; i < 16; ++i) want[i] = -1.0f;     // g0 q=0: -0.5*2
+  for (int i = 16; i < 32; ++i) want[i] = -1.5f;    // g1 q=0: -0.5*3
+  for (int i = 32; i < 48; ++i) want[i] = -0.5f;    // g2 q=0: -0.5*1
+  for (int i = 96; i < 112; ++i) want[i] = -4.5f;   // g6: 0*q - 0.5*9
+  for (int i = 240; i < 256; ++i) want[i] = -7.5f;  // g15 q=0: -0.5*15
+  want[16] = 43.5f;                                 // 15*3 - 1.5
+  want[32] = 3.5f;                                  // 4*1 - 0.5
+  want[64] = 14.0f;                                 // 7*2 - 0
+  want[96] = -4.5f;                                 // 0*3 - 4.5
+  want[255] = -1.5f;                                // 2*3 - 7.5
   EXPECT_EQ(dequantize(GgmlType::Q2_K, &blk, 256), want);
 }
 
@@ -261,9 +262,9 @@ TEST(HandBuilt, Q4_K) {
   for (int i = 0; i < 32; ++i) want[i] = -1.0f;      // sub 0 q=0: -0.25*4
   for (int i = 32; i < 64; ++i) want[i] = -0.5f;     // sub 1 q=0: -0.25*2
   for (int i = 160; i < 192; ++i) want[i] = -12.5f;  // sub 5 q=0: -0.25*50
-  want[0] = 20.0f;     // 3*7 - 1
-  want[32] = 14.5f;    // 1*15 - 0.5
-  want[163] = 357.5f;  // 37*10 - 12.5
+  want[0] = 20.0f;                                   // 3*7 - 1
+  want[32] = 14.5f;                                  // 1*15 - 0.5
+  want[163] = 357.5f;                                // 37*10 - 12.5
   EXPECT_EQ(dequantize(GgmlType::Q4_K, &blk, 256), want);
 }
 
@@ -281,17 +282,17 @@ TEST(HandBuilt, IQ2_XXS) {
   BlockIQ2_XXS blk{};
   blk.d = 0x3C00;
   const uint32_t words[4] = {
-      0u | (1u << 8) | (2u << 16) | (255u << 24),                // group 0, a
+      0u | (1u << 8) | (2u << 16) | (255u << 24),               // group 0, a
       0u | (1u << 7) | (3u << 14) | (127u << 21) | (3u << 28),  // group 0, b
       0u,                                                       // group 1, a
       15u << 28,                                                // group 1, b
   };
   std::memcpy(reinterpret_cast<uint8_t*>(&blk) + 2, words, sizeof words);
   std::vector<float> want(256, 1.0f);
-  const float g0[32] = {7, 7, 7, 7, 7, 7, 7, 7,                                         // t0
-                        -37.625f, 7, 7, 7, 7, 7, 7, -7,                                 // t1
-                        -21.875f, -21.875f, 7, 7, 7, 7, 7, 7,                           // t2
-                        -7, -21.875f, -7, -7, -21.875f, -37.625f, -37.625f, -37.625f};  // t3
+  const float g0[32] = {7,        7,        7,  7,  7,        7,        7,        7,          // t0
+                        -37.625f, 7,        7,  7,  7,        7,        7,        -7,         // t1
+                        -21.875f, -21.875f, 7,  7,  7,        7,        7,        7,          // t2
+                        -7,       -21.875f, -7, -7, -21.875f, -37.625f, -37.625f, -37.625f};  // t3
   for (int i = 0; i < 32; ++i) want[i] = g0[i];
   for (int i = 32; i < 64; ++i) want[i] = 31.0f;
   EXPECT_EQ(dequantize(GgmlType::IQ2_XXS, &blk, 256), want);

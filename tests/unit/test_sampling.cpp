@@ -47,7 +47,8 @@ TEST(Sampler, MatchesSoftmaxDistribution) {
   for (int i = 0; i < N; ++i) counts[s.sample(l, {})]++;
   double z = 0;
   for (float v : l) z += std::exp(v / 0.5);
-  for (int t = 0; t < 4; ++t) EXPECT_NEAR(counts[t] / double(N), std::exp(l[static_cast<size_t>(t)] / 0.5) / z, 0.01) << t;
+  for (int t = 0; t < 4; ++t)
+    EXPECT_NEAR(counts[t] / double(N), std::exp(l[static_cast<size_t>(t)] / 0.5) / z, 0.01) << t;
 }
 
 TEST(Sampler, TopKTopPMinP) {
@@ -83,7 +84,8 @@ TEST(Sampler, PenaltiesDiscourageRepeats) {
   Sampler pp(p, 2);
   EXPECT_EQ(pp.sample(l, hist), 1);
   p.presence_penalty = 0.0f;
-  p.frequency_penalty = 0.04f;  // 2 occurrences: 2.0 - 0.08 < 1.9 + ... 1.92 > 1.9 -> still 0; 3 occurrences: 1.88 < 1.9
+  p.frequency_penalty =
+      0.04f;  // 2 occurrences: 2.0 - 0.08 < 1.9 + ... 1.92 > 1.9 -> still 0; 3 occurrences: 1.88 < 1.9
   Sampler fp(p, 2);
   std::vector<int32_t> two = {0, 0}, three = {0, 0, 0};
   EXPECT_EQ(fp.sample(l, two), 0);

@@ -88,7 +88,8 @@ TEST(ServerOpenAIChat, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", "'stream' must be a boolean"},
       {R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"})", "reasoning_effort"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})", "response_format"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]})", "unsupported tool type"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]})",
+       "unsupported tool type"},
   };
   for (const auto& [body, needle] : cases) {
     auto r = parse_openai_chat(J(body));
@@ -166,36 +167,49 @@ TEST(ServerPrepare, ValidatesModelMessagesToolsAndContext) {
   EXPECT_EQ(too_long.error().kind, ApiErrorKind::CONTEXT_LENGTH);
   EXPECT_EQ(error_json(too_long.error(), ErrorShape::OPENAI)["error"]["code"], "context_length_exceeded");
   for (const char* id : {"tiny", "my-alias", "deepseek-v4-flash", "deepseek-chat", "deepseek-reasoner", ""}) {
-    auto ok = prepare_openai_chat(ordered_json{{"model", id}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}, c.ctx);
+    auto ok =
+        prepare_openai_chat(ordered_json{{"model", id}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}, c.ctx);
     EXPECT_TRUE(ok.has_value()) << id;
   }
 }
 
 TEST(ServerPrepare, RendersWithTheOfficialEncoderAndTheRequestedMode) {
   Ctx c;
-  const char* tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
-  auto with = prepare_openai_chat(J((std::string(R"({"model": "deepseek-chat", "messages": [{"role": "user", "content": "hi"}], )") + tools + "}").c_str()), c.ctx);
+  const char* tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+  auto with = prepare_openai_chat(
+      J((std::string(R"({"model": "deepseek-chat", "messages": [{"role": "user", "content": "hi"}], )") + tools + "}")
+            .c_str()),
+      c.ctx);
   ASSERT_TRUE(with.has_value());
   const std::string t = prompt_text(*with);
   EXPECT_EQ(t.rfind(k_token_bos, 0), 0u);
   EXPECT_NE(t.find("## Tools"), std::string::npos);
   EXPECT_NE(t.find("\"name\": \"get_weather\""), std::string::npos);
-  EXPECT_TRUE(t.ends_with(std::string(k_token_user) + "hi" + std::string(k_token_assistant) + std::string(k_token_think_end)));
+  EXPECT_TRUE(
+      t.ends_with(std::string(k_token_user) + "hi" + std::string(k_token_assistant) + std::string(k_token_think_end)));
   EXPECT_TRUE(with->policy.allow_tool_calls);
   EXPECT_EQ(with->job.options.thinking, ThinkingMode::CHAT);
   EXPECT_EQ(with->job.prompt, *c.tok->encode_prompt(with->job.rendered));
 
-  auto none = prepare_openai_chat(J((std::string(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", )") + tools + "}").c_str()), c.ctx);
+  auto none = prepare_openai_chat(
+      J((std::string(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", )") + tools + "}")
+            .c_str()),
+      c.ctx);
   ASSERT_TRUE(none.has_value());
   EXPECT_EQ(prompt_text(*none).find("## Tools"), std::string::npos);
   EXPECT_FALSE(none->policy.allow_tool_calls);
-  EXPECT_TRUE(prompt_text(*none).ends_with(std::string(k_token_assistant) + std::string(k_token_think_begin)));  // thinking by default
+  EXPECT_TRUE(prompt_text(*none).ends_with(std::string(k_token_assistant) +
+                                           std::string(k_token_think_begin)));  // thinking by default
   EXPECT_EQ(none->job.options.thinking, ThinkingMode::THINKING);
 
-  auto json = prepare_openai_chat(J(R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})"), c.ctx);
+  auto json = prepare_openai_chat(
+      J(R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})"), c.ctx);
   ASSERT_TRUE(json.has_value());
-  EXPECT_NE(prompt_text(*json).find("## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{\"type\": \"object\"}"),
-            std::string::npos);
+  EXPECT_NE(
+      prompt_text(*json).find(
+          "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{\"type\": \"object\"}"),
+      std::string::npos);
   EXPECT_EQ(json->response_format, ResponseFormat::JSON_OBJECT);
   EXPECT_TRUE(satisfies_response_format(" {\"a\": 1} ", ResponseFormat::JSON_OBJECT));
   EXPECT_FALSE(satisfies_response_format("[1]", ResponseFormat::JSON_OBJECT));
@@ -205,7 +219,10 @@ TEST(ServerPrepare, RendersWithTheOfficialEncoderAndTheRequestedMode) {
   EXPECT_FALSE(satisfies_response_format(std::string_view("{}\0junk", 7), ResponseFormat::JSON_OBJECT));
   EXPECT_FALSE(satisfies_response_format(std::string_view("[1]\0junk", 8), ResponseFormat::JSON_SCHEMA));
 
-  auto forced = prepare_openai_chat(J((std::string(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required", )") + tools + "}").c_str()), c.ctx);
+  auto forced = prepare_openai_chat(
+      J((std::string(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required", )") + tools + "}")
+            .c_str()),
+      c.ctx);
   ASSERT_TRUE(forced.has_value());
   EXPECT_EQ(forced->job.forced_tool, ForcedTool::ANY);
 }
@@ -258,7 +275,8 @@ TEST(ServerAnthropic, MapsBlocksToTheChatModel) {
   EXPECT_EQ(*r->max_tokens, 64);
 
   auto adaptive = parse_anthropic_messages(J(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-      "thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}, "tool_choice": {"type": "tool", "name": "f"}})"), false);
+      "thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}, "tool_choice": {"type": "tool", "name": "f"}})"),
+                                           false);
   ASSERT_TRUE(adaptive.has_value());
   EXPECT_TRUE(*adaptive->thinking.enabled);
   EXPECT_EQ(*adaptive->thinking.level, ThinkingLevel::MAX);
@@ -272,8 +290,10 @@ TEST(ServerAnthropic, RejectsBadInputAndCountsTokens) {
       {R"({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})", "role"},
       {R"({"max_tokens": 5, "messages": [{"role": "user"}]})", "content"},
       {R"({"max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "no type"}]}]})", "type"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "sometimes"}})", "thinking.type"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}})", "tool_choice.name"},
+      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "sometimes"}})",
+       "thinking.type"},
+      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}})",
+       "tool_choice.name"},
       {R"({"max_tokens": "5", "messages": [{"role": "user", "content": "x"}]})", "'max_tokens' must be an integer"},
   };
   for (const auto& [body, needle] : cases) {
@@ -282,13 +302,16 @@ TEST(ServerAnthropic, RejectsBadInputAndCountsTokens) {
     EXPECT_NE(r.error().message.find(needle), std::string::npos) << body << " -> " << r.error().message;
   }
   Ctx c;
-  auto n = anthropic_count_tokens(J(R"({"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]})"), c.ctx);
+  auto n = anthropic_count_tokens(J(R"({"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]})"),
+                                  c.ctx);
   ASSERT_TRUE(n.has_value());
-  auto p = prepare_anthropic_messages(J(R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hello there"}]})"), c.ctx);
+  auto p = prepare_anthropic_messages(
+      J(R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hello there"}]})"), c.ctx);
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ((*n)["input_tokens"], p->prompt_tokens);
   EXPECT_EQ(p->policy.id_prefix, "toolu_");
-  auto bad_model = anthropic_count_tokens(J(R"({"model": "claude-x", "messages": [{"role": "user", "content": "x"}]})"), c.ctx);
+  auto bad_model =
+      anthropic_count_tokens(J(R"({"model": "claude-x", "messages": [{"role": "user", "content": "x"}]})"), c.ctx);
   ASSERT_FALSE(bad_model.has_value());
   EXPECT_EQ(error_json(bad_model.error(), ErrorShape::ANTHROPIC)["error"]["type"], "not_found_error");
 }
@@ -371,8 +394,9 @@ TEST(ServerCompletions, TakesThePromptAsGiven) {
   auto ids = prepare_openai_completions(J(R"({"prompt": [0, 100, 200], "max_tokens": 3})"), c.ctx);
   ASSERT_TRUE(ids.has_value());
   EXPECT_EQ(ids->job.prompt, (std::vector<int32_t>{0, 100, 200}));
-  for (const char* body : {R"({"prompt": ["a", "b"]})", R"({"prompt": "a", "suffix": "z"})", R"({"prompt": "a", "n": 3})",
-                           R"({"prompt": [1, 999999]})", R"({"prompt": ""})", R"({"model": "x", "prompt": "a"})"}) {
+  for (const char* body :
+       {R"({"prompt": ["a", "b"]})", R"({"prompt": "a", "suffix": "z"})", R"({"prompt": "a", "n": 3})",
+        R"({"prompt": [1, 999999]})", R"({"prompt": ""})", R"({"model": "x", "prompt": "a"})"}) {
     EXPECT_FALSE(prepare_openai_completions(J(body), c.ctx).has_value()) << body;
   }
 }

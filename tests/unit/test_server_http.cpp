@@ -31,15 +31,16 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string k_chat = R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})";
-const std::string k_chat_stream = R"({"model": "tiny", "stream": true, "messages": [{"role": "user", "content": "hi"}]})";
+const std::string k_chat_stream =
+    R"({"model": "tiny", "stream": true, "messages": [{"role": "user", "content": "hi"}]})";
 const std::string k_messages_stream =
     R"({"model": "tiny", "max_tokens": 100, "stream": true, "messages": [{"role": "user", "content": "hi"}]})";
 
 ordered_json parse(const std::string& s) { return ordered_json::parse(s, nullptr, false); }
 
 std::vector<ScriptedReply> slow_reply(int token_ms, int prefill_ms = 0) {
-  return {ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen", token_ms,
-                        prefill_ms}};
+  return {ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen",
+                        token_ms, prefill_ms}};
 }
 
 }  // namespace
@@ -70,8 +71,9 @@ TEST(ServerHttp, HealthModelsAndMetrics) {
   EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
   EXPECT_TRUE(s.metrics_show("dsv4_completion_tokens_total"));
   const std::string prom = s.metrics();
-  for (const char* name : {"dsv4_prompt_tokens_total", "dsv4_cached_prompt_tokens_total", "dsv4_prefill_tokens_per_second",
-                           "dsv4_decode_tokens_per_second", "dsv4_queue_depth 0", "dsv4_cache_hits_total", "dsv4_jobs_running"})
+  for (const char* name :
+       {"dsv4_prompt_tokens_total", "dsv4_cached_prompt_tokens_total", "dsv4_prefill_tokens_per_second",
+        "dsv4_decode_tokens_per_second", "dsv4_queue_depth 0", "dsv4_cache_hits_total", "dsv4_jobs_running"})
     EXPECT_NE(prom.find(name), std::string::npos) << name;
 }
 
@@ -155,7 +157,8 @@ TEST(ServerHttp, BadInputGetsDialectErrorsAndTheServerStaysHealthy) {
   const std::string long_prompt = R"({"messages": [{"role": "user", "content": ")" + std::string(1500, 'z') + R"("}]})";
   const std::vector<Case> cases = {
       {"/v1/chat/completions", "{not json", 400, "invalid JSON"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": "warm"})", 400, "temperature"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": "warm"})", 400,
+       "temperature"},
       {"/v1/chat/completions", R"({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})", 404, "gpt-4o"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "empty"},
       {"/v1/chat/completions", long_prompt, 400, "context length"},
@@ -195,10 +198,12 @@ TEST(ServerHttp, FullQueueAnswers503WithRetryAfter) {
   ServerOptions o;
   o.max_queue = 1;
   Running s(o, slow_reply(10));
-  auto first = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
+  auto first = std::async(std::launch::async,
+                          [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
   for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
   ASSERT_TRUE(s.http->runtime().busy());
-  auto second = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
+  auto second = std::async(std::launch::async,
+                           [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
   for (int i = 0; i < 200 && s.http->runtime().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
   auto third = s.client().Post("/v1/chat/completions", k_chat, "application/json");
   ASSERT_TRUE(third);
@@ -216,7 +221,8 @@ TEST(ServerHttp, FullQueueAnswers503WithRetryAfter) {
 TEST(ServerHttp, DisconnectCancelsDecodingPrefillingAndQueuedWork) {
   ServerOptions o;
   o.max_queue = 4;
-  Running s(o, {ScriptedReply{"prefill", "x y z", 0, 5000}, ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve", 40, 0}});
+  Running s(o, {ScriptedReply{"prefill", "x y z", 0, 5000},
+                ScriptedReply{"", "one two three four five six seven eight nine ten eleven twelve", 40, 0}});
   // Decoding: hang up after the first frame of a stream.
   int fd = open_request(s.port, "/v1/chat/completions", k_chat_stream);
   ASSERT_GE(fd, 0);
@@ -239,7 +245,8 @@ TEST(ServerHttp, DisconnectCancelsDecodingPrefillingAndQueuedWork) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, 1000ms);
 
   // Queued: a request waiting behind a running one never reaches the engine.
-  auto running = std::async(std::launch::async, [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
+  auto running = std::async(std::launch::async,
+                            [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
   for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
   const size_t prompts_before = s.backend->prompts().size();
   fd = open_request(s.port, "/v1/chat/completions", prefill_body);
@@ -284,10 +291,10 @@ TEST(ServerHttp, ConcurrentClientsAllComplete) {
     done.push_back(std::async(std::launch::async, [&, i] {
       auto c = s.client();
       const std::string path = i % 3 == 0 ? "/v1/messages" : i % 3 == 1 ? "/v1/chat/completions" : "/v1/responses";
-      std::string body = i % 3 == 0 ? k_messages_stream
-                                    : i % 3 == 1 ? k_chat_stream
-                                                 : std::string(R"({"input": "hello )") + std::to_string(i) + R"(", "stream": )" +
-                                                       (i % 2 ? "true" : "false") + "}";
+      std::string body = i % 3 == 0   ? k_messages_stream
+                         : i % 3 == 1 ? k_chat_stream
+                                      : std::string(R"({"input": "hello )") + std::to_string(i) + R"(", "stream": )" +
+                                            (i % 2 ? "true" : "false") + "}";
       auto r = c.Post(path, body, "application/json");
       return r ? r->status : -1;
     }));
@@ -300,7 +307,8 @@ TEST(ServerHttp, GracefulShutdownFinishesInFlightRequests) {
   ServerOptions o;
   o.shutdown_grace_seconds = 10;
   auto s = std::make_unique<Running>(o, slow_reply(20));
-  auto stream = std::async(std::launch::async, [&] { return s->client().Post("/v1/chat/completions", k_chat_stream, "application/json"); });
+  auto stream = std::async(std::launch::async,
+                           [&] { return s->client().Post("/v1/chat/completions", k_chat_stream, "application/json"); });
   for (int i = 0; i < 200 && !s->http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
   ASSERT_TRUE(s->http->runtime().busy());
   auto stopper = std::async(std::launch::async, [&] { s->http->shutdown(false); });

@@ -474,7 +474,8 @@ TEST(ServerKvCache, AFailingWriteLeavesTheCacheReadOnlyAndTheServerServing) {
   EXPECT_EQ(s.metric("dsv4_kv_disk_writable"), 0);
   EXPECT_EQ(s.metric("dsv4_kv_disk_enabled"), 1);
   // Still serving; nothing more is written, no temporary file is left behind.
-  auto again = s.post("/v1/chat/completions", chat({msg("system", long_system("the other agent", 8)), msg("user", "hi")}));
+  auto again =
+      s.post("/v1/chat/completions", chat({msg("system", long_system("the other agent", 8)), msg("user", "hi")}));
   EXPECT_GT(completion_of(again), 0u);
   s.stop(false);
   // The directory holds only the model identity remembered at start.
@@ -513,17 +514,14 @@ namespace {
 
 // An Anthropic thinking turn (budget 3, so </think> comes early) without tools.
 ordered_json thinking_turn(const std::string& sys, const ordered_json& messages) {
-  return ordered_json{{"model", "tiny"},
-                      {"max_tokens", 10},
-                      {"thinking", {{"type", "enabled"}, {"budget_tokens", 3}}},
-                      {"system", sys},
-                      {"seed", 5},
-                      {"messages", messages}};
+  return ordered_json{{"model", "tiny"}, {"max_tokens", 10}, {"thinking", {{"type", "enabled"}, {"budget_tokens", 3}}},
+                      {"system", sys},   {"seed", 5},        {"messages", messages}};
 }
 
 size_t anthropic_total(const ordered_json& r) {
   const auto& u = r["usage"];
-  return u["input_tokens"].get<size_t>() + u["cache_read_input_tokens"].get<size_t>() + u["output_tokens"].get<size_t>();
+  return u["input_tokens"].get<size_t>() + u["cache_read_input_tokens"].get<size_t>() +
+         u["output_tokens"].get<size_t>();
 }
 
 }  // namespace
@@ -568,19 +566,23 @@ TEST(ServerKvCache, ToolCallIdsAreRecoveredFromCacheFilesAfterARestart) {
   // sampled block renders the bytes the cached session holds. After a
   // restart the id is known only to the cache file.
   TempDir tmp("srv_tools");
-  const ordered_json tool = {{"type", "function"},
-                             {"function",
-                              {{"name", "get_weather"},
-                               {"description", "Weather for a city"},
-                               {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}};
+  const ordered_json tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "get_weather"},
+        {"description", "Weather for a city"},
+        {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}};
   const std::string raw = test::dsml(
-      "\n\n<|tool_calls>\n<|invoke name=\"get_weather\">\n<|parameter name=\"city\" string=\"false\">\"Paris\"</|parameter>\n"
+      "\n\n<|tool_calls>\n<|invoke name=\"get_weather\">\n<|parameter name=\"city\" "
+      "string=\"false\">\"Paris\"</|parameter>\n"
       "</|invoke>\n</|tool_calls>");
   auto assistant = [](const std::string& id) {
     return ordered_json{{"role", "assistant"},
                         {"content", nullptr},
                         {"tool_calls",
-                         {{{"id", id}, {"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}};
+                         {{{"id", id},
+                           {"type", "function"},
+                           {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}};
   };
   const std::string sys = long_system("the weather agent", 6);
   size_t saved_tokens = 0;
@@ -708,8 +710,8 @@ TextPiece txt(std::string s) { return TextPiece{std::move(s), false}; }
 
 TEST(ServerVisibleTranscript, ThinkingTurnBecomesWhatTheClientRendersNext) {
   auto tok = test::make_tokenizer();
-  const RenderedPrompt prompt = {ctl(k_token_bos), txt("sys"), ctl(k_token_user), txt("q1"), ctl(k_token_assistant),
-                                 ctl(k_token_think_begin)};
+  const RenderedPrompt prompt = {
+      ctl(k_token_bos), txt("sys"), ctl(k_token_user), txt("q1"), ctl(k_token_assistant), ctl(k_token_think_begin)};
   GenerateResult r;
   r.tokens = tok->encode_with_specials("hmm</think>Blue.");
   r.tokens.push_back(tok->eos());
@@ -718,8 +720,9 @@ TEST(ServerVisibleTranscript, ThinkingTurnBecomesWhatTheClientRendersNext) {
   r.message.reasoning_content = "hmm";
   auto v = visible_transcript(*tok, prompt, r);
   ASSERT_TRUE(v.has_value());
-  const RenderedPrompt want = {ctl(k_token_bos),       txt("sys"),           ctl(k_token_user), txt("q1"),
-                               ctl(k_token_assistant), ctl(k_token_think_end), txt("Blue."),   ctl(k_token_eos)};
+  const RenderedPrompt want = {
+      ctl(k_token_bos),       txt("sys"),   ctl(k_token_user), txt("q1"), ctl(k_token_assistant),
+      ctl(k_token_think_end), txt("Blue."), ctl(k_token_eos)};
   ASSERT_EQ(v->size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ((*v)[i].text, want[i].text) << i;

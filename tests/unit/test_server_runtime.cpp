@@ -44,7 +44,8 @@ ChatTool tool(const std::string& name) {
   return ChatTool{name, ordered_json{{"name", name}, {"parameters", {{"type", "object"}}}}};
 }
 
-JobInput chat_job(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, ThinkingMode mode, std::vector<ChatTool> tools = {}) {
+JobInput chat_job(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, ThinkingMode mode,
+                  std::vector<ChatTool> tools = {}) {
   RenderOptions ro;
   ro.thinking_mode = mode;
   ro.tools = std::move(tools);
@@ -61,7 +62,8 @@ JobInput chat_job(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, Th
 
 TEST(ServerJobRunner, NamedToolChoiceForcesTheCall) {
   // The forced opener ends with `invoke name="get_weather">\n`; the model continues from there.
-  auto b = make_backend({ScriptedReply{"", string_param("city", "Paris") + dsml("\n</|invoke>\n</|tool_calls>"), 0, 0}});
+  auto b =
+      make_backend({ScriptedReply{"", string_param("city", "Paris") + dsml("\n</|invoke>\n</|tool_calls>"), 0, 0}});
   JobInput in = chat_job(b->tokenizer(), {user("weather?")}, ThinkingMode::CHAT, {tool("get_weather")});
   in.forced_tool = ForcedTool::NAMED;
   in.forced_name = "get_weather";
@@ -106,7 +108,8 @@ TEST(ServerJobRunner, RequiredToolChoiceAfterReasoning) {
   EXPECT_EQ(o.result.finish, FinishReason::TOOL_CALLS);
   EXPECT_EQ(events.front().kind, DsmlEventKind::REASONING);
   const auto& tok = b->tokenizer();
-  const size_t think_end = static_cast<size_t>(std::count(o.result.tokens.begin(), o.result.tokens.end(), tok.think_end()));
+  const size_t think_end =
+      static_cast<size_t>(std::count(o.result.tokens.begin(), o.result.tokens.end(), tok.think_end()));
   EXPECT_EQ(think_end, 1u);
   EXPECT_GT(o.reasoning_tokens, 0u);
   EXPECT_EQ(o.result.text.find("I need the time</think>\n\n<"), 0u);
@@ -150,7 +153,8 @@ TEST(ServerPromptReuse, TextPrefixReusesSampledTokens) {
     live.insert(live.end(), t.begin(), t.end());
   }
   const auto canonical = *tok->encode_prompt(p);
-  ASSERT_NE(std::vector<int32_t>(canonical.begin(), canonical.begin() + 12), live) << "the test needs a non-canonical live session";
+  ASSERT_NE(std::vector<int32_t>(canonical.begin(), canonical.begin() + 12), live)
+      << "the test needs a non-canonical live session";
   PromptChoice c = choose_prompt_tokens(*tok, live, canonical, p);
   EXPECT_TRUE(c.stitched);
   EXPECT_EQ(c.reused, live.size());
@@ -170,7 +174,8 @@ TEST(ServerPromptReuse, TextPrefixReusesSampledTokens) {
   EXPECT_EQ(e.tokens, canonical);
   EXPECT_EQ(e.reused, 0u);
   // Cutting inside a text piece.
-  EXPECT_EQ(rendered_text(rendered_suffix(p, std::string(k_token_bos).size() + 6)), std::string("world, again") + std::string(k_token_eos) + "tail");
+  EXPECT_EQ(rendered_text(rendered_suffix(p, std::string(k_token_bos).size() + 6)),
+            std::string("world, again") + std::string(k_token_eos) + "tail");
 }
 
 TEST(ServerToolMemory, IdsEvictionAndLookup) {
@@ -202,13 +207,18 @@ TEST(ServerToolMemory, IdsEvictionAndLookup) {
 
 TEST(ServerToolMemory, ExactReplayRendersTheSampledBytesAndReusesTheSession) {
   // The model's block is non-canonical: minified JSON value, no JSON spaces.
-  const std::string block = call_block("get_weather", string_param("city", "Paris") + "\n" +
-                                                          dsml("<|parameter name=\"opts\" string=\"false\">{\"u\":\"C\"}</|parameter>"));
+  const std::string block =
+      call_block("get_weather", string_param("city", "Paris") + "\n" +
+                                    dsml("<|parameter name=\"opts\" string=\"false\">{\"u\":\"C\"}</|parameter>"));
   auto b = make_backend({ScriptedReply{"sunny", "Nice.", 0, 0}, ScriptedReply{"", "Checking." + block, 0, 0}});
   ToolMemory memory;
   ServeContext ctx{b->tokenizer(), 4096, ModelCatalog{"tiny", {}}, memory};
-  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
-  auto p1 = prepare_openai_chat(ordered_json::parse(R"({"model": "deepseek-chat", "messages": [{"role": "user", "content": "weather?"}], )" + tools + "}"), ctx);
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+  auto p1 = prepare_openai_chat(
+      ordered_json::parse(R"({"model": "deepseek-chat", "messages": [{"role": "user", "content": "weather?"}], )" +
+                          tools + "}"),
+      ctx);
   ASSERT_TRUE(p1.has_value());
   std::vector<DsmlEvent> events;
   JobOutcome o1 = run_collect(*b, p1->job, &events);
@@ -222,11 +232,13 @@ TEST(ServerToolMemory, ExactReplayRendersTheSampledBytesAndReusesTheSession) {
 
   // The client sends the turn back, re-serialising the arguments its own way.
   ordered_json history = ordered_json::parse(R"([{"role": "user", "content": "weather?"}])");
-  history.push_back({{"role", "assistant"},
-                     {"content", "Checking."},
-                     {"tool_calls", {{{"id", r1.calls[0].id},
-                                      {"type", "function"},
-                                      {"function", {{"name", "get_weather"}, {"arguments", R"({"opts":{"u":"C"},"city":"Paris"})"}}}}}}});
+  history.push_back(
+      {{"role", "assistant"},
+       {"content", "Checking."},
+       {"tool_calls",
+        {{{"id", r1.calls[0].id},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", R"({"opts":{"u":"C"},"city":"Paris"})"}}}}}}});
   history.push_back({{"role", "tool"}, {"tool_call_id", r1.calls[0].id}, {"content", "sunny"}});
   ordered_json body = ordered_json::parse(std::string(R"({"model": "deepseek-chat", )") + tools + "}");
   body["messages"] = history;

@@ -86,8 +86,10 @@ bool is_tool_id(const std::string& id, const std::string& prefix) {
 TEST(ServerStreamOpenAI, ToolCallArgumentsStreamAsTheyAreGenerated) {
   Fixture f("Let me check." + weather_call());
   auto p = prepare_openai_chat(
-      body_with(std::string(R"("model": "deepseek-chat", "stream": true, "stream_options": {"include_usage": true}, "tools": )") +
-                k_tools_openai),
+      body_with(
+          std::string(
+              R"("model": "deepseek-chat", "stream": true, "stream_options": {"include_usage": true}, "tools": )") +
+          k_tools_openai),
       *f.ctx);
   ASSERT_TRUE(p.has_value()) << p.error().message;
   Ran r = run(*p, *f.backend, f.memory);
@@ -175,7 +177,8 @@ TEST(ServerStreamOpenAI, ReasoningThenContentAndBatchedDeltas) {
   // Several deltas of one kind in one batch go out as one chunk.
   auto q = prepare_openai_chat(body_with(R"("stream": true)"), *f.ctx);
   ASSERT_TRUE(q.has_value());
-  std::vector<OutEvent> batch = {{OutKind::CONTENT, 0, "a", ""}, {OutKind::CONTENT, 0, "b", ""}, {OutKind::REASONING, 0, "c", ""}};
+  std::vector<OutEvent> batch = {
+      {OutKind::CONTENT, 0, "a", ""}, {OutKind::CONTENT, 0, "b", ""}, {OutKind::REASONING, 0, "c", ""}};
   auto frames = parse_sse(q->writer->stream_events(batch));
   ASSERT_EQ(frames.size(), 2u);
   EXPECT_EQ(frames[0].json()["choices"][0]["delta"]["content"], "ab");
@@ -183,12 +186,11 @@ TEST(ServerStreamOpenAI, ReasoningThenContentAndBatchedDeltas) {
 
 TEST(ServerStreamAnthropic, ThinkingTextAndToolUseBlocks) {
   Fixture f("let me think</think>Checking." + weather_call());
-  auto p = prepare_anthropic_messages(
-      ordered_json::parse(R"({"model": "tiny", "max_tokens": 200, "stream": true,
+  auto p = prepare_anthropic_messages(ordered_json::parse(R"({"model": "tiny", "max_tokens": 200, "stream": true,
         "thinking": {"type": "enabled", "budget_tokens": 1000},
         "messages": [{"role": "user", "content": "weather in Paris?"}],
         "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]})"),
-      *f.ctx);
+                                      *f.ctx);
   ASSERT_TRUE(p.has_value()) << p.error().message;
   Ran r = run(*p, *f.backend, f.memory);
   auto frames = parse_sse(r.sse);
@@ -285,10 +287,10 @@ TEST(ServerStreamAnthropic, StopSequenceAndMaxTokens) {
 
 TEST(ServerStreamResponses, EventsItemsAndFinalResponse) {
   Fixture f("think</think>Calling." + weather_call());
-  auto p = prepare_openai_responses(
-      ordered_json::parse(R"({"model": "tiny", "stream": true, "input": "weather in Paris?",
+  auto p =
+      prepare_openai_responses(ordered_json::parse(R"({"model": "tiny", "stream": true, "input": "weather in Paris?",
         "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]})"),
-      *f.ctx);
+                               *f.ctx);
   ASSERT_TRUE(p.has_value()) << p.error().message;
   Ran r = run(*p, *f.backend, f.memory);
   auto frames = parse_sse(r.sse);
@@ -346,7 +348,8 @@ TEST(ServerStreamResponses, EventsItemsAndFinalResponse) {
 TEST(ServerStreamCompletions, RawTextChunksAndLegacyLogprobs) {
   Fixture f("once upon a time");
   auto p = prepare_openai_completions(
-      ordered_json::parse(R"({"prompt": "Tell me", "stream": true, "max_tokens": 50, "logprobs": 2, "echo": true})"), *f.ctx);
+      ordered_json::parse(R"({"prompt": "Tell me", "stream": true, "max_tokens": 50, "logprobs": 2, "echo": true})"),
+      *f.ctx);
   ASSERT_TRUE(p.has_value());
   Ran r = run(*p, *f.backend, f.memory);
   std::string text;
@@ -369,7 +372,8 @@ TEST(ServerStreamCompletions, RawTextChunksAndLegacyLogprobs) {
 
 TEST(ServerStreamOpenAI, LogprobsInBodyAndFinalChunk) {
   Fixture f("abc");
-  auto p = prepare_openai_chat(body_with(R"("model": "deepseek-chat", "logprobs": true, "top_logprobs": 2, "stream": true)"), *f.ctx);
+  auto p = prepare_openai_chat(
+      body_with(R"("model": "deepseek-chat", "logprobs": true, "top_logprobs": 2, "stream": true)"), *f.ctx);
   ASSERT_TRUE(p.has_value());
   Ran r = run(*p, *f.backend, f.memory);
   const auto& lp = r.body["choices"][0]["logprobs"]["content"];
@@ -394,7 +398,8 @@ TEST(ServerStreamOpenAI, IgnoreEosGeneratesToMaxTokensAndEosAddsNoText) {
   }
   {
     Fixture f(script);
-    auto p = prepare_openai_chat(body_with(R"("model": "deepseek-chat", "max_tokens": 30, "ignore_eos": true)"), *f.ctx);
+    auto p =
+        prepare_openai_chat(body_with(R"("model": "deepseek-chat", "max_tokens": 30, "ignore_eos": true)"), *f.ctx);
     ASSERT_TRUE(p.has_value());
     Ran r = run(*p, *f.backend, f.memory);
     EXPECT_EQ(r.body["choices"][0]["message"]["content"], "Hithere");  // (the script then repeats EOS)
@@ -414,7 +419,8 @@ TEST(ServerStreamOpenAI, IgnoreEosGeneratesToMaxTokensAndEosAddsNoText) {
   }
   {
     Fixture f(script);
-    auto p = prepare_openai_completions(ordered_json::parse(R"({"prompt": "x", "max_tokens": 9, "ignore_eos": true})"), *f.ctx);
+    auto p = prepare_openai_completions(ordered_json::parse(R"({"prompt": "x", "max_tokens": 9, "ignore_eos": true})"),
+                                        *f.ctx);
     ASSERT_TRUE(p.has_value());
     Ran r = run(*p, *f.backend, f.memory);
     EXPECT_EQ(r.body["choices"][0]["text"], "Hithere");
@@ -428,7 +434,10 @@ TEST(ServerStreamOpenAI, IgnoreEosGeneratesToMaxTokensAndEosAddsNoText) {
 
 TEST(ServerToolPolicy, ToolChoiceNoneHandsABlockBackAsContent) {
   Fixture f("Sure." + weather_call());
-  auto p = prepare_openai_chat(body_with(std::string(R"("model": "deepseek-chat", "tool_choice": "none", "stream": true, "tools": )") + k_tools_openai), *f.ctx);
+  auto p = prepare_openai_chat(
+      body_with(std::string(R"("model": "deepseek-chat", "tool_choice": "none", "stream": true, "tools": )") +
+                k_tools_openai),
+      *f.ctx);
   ASSERT_TRUE(p.has_value());
   Ran r = run(*p, *f.backend, f.memory);
   EXPECT_EQ(r.sse.find("tool_calls\":["), std::string::npos);
@@ -448,7 +457,10 @@ TEST(ServerToolPolicy, ParallelToolCallsFalseKeepsTheFirstCall) {
   const std::string two = dsml("\n\n<|tool_calls>\n<|invoke name=\"get_weather\">\n") + string_param("city", "Paris") +
                           dsml("\n</|invoke>\n<|invoke name=\"get_time\">\n\n</|invoke>\n</|tool_calls>");
   Fixture f(two);
-  auto p = prepare_openai_chat(body_with(std::string(R"("model": "deepseek-chat", "parallel_tool_calls": false, "stream": true, "tools": )") + k_tools_openai), *f.ctx);
+  auto p = prepare_openai_chat(
+      body_with(std::string(R"("model": "deepseek-chat", "parallel_tool_calls": false, "stream": true, "tools": )") +
+                k_tools_openai),
+      *f.ctx);
   ASSERT_TRUE(p.has_value());
   Ran r = run(*p, *f.backend, f.memory);
   ASSERT_EQ(r.outcome.result.message.tool_calls.size(), 2u);
@@ -458,7 +470,8 @@ TEST(ServerToolPolicy, ParallelToolCallsFalseKeepsTheFirstCall) {
   EXPECT_EQ(f.memory.size(), 0u);  // the block holds a call the client never saw: no exact replay
 
   Fixture g(two);
-  auto q = prepare_openai_chat(body_with(std::string(R"("model": "deepseek-chat", "tools": )") + k_tools_openai), *g.ctx);
+  auto q =
+      prepare_openai_chat(body_with(std::string(R"("model": "deepseek-chat", "tools": )") + k_tools_openai), *g.ctx);
   ASSERT_TRUE(q.has_value());
   Ran s = run(*q, *g.backend, g.memory);
   EXPECT_EQ(s.body["choices"][0]["message"]["tool_calls"].size(), 2u);
@@ -466,11 +479,13 @@ TEST(ServerToolPolicy, ParallelToolCallsFalseKeepsTheFirstCall) {
 }
 
 TEST(ServerToolPolicy, AMalformedBlockBecomesContentAndClosesOpenBlocks) {
-  const std::string broken = dsml("\n\n<|tool_calls>\n<|invoke name=\"get_weather\">\n<|parameter name=\"city\" string=\"true\">Par");
+  const std::string broken =
+      dsml("\n\n<|tool_calls>\n<|invoke name=\"get_weather\">\n<|parameter name=\"city\" string=\"true\">Par");
   Fixture f("Hm." + broken);
-  auto p = prepare_anthropic_messages(ordered_json::parse(R"({"max_tokens": 100, "stream": true, "thinking": {"type": "disabled"},
+  auto p = prepare_anthropic_messages(
+      ordered_json::parse(R"({"max_tokens": 100, "stream": true, "thinking": {"type": "disabled"},
       "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]})"),
-                                      *f.ctx);
+      *f.ctx);
   ASSERT_TRUE(p.has_value());
   Ran r = run(*p, *f.backend, f.memory);
   int starts = 0, stops = 0;
@@ -493,7 +508,8 @@ TEST(ServerStreamErrors, StreamErrorFramesPerDialect) {
   ASSERT_EQ(cf.size(), 2u);
   EXPECT_EQ(cf[0].json()["error"]["code"], "invalid_json_output");
   EXPECT_EQ(cf[1].data, "[DONE]");
-  auto msg = prepare_anthropic_messages(ordered_json::parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})"), *f.ctx);
+  auto msg = prepare_anthropic_messages(
+      ordered_json::parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})"), *f.ctx);
   ASSERT_TRUE(msg.has_value());
   auto af = parse_sse(msg->writer->stream_error(e));
   ASSERT_EQ(af.size(), 1u);

@@ -227,9 +227,9 @@ TEST(SessionCache, RestartServesTheColdPrefixAndPrefillsOnlyTheSuffix) {
   cb.on_prefill_progress = [&](uint64_t, uint64_t total) { prefilled = total; };
   auto r = generate(*s, engine2->tokenizer(), hit->prompt, greedy(6), cb);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->cached_tokens, cold);             // usage: prompt_tokens_details.cached_tokens
-  EXPECT_EQ(prefilled, prompt.size() - cold);    // only the suffix was prefilled
-  EXPECT_EQ(r->tokens, first_reply);             // and the model continues exactly as before
+  EXPECT_EQ(r->cached_tokens, cold);           // usage: prompt_tokens_details.cached_tokens
+  EXPECT_EQ(prefilled, prompt.size() - cold);  // only the suffix was prefilled
+  EXPECT_EQ(r->tokens, first_reply);           // and the model continues exactly as before
   // A different conversation of the same agent shares the system prompt: it hits too.
   RenderedPrompt p2 = first_turn(system, "write tests for parser.c");
   auto prompt2 = encode(p2);
@@ -588,7 +588,8 @@ TEST(SavePolicy, ColdStoreLength) {
   EXPECT_LE(s, text_end - 8);
   EXPECT_GT(s + 128, text_end - 8);
   // ... and stable: appending to the message keeps the stored tokens (no retokenisation across the boundary).
-  RenderedPrompt doc2 = first_turn("be brief", long_text("the model and the code of the world", 40) + " and one more thing");
+  RenderedPrompt doc2 =
+      first_turn("be brief", long_text("the model and the code of the world", 40) + " and one more thing");
   auto d2 = encode(doc2);
   EXPECT_TRUE(std::equal(d.begin(), d.begin() + static_cast<long>(s), d2.begin()));
   // 3. Too short for 2: right after the last <｜Assistant｜>.
@@ -813,7 +814,7 @@ TEST(SessionCache, VisibleKeyMatchesTheTranscriptWithoutHiddenReasoning) {
   TempDir tmp("visible");
   const Tokenizer& tok = engine().tokenizer();
   const std::string sys = long_text("you think before you answer", 8);
-  RenderedPrompt p1 = {ctl(k_token_bos), txt(sys), ctl(k_token_user), txt("why"), ctl(k_token_assistant),
+  RenderedPrompt p1 = {ctl(k_token_bos),        txt(sys), ctl(k_token_user), txt("why"), ctl(k_token_assistant),
                        ctl(k_token_think_begin)};
   auto live = new_session(engine());
   ASSERT_TRUE(live->prefill(encode(p1)).has_value());

@@ -110,8 +110,10 @@ class RecordingBackend final : public Backend {
     ++branches_joined_;
   }
 
-#define DSV4_FORWARD_OP(NAME, TYPE) \
-  void NAME(const TYPE& op) override { run([=, this] { in_->NAME(op); }); }
+#define DSV4_FORWARD_OP(NAME, TYPE)    \
+  void NAME(const TYPE& op) override { \
+    run([=, this] { in_->NAME(op); }); \
+  }
   DSV4_FORWARD_OP(embed, EmbedOp)
   DSV4_FORWARD_OP(hc_pre, HcPreOp)
   DSV4_FORWARD_OP(hc_post, HcPostOp)
@@ -139,8 +141,10 @@ class RecordingBackend final : public Backend {
 
  private:
   void run(std::function<void()> f) {
-    if (recording_) current_.push_back(std::move(f));
-    else f();
+    if (recording_)
+      current_.push_back(std::move(f));
+    else
+      f();
   }
   struct Rec {
     std::vector<std::function<void()>> ops;
@@ -160,7 +164,8 @@ struct Tiny {
   std::string path;
   std::unique_ptr<ModelFile> mf;
   Tiny() {
-    path = (std::filesystem::temp_directory_path() / ("dsv4_test_replay_" + std::to_string(::getpid()) + ".gguf")).string();
+    path = (std::filesystem::temp_directory_path() / ("dsv4_test_replay_" + std::to_string(::getpid()) + ".gguf"))
+               .string();
     EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 11), path, 2).has_value());
     auto m = open_model(path);
     EXPECT_TRUE(m.has_value());
@@ -212,7 +217,8 @@ TEST(StepReplay, ReplayedDecodeEqualsPrefillAndGoesStaleOnFreeAndSwitch) {
     }
     const bool on_a = (step / 6) % 2 == 0;
     size_t& i = on_a ? ia : ib;
-    ASSERT_TRUE(m.forward(on_a ? a : b, t.data() + (on_a ? 0 : off) + i, 1, static_cast<int64_t>(i), lg.data(), false).has_value());
+    ASSERT_TRUE(m.forward(on_a ? a : b, t.data() + (on_a ? 0 : off) + i, 1, static_cast<int64_t>(i), lg.data(), false)
+                    .has_value());
     const std::vector<float>& want = on_a ? want_a : want_b;
     ASSERT_EQ(0, std::memcmp(lg.data(), want.data() + i * V, V * sizeof(float)))
         << "step " << step << ", session " << (on_a ? 'a' : 'b') << ", position " << i;

@@ -77,8 +77,8 @@ std::string temp_path(const std::string& name) {
 
 const std::vector<std::string>& required_specials() {
   static const std::vector<std::string> v = {
-      std::string(k_token_user),        std::string(k_token_assistant), std::string(k_token_think_begin),
-      std::string(k_token_think_end),   std::string(k_token_dsml),
+      std::string(k_token_user),      std::string(k_token_assistant), std::string(k_token_think_begin),
+      std::string(k_token_think_end), std::string(k_token_dsml),
   };
   return v;
 }
@@ -135,9 +135,9 @@ std::unique_ptr<Tokenizer> build(const VocabSpec& v) {
 
 const std::vector<std::string>& sample_words() {
   static const std::vector<std::string> w = {
-      "the", " the", " and", " of", "Hello", " world", " token", "izer", " def", "return", " return", "\n",
-      "\n\n", "    ", "   ", "()", "):", " =", "123", "456", "中文", "日本語", "テキスト", " привет", "مرحبا",
-      "नमस्ते", "😀", "é", " café", "{\"", "\":", "\",", "<", "｜", ">",
+      "the",   " the", " and", " of", "Hello", " world", " token", "izer", " def", "return", " return",  "\n",
+      "\n\n",  "    ", "   ",  "()",  "):",    " =",     "123",    "456",  "中文", "日本語", "テキスト", " привет",
+      "مرحبا", "नमस्ते", "😀",    "é",   " café", "{\"",    "\":",    "\",",  "<",    "｜",     ">",
   };
   return w;
 }
@@ -145,11 +145,11 @@ const std::vector<std::string>& sample_words() {
 // Random valid UTF-8 mixing scripts, whitespace, digits, marks and emoji.
 std::string random_utf8(Rng& rng, size_t max_chars) {
   static const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
-      {0x20, 0x7e},       {0x20, 0x7e},     {0x20, 0x7e},     {0x61, 0x7a},       {0x30, 0x39},
-      {0x09, 0x0d},       {0xa0, 0xff},     {0x100, 0x17f},   {0x300, 0x36f},     {0x391, 0x3c9},
-      {0x410, 0x44f},     {0x5d0, 0x5ea},   {0x620, 0x64a},   {0x660, 0x669},     {0x900, 0x97f},
-      {0xe01, 0xe5b},     {0x2000, 0x206f}, {0x20a0, 0x20bf}, {0x2190, 0x21ff},   {0x2460, 0x24ff},
-      {0x3000, 0x303f},   {0x3040, 0x30ff}, {0x4e00, 0x9fff}, {0xac00, 0xd7a3},   {0xfe00, 0xfe0f},
+      {0x20, 0x7e},       {0x20, 0x7e},       {0x20, 0x7e},       {0x61, 0x7a},       {0x30, 0x39},
+      {0x09, 0x0d},       {0xa0, 0xff},       {0x100, 0x17f},     {0x300, 0x36f},     {0x391, 0x3c9},
+      {0x410, 0x44f},     {0x5d0, 0x5ea},     {0x620, 0x64a},     {0x660, 0x669},     {0x900, 0x97f},
+      {0xe01, 0xe5b},     {0x2000, 0x206f},   {0x20a0, 0x20bf},   {0x2190, 0x21ff},   {0x2460, 0x24ff},
+      {0x3000, 0x303f},   {0x3040, 0x30ff},   {0x4e00, 0x9fff},   {0xac00, 0xd7a3},   {0xfe00, 0xfe0f},
       {0xff01, 0xff9f},   {0x1f1e6, 0x1f1ff}, {0x1f300, 0x1f64f}, {0x1f900, 0x1f9ff}, {0x20000, 0x2a6df},
       {0xe0020, 0xe007f}, {0x0, 0x10ffff},
   };
@@ -228,19 +228,24 @@ bool is_ws(uint32_t cp) { return u_hasBinaryProperty(static_cast<UChar32>(cp), U
 const std::vector<Re>& oracle_regexes() {
   static const std::vector<Re> res = [] {
     const std::string_view punct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
-    auto is_punct = [punct](uint32_t c) { return c < 0x80 && punct.find(static_cast<char>(c)) != std::string_view::npos; };
+    auto is_punct = [punct](uint32_t c) {
+      return c < 0x80 && punct.find(static_cast<char>(c)) != std::string_view::npos;
+    };
     auto is_alpha = [](uint32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
     auto is_crlf = [](uint32_t c) { return c == '\r' || c == '\n'; };
     auto is_lm = [](uint32_t c) { return gc_in(c, U_GC_L_MASK | U_GC_M_MASK); };
     auto is_ps = [](uint32_t c) { return gc_in(c, U_GC_P_MASK | U_GC_S_MASK); };
     std::vector<Re> v;
     v.push_back(rep(cls([](uint32_t c) { return gc_in(c, U_GC_N_MASK); }), 1, 3));
-    v.push_back(rep(cls([](uint32_t c) { return (c >= 0x4e00 && c <= 0x9fa5) || (c >= 0x3040 && c <= 0x309f) ||
-                                                (c >= 0x30a0 && c <= 0x30ff); }),
+    v.push_back(rep(cls([](uint32_t c) {
+                      return (c >= 0x4e00 && c <= 0x9fa5) || (c >= 0x3040 && c <= 0x309f) ||
+                             (c >= 0x30a0 && c <= 0x30ff);
+                    }),
                     1, k_inf));
     v.push_back(alt({
         seq({cls(is_punct), rep(cls(is_alpha), 1, k_inf)}),
-        seq({rep(cls([=](uint32_t c) { return !is_crlf(c) && !gc_in(c, U_GC_L_MASK | U_GC_P_MASK | U_GC_S_MASK); }), 0, 1),
+        seq({rep(cls([=](uint32_t c) { return !is_crlf(c) && !gc_in(c, U_GC_L_MASK | U_GC_P_MASK | U_GC_S_MASK); }), 0,
+                 1),
              rep(cls(is_lm), 1, k_inf)}),
         seq({rep(cls([](uint32_t c) { return c == ' '; }), 0, 1), rep(cls(is_ps), 1, k_inf),
              rep(cls(is_crlf), 0, k_inf)}),
@@ -346,7 +351,10 @@ TEST(Pretokenize, HandDerivedSplits) {
       {"a\u2028b", {"a", "\u2028b"}},  // LINE SEPARATOR: \s but not [\r\n]
       {std::string("x\0y", 3), {"x", std::string("\0y", 2)}},
       {"\tx", {"\tx"}},
-      {"\u00ab" "Bonjour" "\u00bb", {"\u00ab", "Bonjour", "\u00bb"}},
+      {"\u00ab"
+       "Bonjour"
+       "\u00bb",
+       {"\u00ab", "Bonjour", "\u00bb"}},
       {"a\u2014b", {"a", "\u2014", "b"}},
       {"\u201cquoted\u201d", {"\u201c", "quoted", "\u201d"}},
       {"ｈｅｌｌｏ", {"ｈｅｌｌｏ"}},
@@ -356,10 +364,10 @@ TEST(Pretokenize, HandDerivedSplits) {
       {"-->", {"-->"}},
       {"x;\r\n", {"x", ";\r\n"}},
       {"\U0001F468\u200d\U0001F469\u200d\U0001F467",
-       {"\U0001F468", "\u200d", "\U0001F469", "\u200d", "\U0001F467"}},  // ZWJ family
+       {"\U0001F468", "\u200d", "\U0001F469", "\u200d", "\U0001F467"}},                            // ZWJ family
       {"\U0001F1FA\U0001F1F8\U0001F1EB\U0001F1F7", {"\U0001F1FA\U0001F1F8\U0001F1EB\U0001F1F7"}},  // flags: So run
       {"\U0001F44D\U0001F3FD", {"\U0001F44D\U0001F3FD"}},  // skin tone modifier is Sk
-      {"\u2764\ufe0f", {"\u2764", "\ufe0f"}},             // VS16 is a mark
+      {"\u2764\ufe0f", {"\u2764", "\ufe0f"}},              // VS16 is a mark
       // R3 A4-A6: whitespace.
       {"  hello", {" ", " hello"}},
       {"\t\tx", {"\t", "\tx"}},
@@ -375,7 +383,11 @@ TEST(Pretokenize, HandDerivedSplits) {
       {"abc\n", {"abc", "\n"}},
       // Ill-formed UTF-8: each bad byte is one unassigned character.
       {"\xff", {"\xff"}},
-      {"a\xff" "b", {"a", "\xff" "b"}},
+      {"a\xff"
+       "b",
+       {"a",
+        "\xff"
+        "b"}},
   };
   for (const Case& c : cases) {
     const std::vector<std::string> got = to_strings(pretokenize(c.text));
@@ -397,7 +409,7 @@ TEST(Pretokenize, ClassesComeFromUnicode) {
   EXPECT_FALSE(pretok_class(0x20000) & PRETOK_CLASS_CJK);  // ... outside R2's ranges
   EXPECT_TRUE(pretok_class(0x9fa5) & PRETOK_CLASS_CJK);
   EXPECT_FALSE(pretok_class(0x9fa6) & PRETOK_CLASS_CJK);
-  EXPECT_TRUE(pretok_class(0x30fb) & PRETOK_CLASS_CJK);    // katakana middle dot
+  EXPECT_TRUE(pretok_class(0x30fb) & PRETOK_CLASS_CJK);  // katakana middle dot
   EXPECT_TRUE(pretok_class(0x30fb) & PRETOK_CLASS_P);
   // Our \s (9-D, 85, Zs, Zl, Zp) equals Unicode White_Space over all code points.
   for (uint32_t cp = 0; cp <= 0x10ffff; ++cp) {
@@ -410,14 +422,15 @@ TEST(Pretokenize, MatchesLiteralBacktrackingRegex) {
   // One or two representatives of every general category and every
   // character the regexes name explicitly.
   const std::vector<uint32_t> pool = {
-      'a', 'Z', 'q', '0', '7', ' ', ' ', ' ', '\t', '\n', '\r', 0x0b, 0x0c, 0, 0x1b, 0x7f, '!', '"', '#', '$', '\'',
-      '(', ')', '-', '.', '/', ':', ';', '<', '>', '?', '@', '[', '\\', ']', '^', '_', '`', '{', '|', '}', '~',
-      0x85, 0xa0, 0xad, 0xab, 0xbb, 0xb2, 0xbd, 0xe9, 0x1c5, 0x2b0, 0x301, 0x308, 0x488, 0x903, 0x93e, 0x966,
-      0x5d0, 0x5b4, 0x627, 0x64b, 0x660, 0x60c, 0xe01, 0xe31, 0x1680, 0x2003, 0x200b, 0x200d, 0x2014, 0x201c,
-      0x2026, 0x2028, 0x2029, 0x202f, 0x205f, 0x20ac, 0x20dd, 0x20e3, 0x2160, 0x2192, 0x2460, 0x3000, 0x3001,
-      0x3002, 0x3005, 0x3007, 0x300c, 0x3041, 0x3099, 0x309b, 0x30a0, 0x30a2, 0x30fb, 0x30fc, 0x4e00, 0x9fa5,
-      0x9fa6, 0xac00, 0xfe0f, 0xff0c, 0xff10, 0xff21, 0xff5c, 0xff76, 0xe000, 0x378, 0x1f1fa, 0x1f3fd, 0x1f600,
-      0x1f44d, 0x1d7ce, 0x10341, 0x20000, 0xe0067,
+      'a',    'Z',    'q',    '0',    '7',     ' ',     ' ',     ' ',     '\t',    '\n',    '\r',    0x0b,    0x0c,
+      0,      0x1b,   0x7f,   '!',    '"',     '#',     '$',     '\'',    '(',     ')',     '-',     '.',     '/',
+      ':',    ';',    '<',    '>',    '?',     '@',     '[',     '\\',    ']',     '^',     '_',     '`',     '{',
+      '|',    '}',    '~',    0x85,   0xa0,    0xad,    0xab,    0xbb,    0xb2,    0xbd,    0xe9,    0x1c5,   0x2b0,
+      0x301,  0x308,  0x488,  0x903,  0x93e,   0x966,   0x5d0,   0x5b4,   0x627,   0x64b,   0x660,   0x60c,   0xe01,
+      0xe31,  0x1680, 0x2003, 0x200b, 0x200d,  0x2014,  0x201c,  0x2026,  0x2028,  0x2029,  0x202f,  0x205f,  0x20ac,
+      0x20dd, 0x20e3, 0x2160, 0x2192, 0x2460,  0x3000,  0x3001,  0x3002,  0x3005,  0x3007,  0x300c,  0x3041,  0x3099,
+      0x309b, 0x30a0, 0x30a2, 0x30fb, 0x30fc,  0x4e00,  0x9fa5,  0x9fa6,  0xac00,  0xfe0f,  0xff0c,  0xff10,  0xff21,
+      0xff5c, 0xff76, 0xe000, 0x378,  0x1f1fa, 0x1f3fd, 0x1f600, 0x1f44d, 0x1d7ce, 0x10341, 0x20000, 0xe0067,
   };
   Rng rng(1234);
   int failures = 0;
@@ -592,14 +605,10 @@ TEST(Tokenizer, EncodePromptMapsControlPieces) {
   auto tok = build(make_vocab(sample_words()));
   ASSERT_TRUE(tok);
   RenderedPrompt p = {
-      {std::string(k_token_bos), true},
-      {"You are helpful.", false},
-      {std::string(k_token_user), true},
-      {"Say <｜Assistant｜> and ", false},
-      {"</think> please\n", false},
-      {"\n", false},
-      {std::string(k_token_assistant), true},
-      {std::string(k_token_think_end), true},
+      {std::string(k_token_bos), true},       {"You are helpful.", false},
+      {std::string(k_token_user), true},      {"Say <｜Assistant｜> and ", false},
+      {"</think> please\n", false},           {"\n", false},
+      {std::string(k_token_assistant), true}, {std::string(k_token_think_end), true},
   };
   auto ids = tok->encode_prompt(p);
   ASSERT_TRUE(ids.has_value()) << ids.error().message;
@@ -728,7 +737,7 @@ TEST(StreamDecoder, RandomIdsGiveValidUtf8EqualToLossyDecode) {
 TEST(StreamDecoder, Utf8LossyMaximalSubparts) {
   EXPECT_EQ(utf8_lossy("abc"), "abc");
   EXPECT_EQ(utf8_lossy("\xc3"), "\ufffd");
-  EXPECT_EQ(utf8_lossy("\xc0\x80"), "\ufffd\ufffd");          // C0 never starts a character
+  EXPECT_EQ(utf8_lossy("\xc0\x80"), "\ufffd\ufffd");            // C0 never starts a character
   EXPECT_EQ(utf8_lossy("\xe0\x80\x80"), "\ufffd\ufffd\ufffd");  // overlong: E0 needs A0..BF next
   EXPECT_EQ(utf8_lossy("\xf4\x90\x80\x80"), "\ufffd\ufffd\ufffd\ufffd");
   EXPECT_EQ(utf8_lossy("\xf0\x9f\x98"), "\ufffd");
@@ -807,7 +816,7 @@ namespace {
 
 void write_tokenizer_gguf(const std::string& path, const VocabSpec& v, const std::set<std::string>& omit = {},
                           const std::map<std::string, std::string>& strings = {{"tokenizer.ggml.model", "gpt2"},
-                                                                                {"tokenizer.ggml.pre", "joyai-llm"}}) {
+                                                                               {"tokenizer.ggml.pre", "joyai-llm"}}) {
   GgufWriter w;
   w.set_string("general.architecture", "deepseek4");
   for (const auto& [k, s] : strings) w.set_string(k, s);
@@ -934,11 +943,11 @@ const Golden* golden() {
   return g.get();
 }
 
-#define REQUIRE_GOLDEN()                                                                                      \
-  const Golden* g = golden();                                                                                 \
-  ASSERT_TRUE(g != nullptr) << "missing or unusable tokenizer golden fixture " << golden_path()               \
+#define REQUIRE_GOLDEN()                                                                                         \
+  const Golden* g = golden();                                                                                    \
+  ASSERT_TRUE(g != nullptr) << "missing or unusable tokenizer golden fixture " << golden_path()                  \
                             << "\nGenerate it on a machine with HF tokenizers (python3 -c 'import tokenizers'):" \
-                            << "\n  python3 tools/golden/make_tokenizer_fixtures.py --out "                    \
+                            << "\n  python3 tools/golden/make_tokenizer_fixtures.py --out "                      \
                                "tests/fixtures/tokenizer/golden.json"
 
 }  // namespace

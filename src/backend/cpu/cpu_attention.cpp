@@ -18,8 +18,8 @@ constexpr float k_neg_inf = -std::numeric_limits<float>::infinity();
 
 void compress(const CompressOp& op) {
   const int m = op.ratio;
-  const int64_t d = op.norm_w.ne[0];           // output row width
-  const int64_t w = op.kv.ne[0];               // projected width (c * d)
+  const int64_t d = op.norm_w.ne[0];  // output row width
+  const int64_t w = op.kv.ne[0];      // projected width (c * d)
   const int64_t n = op.kv.n_rows();
   const int64_t R = op.state_a.n_rows();
   DSV4_ASSERT(w == (op.overlap ? 2 : 1) * d, "compress: width %lld for row width %lld", static_cast<long long>(w),
@@ -51,64 +51,67 @@ void compress(const CompressOp& op) {
   // updating the frontier columns this channel owns (c, and c + d with overlap)
   // and writing the raw pooled value of every completed window.
   const int64_t prev = op.overlap ? m : 0;  // first row of the "current" window
-  pool().parallel_for(static_cast<size_t>(d), [&](size_t cb, size_t ce) {
-    for (size_t cc = cb; cc < ce; ++cc) {
-      const int64_t c = static_cast<int64_t>(cc);
-      for (int64_t t = 0; t < n; ++t) {
-        const int32_t p = pos[t];
-        const int64_t slot = prev + p % m;
-        const float* a = op.kv.f32() + t * w;
-        const float* g = op.gate.f32() + t * w;
-        const float* ap = ape.data() + (p % m) * w;
-        sa[slot * w + c] = a[c];
-        sg[slot * w + c] = g[c] + ap[c];
-        if (op.overlap) {
-          sa[slot * w + c + d] = a[c + d];
-          sg[slot * w + c + d] = g[c + d] + ap[c + d];
-        }
-        if ((p + 1) % m != 0) continue;
-        // Candidates: overlap -> lane A (column c) of rows 0..m-1 and lane B (column c+d) of rows m..2m-1;
-        // otherwise column c of rows 0..m-1.
-        float mx = k_neg_inf;
-        auto cand = [&](int64_t r, float* av, float* gv) {
-          int64_t col = op.overlap && r >= m ? c + d : c;
-          *av = sa[r * w + col];
-          *gv = sg[r * w + col];
-        };
-        for (int64_t r = 0; r < R; ++r) {
-          float av, gv;
-          cand(r, &av, &gv);
-          mx = std::max(mx, gv);
-        }
-        double num = 0, den = 0;
-        for (int64_t r = 0; r < R; ++r) {
-          float av, gv;
-          cand(r, &av, &gv);
-          if (gv == k_neg_inf) continue;
-          double e = std::exp(static_cast<double>(gv - mx));
-          den += e;
-          num += e * av;
-        }
-        pooled[static_cast<size_t>(emit_index[static_cast<size_t>(t)] * d + c)] = static_cast<float>(num / den);
-        // Reset / shift the frontier columns of this channel.
-        if (op.overlap) {
-          for (int64_t r = 0; r < m; ++r) {
-            for (int64_t col : {c, c + d}) {
-              sa[r * w + col] = sa[(r + m) * w + col];
-              sg[r * w + col] = sg[(r + m) * w + col];
-              sa[(r + m) * w + col] = 0.0f;
-              sg[(r + m) * w + col] = k_neg_inf;
+  pool().parallel_for(
+      static_cast<size_t>(d),
+      [&](size_t cb, size_t ce) {
+        for (size_t cc = cb; cc < ce; ++cc) {
+          const int64_t c = static_cast<int64_t>(cc);
+          for (int64_t t = 0; t < n; ++t) {
+            const int32_t p = pos[t];
+            const int64_t slot = prev + p % m;
+            const float* a = op.kv.f32() + t * w;
+            const float* g = op.gate.f32() + t * w;
+            const float* ap = ape.data() + (p % m) * w;
+            sa[slot * w + c] = a[c];
+            sg[slot * w + c] = g[c] + ap[c];
+            if (op.overlap) {
+              sa[slot * w + c + d] = a[c + d];
+              sg[slot * w + c + d] = g[c + d] + ap[c + d];
+            }
+            if ((p + 1) % m != 0) continue;
+            // Candidates: overlap -> lane A (column c) of rows 0..m-1 and lane B (column c+d) of rows m..2m-1;
+            // otherwise column c of rows 0..m-1.
+            float mx = k_neg_inf;
+            auto cand = [&](int64_t r, float* av, float* gv) {
+              int64_t col = op.overlap && r >= m ? c + d : c;
+              *av = sa[r * w + col];
+              *gv = sg[r * w + col];
+            };
+            for (int64_t r = 0; r < R; ++r) {
+              float av, gv;
+              cand(r, &av, &gv);
+              mx = std::max(mx, gv);
+            }
+            double num = 0, den = 0;
+            for (int64_t r = 0; r < R; ++r) {
+              float av, gv;
+              cand(r, &av, &gv);
+              if (gv == k_neg_inf) continue;
+              double e = std::exp(static_cast<double>(gv - mx));
+              den += e;
+              num += e * av;
+            }
+            pooled[static_cast<size_t>(emit_index[static_cast<size_t>(t)] * d + c)] = static_cast<float>(num / den);
+            // Reset / shift the frontier columns of this channel.
+            if (op.overlap) {
+              for (int64_t r = 0; r < m; ++r) {
+                for (int64_t col : {c, c + d}) {
+                  sa[r * w + col] = sa[(r + m) * w + col];
+                  sg[r * w + col] = sg[(r + m) * w + col];
+                  sa[(r + m) * w + col] = 0.0f;
+                  sg[(r + m) * w + col] = k_neg_inf;
+                }
+              }
+            } else {
+              for (int64_t r = 0; r < m; ++r) {
+                sa[r * w + c] = 0.0f;
+                sg[r * w + c] = k_neg_inf;
+              }
             }
           }
-        } else {
-          for (int64_t r = 0; r < m; ++r) {
-            sa[r * w + c] = 0.0f;
-            sg[r * w + c] = k_neg_inf;
-          }
         }
-      }
-    }
-  }, 8);
+      },
+      8);
 
   // Pass 2: post-process every emitted row: (bf16) -> RMSNorm -> RoPE at k*m -> sim,
   // then store it as row k in the rows' format.
@@ -133,7 +136,8 @@ void indexer_scores(const IndexerScoresOp& op) {
   DSV4_ASSERT(op.scores.ne[0] == cap && op.scores.n_rows() == n, "indexer_scores: shape");
   const int32_t* pos = op.pos.i32();
   int64_t max_visible = 0;
-  for (int64_t t = 0; t < n; ++t) max_visible = std::max<int64_t>(max_visible, std::min<int64_t>((pos[t] + 1) / op.ratio, cap));
+  for (int64_t t = 0; t < n; ++t)
+    max_visible = std::max<int64_t>(max_visible, std::min<int64_t>((pos[t] + 1) / op.ratio, cap));
   const KvRowView rows(op.rows, max_visible);
   pool().parallel_for(static_cast<size_t>(n), [&](size_t b, size_t e) {
     for (size_t tt = b; tt < e; ++tt) {

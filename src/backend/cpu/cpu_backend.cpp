@@ -51,7 +51,10 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) { cpu::pool(); (void)n_threads; }
+  explicit CpuBackend(int n_threads) {
+    cpu::pool();
+    (void)n_threads;
+  }
   ~CpuBackend() override {
     for (auto& [p, n] : allocs_) std::free(p);
   }

@@ -23,13 +23,16 @@ void rms_norm(const RmsNormOp& op) {
   DSV4_ASSERT(!op.w || op.w.ne[0] == d, "rms_norm: weight length %lld != %lld", static_cast<long long>(op.w.ne[0]),
               static_cast<long long>(d));
   const float* w = op.w ? op.w.f32() : nullptr;
-  pool().parallel_for(static_cast<size_t>(rows), [&](size_t b, size_t e) {
-    for (size_t r = b; r < e; ++r) rms_norm_row(op.out.f32() + r * d, op.x.f32() + r * d, w, d, op.eps);
-  }, 16);
+  pool().parallel_for(
+      static_cast<size_t>(rows),
+      [&](size_t b, size_t e) {
+        for (size_t r = b; r < e; ++r) rms_norm_row(op.out.f32() + r * d, op.x.f32() + r * d, w, d, op.eps);
+      },
+      16);
   if (op.rope_pos) {
     const int64_t per_tok = op.rope_rows_per_token;
-    DSV4_ASSERT(per_tok >= 1 && rows % per_tok == 0, "rms_norm: %lld rows are not whole tokens of %lld", static_cast<long long>(rows),
-                static_cast<long long>(per_tok));
+    DSV4_ASSERT(per_tok >= 1 && rows % per_tok == 0, "rms_norm: %lld rows are not whole tokens of %lld",
+                static_cast<long long>(rows), static_cast<long long>(per_tok));
     rope({op.out.reshape(d, per_tok, rows / per_tok), op.rope_pos, op.rope, false});
   }
 }
@@ -79,10 +82,14 @@ void rope(const RopeOp& op) {
   std::vector<float> omega(static_cast<size_t>(op.rope.n_rot / 2));
   rope_frequencies(op.rope, omega.data());
   const int32_t* pos = op.pos.i32();
-  pool().parallel_for(static_cast<size_t>(n * per_tok), [&](size_t b, size_t e) {
-    for (size_t r = b; r < e; ++r)
-      rope_row(op.x.f32() + r * d, d, op.rope.n_rot, omega.data(), pos[static_cast<int64_t>(r) / per_tok], op.inverse);
-  }, 16);
+  pool().parallel_for(
+      static_cast<size_t>(n * per_tok),
+      [&](size_t b, size_t e) {
+        for (size_t r = b; r < e; ++r)
+          rope_row(op.x.f32() + r * d, d, op.rope.n_rot, omega.data(), pos[static_cast<int64_t>(r) / per_tok],
+                   op.inverse);
+      },
+      16);
 }
 
 namespace {
@@ -137,9 +144,12 @@ void quant_sim(const QuantSimOp& op) {
   if (op.sim == KvQuantSim::NONE) return;
   const int64_t d = op.x.ne[0], rows = op.x.n_rows();
   DSV4_ASSERT(op.sim != KvQuantSim::HADAMARD_FP4 || (d & (d - 1)) == 0, "Hadamard needs a power-of-two width");
-  pool().parallel_for(static_cast<size_t>(rows), [&](size_t b, size_t e) {
-    for (size_t r = b; r < e; ++r) quant_sim_row(op.x.f32() + r * d, d, op.sim, op.n_quant);
-  }, 16);
+  pool().parallel_for(
+      static_cast<size_t>(rows),
+      [&](size_t b, size_t e) {
+        for (size_t r = b; r < e; ++r) quant_sim_row(op.x.f32() + r * d, d, op.sim, op.n_quant);
+      },
+      16);
 }
 
 void swiglu(const SwigluOp& op) {

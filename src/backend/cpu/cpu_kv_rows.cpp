@@ -38,9 +38,12 @@ KvRowView::KvRowView(const Tensor& t, int64_t n_first, const int32_t* listed, in
   for (int64_t r = 0; r < std::min(n_first, rows); ++r) want(r);
   for (int64_t i = 0; i < n_listed; ++i) want(listed[i]);
   buf_.resize(order.size() * static_cast<size_t>(d));
-  pool().parallel_for(order.size(), [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) kv_row_load(t_, order[i], buf_.data() + i * static_cast<size_t>(d));
-  }, 16);
+  pool().parallel_for(
+      order.size(),
+      [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) kv_row_load(t_, order[i], buf_.data() + i * static_cast<size_t>(d));
+      },
+      16);
 }
 
 const float* KvRowView::row(int64_t r) const {

@@ -26,7 +26,8 @@ void embed(const EmbedOp& op) {
 namespace {
 
 // rho * (fn · x̄) for all mix rows; x̄ is the flattened [hc*D] state of one token.
-void hc_mix(const Tensor& fn, const float* xbar, int64_t len, float norm_eps, float* mix, int64_t n_mix, float* rowbuf) {
+void hc_mix(const Tensor& fn, const float* xbar, int64_t len, float norm_eps, float* mix, int64_t n_mix,
+            float* rowbuf) {
   double ss = 0;
   for (int64_t i = 0; i < len; ++i) ss += static_cast<double>(xbar[i]) * xbar[i];
   const float rho = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(len) + norm_eps));
@@ -87,7 +88,8 @@ void hc_pre(const HcPreOp& op) {
         pre_v[static_cast<size_t>(i)] = sigmoid(scale[0] * mix[static_cast<size_t>(i)] + base[i]) + op.hc_eps;
         post[i] = 2.0f * sigmoid(scale[1] * mix[static_cast<size_t>(hc + i)] + base[hc + i]);
       }
-      for (int64_t k = 0; k < hc * hc; ++k) comb[k] = scale[2] * mix[static_cast<size_t>(2 * hc + k)] + base[2 * hc + k];
+      for (int64_t k = 0; k < hc * hc; ++k)
+        comb[k] = scale[2] * mix[static_cast<size_t>(2 * hc + k)] + base[2 * hc + k];
       sinkhorn(comb, static_cast<int>(hc), op.hc_eps, op.sinkhorn_iters);
       float* u = op.u.f32() + static_cast<int64_t>(t) * D;
       for (int64_t d = 0; d < D; ++d) {
@@ -132,7 +134,8 @@ void hc_head(const HcHeadOp& op) {
     for (size_t t = b; t < e; ++t) {
       const float* X = op.state.f32() + static_cast<int64_t>(t) * hc * D;
       hc_mix(op.fn, X, hc * D, op.norm_eps, mix.data(), hc, rowbuf.data());
-      for (int64_t i = 0; i < hc; ++i) mix[static_cast<size_t>(i)] = sigmoid(s * mix[static_cast<size_t>(i)] + base[i]) + op.hc_eps;
+      for (int64_t i = 0; i < hc; ++i)
+        mix[static_cast<size_t>(i)] = sigmoid(s * mix[static_cast<size_t>(i)] + base[i]) + op.hc_eps;
       float* h = op.h.f32() + static_cast<int64_t>(t) * D;
       for (int64_t d = 0; d < D; ++d) {
         float acc = 0;

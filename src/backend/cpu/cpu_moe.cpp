@@ -34,7 +34,8 @@ void moe_route(const MoeRouteOp& op) {
       const int32_t* row = op.hash.i32() + static_cast<int64_t>(id) * op.hash.ne[0];
       for (int64_t i = 0; i < k; ++i) sel[i] = row[i];
     } else {
-      for (int64_t e = 0; e < E; ++e) biased[static_cast<size_t>(e)] = s[static_cast<size_t>(e)] + (op.bias ? op.bias.f32()[e] : 0.0f);
+      for (int64_t e = 0; e < E; ++e)
+        biased[static_cast<size_t>(e)] = s[static_cast<size_t>(e)] + (op.bias ? op.bias.f32()[e] : 0.0f);
       std::iota(order.begin(), order.end(), 0);
       // Highest biased score first; ties to the lower expert index.
       std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
@@ -57,7 +58,8 @@ void moe_route(const MoeRouteOp& op) {
 void moe_experts(const MoeExpertsOp& op) {
   const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
   const int64_t F = op.gate.ne[1], E = op.gate.ne[2];
-  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D, "moe_experts: shapes");
+  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D,
+              "moe_experts: shapes");
   const float c = op.clamp;
   // Each (token, slot) assignment a = t*k + i gets its own rows mid[a] [F] and
   // ys[a] [D], summed per token in slot order at the end: results do not
@@ -78,32 +80,39 @@ void moe_experts(const MoeExpertsOp& op) {
   const auto n_active = static_cast<int64_t>(active.size());
   std::vector<float> mid(static_cast<size_t>(n * k * F)), ys(static_cast<size_t>(n * k * D));
   // Gate and up rows f of every active expert: mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a.
-  pool().parallel_for(static_cast<size_t>(n_active * F), [&](size_t b, size_t e) {
-    std::vector<float> wg(static_cast<size_t>(D)), wu(static_cast<size_t>(D));
-    for (size_t item = b; item < e; ++item) {
-      const int32_t ex = active[item / static_cast<size_t>(F)];
-      const int64_t f = static_cast<int64_t>(item % static_cast<size_t>(F));
-      weight_row(op.gate, ex * F + f, wg.data());
-      weight_row(op.up, ex * F + f, wu.data());
-      for (int64_t a : by_expert[static_cast<size_t>(ex)]) {
-        const float* x = op.x.f32() + (a / k) * D;
-        const float gt = std::min(dot(wg.data(), x, D), c);
-        const float up = std::clamp(dot(wu.data(), x, D), -c, c);
-        mid[static_cast<size_t>(a * F + f)] = gt * sigmoid(gt) * up * op.weights.f32()[a];  // routing weight before down
-      }
-    }
-  }, 16);
+  pool().parallel_for(
+      static_cast<size_t>(n_active * F),
+      [&](size_t b, size_t e) {
+        std::vector<float> wg(static_cast<size_t>(D)), wu(static_cast<size_t>(D));
+        for (size_t item = b; item < e; ++item) {
+          const int32_t ex = active[item / static_cast<size_t>(F)];
+          const int64_t f = static_cast<int64_t>(item % static_cast<size_t>(F));
+          weight_row(op.gate, ex * F + f, wg.data());
+          weight_row(op.up, ex * F + f, wu.data());
+          for (int64_t a : by_expert[static_cast<size_t>(ex)]) {
+            const float* x = op.x.f32() + (a / k) * D;
+            const float gt = std::min(dot(wg.data(), x, D), c);
+            const float up = std::clamp(dot(wu.data(), x, D), -c, c);
+            mid[static_cast<size_t>(a * F + f)] =
+                gt * sigmoid(gt) * up * op.weights.f32()[a];  // routing weight before down
+          }
+        }
+      },
+      16);
   // Down rows r: ys[a, r] = W_down[e_a, r, :] . mid[a].
-  pool().parallel_for(static_cast<size_t>(n_active * D), [&](size_t b, size_t e) {
-    std::vector<float> wr(static_cast<size_t>(F));
-    for (size_t item = b; item < e; ++item) {
-      const int32_t ex = active[item / static_cast<size_t>(D)];
-      const int64_t r = static_cast<int64_t>(item % static_cast<size_t>(D));
-      weight_row(op.down, ex * D + r, wr.data());
-      for (int64_t a : by_expert[static_cast<size_t>(ex)])
-        ys[static_cast<size_t>(a * D + r)] = dot(wr.data(), mid.data() + a * F, F);
-    }
-  }, 16);
+  pool().parallel_for(
+      static_cast<size_t>(n_active * D),
+      [&](size_t b, size_t e) {
+        std::vector<float> wr(static_cast<size_t>(F));
+        for (size_t item = b; item < e; ++item) {
+          const int32_t ex = active[item / static_cast<size_t>(D)];
+          const int64_t r = static_cast<int64_t>(item % static_cast<size_t>(D));
+          weight_row(op.down, ex * D + r, wr.data());
+          for (int64_t a : by_expert[static_cast<size_t>(ex)])
+            ys[static_cast<size_t>(a * D + r)] = dot(wr.data(), mid.data() + a * F, F);
+        }
+      },
+      16);
   for (int64_t t = 0; t < n; ++t) {
     float* out = op.out.f32() + t * D;
     for (int64_t d = 0; d < D; ++d) {

@@ -53,14 +53,14 @@ constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the s
 // unroll: the HG logits' warp sums of a key are independent shuffle chains the
 // warp interleaves (a run-time HG serialised them: 8 x 5 dependent shuffles).
 template <int HG>
-__global__ void __launch_bounds__(256) attention_split_kernel(float* part_acc, float* part_ml, const float* q,
-                                                              AttKeySource src, const int32_t* pos, int H, int64_t d,
-                                                              float scale) {
+__global__ void __launch_bounds__(256)
+    attention_split_kernel(float* part_acc, float* part_ml, const float* q, AttKeySource src, const int32_t* pos, int H,
+                           int64_t d, float scale) {
   pdl_enter();
   extern __shared__ float sm[];
-  float* qs = sm;                        // [HG][d]
-  float* ks = qs + HG * d;               // [tile][d]
-  float* lg = ks + k_att_tile * d;       // [HG][tile]
+  float* qs = sm;                   // [HG][d]
+  float* ks = qs + HG * d;          // [tile][d]
+  float* lg = ks + k_att_tile * d;  // [HG][tile]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float neg_inf = -__int_as_float(0x7f800000);
   const int64_t t = blockIdx.x;
@@ -225,11 +225,11 @@ __global__ void __launch_bounds__(128) attention_combine_kernel(float* out, cons
 
 }  // namespace
 
-void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml, const float* sinks,
-                              int64_t n, int H, int S, int64_t d) {
+void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml,
+                              const float* sinks, int64_t n, int H, int S, int64_t d) {
   DSV4_ASSERT(S >= 1 && S <= k_att_splits, "attention: %d key splits (at most %d)", S, k_att_splits);
-  launch_kernel(attention_combine_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(H)), 128, 0, ctx.stream, out, part_acc, part_ml,
-      sinks, H, S, d);
+  launch_kernel(attention_combine_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(H)), 128, 0, ctx.stream,
+                out, part_acc, part_ml, sinks, H, S, d);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -255,9 +255,11 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   DSV4_ASSERT(d % 128 == 0 && d % (32 * wph) == 0 && d / wph <= 32 * k_att_max_epl,
               "attention: head width %lld unsupported (a multiple of 128, at most %d)", static_cast<long long>(d),
               32 * k_att_max_epl * wph);
-  DSV4_ASSERT(n <= 0x7fffffff && H / HG <= 65535, "attention: %lld tokens x %lld heads too many", static_cast<long long>(n),
-              static_cast<long long>(H));
-  const size_t smem = (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) * sizeof(float);
+  DSV4_ASSERT(n <= 0x7fffffff && H / HG <= 65535, "attention: %lld tokens x %lld heads too many",
+              static_cast<long long>(n), static_cast<long long>(H));
+  const size_t smem =
+      (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) *
+      sizeof(float);
   const int S = k_att_splits;
   const int64_t tg = std::min<int64_t>(n, k_att_tok_group);
   const size_t acc_floats = static_cast<size_t>(tg) * H * S * d, ml_floats = static_cast<size_t>(tg) * H * S * 2;
@@ -267,16 +269,21 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
     const int64_t nt = std::min(tg, n - t0);
     auto split = [&](auto kernel) {
       allow_smem(kernel, smem);
-      launch_kernel(kernel, dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256, smem, ctx.stream,
-          part_acc, part_ml, op.q.f32() + t0 * H * d, att_key_source(op, t0), op.pos.i32() + t0, static_cast<int>(H), d,
-          op.scale);
+      launch_kernel(kernel, dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)),
+                    256, smem, ctx.stream, part_acc, part_ml, op.q.f32() + t0 * H * d, att_key_source(op, t0),
+                    op.pos.i32() + t0, static_cast<int>(H), d, op.scale);
     };
-    if (HG == 8) split(attention_split_kernel<8>);
-    else if (HG == 4) split(attention_split_kernel<4>);
-    else if (HG == 2) split(attention_split_kernel<2>);
-    else split(attention_split_kernel<1>);
+    if (HG == 8)
+      split(attention_split_kernel<8>);
+    else if (HG == 4)
+      split(attention_split_kernel<4>);
+    else if (HG == 2)
+      split(attention_split_kernel<2>);
+    else
+      split(attention_split_kernel<1>);
     CUDA_CHECK_LAUNCH();
-    launch_attention_combine(ctx, op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), nt, static_cast<int>(H), S, d);
+    launch_attention_combine(ctx, op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), nt, static_cast<int>(H),
+                             S, d);
   }
 }
 

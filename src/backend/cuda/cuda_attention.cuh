@@ -17,8 +17,8 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op);
 // out[t, h, :] for t < n from S <= 16 key splits' partial states (split s of (t, h) at
 // slot (t H + h) S + s: part_ml[2 slot + {0, 1}] = {m, l}, part_acc[slot d ..] = unnormalised O):
 // M = max m_s, o = sum_s e^(m_s - M) O_s / (e^(sink_h - M) + sum_s e^(m_s - M) l_s), splits in order.
-void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml, const float* sinks,
-                              int64_t n, int H, int S, int64_t d);
+void launch_attention_combine(const CudaContext& ctx, float* out, const float* part_acc, const float* part_ml,
+                              const float* sinks, int64_t n, int H, int S, int64_t d);
 
 // The KV state an attention call reads (device pointers; sel [n, n_sel] i32 or null).
 struct AttKeySource {
@@ -35,9 +35,16 @@ struct AttKeySource {
 
 inline AttKeySource att_key_source(const AttentionOp& op, int64_t t0) {
   const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
-  return {op.ring.data, op.ring.type, op.ring.n_rows(), op.comp ? op.comp.data : nullptr,
-          op.comp ? op.comp.type : GgmlType::F32, op.comp ? op.comp.n_rows() : 0,
-          op.sel ? op.sel.i32() + t0 * n_sel : nullptr, n_sel, op.window, op.ratio};
+  return {op.ring.data,
+          op.ring.type,
+          op.ring.n_rows(),
+          op.comp ? op.comp.data : nullptr,
+          op.comp ? op.comp.type : GgmlType::F32,
+          op.comp ? op.comp.n_rows() : 0,
+          op.sel ? op.sel.i32() + t0 * n_sel : nullptr,
+          n_sel,
+          op.window,
+          op.ratio};
 }
 
 // Keys of the query at position p: index i < n_win is the window row of
@@ -75,8 +82,8 @@ __device__ __forceinline__ bool att_key_present(const AttQueryKeys& k, int64_t i
 
 // Row of key i (< n_keys) of token t and its format; null for a missing key
 // (a selection entry < 0 or not visible yet).
-__device__ __forceinline__ const uint8_t* att_key_row(const AttKeySource& s, const AttQueryKeys& k, int64_t t, int64_t i,
-                                                      int64_t d, GgmlType& type) {
+__device__ __forceinline__ const uint8_t* att_key_row(const AttKeySource& s, const AttQueryKeys& k, int64_t t,
+                                                      int64_t i, int64_t d, GgmlType& type) {
   const int64_t idx = att_key_index(s, k, t, i);
   if (!att_key_present(k, i, idx)) return nullptr;
   const bool win = i < k.n_win;

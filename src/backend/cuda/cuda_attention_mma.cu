@@ -70,20 +70,20 @@ namespace {
 
 constexpr int k_am_threads = 256;
 constexpr int k_am_warps = k_am_threads / 32;
-constexpr int k_am_keys = 32;               // keys per tile
-constexpr int k_am_terms = 3;               // bf16 terms of q and P
-constexpr int k_am_pad = 8;                 // bf16 padding of Qs / Ks rows
-constexpr int k_am_sp_ld = k_am_keys + 8;   // f32 row stride of Sp
-constexpr int k_am_ps_ld = k_am_keys + 8;   // bf16 row stride of Ps
-constexpr int k_am_max_d = 512;             // accumulators: d / 64 n-tiles of 8 per warp and m-tile
+constexpr int k_am_keys = 32;              // keys per tile
+constexpr int k_am_terms = 3;              // bf16 terms of q and P
+constexpr int k_am_pad = 8;                // bf16 padding of Qs / Ks rows
+constexpr int k_am_sp_ld = k_am_keys + 8;  // f32 row stride of Sp
+constexpr int k_am_ps_ld = k_am_keys + 8;  // bf16 row stride of Ps
+constexpr int k_am_max_d = 512;            // accumulators: d / 64 n-tiles of 8 per warp and m-tile
 constexpr int k_am_max_nt = k_am_max_d / 64;
-constexpr int64_t k_am_min_tokens = 8;      // smaller batches (decode) split each token's keys ...
-constexpr int k_am_splits = 16;             // ... over this many blocks
+constexpr int64_t k_am_min_tokens = 8;  // smaller batches (decode) split each token's keys ...
+constexpr int k_am_splits = 16;         // ... over this many blocks
 
 size_t am_smem_bytes(int MT, int64_t d, int64_t stage_ld) {
   const int64_t HB = 16 * MT, KS = k_am_warps / MT, ld = d + k_am_pad;
-  return static_cast<size_t>(2 * (k_am_terms * HB * ld + k_am_keys * ld) + k_am_keys * stage_ld + 4 * KS * HB * k_am_sp_ld +
-                             2 * k_am_terms * HB * k_am_ps_ld + 4 * HB + 2 * k_am_keys);
+  return static_cast<size_t>(2 * (k_am_terms * HB * ld + k_am_keys * ld) + k_am_keys * stage_ld +
+                             4 * KS * HB * k_am_sp_ld + 2 * k_am_terms * HB * k_am_ps_ld + 4 * HB + 2 * k_am_keys);
 }
 
 // x = t[0] + t[1] + t[2] (bf16 bits; each term the rounding of what is left).
@@ -94,7 +94,6 @@ __device__ __forceinline__ void split_bf16x3(float x, uint16_t (&t)[k_am_terms])
     x -= bf16_bits_to_f32(t[i]);
   }
 }
-
 
 // e4m3 codes to bf16 without a float conversion: the 7 magnitude bits of code
 // c = (e, m) shifted into a bf16's exponent and mantissa fields, (c & 0x7f) << 4,
@@ -163,26 +162,27 @@ __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* s
 // part_ml[2 slot + {0, 1}], part_acc[slot d + e], slot = (t H + h) S + s, the
 // layout attention_combine merges (cuda_attention.cu).
 template <int MT, int D>
-__global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q,
-                                                                     AttKeySource src, const int32_t* pos, const float* sinks,
-                                                                     int H, float scale, int stage_ld) {
+__global__ void __launch_bounds__(k_am_threads)
+    attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q, AttKeySource src,
+                         const int32_t* pos, const float* sinks, int H, float scale, int stage_ld) {
   pdl_enter();
   constexpr int d = D;
-  constexpr int HB = 16 * MT;               // heads per block
-  constexpr int KS = k_am_warps / MT;       // dim ranges of the logits step
-  constexpr int TPR = k_am_threads / HB;    // softmax threads per head row
-  constexpr int KPT = k_am_keys / TPR;      // keys per softmax thread
+  constexpr int HB = 16 * MT;                  // heads per block
+  constexpr int KS = k_am_warps / MT;          // dim ranges of the logits step
+  constexpr int TPR = k_am_threads / HB;       // softmax threads per head row
+  constexpr int KPT = k_am_keys / TPR;         // keys per softmax thread
   constexpr int KPW = k_am_keys / k_am_warps;  // keys each warp fetches per tile
-  static_assert(TPR <= 32 && 32 % TPR == 0 && KPT >= 1 && KPW <= 4, "softmax rows within warps; 8 lanes per fetched key");
+  static_assert(TPR <= 32 && 32 % TPR == 0 && KPT >= 1 && KPW <= 4,
+                "softmax rows within warps; 8 lanes per fetched key");
   extern __shared__ __align__(16) unsigned char am_smem[];
   constexpr int ld = d + k_am_pad;
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(am_smem);                        // [terms][HB][ld]
-  uint16_t* Ks = Qs + k_am_terms * HB * ld;                                   // [keys][ld]
-  uint8_t* stage = reinterpret_cast<uint8_t*>(Ks + k_am_keys * ld);           // [keys][stage_ld] raw rows of the next tile
-  float* Sp = reinterpret_cast<float*>(stage + k_am_keys * stage_ld);         // [KS][HB][sp_ld]
-  uint16_t* Ps = reinterpret_cast<uint16_t*>(Sp + KS * HB * k_am_sp_ld);      // [terms][HB][ps_ld]
-  float* al = reinterpret_cast<float*>(Ps + k_am_terms * HB * k_am_ps_ld);    // [HB] alpha; at the end the denominators
-  uint8_t* kst = reinterpret_cast<uint8_t*>(al + HB);                         // [2][keys] 0 missing, 1 ring, 2 comp (tile parity)
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(am_smem);                    // [terms][HB][ld]
+  uint16_t* Ks = Qs + k_am_terms * HB * ld;                               // [keys][ld]
+  uint8_t* stage = reinterpret_cast<uint8_t*>(Ks + k_am_keys * ld);       // [keys][stage_ld] raw rows of the next tile
+  float* Sp = reinterpret_cast<float*>(stage + k_am_keys * stage_ld);     // [KS][HB][sp_ld]
+  uint16_t* Ps = reinterpret_cast<uint16_t*>(Sp + KS * HB * k_am_sp_ld);  // [terms][HB][ps_ld]
+  float* al = reinterpret_cast<float*>(Ps + k_am_terms * HB * k_am_ps_ld);  // [HB] alpha; at the end the denominators
+  uint8_t* kst = reinterpret_cast<uint8_t*>(al + HB);  // [2][keys] 0 missing, 1 ring, 2 comp (tile parity)
 
   const float neg_inf = -__int_as_float(0x7f800000);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
@@ -212,7 +212,8 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
         const GgmlType type = win ? src.ring_type : src.comp_type;
         const uint4* row = reinterpret_cast<const uint4*>(kv_row_ptr(win ? src.ring : src.comp, type, d, idx));
         uint4* st = reinterpret_cast<uint4*>(stage + j * stage_ld);
-        const int chunks = static_cast<int>((type == GgmlType::F32 ? 4 * static_cast<int64_t>(d) : kv_fp8_row_bytes(d)) / 16);
+        const int chunks =
+            static_cast<int>((type == GgmlType::F32 ? 4 * static_cast<int64_t>(d) : kv_fp8_row_bytes(d)) / 16);
         for (int c = lane & 7; c < chunks; c += 8) cp_async_vec(st + c, row + c);
       }
     }
@@ -231,8 +232,9 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
 #pragma unroll
       for (int u = 0; u < B; ++u) {
         const int f = f0 + u * k_am_threads + static_cast<int>(threadIdx.x), r = 4 * f / d;
-        v[u] = f < n4 && h0 + r < H ? *reinterpret_cast<const float4*>(q + (t * H + h0 + r) * static_cast<int64_t>(d) + (4 * f - r * d))
-                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[u] = f < n4 && h0 + r < H
+                   ? *reinterpret_cast<const float4*>(q + (t * H + h0 + r) * static_cast<int64_t>(d) + (4 * f - r * d))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
 #pragma unroll
       for (int u = 0; u < B; ++u) {
@@ -303,7 +305,8 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int k = k_am_terms - 1; k >= 0; --k) mma_bf16_16816(s[nt], a[k], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+          for (int k = k_am_terms - 1; k >= 0; --k)
+            mma_bf16_16816(s[nt], a[k], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
       }
       float* sp = Sp + (kr * HB + mt_s * 16 + g) * k_am_sp_ld + 2 * tq;
 #pragma unroll
@@ -378,7 +381,8 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
 #pragma unroll
             for (int k = 0; k < k_am_terms; ++k)
               ldsm_x4(a[m][k], Ps + (k * HB + m * 16 + (lane & 15)) * k_am_ps_ld + kk + (lane >> 4) * 8);
-          const uint16_t* vb = Ks + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + warp * dw + 32 * gq + (lane >> 4) * 8;
+          const uint16_t* vb =
+              Ks + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + warp * dw + 32 * gq + (lane >> 4) * 8;
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             if (4 * gq + 2 * np >= n_nt) continue;
@@ -389,7 +393,8 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
 #pragma unroll
               for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int k = k_am_terms - 1; k >= 0; --k) mma_bf16_16816(ta[m][2 * np + half], a[m][k], b[2 * half], b[2 * half + 1]);
+                for (int k = k_am_terms - 1; k >= 0; --k)
+                  mma_bf16_16816(ta[m][2 * np + half], a[m][k], b[2 * half], b[2 * half + 1]);
           }
         }
 #pragma unroll
@@ -397,7 +402,8 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[m][4 * gq + j][c] = fmaf(acc[m][4 * gq + j][c], c < 2 ? a_lo[m] : a_hi[m], ta[m][j][c]);
+            for (int c = 0; c < 4; ++c)
+              acc[m][4 * gq + j][c] = fmaf(acc[m][4 * gq + j][c], c < 2 ? a_lo[m] : a_hi[m], ta[m][j][c]);
       }
     }
   }
@@ -421,11 +427,13 @@ __global__ void __launch_bounds__(k_am_threads) attention_mma_kernel(float* out,
       if (h0 + r >= H) continue;
       const float den = part_acc ? 1.0f : al[r];
       float* o = (part_acc ? part_acc + ((t * H + h0 + r) * S + split) * static_cast<int64_t>(d)
-                           : out + (t * H + h0 + r) * static_cast<int64_t>(d)) + warp * dw + 2 * tq;
+                           : out + (t * H + h0 + r) * static_cast<int64_t>(d)) +
+                 warp * dw + 2 * tq;
 #pragma unroll
       for (int nt = 0; nt < n_nt; ++nt)
-        *reinterpret_cast<float2*>(o + 8 * nt) = part_acc ? make_float2(acc[m][nt][2 * half], acc[m][nt][2 * half + 1])
-                                                          : make_float2(acc[m][nt][2 * half] / den, acc[m][nt][2 * half + 1] / den);
+        *reinterpret_cast<float2*>(o + 8 * nt) =
+            part_acc ? make_float2(acc[m][nt][2 * half], acc[m][nt][2 * half + 1])
+                     : make_float2(acc[m][nt][2 * half] / den, acc[m][nt][2 * half + 1] / den);
     }
   }
 }
@@ -444,8 +452,8 @@ bool attention_uses_mma(const CudaContext& ctx, const AttentionOp& op) {
 
 void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
   const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
-  DSV4_ASSERT(n <= 0x7fffffff && H <= 65535 * 16, "attention: %lld tokens x %lld heads too many", static_cast<long long>(n),
-              static_cast<long long>(H));
+  DSV4_ASSERT(n <= 0x7fffffff && H <= 65535 * 16, "attention: %lld tokens x %lld heads too many",
+              static_cast<long long>(n), static_cast<long long>(H));
   // Staging row stride: the larger of the two row formats (multiples of 16 bytes).
   const int64_t stage_ld = std::max<int64_t>(op.ring.row_bytes(), op.comp ? op.comp.row_bytes() : 0);
   DSV4_ASSERT(stage_ld % 16 == 0, "attention: KV rows of %lld bytes", static_cast<long long>(stage_ld));
@@ -460,22 +468,28 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
   auto go = [&](auto kernel, int MT) {
     const size_t smem = am_smem_bytes(MT, d, stage_ld);
     allow_smem(kernel, smem);
-    launch_kernel(kernel, dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads, smem, ctx.stream,
-        op.out.f32(), part_acc, part_ml, op.q.f32(), att_key_source(op, 0), op.pos.i32(), op.sinks.f32(), static_cast<int>(H),
-        op.scale, static_cast<int>(stage_ld));
+    launch_kernel(kernel, dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads,
+                  smem, ctx.stream, op.out.f32(), part_acc, part_ml, op.q.f32(), att_key_source(op, 0), op.pos.i32(),
+                  op.sinks.f32(), static_cast<int>(H), op.scale, static_cast<int>(stage_ld));
     CUDA_CHECK_LAUNCH();
   };
   auto by_width = [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    if (d == 128) go(attention_mma_kernel<MT, 128>, MT);
-    else if (d == 256) go(attention_mma_kernel<MT, 256>, MT);
-    else go(attention_mma_kernel<MT, 512>, MT);
+    if (d == 128)
+      go(attention_mma_kernel<MT, 128>, MT);
+    else if (d == 256)
+      go(attention_mma_kernel<MT, 256>, MT);
+    else
+      go(attention_mma_kernel<MT, 512>, MT);
   };
   // MT = 2 (32 heads per block) for prefill batches: each key tile serves more heads. Decode (S > 1): MT = 1,
   // twice the blocks (Flash: 4 head groups x 16 splits = 64) with half the q staging and MMAs each.
-  if (H >= 32 && S == 1) by_width(std::integral_constant<int, 2>{});
-  else by_width(std::integral_constant<int, 1>{});
-  if (S > 1) launch_attention_combine(ctx, op.out.f32(), part_acc, part_ml, op.sinks.f32(), n, static_cast<int>(H), S, d);
+  if (H >= 32 && S == 1)
+    by_width(std::integral_constant<int, 2>{});
+  else
+    by_width(std::integral_constant<int, 1>{});
+  if (S > 1)
+    launch_attention_combine(ctx, op.out.f32(), part_acc, part_ml, op.sinks.f32(), n, static_cast<int>(H), S, d);
 }
 
 }  // namespace dsv4::cuda

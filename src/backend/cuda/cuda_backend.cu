@@ -112,7 +112,8 @@ class CudaBackend final : public Backend {
     // IQ2_XXS tables.
     CUDA_CHECK(cudaMalloc(&tables_mem_, 256 * sizeof(uint64_t) + 128));
     // On the op stream (a non-blocking stream does not wait for legacy-stream copies).
-    CUDA_CHECK(cudaMemcpyAsync(tables_mem_, quant::iq2xxs_grid(), 256 * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(tables_mem_, quant::iq2xxs_grid(), 256 * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(tables_mem_) + 256 * sizeof(uint64_t), quant::iq2xxs_signs(), 128,
                                cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -142,18 +143,24 @@ class CudaBackend final : public Backend {
     if (opts_.print_properties) {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      log_info("cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
-               "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s%s; programmatic dependent launch %s; %s",
-               device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
-               static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
-               ctx_.tensor_cores ? "tensor cores" : "FFMA tiles", ctx_.int_dot ? ", decode experts on integer dot products" : "",
-               (ctx_.expert_gemm_min == 0
-                   ? (opts_.expert_gemm_min == 0 || !ctx_.tensor_cores ? std::string() : std::string(", no grouped expert GEMM (needs an sm_90a build and device)"))
-                   : strfmt(", prefill experts of >= %d assignments on the grouped GEMM (wgmma)", ctx_.expert_gemm_min)).c_str(),
-               pdl_enabled() ? "on" : "off",
-               blas_ ? strfmt("matmuls of >= %lld tokens on %s", static_cast<long long>(ctx_.gemm_min_tokens),
-                              blas_->library().c_str()).c_str()
-                     : ("cuBLAS not used: " + blas_why).c_str());
+      log_info(
+          "cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), L2 %.0f MiB, "
+          "%zu KiB shared memory per block (opt-in); prefill matmuls on %s%s%s; programmatic dependent launch %s; %s",
+          device_, prop.name, prop.major, prop.minor, prop.multiProcessorCount, gib(total_b), gib(free_b),
+          static_cast<double>(prop.l2CacheSize) / (1 << 20), prop.sharedMemPerBlockOptin / 1024,
+          ctx_.tensor_cores ? "tensor cores" : "FFMA tiles",
+          ctx_.int_dot ? ", decode experts on integer dot products" : "",
+          (ctx_.expert_gemm_min == 0
+               ? (opts_.expert_gemm_min == 0 || !ctx_.tensor_cores
+                      ? std::string()
+                      : std::string(", no grouped expert GEMM (needs an sm_90a build and device)"))
+               : strfmt(", prefill experts of >= %d assignments on the grouped GEMM (wgmma)", ctx_.expert_gemm_min))
+              .c_str(),
+          pdl_enabled() ? "on" : "off",
+          blas_ ? strfmt("matmuls of >= %lld tokens on %s", static_cast<long long>(ctx_.gemm_min_tokens),
+                         blas_->library().c_str())
+                      .c_str()
+                : ("cuBLAS not used: " + blas_why).c_str());
     }
   }
 
@@ -227,7 +234,7 @@ class CudaBackend final : public Backend {
       bytes = it->second;
       allocs_.erase(it);
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use it
+    CUDA_CHECK(cudaStreamSynchronize(stream_));               // queued work may still use it
     if (gemm_cache_) gemm_cache_->drop_range(t.data, bytes);  // split copies of a freed weight
     CUDA_CHECK(cudaFree(t.data));
     t.data = nullptr;
@@ -318,7 +325,8 @@ class CudaBackend final : public Backend {
     use_device();
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    return static_cast<uint64_t>(free_b) + (gemm_cache_ ? gemm_cache_->bytes() : 0);  // the splits give way (malloc_evicting)
+    return static_cast<uint64_t>(free_b) +
+           (gemm_cache_ ? gemm_cache_->bytes() : 0);  // the splits give way (malloc_evicting)
   }
 
   expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
@@ -333,9 +341,10 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       (void)cudaMemGetInfo(&free_b, &total_b);
-      return make_error("out of GPU memory uploading a %s weight of %.3f GiB (%.2f GiB of weights already uploaded, "
-                        "%.2f GiB free of %.2f GiB): the model does not fit on this GPU",
-                        ggml_type_name(type), gib(bytes), gib(stats_.bytes), gib(free_b), gib(total_b));
+      return make_error(
+          "out of GPU memory uploading a %s weight of %.3f GiB (%.2f GiB of weights already uploaded, "
+          "%.2f GiB free of %.2f GiB): the model does not fit on this GPU",
+          ggml_type_name(type), gib(bytes), gib(stats_.bytes), gib(free_b), gib(total_b));
     }
     CUDA_CHECK(e);
     {
@@ -372,7 +381,8 @@ class CudaBackend final : public Backend {
     DSV4_ASSERT(offset + bytes <= src.n_bytes(), "read past the end of a tensor");
     if (bytes == 0) return;
     use_device();
-    CUDA_CHECK(cudaMemcpyAsync(host, static_cast<const uint8_t*>(src.data) + offset, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(host, static_cast<const uint8_t*>(src.data) + offset, bytes, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
@@ -429,14 +439,16 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("matmul", &op) : std::string());
     launch_matmul(ctx_, op);
-    if (opts_.dup(CudaDupOp::MATMUL) && !op.accumulate && op.out.data != op.x.data) launch_matmul(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::MATMUL) && !op.accumulate && op.out.data != op.x.data)
+      launch_matmul(ctx_, op);  // --dup-ops
   }
   void matmuls(const MatmulsOp& op) override {
     use_device();
     std::string key;
     if (profiling_ && op.count > 0) {  // e.g. "matmuls F16 1024+1024+64x4096 n=1"
       key = strfmt("matmuls %s ", ggml_type_name(op.w[0].type));
-      for (int i = 0; i < op.count; ++i) key += strfmt("%s%lld", i ? "+" : "", static_cast<long long>(op.w[i].n_rows()));
+      for (int i = 0; i < op.count; ++i)
+        key += strfmt("%s%lld", i ? "+" : "", static_cast<long long>(op.w[i].n_rows()));
       key += strfmt("x%lld%s", static_cast<long long>(op.w[0].ne[0]), op.x.n_rows() == 1 ? " n=1" : " n>1");
     }
     Timed t(this, key);
@@ -492,13 +504,15 @@ class CudaBackend final : public Backend {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_experts") : std::string());
     launch_moe_experts(ctx_, op);
-    if (opts_.dup(CudaDupOp::MOE_EXPERTS) && !op.accumulate && op.out.data != op.x.data) launch_moe_experts(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::MOE_EXPERTS) && !op.accumulate && op.out.data != op.x.data)
+      launch_moe_experts(ctx_, op);  // --dup-ops
   }
   void swiglu(const SwigluOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("swiglu") : std::string());
     launch_swiglu(ctx_, op);
-    if (opts_.dup(CudaDupOp::SWIGLU) && op.out.data != op.gate.data && op.out.data != op.up.data) launch_swiglu(ctx_, op);  // --dup-ops
+    if (opts_.dup(CudaDupOp::SWIGLU) && op.out.data != op.gate.data && op.out.data != op.up.data)
+      launch_swiglu(ctx_, op);  // --dup-ops
   }
   void add(const AddOp& op) override {
     use_device();
@@ -570,8 +584,8 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       (void)cudaMemGetInfo(&free_b, &total_b);
-      DSV4_ASSERT(false, "CUDA backend: out of device memory allocating %s of %zu bytes (%.2f GiB free of %.2f GiB)", what,
-                  bytes, gib(free_b), gib(total_b));
+      DSV4_ASSERT(false, "CUDA backend: out of device memory allocating %s of %zu bytes (%.2f GiB free of %.2f GiB)",
+                  what, bytes, gib(free_b), gib(total_b));
     }
     CUDA_CHECK(e);
     std::lock_guard<std::mutex> lock(mu_);
@@ -657,7 +671,8 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
     return make_error("no usable CUDA device: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
   }
   if (count == 0) return make_error("no CUDA device found");
-  if (device < 0 || device >= count) return make_error("CUDA device %d does not exist (%d device(s) found)", device, count);
+  if (device < 0 || device >= count)
+    return make_error("CUDA device %d does not exist (%d device(s) found)", device, count);
   e = cudaSetDevice(device);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -670,9 +685,10 @@ expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBacke
   e = cudaFuncGetAttributes(&attr, cuda::probe_kernel);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return make_error("this build of dsv4 has no kernels for CUDA device %d (%s, compute capability %d.%d): %s; rebuild "
-                      "with -DCMAKE_CUDA_ARCHITECTURES=%d%d",
-                      device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor);
+    return make_error(
+        "this build of dsv4 has no kernels for CUDA device %d (%s, compute capability %d.%d): %s; rebuild "
+        "with -DCMAKE_CUDA_ARCHITECTURES=%d%d",
+        device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), prop.major, prop.minor);
   }
   DSV4_TRY(options.check());
   // cuBLAS for the prefill matmuls, with tensor cores only. "auto" falls back to the tile when the library is

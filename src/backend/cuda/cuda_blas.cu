@@ -22,10 +22,10 @@ struct Blas::Api {
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
   cublasStatus_t (*set_workspace)(cublasHandle_t, void*, size_t) = nullptr;
   const char* (*status_string)(cublasStatus_t) = nullptr;  // optional
-  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
-                                         const void*, cudaDataType, int, long long, const void*, cudaDataType, int,
-                                         long long, const void*, void*, cudaDataType, int, long long, int,
-                                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                         const void*, const void*, cudaDataType, int, long long, const void*,
+                                         cudaDataType, int, long long, const void*, void*, cudaDataType, int, long long,
+                                         int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 
 namespace {
@@ -46,8 +46,10 @@ std::unique_ptr<Blas> Blas::load(CublasMode mode, const std::string& library, st
     return nullptr;
   }
   std::vector<std::string> names;
-  if (mode == CublasMode::LIBRARY) names.push_back(library);
-  else names = {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+  if (mode == CublasMode::LIBRARY)
+    names.push_back(library);
+  else
+    names = {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so.12", "libcublas.so"};
   void* dl = nullptr;
   std::string tried;
   for (const std::string& n : names) {
@@ -99,16 +101,17 @@ Blas::~Blas() {
   if (dl_) dlclose(dl_);
 }
 
-void Blas::gemm_tn_f16(cudaStream_t stream, int m, int n, int k, const void* A, int lda, int64_t sA, const void* B, int ldb,
-                       int64_t sB, float* C, int ldc, int64_t sC, int batch, bool accumulate) {
+void Blas::gemm_tn_f16(cudaStream_t stream, int m, int n, int k, const void* A, int lda, int64_t sA, const void* B,
+                       int ldb, int64_t sB, float* C, int ldc, int64_t sC, int batch, bool accumulate) {
   auto h = static_cast<cublasHandle_t>(handle_);
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   cublasStatus_t st = api_->set_stream(h, stream);
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = api_->gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16F, lda, sA, B, CUDA_R_16F, ldb,
-                                    sB, &beta, C, CUDA_R_32F, ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  DSV4_ASSERT(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM (m %d, n %d, k %d, batch %d) failed: %s (status %d)", m, n, k, batch,
-              api_->status_string ? api_->status_string(st) : "?", static_cast<int>(st));
+    st = api_->gemm_strided_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16F, lda, sA, B, CUDA_R_16F,
+                                    ldb, sB, &beta, C, CUDA_R_32F, ldc, sC, batch, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+  DSV4_ASSERT(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM (m %d, n %d, k %d, batch %d) failed: %s (status %d)", m, n, k,
+              batch, api_->status_string ? api_->status_string(st) : "?", static_cast<int>(st));
 }
 
 }  // namespace dsv4::cuda

@@ -26,9 +26,9 @@ namespace dsv4::cuda {
 // that trapped on a broken invariant), which dsv4 cannot recover from.
 [[noreturn]] void cuda_fatal(cudaError_t err, const char* stmt, const char* file, int line);
 
-#define CUDA_CHECK(stmt)                                                    \
-  do {                                                                      \
-    cudaError_t dsv4_cuda_err_ = (stmt);                                    \
+#define CUDA_CHECK(stmt)                                                                                    \
+  do {                                                                                                      \
+    cudaError_t dsv4_cuda_err_ = (stmt);                                                                    \
     if (dsv4_cuda_err_ != cudaSuccess) ::dsv4::cuda::cuda_fatal(dsv4_cuda_err_, #stmt, __FILE__, __LINE__); \
   } while (0)
 
@@ -37,12 +37,12 @@ namespace dsv4::cuda {
 
 // Device-side invariant: prints the condition and traps, which makes the next
 // checked CUDA call fail (fatal, with the kernel's message on stdout above it).
-#define DEVICE_CHECK(cond)                                                                     \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      printf("dsv4 CUDA kernel invariant failed: %s at %s:%d\n", #cond, __FILE__, __LINE__);  \
-      __trap();                                                                                \
-    }                                                                                          \
+#define DEVICE_CHECK(cond)                                                                   \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      printf("dsv4 CUDA kernel invariant failed: %s at %s:%d\n", #cond, __FILE__, __LINE__); \
+      __trap();                                                                              \
+    }                                                                                        \
   } while (0)
 
 // IQ2_XXS lookup tables in device memory (quant::iq2xxs_grid / iq2xxs_signs).

@@ -56,8 +56,8 @@ struct ApeView {
 // window that completes (one launch; the parallel pool + frontier kernels
 // below give the same bits and win from ~a few windows per batch).
 __global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
-                                     bool overlap, const float* kv, const float* gate, ApeView ape,
-                                     const int32_t* pos, int64_t n) {
+                                    bool overlap, const float* kv, const float* gate, ApeView ape, const int32_t* pos,
+                                    int64_t n) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= d) return;
@@ -138,8 +138,8 @@ __device__ __forceinline__ void compress_cand(int64_t q, int64_t col, int64_t ol
 // window k (lane B with overlap), and with overlap those of window k - 1
 // (lane A); each from the batch or the frontier before it. Softmax pooling in
 // the CPU's order, in double.
-__global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, const float* sa, const float* sg, int64_t w,
-                                     int m, bool overlap, const float* kv, const float* gate, ApeView ape,
+__global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d, const float* sa, const float* sg,
+                                     int64_t w, int m, bool overlap, const float* kv, const float* gate, ApeView ape,
                                      const int32_t* pos, int64_t n) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -188,8 +188,8 @@ __global__ void compress_pool_kernel(float* pooled, int64_t cap_rows, int64_t d,
 // rows hold window kc - 1. Rows that cannot have changed are not written
 // (a decode step writes one row). Runs after compress_pool_kernel, which reads
 // the old frontier; each thread reads its rows before writing them.
-__global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bool overlap, const float* kv, const float* gate,
-                                      ApeView ape, const int32_t* pos, int64_t n) {
+__global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bool overlap, const float* kv,
+                                      const float* gate, ApeView ape, const int32_t* pos, int64_t n) {
   pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(m) * w) return;
@@ -219,8 +219,9 @@ __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, i
   pdl_enter();
   __shared__ double red[33];
   const int32_t p = pos[blockIdx.x];
-  DEVICE_CHECK(p == pos[0] + static_cast<int32_t>(blockIdx.x));  // consecutive positions (the pool and state kernels assume them)
-  if ((p + 1) % m != 0) return;  // uniform over the block
+  DEVICE_CHECK(p == pos[0] + static_cast<int32_t>(
+                                 blockIdx.x));  // consecutive positions (the pool and state kernels assume them)
+  if ((p + 1) % m != 0) return;                 // uniform over the block
   const int64_t k = p / m;
   float* row = pooled + static_cast<int64_t>(blockIdx.x) * d;
   if (round_bf16)
@@ -238,9 +239,9 @@ __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, i
 constexpr int64_t k_compress_seq_max = 16;
 
 void launch_compress_post(const CudaContext& ctx, const CompressOp& op, float* pooled, const RopeTable& rt, int64_t n) {
-  launch_kernel(compress_post_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.rows.data, op.rows.type, pooled, op.norm_w.ne[0],
-      op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps, rt,
-      op.sim, op.n_quant, op.round_pooled_bf16);
+  launch_kernel(compress_post_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.rows.data, op.rows.type, pooled,
+                op.norm_w.ne[0], op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps, rt, op.sim, op.n_quant,
+                op.round_pooled_bf16);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -255,10 +256,12 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   DSV4_ASSERT(m >= 1, "compress: ratio %d", m);
   DSV4_ASSERT(w == (op.overlap ? 2 : 1) * d, "compress: width %lld for row width %lld", static_cast<long long>(w),
               static_cast<long long>(d));
-  DSV4_ASSERT(R == (op.overlap ? 2 * m : m) && op.state_a.ne[0] == w && op.state_g.ne[0] == w, "compress: frontier shape");
+  DSV4_ASSERT(R == (op.overlap ? 2 * m : m) && op.state_a.ne[0] == w && op.state_g.ne[0] == w,
+              "compress: frontier shape");
   DSV4_ASSERT(op.ape.ne[0] == w && op.ape.n_rows() == m, "compress: APE shape");
   DSV4_ASSERT(op.gate.ne[0] == w && op.gate.n_rows() == n && op.rows.ne[0] == d, "compress: projection/row shapes");
-  DSV4_ASSERT(op.sim != KvQuantSim::HADAMARD_FP4 || (d & (d - 1)) == 0, "compress: Hadamard needs a power-of-two width");
+  DSV4_ASSERT(op.sim != KvQuantSim::HADAMARD_FP4 || (d & (d - 1)) == 0,
+              "compress: Hadamard needs a power-of-two width");
   if (n == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff, "compress: batch too large");
   const RopeTable rt = make_rope_table(op.rope);
@@ -268,7 +271,8 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   // then, for APE types other than F32/F16, the APE rows [m, w] as f32.
   const bool ape_direct = op.ape.type == GgmlType::F32 || op.ape.type == GgmlType::F16;
   const size_t ape_floats = ape_direct ? 0 : static_cast<size_t>(m) * static_cast<size_t>(w);
-  auto* pooled = static_cast<float*>(ctx.scratch->get((static_cast<size_t>(n * d) + ape_floats) * sizeof(float), ctx.stream));
+  auto* pooled =
+      static_cast<float*>(ctx.scratch->get((static_cast<size_t>(n * d) + ape_floats) * sizeof(float), ctx.stream));
   ApeView ape{op.ape.data, op.ape.type == GgmlType::F16};
   if (!ape_direct) {
     float* ape_f32 = pooled + n * d;
@@ -276,8 +280,9 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
     ape = ApeView{ape_f32, false};
   }
   if (n <= k_compress_seq_max) {
-    launch_kernel(compress_seq_kernel, ceil_div(d, 128), 128, 0, ctx.stream, pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(),
-        w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
+    launch_kernel(compress_seq_kernel, ceil_div(d, 128), 128, 0, ctx.stream, pooled, op.rows.n_rows(), d,
+                  op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(),
+                  n);
     CUDA_CHECK_LAUNCH();
     launch_compress_post(ctx, op, pooled, rt, n);
     return;
@@ -285,12 +290,12 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   // Windows completing in the batch: at most n / m + 1.
   const int64_t n_win = n / m + 1;
   DSV4_ASSERT(n_win <= 65535, "compress: batch of %lld tokens too large for ratio %d", static_cast<long long>(n), m);
-  launch_kernel(compress_pool_kernel, dim3(ceil_div(d, 128), static_cast<unsigned>(n_win)), 128, 0, ctx.stream,
-      pooled, op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape,
-      op.pos.i32(), n);
+  launch_kernel(compress_pool_kernel, dim3(ceil_div(d, 128), static_cast<unsigned>(n_win)), 128, 0, ctx.stream, pooled,
+                op.rows.n_rows(), d, op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(),
+                ape, op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
-  launch_kernel(compress_state_kernel, ceil_div(static_cast<int64_t>(m) * w, 256), 256, 0, ctx.stream,
-      op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
+  launch_kernel(compress_state_kernel, ceil_div(static_cast<int64_t>(m) * w, 256), 256, 0, ctx.stream, op.state_a.f32(),
+                op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
   launch_compress_post(ctx, op, pooled, rt, n);
 }

@@ -26,7 +26,8 @@
 namespace dsv4::cuda {
 
 RopeTable make_rope_table(const RopeParams& p) {
-  DSV4_ASSERT(p.n_rot >= 0 && p.n_rot % 2 == 0 && p.n_rot / 2 <= RopeTable::k_max_pairs, "rope: n_rot %d unsupported", p.n_rot);
+  DSV4_ASSERT(p.n_rot >= 0 && p.n_rot % 2 == 0 && p.n_rot / 2 <= RopeTable::k_max_pairs, "rope: n_rot %d unsupported",
+              p.n_rot);
   RopeTable t;
   t.n_rot = p.n_rot;
   rope_frequencies(p, t.omega);
@@ -45,8 +46,8 @@ unsigned grid_for(int64_t n, int threads) {
 // decode norm): the weight (a constant) is loaded before pdl_enter and the
 // position with the row, so neither adds a round trip to the chain
 // (block_rms_norm_row's register path, the same operations).
-__global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps, const int32_t* rope_pos,
-                                int64_t per_tok, RopeTable rt) {
+__global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps,
+                                const int32_t* rope_pos, int64_t per_tok, RopeTable rt) {
   __shared__ double red[33];
   const int64_t r = blockIdx.x, nt = blockDim.x;
   int32_t pos = 0;
@@ -72,7 +73,8 @@ __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int6
   }
   if (rope_pos) {
     __syncthreads();
-    for (int j = threadIdx.x; j < rt.n_rot / 2; j += blockDim.x) rope_pair(out + r * d + (d - rt.n_rot), j, rt.omega[j], pos, false);
+    for (int j = threadIdx.x; j < rt.n_rot / 2; j += blockDim.x)
+      rope_pair(out + r * d + (d - rt.n_rot), j, rt.omega[j], pos, false);
   }
 }
 
@@ -86,8 +88,9 @@ __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int6
 // q head norms (131,072 rows of 512) as one 128-thread block per row read at
 // 1.1 TB/s (ncu, H200).
 template <int K>
-__global__ void __launch_bounds__(256) rms_norm_warp_kernel(float* out, const float* x, const float* w, int64_t rows, int64_t d,
-                                                            float eps, const int32_t* rope_pos, int64_t per_tok, RopeTable rt) {
+__global__ void __launch_bounds__(256)
+    rms_norm_warp_kernel(float* out, const float* x, const float* w, int64_t rows, int64_t d, float eps,
+                         const int32_t* rope_pos, int64_t per_tok, RopeTable rt) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   float v[K], wv[K];
@@ -109,7 +112,8 @@ __global__ void __launch_bounds__(256) rms_norm_warp_kernel(float* out, const fl
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < d) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
-  ss = __shfl_sync(k_full_mask, warp_sum_double(ss), 0);  // also orders every read of x before the writes (out may alias x)
+  ss = __shfl_sync(k_full_mask, warp_sum_double(ss),
+                   0);  // also orders every read of x before the writes (out may alias x)
   const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   float* o = out + r * d;
 #pragma unroll
@@ -123,8 +127,8 @@ __global__ void __launch_bounds__(256) rms_norm_warp_kernel(float* out, const fl
   }
 }
 
-__global__ void rope_kernel(float* x, const int32_t* pos, int64_t d, int64_t per_tok, int64_t n_pairs_total, RopeTable rt,
-                            bool inverse) {
+__global__ void rope_kernel(float* x, const int32_t* pos, int64_t d, int64_t per_tok, int64_t n_pairs_total,
+                            RopeTable rt, bool inverse) {
   pdl_enter();
   const int half = rt.n_rot / 2;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_pairs_total;
@@ -207,8 +211,8 @@ __global__ void __launch_bounds__(256) hadamard_fp4_warp_kernel(float* x, int64_
   }
 }
 
-__global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, const int32_t* pos, int64_t n, int64_t d,
-                                  int64_t cap) {
+__global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, const int32_t* pos, int64_t n,
+                                  int64_t d, int64_t cap) {
   pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t slot = pos[t] % cap;
@@ -263,24 +267,27 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
   const int64_t per_tok = op.rope_rows_per_token;
   if (op.rope_pos) {
     DSV4_ASSERT(per_tok >= 1 && rows % per_tok == 0 && op.rope_pos.ne[0] == rows / per_tok,
-                "rms_norm: RoPE positions for %lld rows of %lld per token", static_cast<long long>(rows), static_cast<long long>(per_tok));
+                "rms_norm: RoPE positions for %lld rows of %lld per token", static_cast<long long>(rows),
+                static_cast<long long>(per_tok));
     DSV4_ASSERT(op.rope.n_rot <= d && op.rope.n_rot % 2 == 0, "rms_norm: bad RoPE n_rot");
     rt = make_rope_table(op.rope);
   }
   if (d <= 32 * 32) {  // one warp per row (a function of d only, like the block size below)
     const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
     auto launch = [&](auto kernel) {
-      launch_kernel(kernel, grid, 256, 0, ctx.stream, op.out.f32(), op.x.f32(), op.w ? op.w.f32() : nullptr, rows, d, op.eps,
-                    op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
+      launch_kernel(kernel, grid, 256, 0, ctx.stream, op.out.f32(), op.x.f32(), op.w ? op.w.f32() : nullptr, rows, d,
+                    op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
     };
-    if (d <= 32 * 16) launch(rms_norm_warp_kernel<16>);
-    else launch(rms_norm_warp_kernel<32>);
+    if (d <= 32 * 16)
+      launch(rms_norm_warp_kernel<16>);
+    else
+      launch(rms_norm_warp_kernel<32>);
     CUDA_CHECK_LAUNCH();
     return;
   }
   const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
   launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), threads, 0, ctx.stream, op.out.f32(), op.x.f32(),
-      op.w ? op.w.f32() : nullptr, d, op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
+                op.w ? op.w.f32() : nullptr, d, op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -292,7 +299,8 @@ void launch_rope(const CudaContext& ctx, const RopeOp& op) {
   const RopeTable rt = make_rope_table(op.rope);
   const int64_t total = n * per_tok * (rt.n_rot / 2);
   if (total == 0) return;
-  launch_kernel(rope_kernel, grid_for(total, 256), 256, 0, ctx.stream, op.x.f32(), op.pos.i32(), d, per_tok, total, rt, op.inverse);
+  launch_kernel(rope_kernel, grid_for(total, 256), 256, 0, ctx.stream, op.x.f32(), op.pos.i32(), d, per_tok, total, rt,
+                op.inverse);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -300,7 +308,8 @@ void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op) {
   if (op.sim == KvQuantSim::NONE) return;
   const int64_t d = op.x.ne[0], rows = op.x.n_rows();
   DSV4_ASSERT(op.sim != KvQuantSim::HADAMARD_FP4 || (d & (d - 1)) == 0, "Hadamard needs a power-of-two width");
-  DSV4_ASSERT(op.sim != KvQuantSim::FP8_BF16 || (op.n_quant >= 0 && op.n_quant <= d), "quant_sim: n_quant out of range");
+  DSV4_ASSERT(op.sim != KvQuantSim::FP8_BF16 || (op.n_quant >= 0 && op.n_quant <= d),
+              "quant_sim: n_quant out of range");
   DSV4_ASSERT(rows <= 0x7fffffff, "quant_sim: too many rows");
   if (rows == 0) return;
   if (op.sim == KvQuantSim::HADAMARD_FP4 && d >= 64 && d <= 1024 && reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0) {
@@ -316,7 +325,8 @@ void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op) {
     CUDA_CHECK_LAUNCH();
     return;
   }
-  launch_kernel(quant_sim_kernel, static_cast<unsigned>(rows), d > 256 ? 256 : 128, 0, ctx.stream, op.x.f32(), d, op.sim, op.n_quant);
+  launch_kernel(quant_sim_kernel, static_cast<unsigned>(rows), d > 256 ? 256 : 128, 0, ctx.stream, op.x.f32(), d,
+                op.sim, op.n_quant);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -327,8 +337,8 @@ void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op) {
               static_cast<long long>(n));
   if (n == 0) return;
   check_kv_rows(op.ring, "store_rows");
-  launch_kernel(store_rows_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.ring.data, op.ring.type, op.rows.f32(), op.pos.i32(),
-      n, d, cap);
+  launch_kernel(store_rows_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.ring.data, op.ring.type,
+                op.rows.f32(), op.pos.i32(), n, d, cap);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -336,7 +346,8 @@ void launch_swiglu(const CudaContext& ctx, const SwigluOp& op) {
   const int64_t n = op.out.n_elements();
   DSV4_ASSERT(op.gate.n_elements() == n && op.up.n_elements() == n, "swiglu: size mismatch");
   if (n == 0) return;
-  launch_kernel(swiglu_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.out.f32(), op.gate.f32(), op.up.f32(), n, op.clamp);
+  launch_kernel(swiglu_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.out.f32(), op.gate.f32(), op.up.f32(), n,
+                op.clamp);
   CUDA_CHECK_LAUNCH();
 }
 

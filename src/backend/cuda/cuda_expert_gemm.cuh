@@ -32,8 +32,8 @@
 
 namespace dsv4::cuda {
 
-constexpr int k_eg_rows = 128;       // weight rows per block
-constexpr int k_eg_bk = 64;          // columns per chunk: 2 units of 32
+constexpr int k_eg_rows = 128;  // weight rows per block
+constexpr int k_eg_bk = 64;     // columns per chunk: 2 units of 32
 
 template <GgmlType T>
 constexpr bool expert_gemm_type() {
@@ -89,9 +89,9 @@ struct RowBound<GgmlType::IQ2_XXS> {  // 66-byte blocks of 256: |d (0.5 + ls) 0.
 
 // x rows [n][x_stride] -> xh, xl [n][cols] f16 (hi, lo of x 2^e_t) and e_t [n];
 // one 256-thread block per row.
-static __global__ void __launch_bounds__(256) expert_gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride,
-                                                                          int64_t cols, __half* __restrict__ xh,
-                                                                          __half* __restrict__ xl, int* __restrict__ tok_exp) {
+static __global__ void __launch_bounds__(256)
+    expert_gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t cols, __half* __restrict__ xh,
+                               __half* __restrict__ xl, int* __restrict__ tok_exp) {
   pdl_enter();
   __shared__ float red[33];
   const int64_t t = blockIdx.x;
@@ -114,19 +114,20 @@ static __global__ void __launch_bounds__(256) expert_gemm_split_x_kernel(const f
 // Offset (halves) of element (r, k) of a chunk (rows x 64 columns) in the core-matrix layout that wgmma reads
 // without swizzling: 8x8 cores of 16-byte rows, row-group-major (a group of 8 rows is 1 KiB, its 8 cores in
 // column order). Weight rows and tokens alike.
-__host__ __device__ constexpr int eg_core_off(int r, int k) { return ((r >> 3) * 8 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7); }
+__host__ __device__ constexpr int eg_core_off(int r, int k) {
+  return ((r >> 3) * 8 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7);
+}
 
 // The split x of the big plan tiles, gathered into the stage layout so that one bulk copy per chunk fills a
 // stage (cuda_expert_wgmma.cu). Tile z (big[z] = {expert, first list index, nt, P}, P a multiple of 8 from the
 // plan) owns r8 = round_up(nt, 8) token rows at xth / xtl + P cols halves, chunk-major: chunk c at + c r8 64,
 // its element (t, k) at eg_core_off(t, k); rows nt..r8-1 are zeros. Grid (cols / 64, max big tiles), 256
 // threads; blocks past n_big exit.
-static __global__ void __launch_bounds__(256) expert_gemm_gather_x_kernel(const __half* __restrict__ xh,
-                                                                           const __half* __restrict__ xl, int64_t cols,
-                                                                           const int32_t* __restrict__ list,
-                                                                           const int4* __restrict__ big,
-                                                                           const int32_t* __restrict__ n_big, int x_div,
-                                                                           __half* __restrict__ xth, __half* __restrict__ xtl) {
+static __global__ void __launch_bounds__(256)
+    expert_gemm_gather_x_kernel(const __half* __restrict__ xh, const __half* __restrict__ xl, int64_t cols,
+                                const int32_t* __restrict__ list, const int4* __restrict__ big,
+                                const int32_t* __restrict__ n_big, int x_div, __half* __restrict__ xth,
+                                __half* __restrict__ xtl) {
   pdl_enter();
   if (static_cast<int>(blockIdx.y) >= *n_big) return;
   const int4 td = big[blockIdx.y];
@@ -177,8 +178,8 @@ struct EgUnit {
   };
   __device__ static void tables(EgTables&, const QuantTables&, int, int) {}
   __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) { return {row, u}; }
-  __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables& tab, const EgTables&, uint16_t* dh,
-                                             uint16_t* dl, int vs) {
+  __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables& tab, const EgTables&,
+                                             uint16_t* dh, uint16_t* dl, int vs) {
     float v[32];
     WeightUnit<T>::decode(r.row, r.u, v, tab, s);
 #pragma unroll
@@ -200,7 +201,9 @@ struct EgUnit {
 // 2c1+1. For codes in the bytes of a word q (values 0..3), q * 0x22 + 0x10101010
 // holds the selectors of elements (0, 1) in its low and (2, 3) in its high 16 bits.
 __device__ __forceinline__ uint32_t eg_sel4(uint32_t codes) { return codes * 0x22u + 0x10101010u; }
-__device__ __forceinline__ uint32_t eg_pick(const uint32_t (&t)[2], uint32_t sel) { return __byte_perm(t[0], t[1], sel); }
+__device__ __forceinline__ uint32_t eg_pick(const uint32_t (&t)[2], uint32_t sel) {
+  return __byte_perm(t[0], t[1], sel);
+}
 
 // Q2_K: per 16-element sub-block 4 weights (code q = 0..3): (d sc) q - dmin m.
 // Unit v (0..7) of a 256-block: scales[2v], scales[2v+1], and bits 2(v % 4)..
@@ -224,8 +227,8 @@ struct EgUnit<GgmlType::Q2_K> {
     for (int i = 0; i < 8; ++i) r.q[i] = ld(q + i);
     return r;
   }
-  __device__ __forceinline__ static void put(const Raw& r, float scale, const QuantTables&, const EgTables&, uint16_t* dh,
-                                             uint16_t* dl, int vs) {
+  __device__ __forceinline__ static void put(const Raw& r, float scale, const QuantTables&, const EgTables&,
+                                             uint16_t* dh, uint16_t* dl, int vs) {
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu)) * scale;
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16)) * scale;
 #pragma unroll
@@ -288,23 +291,24 @@ struct EgUnit<GgmlType::IQ2_XXS> {
     r.wb = static_cast<uint32_t>(ld(g + 2)) | (static_cast<uint32_t>(ld(g + 3)) << 16);
     return r;
   }
-  __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables&, const EgTables& et, uint16_t* dh,
-                                             uint16_t* dl, int vs) {
+  __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables&, const EgTables& et,
+                                             uint16_t* dh, uint16_t* dl, int vs) {
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.d)) * s;
     const float db = mul_rn(mul_rn(d, 0.5f + static_cast<float>(r.wb >> 28)), 0.25f);
     const float ndb = -db * 8388608.0f;
     // WeightUnit<IQ2_XXS>::decode's fma(db, 2^23 + b, -db 2^23) for b = 8, 25, 43 (and 0: unused).
     uint32_t th[2], tl[2];
-    eg_split2(__fmaf_rn(db, __uint_as_float(0x4B000008u), ndb), __fmaf_rn(db, __uint_as_float(0x4B000019u), ndb), th[0], tl[0]);
+    eg_split2(__fmaf_rn(db, __uint_as_float(0x4B000008u), ndb), __fmaf_rn(db, __uint_as_float(0x4B000019u), ndb), th[0],
+              tl[0]);
     eg_split2(__fmaf_rn(db, __uint_as_float(0x4B00002Bu), ndb), 0.0f, th[1], tl[1]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint4 sel = et.iq2_sel[(r.wa >> (8 * k)) & 0xFFu];
       const uint4 sg = et.iq2_sign[(r.wb >> (7 * k)) & 127u];
       *reinterpret_cast<uint4*>(dh + vs * k) = make_uint4(eg_pick(th, sel.x) ^ sg.x, eg_pick(th, sel.y) ^ sg.y,
-                                                         eg_pick(th, sel.z) ^ sg.z, eg_pick(th, sel.w) ^ sg.w);
+                                                          eg_pick(th, sel.z) ^ sg.z, eg_pick(th, sel.w) ^ sg.w);
       *reinterpret_cast<uint4*>(dl + vs * k) = make_uint4(eg_pick(tl, sel.x) ^ sg.x, eg_pick(tl, sel.y) ^ sg.y,
-                                                         eg_pick(tl, sel.z) ^ sg.z, eg_pick(tl, sel.w) ^ sg.w);
+                                                          eg_pick(tl, sel.z) ^ sg.z, eg_pick(tl, sel.w) ^ sg.w);
     }
   }
 };
@@ -322,12 +326,12 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 constexpr int k_wg_tokens = 128;
 struct ExpertGemmArgs {
   const int32_t* list;
-  const int4* tiles;        // the plan's big tiles {expert, first list index, count, padded token base}
+  const int4* tiles;  // the plan's big tiles {expert, first list index, count, padded token base}
   const int32_t* n_tiles;
   int64_t max_tiles;
-  const __half* xth;        // their split x, gathered (expert_gemm_gather_x_kernel)
+  const __half* xth;  // their split x, gathered (expert_gemm_gather_x_kernel)
   const __half* xtl;
-  const int* e_t;           // the x rows' exponents
+  const int* e_t;  // the x rows' exponents
   int x_div;
 };
 // True when this binary carries the sm_90a kernel and the device runs it

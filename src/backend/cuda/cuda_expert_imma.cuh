@@ -56,8 +56,8 @@ constexpr int k_imma_rows = 16;      // rows per block (the MMA's M)
 constexpr int k_imma_max_warps = 8;  // K split: at most 8 chunks in flight per block
 
 // d = A B + c, m16n8k32, s8 x s8 -> s32 (exact).
-__device__ __forceinline__ void imma_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                           uint32_t b1, const int32_t (&c)[4]) {
+__device__ __forceinline__ void imma_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t b0, uint32_t b1, const int32_t (&c)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -125,8 +125,8 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
   // The lane's A fragments of one unit of one row from its grid-index word iw
   // and sign word wb, and the unit's factor 2 ls + 1; sel_t = 0x4440 | t
   // (byte t of iw, zero-extended).
-  __device__ __forceinline__ static void unit_w(uint32_t iw, uint32_t wb, int t, uint32_t sel_t, const IdotTables& tab, uint32_t& lo,
-                                                uint32_t& hi, int32_t& ls2) {
+  __device__ __forceinline__ static void unit_w(uint32_t iw, uint32_t wb, int t, uint32_t sel_t, const IdotTables& tab,
+                                                uint32_t& lo, uint32_t& hi, int32_t& ls2) {
     const uint32_t idx = __byte_perm(iw, 0u, sel_t);
     const uint32_t sel = tab.grid_sel[idx] | tab.sign_sel[(wb >> (7 * t)) & 127u];
     lo = signed_codes(sel);
@@ -140,8 +140,8 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
   // bench_cuda_ops --filter moe, 3 rounds: a decode step's experts
   // 41.4 -> 40.5 us; PTX per MMA 55.7 -> 49.4, loads 9.9 -> 7.1).
   template <int B>
-  __device__ __forceinline__ static void dot(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t, float w0, float w1,
-                                             const IdotTables& tab, float (&acc)[2]) {
+  __device__ __forceinline__ static void dot(const uint8_t* rg, const uint8_t* rg8, const ImmaXBlock& x, int t,
+                                             float w0, float w1, const IdotTables& tab, float (&acc)[2]) {
     constexpr bool odd = (B & 1) != 0;
     constexpr int NW = odd ? 8 : 9;
     const uint32_t sel_t = 0x4440u | static_cast<uint32_t>(t);
@@ -196,8 +196,8 @@ struct ImmaBlock<GgmlType::IQ2_XXS> {
 template <>
 struct ImmaBlock<GgmlType::Q2_K> {
   template <class Tables>
-  __device__ __forceinline__ static void dot(const uint8_t* pg, const uint8_t* pg8, bool, const ImmaXBlock& x, int t, float w0,
-                                             float w1, const Tables&, float (&acc)[2]) {
+  __device__ __forceinline__ static void dot(const uint8_t* pg, const uint8_t* pg8, bool, const ImmaXBlock& x, int t,
+                                             float w0, float w1, const Tables&, float (&acc)[2]) {
     const uint8_t* rows[2] = {pg, pg8};
     uint32_t sc[2][4], q[2][2][2];
 #pragma unroll
@@ -231,7 +231,8 @@ struct ImmaBlock<GgmlType::Q2_K> {
     // dot = xs (d S - dmin S') per row.
     auto row = [&](const uint8_t* p, int32_t c0, int32_t c1, int32_t m0, int32_t m1, float& a) {
       const uint32_t dd = *reinterpret_cast<const uint32_t*>(p + 80);
-      const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu)), dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+      const float d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xffffu)),
+                  dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
       const float v = __fmaf_rn(d, imma_digits(c0, c1, w0, w1), -(dmin * imma_digits(m0, m1, w0, w1)));
       a = __fmaf_rn(v, x.scale, a);
     };
@@ -247,9 +248,10 @@ struct ImmaBlock<GgmlType::Q2_K> {
 // chunk_bytes. Requires can_stage<T> (rows of whole 1,024-column chunks).
 template <GgmlType T, bool Pair, class Mid>
 __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
-    expert_imma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
-                       size_t row_bytes, int64_t n_chunks, int64_t E, const int32_t* __restrict__ experts,
-                       const float* __restrict__ weights, float clamp, const XDigits* __restrict__ xdig, int x_div, QuantTables tab) {
+    expert_imma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
+                       const uint8_t* __restrict__ w2, size_t row_bytes, int64_t n_chunks, int64_t E,
+                       const int32_t* __restrict__ experts, const float* __restrict__ weights, float clamp,
+                       const XDigits* __restrict__ xdig, int x_div, QuantTables tab) {
   constexpr int NM = Pair ? 2 : 1;
   constexpr int CB = UnitStaging<T>::chunk_bytes;
   constexpr int BB = CB / 4;  // bytes per 256-weight block
@@ -344,8 +346,10 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
       s[mi] = red[0][mi][rr];
       for (int j = 1; j < n_warps; ++j) s[mi] += red[j][mi][rr];
     }
-    if constexpr (Pair) out[a * R + r0 + rr] = Mid{}(s[0], s[1], weights[a], clamp);
-    else out[a * R + r0 + rr] = s[0];
+    if constexpr (Pair)
+      out[a * R + r0 + rr] = Mid{}(s[0], s[1], weights[a], clamp);
+    else
+      out[a * R + r0 + rr] = s[0];
   }
 }
 

@@ -49,14 +49,15 @@
 namespace dsv4::cuda {
 namespace {
 
-[[maybe_unused]] constexpr int k_wg_vs = 64;  // halves between the 8-element vectors of one row's chunk (one core matrix)
+[[maybe_unused]] constexpr int k_wg_vs =
+    64;  // halves between the 8-element vectors of one row's chunk (one core matrix)
 // Chunks per accumulation slice. 8 (512 columns: 96 truncating
 // tensor-core additions per slice) gave NMSE ~2.3e-11 against the CPU on the IQ2_XXS/Q2_K cases (the tile:
 // ~6e-13) and failed "x scaled 1e+15 n=40" with seed 16448866924283836166. 1: fresh
 // accumulators per 64-column chunk (12 truncating additions): NMSE 6e-14..8e-13, that seed passes, and the
 // op time is the same as with 8.
 [[maybe_unused]] constexpr int k_wg_slice_chunks = 1;
-constexpr int k_wg_producers = 128;           // one warpgroup: thread p decodes row p (both units of a chunk)
+constexpr int k_wg_producers = 128;                 // one warpgroup: thread p decodes row p (both units of a chunk)
 constexpr int k_wg_threads = k_wg_producers + 256;  // + two consumer warpgroups
 static_assert(k_wg_producers == k_eg_rows, "one producer thread per weight row");
 
@@ -78,8 +79,12 @@ static_assert(sizeof(WgStage) % 128 == 0, "stages keep 128-byte alignment");
 
 #ifdef DSV4_EG_WGMMA
 // Named barriers 1.. (0 is __syncthreads) over the whole block: full[s] = 1 + s, empty[s] = 1 + k_eg_stages + s.
-__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory"); }
-__device__ __forceinline__ void wg_bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory"); }
+__device__ __forceinline__ void wg_bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory");
+}
 // Shared-memory matrix descriptor (no swizzle): start address, LBO, SBO in 16-byte units.
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -87,7 +92,9 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
 }
 // mbarriers and bulk copies (the x stages): one arrival (the issuing thread's, with the byte count) per phase.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
@@ -105,9 +112,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 // bytes (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, completing on bar.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -126,7 +134,8 @@ __device__ __forceinline__ void wgmma_64x64(float (&d)[32], uint64_t da, uint64_
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
-      "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, "
+      "0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
@@ -137,7 +146,8 @@ __device__ __forceinline__ void wgmma_64x64(float (&d)[32], uint64_t da, uint64_
 __device__ __forceinline__ void wgmma_64x128(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, "
       "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
       "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
       "%58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
@@ -178,17 +188,22 @@ __device__ __forceinline__ void wgmma_64x96(float (&d)[48], uint64_t da, uint64_
 }
 template <int N>
 __device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (N == 32) wgmma_64x32(d, da, db, accumulate);
-  else if constexpr (N == 64) wgmma_64x64(d, da, db, accumulate);
-  else if constexpr (N == 96) wgmma_64x96(d, da, db, accumulate);
-  else wgmma_64x128(d, da, db, accumulate);
+  if constexpr (N == 32)
+    wgmma_64x32(d, da, db, accumulate);
+  else if constexpr (N == 64)
+    wgmma_64x64(d, da, db, accumulate);
+  else if constexpr (N == 96)
+    wgmma_64x96(d, da, db, accumulate);
+  else
+    wgmma_64x128(d, da, db, accumulate);
 }
 
 // The consumers' loop (threads k_wg_producers.. of the block) for N-token wgmmas (N = 32, 64, 96 or 128):
 // part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices.
 template <int N>
-__device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt, int n_chunks,
-                                           const __half* __restrict__ xth, const __half* __restrict__ xtl) {
+__device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt,
+                                           int n_chunks, const __half* __restrict__ xth,
+                                           const __half* __restrict__ xtl) {
   const int ctid = static_cast<int>(threadIdx.x) - k_wg_producers, wg = ctid >> 7;
   // The tile's x, gathered in the stage layout (expert_gemm_gather_x_kernel): chunk c is r8 token rows of
   // 128 bytes each for hi and for lo, two bulk copies issued by consumer thread 0, two chunks ahead.
@@ -211,7 +226,7 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
   for (int c = 0; c < n_chunks; ++c) {
     const int s = c % k_eg_stages;
     mbar_wait(&sm.xbar[s], (c / k_eg_stages) & 1);  // chunk c's x has landed (the stage's (c / 3)-th phase)
-    wg_bar_sync(1 + s);  // full[s]: the producers' weights of chunk c
+    wg_bar_sync(1 + s);                             // full[s]: the producers' weights of chunk c
     const WgStage& st = sm.st[s];
     const bool fresh = c % k_wg_slice_chunks == 0;  // a slice starts: the first product overwrites part
     // (no wg_pin before the wgmmas: touching the accumulators while the previous chunk's group is in flight
@@ -220,7 +235,8 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
 #pragma unroll
     for (int ks = 0; ks < k_eg_bk / 16; ++ks) {
       // K step ks covers core columns 2 ks, 2 ks + 1: 256 bytes further along the row group.
-      const uint64_t ah = wg_desc(st.wh + a_base + ks * 128, 128, 1024), al = wg_desc(st.wl + a_base + ks * 128, 128, 1024);
+      const uint64_t ah = wg_desc(st.wh + a_base + ks * 128, 128, 1024),
+                     al = wg_desc(st.wl + a_base + ks * 128, 128, 1024);
       const uint64_t bh = wg_desc(st.xh + ks * 128, 128, 1024), bl = wg_desc(st.xl + ks * 128, 128, 1024);
       wgmma_n<N>(part, ah, bh, !(fresh && ks == 0));
       wgmma_n<N>(part, al, bh, 1);
@@ -228,7 +244,8 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
     }
     wg_commit();
     wg_wait<1>();  // chunk c - 1's wgmmas are complete: its stage may be refilled
-    if (c >= 1 && c - 1 + k_eg_stages < n_chunks) wg_bar_arrive(1 + k_eg_stages + (c - 1) % k_eg_stages);  // empty (weights)
+    if (c >= 1 && c - 1 + k_eg_stages < n_chunks)
+      wg_bar_arrive(1 + k_eg_stages + (c - 1) % k_eg_stages);  // empty (weights)
     // Both consumer warpgroups are past chunk c - 1: its stage's x may be overwritten with chunk c + 2's.
     asm volatile("bar.sync %0, %1;\n" ::"n"(2 + 2 * k_eg_stages), "n"(256) : "memory");
     copy_x(c + 2);
@@ -240,7 +257,8 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
     }
   }
   wg_wait<0>();  // (the last chunk's slice end already waited; this tells ptxas)
-  // Fragment of warp w4 of the warpgroup, lane (g, t), value 4 j + i: row 16 w4 + g + 8 (i / 2), token 8 j + 2 t + i % 2.
+  // Fragment of warp w4 of the warpgroup, lane (g, t), value 4 j + i: row 16 w4 + g + 8 (i / 2), token 8 j + 2 t + i
+  // % 2.
   const int w4 = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
@@ -257,10 +275,10 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
 // grid (ceil(R / k_eg_rows), plan max tiles); tiles[y] = {expert, first list index, count}.
 template <GgmlType T>
 __global__ void __launch_bounds__(k_wg_threads, 1)
-    expert_wgmma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_units,
-                        const int32_t* __restrict__ list, const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
-                        const __half* __restrict__ xth, const __half* __restrict__ xtl, const int* __restrict__ tok_exp,
-                        int x_div, QuantTables tab) {
+    expert_wgmma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes,
+                        int64_t n_units, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+                        const int32_t* __restrict__ n_tiles, const __half* __restrict__ xth,
+                        const __half* __restrict__ xtl, const int* __restrict__ tok_exp, int x_div, QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
   __trap();  // never launched: expert_wgmma_available() is false for this target
 #else
@@ -294,7 +312,8 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     sm.e_r[p] = e_r;  // read by the consumers' epilogue, after a full[] barrier
     const float s_r = eg_pow2(e_r);
     EgUnit<T>::tables(sm.tables, tab, p, k_wg_producers);
-    asm volatile("bar.sync %0, %1;\n" ::"n"(1 + 2 * k_eg_stages), "n"(k_wg_producers) : "memory");  // the producers' tables
+    asm volatile("bar.sync %0, %1;\n" ::"n"(1 + 2 * k_eg_stages), "n"(k_wg_producers)
+                 : "memory");  // the producers' tables
     // Row p's units start at cores (p / 8, 0) and (p / 8, 4), row p % 8.
     const int wofs = wg_off(p, 0);
     constexpr int upc = k_eg_bk / 32;  // units per chunk
@@ -303,14 +322,18 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     struct Raw2 {
       Raw u0, u1;
     };
-    auto load2 = [&](int c) { return Raw2{EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c)), EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c) + 1)}; };
+    auto load2 = [&](int c) {
+      return Raw2{EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c)),
+                  EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c) + 1)};
+    };
     auto step = [&](int c, const Raw2& raw) {
       const int s = c % k_eg_stages;
       if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
       EgUnit<T>::put(raw.u0, s_r, tab, sm.tables, sm.st[s].wh + wofs, sm.st[s].wl + wofs, k_wg_vs);
-      EgUnit<T>::put(raw.u1, s_r, tab, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, sm.st[s].wl + wofs + 4 * k_wg_vs, k_wg_vs);
+      EgUnit<T>::put(raw.u1, s_r, tab, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, sm.st[s].wl + wofs + 4 * k_wg_vs,
+                     k_wg_vs);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
-      wg_bar_arrive(1 + s);  // full[s]
+      wg_bar_arrive(1 + s);                                           // full[s]
     };
     // Software pipeline: the raw bytes of chunks c + 1 and c + 2 are in registers while chunk c is decoded
     // (three register sets, the loop unrolled by three so that no set is copied).
@@ -333,10 +356,14 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   // The wgmma width follows the tile's assignment count: N = 32, 64, 96 or 128 (block-uniform; one loop per
   // width, so that no wgmma sits in a divergent path: ptxas would serialise them).
   const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
-  if (nt <= 32) wg_consume<32>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
-  else if (nt <= 64) wg_consume<64>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
-  else if (nt <= 96) wg_consume<96>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
-  else wg_consume<128>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  if (nt <= 32)
+    wg_consume<32>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  else if (nt <= 64)
+    wg_consume<64>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  else if (nt <= 96)
+    wg_consume<96>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  else
+    wg_consume<128>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
 #endif
 }
 
@@ -379,8 +406,8 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R,
-                    static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl,
-                    a.e_t, a.x_div, ctx.tables);
+                    static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / 32, a.list, a.tiles, a.n_tiles, a.xth,
+                    a.xtl, a.e_t, a.x_div, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {
       DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));

@@ -63,16 +63,17 @@ namespace {
 
 template <GgmlType T>
 constexpr bool gemm_type() {
-  return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS || T == GgmlType::F16;
+  return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS ||
+         T == GgmlType::F16;
 }
 
 // One warp per weight row r (8 rows per 256-thread block): lanes take units
 // u = lane, lane + 32, ...; pass 1 finds the row's largest magnitude, pass 2
 // decodes again and writes A'[r] = [hi | lo | hi] (16-byte stores) and e_r.
 template <GgmlType T>
-__global__ void __launch_bounds__(256) gemm_split_w_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
-                                                           int64_t n_units, __half* __restrict__ a, int* __restrict__ row_exp,
-                                                           QuantTables tab) {
+__global__ void __launch_bounds__(256)
+    gemm_split_w_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t n_units,
+                        __half* __restrict__ a, int* __restrict__ row_exp, QuantTables tab) {
   pdl_enter();
   constexpr int U = WeightUnit<T>::U;
   static_assert(U % 8 == 0, "units of whole 16-byte f16 groups");
@@ -117,8 +118,9 @@ __global__ void __launch_bounds__(256) gemm_split_w_kernel(const uint8_t* __rest
 
 // One 256-thread block per token t: e_t over the whole row (all groups), then
 // B'[t, g] = [hi | hi | lo] of x[t, g cols .. (g + 1) cols), two values per thread step.
-__global__ void __launch_bounds__(256) gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int groups,
-                                                           int64_t cols, __half* __restrict__ b, int* __restrict__ tok_exp) {
+__global__ void __launch_bounds__(256)
+    gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int groups, int64_t cols, __half* __restrict__ b,
+                        int* __restrict__ tok_exp) {
   pdl_enter();
   __shared__ float red[33];
   const int64_t t = blockIdx.x;
@@ -149,9 +151,9 @@ __global__ void __launch_bounds__(256) gemm_split_x_kernel(const float* __restri
 // operations per element as V = 1 (a 2,048-token batch's scale-outs were 3.5%
 // of its kernel time at 1.4 TB/s with one element per thread; ncu, H200).
 template <int V>
-__global__ void __launch_bounds__(256) gemm_scale_out_kernel(const float* __restrict__ c, const int* __restrict__ row_exp,
-                                                             const int* __restrict__ tok_exp, int64_t rows,
-                                                             float* __restrict__ out, bool acc) {
+__global__ void __launch_bounds__(256)
+    gemm_scale_out_kernel(const float* __restrict__ c, const int* __restrict__ row_exp, const int* __restrict__ tok_exp,
+                          int64_t rows, float* __restrict__ out, bool acc) {
   pdl_enter();
   const int64_t t = blockIdx.y;
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
@@ -227,10 +229,11 @@ GemmWeightCache::Entry* GemmWeightCache::find_or_make(const void* w, int64_t row
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (free_b < bytes + reserve_) {
     if (refused_++ == 0)
-      log_info("cuda: the split-weight cache holds %.2f GiB in %zu matrices; further prefill matmul weights are split "
-               "per call (%.2f GiB free, %.2f GiB kept free)",
-               static_cast<double>(bytes_) / (1 << 30), map_.size(), static_cast<double>(free_b) / (1 << 30),
-               static_cast<double>(reserve_) / (1 << 30));
+      log_info(
+          "cuda: the split-weight cache holds %.2f GiB in %zu matrices; further prefill matmul weights are split "
+          "per call (%.2f GiB free, %.2f GiB kept free)",
+          static_cast<double>(bytes_) / (1 << 30), map_.size(), static_cast<double>(free_b) / (1 << 30),
+          static_cast<double>(reserve_) / (1 << 30));
     return nullptr;
   }
   void* mem = nullptr;
@@ -275,9 +278,10 @@ size_t GemmWeightCache::release_all(cudaStream_t stream) {
   map_.clear();
   bytes_ = 0;
   released_ = true;
-  log_info("cuda: the device ran out of memory: released the split-weight cache (%.2f GiB); prefill matmul weights "
-           "are split per call from now on",
-           static_cast<double>(freed) / (1 << 30));
+  log_info(
+      "cuda: the device ran out of memory: released the split-weight cache (%.2f GiB); prefill matmul weights "
+      "are split per call from now on",
+      static_cast<double>(freed) / (1 << 30));
   return freed;
 }
 
@@ -296,8 +300,9 @@ namespace {
 bool gemm_applies(const CudaContext& ctx, GgmlType type, int64_t rows, int64_t cols, int groups, int64_t n) {
   bool typed = false;
   dispatch_weight_type(type, [&](auto tag) { typed = gemm_type<decltype(tag)::value>(); });
-  return typed && ctx.blas && ctx.tensor_cores && n >= ctx.gemm_min_tokens && n >= 2 && cols % 32 == 0 && rows <= INT_MAX &&
-         n <= 65535 && 3 * cols * groups <= INT_MAX && GemmScratch(rows, cols, groups, n).bytes <= k_gemm_max_scratch;
+  return typed && ctx.blas && ctx.tensor_cores && n >= ctx.gemm_min_tokens && n >= 2 && cols % 32 == 0 &&
+         rows <= INT_MAX && n <= 65535 && 3 * cols * groups <= INT_MAX &&
+         GemmScratch(rows, cols, groups, n).bytes <= k_gemm_max_scratch;
 }
 
 // Steps 1, 3 and 4 of one matrix on an x already split into b / tok_exp (step 2):
@@ -310,26 +315,27 @@ void gemm_matrix(const CudaContext& ctx, const Tensor& w, int groups, int64_t n,
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (gemm_type<T>()) {
       constexpr int U = WeightUnit<T>::U;
-      GemmWeightCache::Entry* cached = ctx.gemm_cache ? ctx.gemm_cache->find_or_make(w.data, rows, cols, T, ctx.stream) : nullptr;
+      GemmWeightCache::Entry* cached =
+          ctx.gemm_cache ? ctx.gemm_cache->find_or_make(w.data, rows, cols, T, ctx.stream) : nullptr;
       __half* a = cached ? static_cast<__half*>(cached->mem) : own_a;
       int* row_exp = cached ? reinterpret_cast<int*>(static_cast<uint8_t*>(cached->mem) + cached->exp_offset) : own_exp;
       if (!cached || !cached->filled) {  // the split of W (once per weight with the cache)
-        launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream, static_cast<const uint8_t*>(w.data),
-                      w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
+        launch_kernel(gemm_split_w_kernel<T>, ceil_div(rows, 8), 256, 0, ctx.stream,
+                      static_cast<const uint8_t*>(w.data), w.row_bytes(), rows, cols / U, a, row_exp, ctx.tables);
         CUDA_CHECK_LAUNCH();
         if (cached) cached->filled = true;
       }
       const int64_t k3 = 3 * cols, slices = gemm_slices(k3), ks = k3 / slices;
       for (int64_t sl = 0; sl < slices; ++sl)
-        ctx.blas->gemm_tn_f16(ctx.stream, static_cast<int>(rows_g), static_cast<int>(n), static_cast<int>(ks), a + sl * ks,
-                              static_cast<int>(k3), rows_g * k3, b + sl * ks, static_cast<int>(k3 * groups), k3, c,
-                              static_cast<int>(rows), rows_g, groups, sl > 0);
+        ctx.blas->gemm_tn_f16(ctx.stream, static_cast<int>(rows_g), static_cast<int>(n), static_cast<int>(ks),
+                              a + sl * ks, static_cast<int>(k3), rows_g * k3, b + sl * ks,
+                              static_cast<int>(k3 * groups), k3, c, static_cast<int>(rows), rows_g, groups, sl > 0);
       if (rows % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
-        launch_kernel(gemm_scale_out_kernel<4>, dim3(ceil_div(rows, 1024), static_cast<unsigned>(n)), 256, 0, ctx.stream, c,
-                      row_exp, tok_exp, rows, out, accumulate);
+        launch_kernel(gemm_scale_out_kernel<4>, dim3(ceil_div(rows, 1024), static_cast<unsigned>(n)), 256, 0,
+                      ctx.stream, c, row_exp, tok_exp, rows, out, accumulate);
       else
-        launch_kernel(gemm_scale_out_kernel<1>, dim3(ceil_div(rows, 256), static_cast<unsigned>(n)), 256, 0, ctx.stream, c,
-                      row_exp, tok_exp, rows, out, accumulate);
+        launch_kernel(gemm_scale_out_kernel<1>, dim3(ceil_div(rows, 256), static_cast<unsigned>(n)), 256, 0, ctx.stream,
+                      c, row_exp, tok_exp, rows, out, accumulate);
       CUDA_CHECK_LAUNCH();
     }
   });
@@ -345,11 +351,12 @@ bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
   auto* base = static_cast<uint8_t*>(ctx.scratch->get(layout.bytes, ctx.stream));
   auto* b = reinterpret_cast<__half*>(base + layout.b);
   auto* tok_exp = reinterpret_cast<int*>(base + layout.tok_exp);
-  launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols * groups, groups, cols, b,
-                tok_exp);
+  launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols * groups, groups,
+                cols, b, tok_exp);
   CUDA_CHECK_LAUNCH();
-  gemm_matrix(ctx, op.w, groups, n, b, tok_exp, reinterpret_cast<float*>(base + layout.c), reinterpret_cast<__half*>(base + layout.a),
-              reinterpret_cast<int*>(base + layout.row_exp), op.out.f32(), op.accumulate);
+  gemm_matrix(ctx, op.w, groups, n, b, tok_exp, reinterpret_cast<float*>(base + layout.c),
+              reinterpret_cast<__half*>(base + layout.a), reinterpret_cast<int*>(base + layout.row_exp), op.out.f32(),
+              op.accumulate);
   return true;
 }
 
@@ -368,7 +375,8 @@ bool launch_matmuls_gemm(const CudaContext& ctx, const MatmulsOp& op) {
   auto* base = static_cast<uint8_t*>(ctx.scratch->get(xl.bytes + most, ctx.stream));
   auto* b = reinterpret_cast<__half*>(base + xl.b);
   auto* tok_exp = reinterpret_cast<int*>(base + xl.tok_exp);
-  launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols, 1, cols, b, tok_exp);
+  launch_kernel(gemm_split_x_kernel, static_cast<unsigned>(n), 256, 0, ctx.stream, op.x.f32(), cols, 1, cols, b,
+                tok_exp);
   CUDA_CHECK_LAUNCH();
   for (int i = 0; i < op.count; ++i) {
     const GemmScratch l(op.w[i].n_rows(), cols, 1, n);

@@ -50,8 +50,9 @@ static_assert(sizeof(XDigits) == 144, "XDigits layout");
 // block holding a non-finite value gets the NaN scale in all 8 units.
 // (static: a kernel defined in a header must not clash between the .cu files
 // that include it.)
-static __global__ void __launch_bounds__(256) split_x_digits_kernel(XDigits* __restrict__ dst, const float* __restrict__ x,
-                                                              int64_t x_stride, int64_t n_rows, int64_t n_units) {
+static __global__ void __launch_bounds__(256)
+    split_x_digits_kernel(XDigits* __restrict__ dst, const float* __restrict__ x, int64_t x_stride, int64_t n_rows,
+                          int64_t n_units) {
   __shared__ float blk_max[8];
   __shared__ int blk_finite[8];
   pdl_enter();

@@ -3,13 +3,11 @@
 // indexer_scores: score[t, k] = sum_h w[t, h] * relu(q[t, h, :] · rows[k, :])
 //   for k < visible = min((pos[t]+1) / ratio, cap_rows), -inf otherwise.
 //   Grid (n, ceil(cap_rows / (8 * rpw))), 256 threads: a block covers 8 * rpw
-//   rows of one query (rpw = 2 for one query, 8 for a batch). q[t] is staged in shared memory as [H_I][d_I + 4] (16-byte
-//   rows; the pad puts the lanes' heads on distinct banks) with w[t]; each warp takes rpw rows: the
-//   row (F32 or compact KV_FP4, unpacked by cuda_kv_rows.cuh) goes to a
-//   per-warp shared buffer, lane l computes the full d_I-long
-//   dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp
-//   sum. Blocks entirely past `visible` only write -inf.
-//   Batches of >= 8 queries with bf16-exact inputs (reference numerics) run
+//   rows of one query (rpw = 2 for one query, 8 for a batch). q[t] is staged in shared memory as [H_I][d_I + 4]
+//   (16-byte rows; the pad puts the lanes' heads on distinct banks) with w[t]; each warp takes rpw rows: the row (F32
+//   or compact KV_FP4, unpacked by cuda_kv_rows.cuh) goes to a per-warp shared buffer, lane l computes the full
+//   d_I-long dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp sum. Blocks entirely past
+//   `visible` only write -inf. Batches of >= 8 queries with bf16-exact inputs (reference numerics) run
 //   indexer_scores_mma_kernel instead: the dots as bf16 MMAs (see there).
 //   CPU reference: cpu::indexer_scores (cpu_attention.cpp).
 //
@@ -44,20 +42,22 @@ constexpr int k_topk_threads = 512;
 // The q stride dI + 4 keeps rows 16-byte aligned and puts the 8 lanes of a
 // quarter warp (heads l..l+7) on distinct bank groups for 16-byte loads.
 __host__ __device__ constexpr int64_t ix_q_ld(int64_t dI) { return dI + 4; }
-__host__ __device__ constexpr int64_t ix_row_buf_offset(int64_t HI, int64_t dI) { return (HI * ix_q_ld(dI) + HI + 3) / 4 * 4; }
+__host__ __device__ constexpr int64_t ix_row_buf_offset(int64_t HI, int64_t dI) {
+  return (HI * ix_q_ld(dI) + HI + 3) / 4 * 4;
+}
 
 // dI % 4 == 0 (launcher). A lane's heads l, l + 32 (the next two l + 64, ...)
 // run as two interleaved chains, each the sequential fma over e = 0..dI-1
 // with 16-byte shared loads; acc adds the heads in the order l, l + 32, ...
-__global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w,
-                                                             const void* rows, GgmlType rows_type, const int32_t* pos,
-                                                             int ratio, int HI, int dI, int rows_per_warp) {
+__global__ void __launch_bounds__(256)
+    indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w, const void* rows,
+                          GgmlType rows_type, const int32_t* pos, int ratio, int HI, int dI, int rows_per_warp) {
   pdl_enter();
   extern __shared__ __align__(16) float sm[];
   const int qld = static_cast<int>(ix_q_ld(dI));
-  float* qs = sm;                                    // [HI][qld]
-  float* ws = qs + HI * qld;                         // [HI]
-  float* rb = sm + ix_row_buf_offset(HI, dI);        // [warps][dI]
+  float* qs = sm;                              // [HI][qld]
+  float* ws = qs + HI * qld;                   // [HI]
+  float* rb = sm + ix_row_buf_offset(HI, dI);  // [warps][dI]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
   const int k_ix_rows = k_ix_warps * rows_per_warp;
@@ -126,10 +126,10 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(float* scores, int6
 // memory, computes their 16 MT x 8 logits (MT m16 tiles x one n8 tile, 8
 // k-steps), and forms sum_h w_h relu(S[h, row]) (the lane's heads, then a
 // shuffle tree over the 8 lanes sharing a row). Rows >= visible: -inf.
-constexpr int k_ixm_dim = 128;               // d_I (the only width this kernel takes)
-constexpr int k_ixm_ld = k_ixm_dim + 8;      // bf16 row stride: 272 bytes (an odd multiple of 16)
-constexpr int k_ixm_tile = 64;               // rows per tile (8 per warp)
-constexpr int k_ixm_block_rows = 512;        // rows per block
+constexpr int k_ixm_dim = 128;           // d_I (the only width this kernel takes)
+constexpr int k_ixm_ld = k_ixm_dim + 8;  // bf16 row stride: 272 bytes (an odd multiple of 16)
+constexpr int k_ixm_tile = 64;           // rows per tile (8 per warp)
+constexpr int k_ixm_block_rows = 512;    // rows per block
 constexpr int64_t k_ixm_min_tokens = 8;
 
 // dst[0, 128) (bf16) = row (F32 or KV_FP4, bf16-exact values); one warp, lane l: dims 4l..4l+3.
@@ -149,9 +149,9 @@ __device__ __forceinline__ void warp_row_to_bf16(uint16_t* dst, const uint8_t* s
 }
 
 template <int MT>
-__global__ void __launch_bounds__(256) indexer_scores_mma_kernel(float* scores, int64_t cap, const float* q, const float* w,
-                                                                 const void* rows, GgmlType rows_type, const int32_t* pos,
-                                                                 int ratio, int HI) {
+__global__ void __launch_bounds__(256)
+    indexer_scores_mma_kernel(float* scores, int64_t cap, const float* q, const float* w, const void* rows,
+                              GgmlType rows_type, const int32_t* pos, int ratio, int HI) {
   pdl_enter();
   constexpr int HP = 16 * MT;  // padded heads
   __shared__ __align__(16) uint16_t qs[HP * k_ixm_ld];
@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(256) indexer_scores_mma_kernel(float* scores, 
   if (k_begin >= visible) return;
   for (int i = threadIdx.x; i < HP * k_ixm_dim / 4; i += blockDim.x) {
     const int h = (4 * i) / k_ixm_dim, e = 4 * i - h * k_ixm_dim;
-    const float4 f = h < HI ? *reinterpret_cast<const float4*>(q + (t * HI + h) * k_ixm_dim + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 f =
+        h < HI ? *reinterpret_cast<const float4*>(q + (t * HI + h) * k_ixm_dim + e) : make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<uint2*>(qs + h * k_ixm_ld + e) = make_uint2(pack_bf16x2(f.x, f.y), pack_bf16x2(f.z, f.w));
   }
   for (int h = threadIdx.x; h < HP; h += blockDim.x) ws[h] = h < HI ? w[t * HI + h] : 0.0f;
@@ -254,8 +255,8 @@ __device__ int block_exclusive_scan(int v, int* buf, int* total) {
   return offset + incl - v;
 }
 
-__global__ void __launch_bounds__(k_topk_threads) topk_kernel(int32_t* sel, int64_t K, const float* scores, int64_t cap,
-                                                              const int32_t* pos, int ratio) {
+__global__ void __launch_bounds__(k_topk_threads)
+    topk_kernel(int32_t* sel, int64_t K, const float* scores, int64_t cap, const int32_t* pos, int ratio) {
   pdl_enter();
   __shared__ unsigned hist[256];
   __shared__ unsigned s_digit, s_remaining;
@@ -297,7 +298,8 @@ __global__ void __launch_bounds__(k_topk_threads) topk_kernel(int32_t* sel, int6
         const unsigned v = __shfl_up_sync(k_full_mask, incl, o);
         if (lane >= o) incl += v;
       }
-      const unsigned hit = __ballot_sync(k_full_mask, incl >= remaining);  // nonempty: the prefix's keys number >= remaining
+      const unsigned hit =
+          __ballot_sync(k_full_mask, incl >= remaining);  // nonempty: the prefix's keys number >= remaining
       if (lane == __ffs(static_cast<int>(hit)) - 1) {
         unsigned cum = incl - tot;
         for (int j = 0; j < 8; ++j) {
@@ -352,28 +354,32 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
                 "indexer_scores: %lld x %lld scores too many", static_cast<long long>(n), static_cast<long long>(cap));
     const dim3 grid(static_cast<unsigned>(n), ceil_div(cap, k_ixm_block_rows));
     auto go = [&](auto kernel) {
-      launch_kernel(kernel, grid, 256, 0, ctx.stream, op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type,
-          op.pos.i32(), op.ratio, static_cast<int>(HI));
+      launch_kernel(kernel, grid, 256, 0, ctx.stream, op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data,
+                    op.rows.type, op.pos.i32(), op.ratio, static_cast<int>(HI));
       CUDA_CHECK_LAUNCH();
     };
     const int64_t mt = (HI + 15) / 16;
-    if (mt == 1) go(indexer_scores_mma_kernel<1>);
-    else if (mt == 2) go(indexer_scores_mma_kernel<2>);
-    else if (mt == 3) go(indexer_scores_mma_kernel<3>);
-    else go(indexer_scores_mma_kernel<4>);
+    if (mt == 1)
+      go(indexer_scores_mma_kernel<1>);
+    else if (mt == 2)
+      go(indexer_scores_mma_kernel<2>);
+    else if (mt == 3)
+      go(indexer_scores_mma_kernel<3>);
+    else
+      go(indexer_scores_mma_kernel<4>);
     return;
   }
   const int rpw = n == 1 ? k_ix_rows_per_warp_decode : k_ix_rows_per_warp_batch, k_ix_rows = k_ix_warps * rpw;
-  DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld x %lld scores too many",
-              static_cast<long long>(n), static_cast<long long>(cap));
+  DSV4_ASSERT(n <= 0x7fffffff && (cap + k_ix_rows - 1) / k_ix_rows <= 65535,
+              "indexer_scores: %lld x %lld scores too many", static_cast<long long>(n), static_cast<long long>(cap));
   DSV4_ASSERT(dI % 4 == 0, "indexer_scores: index head width %lld is not a multiple of 4", static_cast<long long>(dI));
   const size_t smem = static_cast<size_t>(ix_row_buf_offset(HI, dI) + k_ix_warps * dI) * sizeof(float);
-  DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory", static_cast<long long>(HI),
-              static_cast<long long>(dI));
+  DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory",
+              static_cast<long long>(HI), static_cast<long long>(dI));
   allow_smem(indexer_scores_kernel, smem);
   launch_kernel(indexer_scores_kernel, dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream,
-      op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type, op.pos.i32(), op.ratio, static_cast<int>(HI),
-      static_cast<int>(dI), rpw);
+                op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type, op.pos.i32(), op.ratio,
+                static_cast<int>(HI), static_cast<int>(dI), rpw);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -384,8 +390,8 @@ void launch_topk(const CudaContext& ctx, const TopKOp& op) {
   DSV4_ASSERT(cap < 0x7fffffff, "topk: too many rows");
   if (n == 0 || K == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff, "topk: too many queries");
-  launch_kernel(topk_kernel, static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream, op.sel.i32(), K, op.scores.f32(), cap,
-      op.pos.i32(), op.ratio);
+  launch_kernel(topk_kernel, static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream, op.sel.i32(), K, op.scores.f32(),
+                cap, op.pos.i32(), op.ratio);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -22,12 +22,15 @@ inline void check_kv_rows(const Tensor& t, const char* op) {
   const int64_t d = t.ne[0];
   const bool ok = (t.type == GgmlType::F32) || (t.type == GgmlType::KV_FP8 && kv_fp8_width_ok(d)) ||
                   (t.type == GgmlType::KV_FP4 && kv_fp4_width_ok(d));
-  DSV4_ASSERT(ok, "%s: KV rows of type %s and width %lld unsupported", op, ggml_type_name(t.type), static_cast<long long>(d));
+  DSV4_ASSERT(ok, "%s: KV rows of type %s and width %lld unsupported", op, ggml_type_name(t.type),
+              static_cast<long long>(d));
 }
 
 // Row r of a KV state tensor (any of the three formats).
 __device__ __forceinline__ uint8_t* kv_row_ptr(void* base, GgmlType type, int64_t d, int64_t r) {
-  const int64_t bytes = type == GgmlType::F32 ? 4 * d : type == GgmlType::KV_FP8 ? kv_fp8_row_bytes(d) : kv_fp4_row_bytes(d);
+  const int64_t bytes = type == GgmlType::F32      ? 4 * d
+                        : type == GgmlType::KV_FP8 ? kv_fp8_row_bytes(d)
+                                                   : kv_fp4_row_bytes(d);
   return static_cast<uint8_t*>(base) + r * bytes;
 }
 __device__ __forceinline__ const uint8_t* kv_row_ptr(const void* base, GgmlType type, int64_t d, int64_t r) {
@@ -52,7 +55,9 @@ __device__ __forceinline__ void block_store_kv_row(uint8_t* dst, const float* x,
     }
     uint16_t* tail = reinterpret_cast<uint16_t*>(dst + kv_fp8_tail_offset(d));
     for (int j = threadIdx.x; j < k_kv_rope_dims; j += blockDim.x) tail[j] = kv_bf16_code(x[n + j]);
-    for (int64_t i = kv_fp8_scale_offset(d) + n / k_kv_fp8_block + threadIdx.x; i < kv_fp8_row_bytes(d); i += blockDim.x) dst[i] = 0;
+    for (int64_t i = kv_fp8_scale_offset(d) + n / k_kv_fp8_block + threadIdx.x; i < kv_fp8_row_bytes(d);
+         i += blockDim.x)
+      dst[i] = 0;
   } else {  // KV_FP4
     for (int64_t b = warp; b < d / k_kv_fp4_block; b += n_warps) {
       const float v = x[32 * b + lane];

@@ -70,14 +70,17 @@ struct MvSet {
 };
 
 template <GgmlType T, int R, int S, bool XS>
-__global__ void __launch_bounds__(256) matvec_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
-                                                     int64_t cols, const float* __restrict__ x, bool acc, QuantTables tab) {
-  // Dynamic shared memory: [x copy: x_shared_floats<U>(n_units) floats, XS][k_mv_warps x stage_bytes_per_warp<T, R, S>()]
+__global__ void __launch_bounds__(256)
+    matvec_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
+                  const float* __restrict__ x, bool acc, QuantTables tab) {
+  // Dynamic shared memory: [x copy: x_shared_floats<U>(n_units) floats, XS][k_mv_warps x stage_bytes_per_warp<T, R,
+  // S>()]
   extern __shared__ __align__(16) unsigned char mv_smem[];
   constexpr int U = WeightUnit<T>::U;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
-  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + x_bytes + warp * stage_bytes_per_warp<T, R, S>());
+  auto* stage =
+      reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + x_bytes + warp * stage_bytes_per_warp<T, R, S>());
   // This block's matrix, selected with constant indices only (a run-time index
   // into the parameter arrays would copy them to local memory).
   const uint8_t* w = set.w[0];
@@ -123,11 +126,15 @@ __global__ void __launch_bounds__(256) matvec_kernel(MvSet set, size_t row_bytes
 // (1..2 unless Deep: the instances that are launched).
 template <bool Deep, class F>
 void with_stages(int st, F&& f) {
-  if (st <= 1) f(std::integral_constant<int, 1>{});
-  else if (!Deep || st == 2) f(std::integral_constant<int, 2>{});
+  if (st <= 1)
+    f(std::integral_constant<int, 1>{});
+  else if (!Deep || st == 2)
+    f(std::integral_constant<int, 2>{});
   else if constexpr (Deep) {
-    if (st == 3) f(std::integral_constant<int, 3>{});
-    else f(std::integral_constant<int, 4>{});
+    if (st == 3)
+      f(std::integral_constant<int, 3>{});
+    else
+      f(std::integral_constant<int, 4>{});
   }
 }
 
@@ -145,8 +152,8 @@ void with_stages(int st, F&& f) {
 // (S = 4), 32768x1024 14.4 -> 14.0 (S = 1: one chunk per row); 8192x4096 g8
 // stays at S = 2 (12.6 us; S = 3 or 4 halves the blocks per SM: 15+ us).
 template <GgmlType T, int R>
-void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
-                     const float* x, bool acc) {
+void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
+                     int64_t cols, const float* x, bool acc) {
   constexpr int U = WeightUnit<T>::U;
   set.first[0] = 0;
   for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
@@ -159,12 +166,15 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
   auto with_kernel = [&](auto stages_tag, auto&& f) {
     constexpr int S = decltype(stages_tag)::value;
     const size_t stage = static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R, S>();
-    if (xs) f(matvec_kernel<T, R, S, true>, x_bytes + stage);
-    else f(matvec_kernel<T, R, S, false>, stage);
+    if (xs)
+      f(matvec_kernel<T, R, S, true>, x_bytes + stage);
+    else
+      f(matvec_kernel<T, R, S, false>, stage);
   };
   auto launch = [&](auto kernel, size_t smem) {
     allow_smem(kernel, smem, k_block_tables_smem);
-    launch_kernel(kernel, grid, 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units, cols, x, acc, ctx.tables);
+    launch_kernel(kernel, grid, 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units, cols, x, acc,
+                  ctx.tables);
   };
   bool stageable = UnitStaging<T>::chunk_bytes > 0;
   for (int i = 0; i < set.count; ++i) stageable = stageable && can_stage<T>(set.w[i], row_bytes);
@@ -206,16 +216,19 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
     }
     return blocks >= sms;
   };
-  if (fits(4)) launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
-  else if (fits(2)) launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
-  else launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+  if (fits(4))
+    launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+  else if (fits(2))
+    launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+  else
+    launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
 }
 
 template <GgmlType T>
-__global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
-                                                          int64_t rows_per_group, int64_t n_units, int64_t cols,
-                                                          const float* __restrict__ x, int64_t x_stride, int64_t n,
-                                                          bool x_vec4, float* __restrict__ out, bool acc, QuantTables tab) {
+__global__ void __launch_bounds__(256)
+    matmul_tile_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
+                       int64_t n_units, int64_t cols, const float* __restrict__ x, int64_t x_stride, int64_t n,
+                       bool x_vec4, float* __restrict__ out, bool acc, QuantTables tab) {
   pdl_enter();
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
@@ -236,9 +249,9 @@ __global__ void __launch_bounds__(256) matmul_tile_kernel(const uint8_t* __restr
 // The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block; x split
 // beforehand (mma_split_x: token t = split row t, group g = units from g * n_units).
 template <GgmlType T, int BN>
-__global__ void __launch_bounds__(256, 2) matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows,
-                                                         int64_t rows_per_group, int64_t n_units, MmaX xs, int64_t n,
-                                                         float* __restrict__ out, bool acc, QuantTables tab) {
+__global__ void __launch_bounds__(256, 2)
+    matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
+                      int64_t n_units, MmaX xs, int64_t n, float* __restrict__ out, bool acc, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
@@ -260,7 +273,10 @@ void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_byte
                        int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out, bool acc) {
   DSV4_ASSERT((n + BN - 1) / BN <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
   allow_smem(matmul_mma_kernel<T, BN>, sizeof(MmaSmem<BN>));
-  launch_kernel(matmul_mma_kernel<T, BN>, dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256, sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc, ctx.tables);
+  launch_kernel(matmul_mma_kernel<T, BN>,
+                dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256,
+                sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc,
+                ctx.tables);
 }
 
 template <GgmlType T>
@@ -286,9 +302,10 @@ void launch_dequantize_rows(const CudaContext& ctx, const Tensor& w, float* dst)
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     constexpr int U = WeightUnit<T>::U;
-    DSV4_ASSERT(w.ne[0] % U == 0, "dequantize_rows: %s row of %lld elements", ggml_type_name(T), static_cast<long long>(w.ne[0]));
+    DSV4_ASSERT(w.ne[0] % U == 0, "dequantize_rows: %s row of %lld elements", ggml_type_name(T),
+                static_cast<long long>(w.ne[0]));
     launch_kernel(dequantize_rows_kernel<T>, static_cast<unsigned>(rows), 128, 0, ctx.stream,
-        static_cast<const uint8_t*>(w.data), w.row_bytes(), w.ne[0] / U, dst, ctx.tables);
+                  static_cast<const uint8_t*>(w.data), w.row_bytes(), w.ne[0] / U, dst, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -352,9 +369,11 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",
                   static_cast<long long>(n));
-      launch_kernel(matmul_tile_kernel<T>, dim3(ceil_div(rows_per_group, k_tile_rows), static_cast<unsigned>(groups),
-          ceil_div(n, k_tile_tokens)), 256, 0, ctx.stream, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x,
-          x_stride, n, x_aligned, out, op.accumulate, ctx.tables);
+      launch_kernel(
+          matmul_tile_kernel<T>,
+          dim3(ceil_div(rows_per_group, k_tile_rows), static_cast<unsigned>(groups), ceil_div(n, k_tile_tokens)), 256,
+          0, ctx.stream, w, op.w.row_bytes(), rows, rows_per_group, n_units, cols, x, x_stride, n, x_aligned, out,
+          op.accumulate, ctx.tables);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -364,8 +383,8 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
   DSV4_ASSERT(op.count >= 0 && op.count <= MatmulsOp::k_max, "matmuls: %d matrices", op.count);
   if (op.count == 0) return;
   const int64_t cols = op.w[0].ne[0], n = op.x.n_rows();
-  bool one = n == 1 && op.x.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 &&
-             op.x.ne[0] == cols;
+  bool one = n == 1 && op.x.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 &&
+             cols % 4 == 0 && op.x.ne[0] == cols;
   for (int i = 0; i < op.count && one; ++i)
     one = op.w[i].type == op.w[0].type && op.w[i].ne[0] == cols && op.w[i].row_bytes() == op.w[0].row_bytes() &&
           op.out[i].type == GgmlType::F32 && op.out[i].ne[0] == op.w[i].n_rows() && op.out[i].n_rows() == 1 &&

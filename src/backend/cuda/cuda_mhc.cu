@@ -56,10 +56,10 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int k_mix_pass = 8;     // mix rows accumulated per pass over a slice (batches)
-constexpr int k_mix_pre = 4;      // mix rows per warp in small batches, their weights preloaded (decode)
-constexpr int k_mix_tt = 4;       // tokens per warp in larger batches
-constexpr int64_t k_mix_tokens_min = 16;  // larger batches: the tokens kernel
+constexpr int k_mix_pass = 8;              // mix rows accumulated per pass over a slice (batches)
+constexpr int k_mix_pre = 4;               // mix rows per warp in small batches, their weights preloaded (decode)
+constexpr int k_mix_tt = 4;                // tokens per warp in larger batches
+constexpr int64_t k_mix_tokens_min = 16;   // larger batches: the tokens kernel
 constexpr int64_t k_finalize_tr_min = 16;  // larger batches: the finalize's transposed partials (combine_mix)
 constexpr int k_max_hc = 8;
 
@@ -99,9 +99,9 @@ constexpr int k_mix_slice = 32 * k_mix_lane;
 // (t, s, m) for larger batches: every partial has the same bits whatever the
 // batch size or the grouping.
 template <GgmlType T>
-__global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
-                                                             size_t fn_row_bytes, int n_mix, int S, float* part_dot,
-                                                             double* part_ss, QuantTables) {
+__global__ void __launch_bounds__(128)
+    hc_mix_partial_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn, size_t fn_row_bytes, int n_mix,
+                          int S, float* part_dot, double* part_ss, QuantTables) {
   constexpr int U = WeightUnit<T>::U, E = k_mix_lane;
   static_assert(E % U == 0, "a lane's elements are whole units");
   const int lane = threadIdx.x & 31;
@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
       if (m0 + k < m1)
 #pragma unroll
         for (int u = 0; u < E / U; ++u)
-          wv_pre[k][u] = ld(reinterpret_cast<const uint4*>(fn + static_cast<int64_t>(m0 + k) * fn_row_bytes) + e0 / U + u);
+          wv_pre[k][u] =
+              ld(reinterpret_cast<const uint4*>(fn + static_cast<int64_t>(m0 + k) * fn_row_bytes) + e0 / U + u);
   }
   pdl_enter();
   float xv[E];
@@ -169,9 +170,9 @@ __global__ void __launch_bounds__(128) hc_mix_partial_kernel(const float* state,
 // slice-major, so a block's 4 warps share a slice's 24 x 512 bytes of fn (L1).
 // Per (t, s, m) the same operations as hc_mix_partial_kernel: the same bits.
 template <GgmlType T>
-__global__ void __launch_bounds__(128) hc_mix_partial_tokens_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn,
-                                                                    size_t fn_row_bytes, int n_mix, int S, float* part_dot,
-                                                                    double* part_ss, QuantTables tab) {
+__global__ void __launch_bounds__(128)
+    hc_mix_partial_tokens_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn, size_t fn_row_bytes,
+                                 int n_mix, int S, float* part_dot, double* part_ss, QuantTables tab) {
   constexpr int U = WeightUnit<T>::U, E = k_mix_lane, TT = k_mix_tt;
   static_assert(E % U == 0, "a lane's elements are whole units");
   pdl_enter();
@@ -298,7 +299,8 @@ __device__ void combine_mix(const float* part_dot, const double* part_ss, int64_
       double ss = 0.0;
       for (int sl = lane; sl < S; sl += 32) ss += ss_s[sl];
       ss = warp_sum_double(ss);
-      if (lane == 0) *rho_shared = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(len) + static_cast<double>(norm_eps)));
+      if (lane == 0)
+        *rho_shared = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(len) + static_cast<double>(norm_eps)));
     }
   }
   __syncthreads();
@@ -355,15 +357,18 @@ __device__ float sinkhorn_warp4(float v, float eps, int iters) {
   mx = mx < r2 ? r2 : mx;
   mx = mx < r3 ? r3 : mx;
   const float e = expf(__fsub_rn(v, mx));
-  const float sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, row_at(e, 0)), row_at(e, 1)), row_at(e, 2)), row_at(e, 3));
+  const float sum =
+      __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, row_at(e, 0)), row_at(e, 1)), row_at(e, 2)), row_at(e, 3));
   v = __fadd_rn(e / sum, eps);
   const int n_it = iters > 1 ? iters : 1;  // one column pass even for iters <= 1, as sinkhorn_dev
   for (int it = 0; it < n_it; ++it) {
     if (it > 0) {
-      const float s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, row_at(v, 0)), row_at(v, 1)), row_at(v, 2)), row_at(v, 3));
+      const float s =
+          __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, row_at(v, 0)), row_at(v, 1)), row_at(v, 2)), row_at(v, 3));
       v /= __fadd_rn(s, eps);
     }
-    const float s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, col_at(v, 0)), col_at(v, 1)), col_at(v, 2)), col_at(v, 3));
+    const float s =
+        __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0f, col_at(v, 0)), col_at(v, 1)), col_at(v, 2)), col_at(v, 3));
     v /= __fadd_rn(s, eps);
   }
   return v;
@@ -372,10 +377,11 @@ __device__ float sinkhorn_warp4(float v, float eps, int iters) {
 // The finalize of one token (blockIdx.x); the kernels below call it after
 // pdl_enter().
 template <bool Tr, bool Regs>
-__device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t D, int hc, int S, const float* part_dot,
-                                                     const double* part_ss, const float* scale, const float* base,
-                                                     float norm_eps, float hc_eps, int iters, float* u, float* post,
-                                                     float* comb, float* xn, const float* xn_w, float xn_eps) {
+__device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t D, int hc, int S,
+                                                     const float* part_dot, const double* part_ss, const float* scale,
+                                                     const float* base, float norm_eps, float hc_eps, int iters,
+                                                     float* u, float* post, float* comb, float* xn, const float* xn_w,
+                                                     float xn_eps) {
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -440,7 +446,7 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
     for (int k = 0; k < hc * hc; ++k) co[k] = c[k];
   }
   if (hc != 4) __syncthreads();  // pre from thread 0
-  if (regs) {  // every thread (warp 0 after Sinkhorn) forms its columns of u, then the norm
+  if (regs) {                    // every thread (warp 0 after Sinkhorn) forms its columns of u, then the norm
     float ur[k_norm_reg];
 #pragma unroll
     for (int k = 0; k < k_norm_reg; ++k) {
@@ -486,9 +492,9 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
   }
 }
 
-#define DSV4_HC_FINALIZE_PARAMS                                                                                      \
-  const float *state, int64_t D, int hc, int S, const float *part_dot, const double *part_ss, const float *scale,    \
-      const float *base, float norm_eps, float hc_eps, int iters, float *u, float *post, float *comb, float *xn,      \
+#define DSV4_HC_FINALIZE_PARAMS                                                                                   \
+  const float *state, int64_t D, int hc, int S, const float *part_dot, const double *part_ss, const float *scale, \
+      const float *base, float norm_eps, float hc_eps, int iters, float *u, float *post, float *comb, float *xn,  \
       const float *xn_w, float xn_eps
 #define DSV4_HC_FINALIZE_ARGS \
   state, D, hc, S, part_dot, part_ss, scale, base, norm_eps, hc_eps, iters, u, post, comb, xn, xn_w, xn_eps
@@ -520,7 +526,8 @@ __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, i
   const int64_t t = blockIdx.x;
   combine_mix<Tr>(part_dot, part_ss, t, S, hc, hc * D, norm_eps, mix, &rho, fin_sm);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < hc; ++i) mix[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
+    for (int i = 0; i < hc; ++i)
+      mix[i] = __fadd_rn(sigmoid_dev(__fadd_rn(__fmul_rn(scale[0], mix[i]), base[i])), hc_eps);
   }
   __syncthreads();
   const float* X = state + t * hc * D;
@@ -531,8 +538,8 @@ __global__ void hc_head_finalize_kernel(const float* state, int64_t D, int hc, i
   }
 }
 
-__global__ void hc_post_kernel(float* state, const float* y, const float* y2, const float* post, const float* comb, int64_t D,
-                               int hc, int64_t n, bool round_bf16) {
+__global__ void hc_post_kernel(float* state, const float* y, const float* y2, const float* post, const float* comb,
+                               int64_t D, int hc, int64_t n, bool round_bf16) {
   pdl_enter();
   const int64_t total = n * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -563,8 +570,8 @@ __global__ void hc_post_kernel(float* state, const float* y, const float* y2, co
 // 64-bit division per element (the generic kernel's t = i / D). Per element
 // the same operations as hc_post_kernel: the same bits. Grid: x over D / 4,
 // y over tokens (strided past 65,535).
-__global__ void hc_post4_kernel(float* state, const float* y, const float* y2, const float* post, const float* comb, int64_t D,
-                                int64_t n, bool round_bf16) {
+__global__ void hc_post4_kernel(float* state, const float* y, const float* y2, const float* post, const float* comb,
+                                int64_t D, int64_t n, bool round_bf16) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (4 * c >= D) return;
@@ -587,7 +594,8 @@ __global__ void hc_post4_kernel(float* state, const float* y, const float* y2, c
     for (int k = 0; k < 16; ++k) cm[k] = co[k];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float4 s = make_float4(__fmul_rn(pj[j], yv.x), __fmul_rn(pj[j], yv.y), __fmul_rn(pj[j], yv.z), __fmul_rn(pj[j], yv.w));
+      float4 s =
+          make_float4(__fmul_rn(pj[j], yv.x), __fmul_rn(pj[j], yv.y), __fmul_rn(pj[j], yv.z), __fmul_rn(pj[j], yv.w));
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         s.x = __fadd_rn(s.x, __fmul_rn(cm[k * 4 + j], xi[k].x));
@@ -595,7 +603,8 @@ __global__ void hc_post4_kernel(float* state, const float* y, const float* y2, c
         s.z = __fadd_rn(s.z, __fmul_rn(cm[k * 4 + j], xi[k].z));
         s.w = __fadd_rn(s.w, __fmul_rn(cm[k * 4 + j], xi[k].w));
       }
-      if (round_bf16) s = make_float4(bf16_round_dev(s.x), bf16_round_dev(s.y), bf16_round_dev(s.z), bf16_round_dev(s.w));
+      if (round_bf16)
+        s = make_float4(bf16_round_dev(s.x), bf16_round_dev(s.y), bf16_round_dev(s.z), bf16_round_dev(s.w));
       *reinterpret_cast<float4*>(X + j * D) = s;
     }
   }
@@ -617,22 +626,28 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
   DSV4_ASSERT(S <= 65535 && warps / 4 < 0x7fffffff, "hc: state of %lld x %lld too large", static_cast<long long>(n),
               static_cast<long long>(len));
   const size_t dot_bytes = (static_cast<size_t>(n) * S * n_mix * sizeof(float) + 255) / 256 * 256;
-  auto* base = static_cast<uint8_t*>(ctx.scratch->get(dot_bytes + static_cast<size_t>(n) * S * sizeof(double), ctx.stream));
+  auto* base =
+      static_cast<uint8_t*>(ctx.scratch->get(dot_bytes + static_cast<size_t>(n) * S * sizeof(double), ctx.stream));
   *part_dot = reinterpret_cast<float*>(base);
   *part_ss = reinterpret_cast<double*>(base + dot_bytes);
   auto go = [&](auto kernel) {
-    launch_kernel(kernel, ceil_div(warps, 4), 128, 0, ctx.stream, state.f32(), n, len, static_cast<const uint8_t*>(fn.data), fn.row_bytes(),
-        n_mix, S, *part_dot, *part_ss, ctx.tables);
+    launch_kernel(kernel, ceil_div(warps, 4), 128, 0, ctx.stream, state.f32(), n, len,
+                  static_cast<const uint8_t*>(fn.data), fn.row_bytes(), n_mix, S, *part_dot, *part_ss, ctx.tables);
     CUDA_CHECK_LAUNCH();
   };
   auto go_type = [&](auto type_tag) {
     constexpr GgmlType T = decltype(type_tag)::value;
-    if (tokens) go(hc_mix_partial_tokens_kernel<T>);
-    else go(hc_mix_partial_kernel<T>);
+    if (tokens)
+      go(hc_mix_partial_tokens_kernel<T>);
+    else
+      go(hc_mix_partial_kernel<T>);
   };
-  if (fn.type == GgmlType::F32) go_type(std::integral_constant<GgmlType, GgmlType::F32>{});
-  else if (fn.type == GgmlType::F16) go_type(std::integral_constant<GgmlType, GgmlType::F16>{});
-  else go_type(std::integral_constant<GgmlType, GgmlType::BF16>{});
+  if (fn.type == GgmlType::F32)
+    go_type(std::integral_constant<GgmlType, GgmlType::F32>{});
+  else if (fn.type == GgmlType::F16)
+    go_type(std::integral_constant<GgmlType, GgmlType::F16>{});
+  else
+    go_type(std::integral_constant<GgmlType, GgmlType::BF16>{});
   return S;
 }
 
@@ -646,9 +661,9 @@ void launch_embed(const CudaContext& ctx, const EmbedOp& op) {
   dispatch_weight_type(op.table.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     DSV4_ASSERT(D % WeightUnit<T>::U == 0, "embed: width %lld", static_cast<long long>(D));
-    launch_kernel(embed_kernel<T>, static_cast<unsigned>(n), 128, 0, ctx.stream, op.out.f32(), static_cast<const uint8_t*>(op.table.data),
-        op.table.row_bytes(), op.table.n_rows(), op.ids.i32(),
-        hc, D, ctx.tables);
+    launch_kernel(embed_kernel<T>, static_cast<unsigned>(n), 128, 0, ctx.stream, op.out.f32(),
+                  static_cast<const uint8_t*>(op.table.data), op.table.row_bytes(), op.table.n_rows(), op.ids.i32(), hc,
+                  D, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -667,14 +682,16 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   const size_t smem = finalize_smem(S, n_mix);
   auto go = [&](auto kernel) {
     allow_smem(kernel, smem);
-    launch_kernel(kernel, static_cast<unsigned>(n), 256, smem, ctx.stream,
-        op.state.f32(), D, static_cast<int>(hc), S, part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps,
-        op.sinkhorn_iters, op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
-        op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
+    launch_kernel(kernel, static_cast<unsigned>(n), 256, smem, ctx.stream, op.state.f32(), D, static_cast<int>(hc), S,
+                  part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps, op.sinkhorn_iters,
+                  op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
+                  op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
   };
   // The same bits either way (combine_mix; u and the norm per column).
-  if (n > k_finalize_tr_min) go(hc_pre_finalize_loop_kernel);
-  else go(hc_pre_finalize_kernel);
+  if (n > k_finalize_tr_min)
+    go(hc_pre_finalize_loop_kernel);
+  else
+    go(hc_pre_finalize_kernel);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -690,11 +707,12 @@ void launch_hc_head(const CudaContext& ctx, const HcHeadOp& op) {
   auto go = [&](auto kernel) {
     allow_smem(kernel, smem);
     launch_kernel(kernel, static_cast<unsigned>(n), 256, smem, ctx.stream, op.state.f32(), D, static_cast<int>(hc), S,
-        part_dot, part_ss, op.scale.f32(), op.base.f32(),
-        op.norm_eps, op.hc_eps, op.h.f32());
+                  part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps, op.h.f32());
   };
-  if (n > k_finalize_tr_min) go(hc_head_finalize_kernel<true>);
-  else go(hc_head_finalize_kernel<false>);
+  if (n > k_finalize_tr_min)
+    go(hc_head_finalize_kernel<true>);
+  else
+    go(hc_head_finalize_kernel<false>);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -705,20 +723,21 @@ void launch_hc_post(const CudaContext& ctx, const HcPostOp& op) {
   if (total == 0) return;
   DSV4_ASSERT(!op.y2 || (op.y2.ne[0] == D && op.y2.n_rows() >= n), "hc_post: y2 shape");
   const float* y2 = op.y2 ? op.y2.f32() : nullptr;
-  const bool aligned = reinterpret_cast<uintptr_t>(op.state.data) % 16 == 0 && reinterpret_cast<uintptr_t>(op.y.data) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(y2) % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(op.state.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(op.y.data) % 16 == 0 && reinterpret_cast<uintptr_t>(y2) % 16 == 0;
   if (hc == 4 && D % 4 == 0 && aligned) {
     const int64_t quads = D / 4;
     const unsigned threads = quads >= 256 ? 256 : 128;
-    const dim3 grid(static_cast<unsigned>((quads + threads - 1) / threads), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-    launch_kernel(hc_post4_kernel, grid, threads, 0, ctx.stream, op.state.f32(), op.y.f32(), y2, op.post.f32(), op.comb.f32(), D, n,
-        op.round_bf16);
+    const dim3 grid(static_cast<unsigned>((quads + threads - 1) / threads),
+                    static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+    launch_kernel(hc_post4_kernel, grid, threads, 0, ctx.stream, op.state.f32(), op.y.f32(), y2, op.post.f32(),
+                  op.comb.f32(), D, n, op.round_bf16);
     CUDA_CHECK_LAUNCH();
     return;
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
-  launch_kernel(hc_post_kernel, blocks, 256, 0, ctx.stream, op.state.f32(), op.y.f32(), y2, op.post.f32(), op.comb.f32(), D,
-      static_cast<int>(hc), n, op.round_bf16);
+  launch_kernel(hc_post_kernel, blocks, 256, 0, ctx.stream, op.state.f32(), op.y.f32(), y2, op.post.f32(),
+                op.comb.f32(), D, static_cast<int>(hc), n, op.round_bf16);
   CUDA_CHECK_LAUNCH();
 }
 

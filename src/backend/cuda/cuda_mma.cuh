@@ -58,7 +58,6 @@
 
 namespace dsv4::cuda {
 
-
 // Element (0..31 of a unit) at fragment position p = 8t + 4s + i.
 template <GgmlType T>
 DSV4_HD int mma_elem_of_pos(int p) {
@@ -121,8 +120,8 @@ constexpr uint32_t k_f16x2_1024 = 0x64006400u;
 constexpr uint32_t k_f16x2_1152 = 0x64806480u;
 
 // c += A (16x16, row) * B (16x8, col), f16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -181,7 +180,9 @@ DSV4_HD uint16_t bf16_bits_rn(float x) {
 DSV4_HD uint32_t pack_bf16x2(float a, float b) {
   return static_cast<uint32_t>(bf16_bits_rn(a)) | (static_cast<uint32_t>(bf16_bits_rn(b)) << 16);
 }
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
@@ -219,7 +220,10 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
 
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const uint16_t* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)) : "memory");
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p))
+               : "memory");
 #else
   __trap();
 #endif
@@ -280,10 +284,12 @@ struct MmaCodes<GgmlType::Q8_0> {
       r.q[1] = (m >> 16) | (b << 16);
     }
   }
-  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const MmaTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
+                             const MmaTables&) {
     sc[0] = f16_bits_to_f32(r.d);
     DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(r.q[k >> 1] ^ 0x80808080u, 2 * (k & 1), k_f16x2_1152);  // q + 128 - 1152
+    for (int k = 0; k < 4; ++k)
+      h[k] = codes_u8_f16x2(r.q[k >> 1] ^ 0x80808080u, 2 * (k & 1), k_f16x2_1152);  // q + 128 - 1152
   }
 };
 
@@ -299,7 +305,8 @@ struct MmaCodes<GgmlType::F16> {
   DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
     r.v = *reinterpret_cast<const uint4*>(row + u * 64 + 16 * t);
   }
-  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS], const MmaTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
+                             const MmaTables&) {
     sc[0] = 1.0f;
     h[0] = r.v.x;
     h[1] = r.v.y;
@@ -321,7 +328,7 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
     const uint8_t* blk = row + (u >> 3) * 66;
     const int ib = static_cast<int>(u & 7);
     if (ib == 0) r.d = *reinterpret_cast<const uint16_t*>(blk);  // one per super-block of 8 units
-    r.grid_idx = blk[2 + 8 * ib + t];  // byte t of the group's first word: the grid index of elements 8t..8t+7
+    r.grid_idx = blk[2 + 8 * ib + t];      // byte t of the group's first word: the grid index of elements 8t..8t+7
     const uint8_t* pw = blk + 6 + 8 * ib;  // the group's second word (even address)
     if ((reinterpret_cast<uintptr_t>(pw) & 3u) == 0) {
       r.wb = *reinterpret_cast<const uint32_t*>(pw);
@@ -339,7 +346,8 @@ struct MmaCodes<GgmlType::IQ2_XXS> {
     const uint2 g = tab.grid[r.grid_idx];
     const uint32_t z = iq2_sign_spread(iq2_sign_bits((r.wb >> (7 * t)) & 127u));
     DSV4_UNROLL
-    for (int k = 0; k < 4; ++k) h[k] = codes_u8_f16x2(k < 2 ? g.x : g.y, 2 * (k & 1), k_f16x2_1024) ^ iq2_pair_sign_mask(z, k);
+    for (int k = 0; k < 4; ++k)
+      h[k] = codes_u8_f16x2(k < 2 ? g.x : g.y, 2 * (k & 1), k_f16x2_1024) ^ iq2_pair_sign_mask(z, k);
   }
 };
 
@@ -363,7 +371,8 @@ struct MmaCodes<GgmlType::Q4_K> {
     }
     if ((j & 1) == 0) r.q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * t);  // units 2c, 2c + 1
   }
-  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const MmaTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS],
+                             const MmaTables&) {
     const int j = static_cast<int>(u & 7);
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
@@ -392,7 +401,7 @@ struct MmaCodes<GgmlType::Q2_K> {
     const uint8_t* blk = row + (u >> 3) * 84;
     const int v = static_cast<int>(u & 7), hh = v >> 2;
     if (v == 0) r.dd = *reinterpret_cast<const uint32_t*>(blk + 80);  // one per super-block
-    r.scb = *reinterpret_cast<const uint16_t*>(blk + 2 * v);  // scales[2v], scales[2v + 1]
+    r.scb = *reinterpret_cast<const uint16_t*>(blk + 2 * v);          // scales[2v], scales[2v + 1]
     // Positions 8t + 4s + i = elements 16s + 4t + i = bits 2(v%4).. of qs[32hh + 16s + 4t + i]:
     // the same two words for units 4hh .. 4hh + 3.
     if ((v & 3) == 0) {
@@ -400,7 +409,8 @@ struct MmaCodes<GgmlType::Q2_K> {
       r.w[1] = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * hh + 16 + 4 * t);
     }
   }
-  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS], const MmaTables&) {
+  DSV4_HD static void decode(const Raw& r, int64_t u, int, uint32_t (&h)[4], float (&sc)[NS], float (&mn)[NS],
+                             const MmaTables&) {
     const int sh = 2 * static_cast<int>(u & 3);
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu));
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(r.dd >> 16));
@@ -433,9 +443,9 @@ constexpr bool mma_tile_type() {
 // float4 {2^-s, sum of elements 0..15, sum of 16..31, sum of 0..31} (f32,
 // fixed shuffle tree; the sums of the unscaled x, for the min terms).
 struct MmaX {
-  const uint4* q = nullptr;     // [rows][units][8]
-  const float4* s = nullptr;    // [rows][units]
-  int64_t units = 0;            // units per row
+  const uint4* q = nullptr;   // [rows][units][8]
+  const float4* s = nullptr;  // [rows][units]
+  int64_t units = 0;          // units per row
 };
 // Bytes of q + s for rows x units (a 16-byte multiple). The tile indexes the
 // split with 32-bit offsets: rows * units * 8 must stay below 2^31 (checked by mma_split_x).
@@ -443,8 +453,9 @@ inline size_t mma_split_bytes(int64_t rows, int64_t units) { return static_cast<
 
 // One warp per (row, unit), lane = element: x[row * x_stride + 32 unit + lane].
 template <bool Q2K>
-__global__ void __launch_bounds__(256) mma_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows,
-                                                          int64_t units, uint4* __restrict__ q, float4* __restrict__ s) {
+__global__ void __launch_bounds__(256)
+    mma_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows, int64_t units,
+                       uint4* __restrict__ q, float4* __restrict__ s) {
   pdl_enter();
   const int lane = threadIdx.x & 31;
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -485,8 +496,8 @@ MmaX mma_split_x(cudaStream_t stream, const float* x, int64_t x_stride, int64_t 
   const int64_t pairs = rows * units;
   if (pairs == 0) return r;
   const unsigned blocks = static_cast<unsigned>((pairs + 7) / 8);
-  launch_kernel(mma_split_x_kernel<T == GgmlType::Q2_K>, blocks, 256, 0, stream, x, x_stride, rows, units, const_cast<uint4*>(r.q),
-      const_cast<float4*>(r.s));
+  launch_kernel(mma_split_x_kernel<T == GgmlType::Q2_K>, blocks, 256, 0, stream, x, x_stride, rows, units,
+                const_cast<uint4*>(r.q), const_cast<float4*>(r.s));
   return r;
 }
 
@@ -554,8 +565,10 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
       const int n = i / (k_mma_uc * 9), rest = i % (k_mma_uc * 9), uu = rest / 9, k = rest % 9;
       if (uu >= nu) continue;
       const int64_t su = xs.units * sm.xrow[n] + u_off + u0 + uu;
-      if (k < 8) cp_async_vec(&sm.q[b][n][uu][k ^ ((n & 1) << 2)], xs.q + su * 8 + k);
-      else cp_async_vec(reinterpret_cast<uint4*>(&sm.s[b][uu][n]), reinterpret_cast<const uint4*>(xs.s + su));
+      if (k < 8)
+        cp_async_vec(&sm.q[b][n][uu][k ^ ((n & 1) << 2)], xs.q + su * 8 + k);
+      else
+        cp_async_vec(reinterpret_cast<uint4*>(&sm.s[b][uu][n]), reinterpret_cast<const uint4*>(xs.s + su));
     }
     cp_async_commit();
   };

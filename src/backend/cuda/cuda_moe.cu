@@ -66,7 +66,7 @@ namespace {
 
 constexpr int k_route_threads = 256;
 constexpr int k_max_route_k = 64;
-constexpr int k_route_lane_experts = 8;  // E <= 256: the selection runs in one warp
+constexpr int k_route_lane_experts = 8;     // E <= 256: the selection runs in one warp
 constexpr int64_t k_group_min_tokens = 16;  // prefill batches from this size group assignments by expert
 
 __device__ __forceinline__ float softplus_dev(float z) {
@@ -96,10 +96,9 @@ __device__ __forceinline__ void warp_route_best(float& bv, int& bi) {
   }
 }
 
-__global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* experts, float* weights, const float* logits,
-                                                                    const float* bias, const int32_t* hash,
-                                                                    int64_t hash_rows, int64_t hash_w, const int32_t* ids,
-                                                                    int E, int k, float alpha, bool normalize) {
+__global__ void __launch_bounds__(k_route_threads)
+    moe_route_kernel(int32_t* experts, float* weights, const float* logits, const float* bias, const int32_t* hash,
+                     int64_t hash_rows, int64_t hash_w, const int32_t* ids, int E, int k, float alpha, bool normalize) {
   // The selection bias is a weight: warp 0's lanes load theirs (experts lane +
   // 32 j) before pdl_enter, off the chain.
   const bool lane_select = !hash && E <= 32 * k_route_lane_experts;
@@ -113,7 +112,7 @@ __global__ void __launch_bounds__(k_route_threads) moe_route_kernel(int32_t* exp
   }
   pdl_enter();
   extern __shared__ float sm[];
-  float* s = sm;                                          // [E] scores
+  float* s = sm;                                                   // [E] scores
   unsigned char* taken = reinterpret_cast<unsigned char*>(s + E);  // [E]
   __shared__ int sel[k_max_route_k];
   __shared__ float red_v[32];
@@ -216,7 +215,9 @@ __device__ __forceinline__ float expert_mid(float g, float u, float w, float c) 
 }
 
 struct ExpertMid {
-  __device__ __forceinline__ float operator()(float g, float u, float w, float c) const { return expert_mid(g, u, w, c); }
+  __device__ __forceinline__ float operator()(float g, float u, float w, float c) const {
+    return expert_mid(g, u, w, c);
+  }
 };
 
 // out[a, r] = W[e_a, r, :] · x[a / x_div]; grid (assignments, ceil(R / 8RW)), RW rows per warp.
@@ -228,9 +229,9 @@ struct ExpertMid {
 // (IQ2_XXS / Q2_K with tensor cores on take expert_imma_kernel instead.)
 template <GgmlType T, int RW, int S, bool Pair, bool XS>
 __global__ void __launch_bounds__(256)
-    expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2, size_t row_bytes, int64_t n_units, int64_t E,
-                         const int32_t* experts, const float* weights, float clamp, const float* x, int64_t x_stride, int x_div,
-                         QuantTables tab) {
+    expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2, size_t row_bytes, int64_t n_units,
+                         int64_t E, const int32_t* experts, const float* weights, float clamp, const float* x,
+                         int64_t x_stride, int x_div, QuantTables tab) {
   constexpr int NR = Pair ? 2 * RW : RW;
   constexpr int U = WeightUnit<T>::U;
   // Dynamic shared memory: [x copy (XShared floats, XS)][8 x stage_bytes_per_warp<T, NR, S>()]
@@ -238,7 +239,8 @@ __global__ void __launch_bounds__(256)
   pdl_enter();  // before the expert ids (the prologue's second call returns at once)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
-  auto* stage = reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + warp * stage_bytes_per_warp<T, NR, S>());
+  auto* stage =
+      reinterpret_cast<typename UnitStaging<T>::Vec*>(ex_smem + x_bytes + warp * stage_bytes_per_warp<T, NR, S>());
   const int64_t a = blockIdx.x;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + warp) * RW;
   const float* xr = x + (a / x_div) * x_stride;
@@ -260,15 +262,18 @@ __global__ void __launch_bounds__(256)
   }
   float s[NR];
   if constexpr (XS)
-    warp_rows_dot<T, NR, S>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s, prologue);
+    warp_rows_dot<T, NR, S>(rp, n_units, XShared{reinterpret_cast<const float*>(ex_smem)}, lane, tb, stage, s,
+                            prologue);
   else
     warp_rows_dot<T, NR, S>(rp, n_units, XGlobal{xr}, lane, tb, stage, s, prologue);
   if (lane == 0)
 #pragma unroll
     for (int i = 0; i < RW; ++i)
       if (i < nr) {
-        if constexpr (Pair) out[a * R + r0 + i] = expert_mid(s[i], s[RW + i], weights[a], clamp);
-        else out[a * R + r0 + i] = s[i];
+        if constexpr (Pair)
+          out[a * R + r0 + i] = expert_mid(s[i], s[RW + i], weights[a], clamp);
+        else
+          out[a * R + r0 + i] = s[i];
       }
 }
 
@@ -295,19 +300,19 @@ __global__ void __launch_bounds__(256)
 // 106 us for 24,576 assignments (4,096 tokens; ncu), still one
 // block, latency-bound: a multi-block histogram pass would be the next step.
 constexpr int k_plan_warps = 16;
-__global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E,
-                                                                     int tile, int32_t* __restrict__ list, int4* __restrict__ tiles,
-                                                                     int32_t* __restrict__ n_tiles, int big_min, int big_tile,
-                                                                     int4* __restrict__ big) {
+__global__ void __launch_bounds__(k_plan_warps * 32)
+    moe_plan_kernel(const int32_t* __restrict__ experts, int64_t n_assign, int E, int tile, int32_t* __restrict__ list,
+                    int4* __restrict__ tiles, int32_t* __restrict__ n_tiles, int big_min, int big_tile,
+                    int4* __restrict__ big) {
   pdl_enter();
   extern __shared__ int plan_sm[];
-  int* hist = plan_sm;                     // [k_plan_warps][E]
-  int* cnt = hist + k_plan_warps * E;      // [E] assignments per expert
-  int* off = cnt + E;                      // [E] first list index
-  int* toff = off + E;                     // [E] first tile index (small list)
-  int* boff = toff + E;                    // [E] first tile index (big list)
-  int* bcnt = boff + E;                    // [E] assignments in the big list
-  int* bpad = bcnt + E;                    // [E] first padded token row of its big tiles (multiples of 8)
+  int* hist = plan_sm;                 // [k_plan_warps][E]
+  int* cnt = hist + k_plan_warps * E;  // [E] assignments per expert
+  int* off = cnt + E;                  // [E] first list index
+  int* toff = off + E;                 // [E] first tile index (small list)
+  int* boff = toff + E;                // [E] first tile index (big list)
+  int* bcnt = boff + E;                // [E] assignments in the big list
+  int* bpad = bcnt + E;                // [E] first padded token row of its big tiles (multiples of 8)
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < k_plan_warps * E; i += blockDim.x) hist[i] = 0;
   __syncthreads();
@@ -364,7 +369,8 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
     const int c = cnt[e], cb = bcnt[e], cs = c - cb;
     for (int j = 0; j * big_tile < cb; ++j)
       big[boff[e] + j] = make_int4(e, off[e] + j * big_tile, min(big_tile, cb - j * big_tile), bpad[e] + j * big_tile);
-    for (int j = 0; j * tile < cs; ++j) tiles[toff[e] + j] = make_int4(e, off[e] + cb + j * tile, min(tile, cs - j * tile), 0);
+    for (int j = 0; j * tile < cs; ++j)
+      tiles[toff[e] + j] = make_int4(e, off[e] + cb + j * tile, min(tile, cs - j * tile), 0);
   }
   __syncthreads();
   for (int64_t base = s0; base < s1; base += 32) {
@@ -381,11 +387,11 @@ __global__ void __launch_bounds__(k_plan_warps * 32) moe_plan_kernel(const int32
 // out[a, r] = W[e, r, :] · x[a / x_div] for the assignments a of tile blockIdx.y
 // (expert e); grid (ceil(R / 32), max tiles), blocks past *n_tiles exit.
 template <GgmlType T>
-__global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
-                                                          size_t row_bytes, int64_t n_units, int64_t cols,
-                                                          const int32_t* __restrict__ list, const int4* __restrict__ tiles,
-                                                          const int32_t* __restrict__ n_tiles, const float* __restrict__ x,
-                                                          int64_t x_stride, int x_div, bool x_vec4, QuantTables tab) {
+__global__ void __launch_bounds__(256)
+    expert_tile_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes,
+                       int64_t n_units, int64_t cols, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+                       const int32_t* __restrict__ n_tiles, const float* __restrict__ x, int64_t x_stride, int x_div,
+                       bool x_vec4, QuantTables tab) {
   pdl_enter();
   __shared__ TileSmem<T> sm;
   __shared__ const float* xrow[k_tile_tokens];
@@ -408,10 +414,10 @@ __global__ void __launch_bounds__(256) expert_tile_kernel(float* __restrict__ ou
 // The same on tensor cores (cuda_mma.cuh): 256 rows x BN assignments per block,
 // grid (ceil(R / 256), max tiles); x split beforehand (split row = a / x_div).
 template <GgmlType T, int BN>
-__global__ void __launch_bounds__(256, 2) expert_mma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
-                                                         size_t row_bytes, int64_t n_units, const int32_t* __restrict__ list,
-                                                         const int4* __restrict__ tiles, const int32_t* __restrict__ n_tiles,
-                                                         MmaX xs, int x_div, QuantTables tab) {
+__global__ void __launch_bounds__(256, 2)
+    expert_mma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes,
+                      int64_t n_units, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+                      const int32_t* __restrict__ n_tiles, MmaX xs, int x_div, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
@@ -430,7 +436,8 @@ __global__ void __launch_bounds__(256, 2) expert_mma_kernel(float* __restrict__ 
 }
 
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
-__global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total, float c) {
+__global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total,
+                                     float c) {
   pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -455,9 +462,9 @@ unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((
 // shape as w = gate), out = expert_mid(gate, up, weights[a], clamp) instead.
 // digits: scratch for x's split (n_assign / x_div rows of cols / 32 XDigits)
 // when ctx.int_dot, else nullptr.
-void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const Tensor* w2, const int32_t* experts,
-                   int64_t n_assign, const float* x, int64_t x_stride, int x_div, const float* weights, float clamp,
-                   XDigits* digits) {
+void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const Tensor* w2,
+                   const int32_t* experts, int64_t n_assign, const float* x, int64_t x_stride, int x_div,
+                   const float* weights, float clamp, XDigits* digits) {
   const int64_t cols = w.ne[0], E = w.ne[2];
   DSV4_ASSERT((R + 31) / 32 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
   DSV4_ASSERT(n_assign <= 0x7fffffff, "moe_experts: too many assignments");
@@ -485,8 +492,8 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       const size_t stage_bytes = 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR, S>());
       auto launch = [&](auto kernel, size_t smem) {
         allow_smem(kernel, smem, k_block_tables_smem);  // static: the tables
-        launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts, weights, clamp, x,
-            x_stride, x_div, ctx.tables);
+        launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts,
+                      weights, clamp, x, x_stride, x_div, ctx.tables);
       };
       // Integer MMAs with tensor cores on (agreement to f32 rounding, as the tiles): x split
       // once (one warp per 32 values, one scale per 256), then 16 rows per block.
@@ -494,7 +501,8 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
         if (ctx.int_dot && digits) {
           const int64_t x_rows = n_assign / x_div, units = cols / U;
           DSV4_ASSERT(units % 8 == 0, "moe_experts: split x needs whole 256-value blocks");
-          launch_kernel(split_x_digits_kernel, x_rows * units / 8, 256, 0, ctx.stream, digits, x, x_stride, x_rows, units);
+          launch_kernel(split_x_digits_kernel, x_rows * units / 8, 256, 0, ctx.stream, digits, x, x_stride, x_rows,
+                        units);
           CUDA_CHECK_LAUNCH();
           // cuda_expert_imma.cuh: blocks of 16 rows, one warp per 1,024-column chunk (at most 8).
           const int64_t n_chunks = units / 32;
@@ -503,13 +511,15 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
           const dim3 grid_i(static_cast<unsigned>(n_assign), ceil_div(R, k_imma_rows));
           auto kernel = expert_imma_kernel<T, Pair, ExpertMid>;
           allow_smem(kernel, smem, sizeof(IdotTables) + sizeof(float) * k_imma_max_warps * 2 * k_imma_rows);
-          launch_kernel(kernel, grid_i, warps * 32, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), n_chunks, E, experts, weights,
-                        clamp, digits, x_div, ctx.tables);
+          launch_kernel(kernel, grid_i, warps * 32, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), n_chunks, E,
+                        experts, weights, clamp, digits, x_div, ctx.tables);
           return;
         }
       }
-      if (xs) launch(expert_matvec_kernel<T, RW, S, Pair, true>, x_bytes + stage_bytes);
-      else launch(expert_matvec_kernel<T, RW, S, Pair, false>, stage_bytes);
+      if (xs)
+        launch(expert_matvec_kernel<T, RW, S, Pair, true>, x_bytes + stage_bytes);
+      else
+        launch(expert_matvec_kernel<T, RW, S, Pair, false>, stage_bytes);
     };
     using yes = std::true_type;
     using no = std::false_type;
@@ -522,16 +532,22 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
         // H200: a decode step's experts 58.6 us with 2, 58.2 with 4, 64.6 with 1.
         const int64_t chunks = ceil_div(cols / U, 32);
         auto with_pair = [&](auto stages_tag) {
-          if (wp2) run(stages_tag, yes{});
-          else run(stages_tag, no{});
+          if (wp2)
+            run(stages_tag, yes{});
+          else
+            run(stages_tag, no{});
         };
-        if (chunks <= 2) with_pair(std::integral_constant<int, 2>{});
-        else with_pair(std::integral_constant<int, 4>{});
+        if (chunks <= 2)
+          with_pair(std::integral_constant<int, 2>{});
+        else
+          with_pair(std::integral_constant<int, 4>{});
       }
     }
     if (!staged) {
-      if (wp2) run(std::integral_constant<int, 0>{}, yes{});
-      else run(std::integral_constant<int, 0>{}, no{});
+      if (wp2)
+        run(std::integral_constant<int, 0>{}, yes{});
+      else
+        run(std::integral_constant<int, 0>{}, no{});
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -546,15 +562,15 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
 struct ExpertPlan {
   int32_t* list;
   int4* tiles;
-  int32_t* n_tiles;           // [0]: small tiles, [1]: big tiles
+  int32_t* n_tiles;  // [0]: small tiles, [1]: big tiles
   int64_t max_tiles;
   int tile;
   int4* big = nullptr;
   int64_t max_big = 0;
-  void* split = nullptr;      // tensor cores: the split x of one expert matrix (cuda_mma.cuh)
-  int64_t split_units = 0;    // its capacity in (row, unit) pairs
-  void* eg_split = nullptr;   // the big list: the grouped GEMM's split x by rows (cuda_expert_gemm.cuh), same capacity
-  void* eg_tiled = nullptr;   // and gathered per tile: hi then lo, eg_rows x eg_cols halves each
+  void* split = nullptr;     // tensor cores: the split x of one expert matrix (cuda_mma.cuh)
+  int64_t split_units = 0;   // its capacity in (row, unit) pairs
+  void* eg_split = nullptr;  // the big list: the grouped GEMM's split x by rows (cuda_expert_gemm.cuh), same capacity
+  void* eg_tiled = nullptr;  // and gathered per tile: hi then lo, eg_rows x eg_cols halves each
   int64_t eg_rows = 0, eg_cols = 0;
 };
 int64_t plan_max_tiles(int64_t n_assign, int64_t E, int tile) { return ceil_div(n_assign, tile) + E; }
@@ -576,14 +592,15 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
   p.max_big = plan_max_big(n_assign, E, big_min);
   DSV4_ASSERT(p.max_tiles <= 65535 && p.max_big <= 65535, "moe_experts: batch of %lld assignments too large",
               static_cast<long long>(n_assign));
-  p.tiles = static_cast<int4*>(base);  // 16-byte aligned: scratch is, and base follows float arrays of 16-byte multiples
+  p.tiles =
+      static_cast<int4*>(base);  // 16-byte aligned: scratch is, and base follows float arrays of 16-byte multiples
   p.big = p.tiles + p.max_tiles;
   p.list = reinterpret_cast<int32_t*>(p.big + p.max_big);
   p.n_tiles = p.list + n_assign;
   const size_t smem = (k_plan_warps + 6) * static_cast<size_t>(E) * sizeof(int);
   allow_smem(moe_plan_kernel, smem);
-  launch_kernel(moe_plan_kernel, 1, k_plan_warps * 32, smem, ctx.stream, experts, n_assign, static_cast<int>(E), tile, p.list,
-                p.tiles, p.n_tiles, big_min, k_wg_tokens, p.big);
+  launch_kernel(moe_plan_kernel, 1, k_plan_warps * 32, smem, ctx.stream, experts, n_assign, static_cast<int>(E), tile,
+                p.list, p.tiles, p.n_tiles, big_min, k_wg_tokens, p.big);
   CUDA_CHECK_LAUNCH();
   return p;
 }
@@ -600,24 +617,29 @@ struct EgSplit {
 int64_t eg_tiled_rows(int64_t n_assign, int64_t max_big) { return n_assign + 7 * max_big; }
 EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const float* x, int64_t x_rows, int64_t x_stride,
                           int64_t cols, int x_div) {
-  DSV4_ASSERT(p.eg_split && static_cast<size_t>(x_rows * cols) * 4 + static_cast<size_t>(x_rows) * 4 <=
-                                mma_split_bytes(1, p.split_units) && cols <= p.eg_cols,
+  DSV4_ASSERT(p.eg_split &&
+                  static_cast<size_t>(x_rows * cols) * 4 + static_cast<size_t>(x_rows) * 4 <=
+                      mma_split_bytes(1, p.split_units) &&
+                  cols <= p.eg_cols,
               "moe_experts: grouped GEMM split buffer");
   auto* xh = static_cast<__half*>(p.eg_split);
   auto* xl = xh + x_rows * cols;
   auto* e_t = reinterpret_cast<int*>(xl + x_rows * cols);
-  launch_kernel(expert_gemm_split_x_kernel, static_cast<unsigned>(x_rows), 256, 0, ctx.stream, x, x_stride, cols, xh, xl, e_t);
+  launch_kernel(expert_gemm_split_x_kernel, static_cast<unsigned>(x_rows), 256, 0, ctx.stream, x, x_stride, cols, xh,
+                xl, e_t);
   CUDA_CHECK_LAUNCH();
   auto* xth = static_cast<__half*>(p.eg_tiled);
   auto* xtl = xth + p.eg_rows * cols;
-  launch_kernel(expert_gemm_gather_x_kernel, dim3(ceil_div(cols, k_eg_bk), static_cast<unsigned>(p.max_big)), 256, 0, ctx.stream,
-                xh, xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl);
+  launch_kernel(expert_gemm_gather_x_kernel, dim3(ceil_div(cols, k_eg_bk), static_cast<unsigned>(p.max_big)), 256, 0,
+                ctx.stream, xh, xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl);
   CUDA_CHECK_LAUNCH();
   return {xth, xtl, e_t};
 }
-void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const EgSplit& xs, int x_div) {
+void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const EgSplit& xs,
+                 int x_div) {
   DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
-  launch_expert_wgmma(ctx, out, R, w, ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div});
+  launch_expert_wgmma(ctx, out, R, w,
+                      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div});
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
@@ -627,7 +649,8 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     constexpr int U = WeightUnit<T>::U;
-    DSV4_ASSERT(cols % U == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T), static_cast<long long>(cols));
+    DSV4_ASSERT(cols % U == 0, "moe_experts: %s rows of %lld elements", ggml_type_name(T),
+                static_cast<long long>(cols));
     if constexpr (mma_type<T>()) {
       if (ctx.tensor_cores) {
         // x split (rows: the distinct inputs, n_assign / x_div of them) into the plan's split buffer.
@@ -640,14 +663,14 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
         allow_smem(expert_mma_kernel<T, 16>, sizeof(MmaSmem<16>));
         allow_smem(expert_mma_kernel<T, 8>, sizeof(MmaSmem<8>));
         if (p.tile == 32)
-          launch_kernel(expert_mma_kernel<T, 32>, grid, 256, sizeof(MmaSmem<32>), ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-              xs, x_div, ctx.tables);
+          launch_kernel(expert_mma_kernel<T, 32>, grid, 256, sizeof(MmaSmem<32>), ctx.stream, out, R, wp, w.row_bytes(),
+                        cols / U, p.list, p.tiles, p.n_tiles, xs, x_div, ctx.tables);
         else if (p.tile == 16)
-          launch_kernel(expert_mma_kernel<T, 16>, grid, 256, sizeof(MmaSmem<16>), ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-              xs, x_div, ctx.tables);
+          launch_kernel(expert_mma_kernel<T, 16>, grid, 256, sizeof(MmaSmem<16>), ctx.stream, out, R, wp, w.row_bytes(),
+                        cols / U, p.list, p.tiles, p.n_tiles, xs, x_div, ctx.tables);
         else
-          launch_kernel(expert_mma_kernel<T, 8>, grid, 256, sizeof(MmaSmem<8>), ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles, p.n_tiles,
-              xs, x_div, ctx.tables);
+          launch_kernel(expert_mma_kernel<T, 8>, grid, 256, sizeof(MmaSmem<8>), ctx.stream, out, R, wp, w.row_bytes(),
+                        cols / U, p.list, p.tiles, p.n_tiles, xs, x_div, ctx.tables);
         CUDA_CHECK_LAUNCH();
         return;
       }
@@ -655,9 +678,8 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
     DSV4_ASSERT(p.tile == k_tile_tokens, "moe_experts: FFMA tiles take %d assignments", k_tile_tokens);
     const dim3 grid(ceil_div(R, k_tile_rows), static_cast<unsigned>(p.max_tiles));
     const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && cols % 4 == 0;
-    launch_kernel(expert_tile_kernel<T>, grid, 256, 0, ctx.stream, out, R, static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / U,
-        cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4,
-        ctx.tables);
+    launch_kernel(expert_tile_kernel<T>, grid, 256, 0, ctx.stream, out, R, static_cast<const uint8_t*>(w.data),
+                  w.row_bytes(), cols / U, cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -666,26 +688,30 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
 
 void launch_moe_route(const CudaContext& ctx, const MoeRouteOp& op) {
   const int64_t E = op.logits.ne[0], n = op.logits.n_rows(), k = op.experts.ne[0];
-  DSV4_ASSERT(k <= E && k <= k_max_route_k, "moe_route: k = %lld (E = %lld)", static_cast<long long>(k), static_cast<long long>(E));
-  DSV4_ASSERT(op.experts.n_rows() == n && op.weights.ne[0] == k && op.weights.n_rows() == n, "moe_route: output shapes");
+  DSV4_ASSERT(k <= E && k <= k_max_route_k, "moe_route: k = %lld (E = %lld)", static_cast<long long>(k),
+              static_cast<long long>(E));
+  DSV4_ASSERT(op.experts.n_rows() == n && op.weights.ne[0] == k && op.weights.n_rows() == n,
+              "moe_route: output shapes");
   DSV4_ASSERT(!op.bias || op.bias.ne[0] == E, "moe_route: bias length");
   DSV4_ASSERT(!op.hash || (op.hash.ne[0] >= k && op.ids.ne[0] >= n), "moe_route: hash table / ids shape");
   if (n == 0 || k == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff, "moe_route: too many tokens");
   const size_t smem = static_cast<size_t>(E) * (sizeof(float) + 1);
   allow_smem(moe_route_kernel, smem);
-  launch_kernel(moe_route_kernel, static_cast<unsigned>(n), k_route_threads, smem, ctx.stream,
-      op.experts.i32(), op.weights.f32(), op.logits.f32(), op.bias ? op.bias.f32() : nullptr,
-      op.hash ? op.hash.i32() : nullptr, op.hash ? op.hash.n_rows() : 0, op.hash ? op.hash.ne[0] : 0,
-      op.hash ? op.ids.i32() : nullptr, static_cast<int>(E), static_cast<int>(k), op.alpha, op.normalize);
+  launch_kernel(moe_route_kernel, static_cast<unsigned>(n), k_route_threads, smem, ctx.stream, op.experts.i32(),
+                op.weights.f32(), op.logits.f32(), op.bias ? op.bias.f32() : nullptr, op.hash ? op.hash.i32() : nullptr,
+                op.hash ? op.hash.n_rows() : 0, op.hash ? op.hash.ne[0] : 0, op.hash ? op.ids.i32() : nullptr,
+                static_cast<int>(E), static_cast<int>(k), op.alpha, op.normalize);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
   const int64_t F = op.gate.ne[1];
-  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D, "moe_experts: shapes");
-  DSV4_ASSERT(op.up.ne[1] == F && op.up.ne[2] == op.gate.ne[2] && op.down.ne[2] == op.gate.ne[2], "moe_experts: expert counts");
+  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D,
+              "moe_experts: shapes");
+  DSV4_ASSERT(op.up.ne[1] == F && op.up.ne[2] == op.gate.ne[2] && op.down.ne[2] == op.gate.ne[2],
+              "moe_experts: expert counts");
   DSV4_ASSERT(op.experts.n_rows() == n && op.weights.ne[0] == k && op.out.ne[0] == D && op.out.n_rows() == n,
               "moe_experts: routing/output shapes");
   DSV4_ASSERT(reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0, "moe_experts: x not 16-byte aligned");
@@ -718,11 +744,13 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t digit_units = !grouped && ctx.int_dot ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
   const size_t split_pad = (mma_split_bytes(1, split_units) + 15) / 16 * 16;
   const int64_t eg_rows = big_min > 0 ? eg_tiled_rows(n_assign, plan_max_big(n_assign, E, big_min)) : 0;
-  const size_t eg_pad = (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
+  const size_t eg_pad =
+      (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
   const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + static_cast<size_t>(digit_units) * sizeof(XDigits);
   auto* g8 = static_cast<uint8_t*>(ctx.scratch->get(bytes, ctx.stream));
   float* g = reinterpret_cast<float*>(g8);
-  XDigits* digits = digit_units > 0 ? reinterpret_cast<XDigits*>(g8 + act_pad + plan_pad + split_pad + eg_pad) : nullptr;
+  XDigits* digits =
+      digit_units > 0 ? reinterpret_cast<XDigits*>(g8 + act_pad + plan_pad + split_pad + eg_pad) : nullptr;
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
   if (k > 0) {
@@ -745,24 +773,30 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
         expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), n, D, static_cast<int>(k));
         expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), n, D, static_cast<int>(k));
       }
-      launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
+      launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
+                    op.clamp);
       CUDA_CHECK_LAUNCH();
       if (big_min > 0) expert_gemm(ctx, y, D, op.down, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
       if (tiles_too) expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
       if (op.gate.type == op.up.type && op.gate.row_bytes() == op.up.row_bytes()) {
-        expert_matvec(ctx, g, F, op.gate, &op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp, digits);
+        expert_matvec(ctx, g, F, op.gate, &op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp,
+                      digits);
       } else {
-        expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f, digits);
-        expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f, digits);
-        launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F, op.clamp);
+        expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
+                      digits);
+        expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
+                      digits);
+        launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
+                      op.clamp);
         CUDA_CHECK_LAUNCH();
       }
       expert_matvec(ctx, y, D, op.down, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
     }
   }
-  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, D, static_cast<int>(k), n * D, op.accumulate);
+  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, D, static_cast<int>(k), n * D,
+                op.accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -86,7 +86,7 @@ struct WeightUnit<GgmlType::F16> {
   }
   DSV4_HD static void decode_vec(uint4 v, float* w) {
     const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
       w[2 * i] = f16_bits_to_f32(static_cast<uint16_t>(p[i] & 0xffffu));
       w[2 * i + 1] = f16_bits_to_f32(static_cast<uint16_t>(p[i] >> 16));
@@ -102,7 +102,7 @@ struct WeightUnit<GgmlType::BF16> {
   }
   DSV4_HD static void decode_vec(uint4 v, float* w) {
     const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
       w[2 * i] = float_of(p[i] << 16);
       w[2 * i + 1] = float_of(p[i] & 0xffff0000u);
@@ -117,7 +117,7 @@ struct WeightUnit<GgmlType::Q8_0> {
   DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&, float s = 1.0f) {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row + u * 34);
     const float d = f16_bits_to_f32(ld(b)) * s;
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int i = 0; i < 16; ++i) {
       const uint32_t q2x = static_cast<uint32_t>(ld(b + 1 + i)) ^ 0x8080u;
       w[2 * i] = d * s8_f32(q2x, 0);
@@ -132,15 +132,16 @@ DSV4_UNROLL
     const uint32_t* p = reinterpret_cast<const uint32_t*>(base + (off & ~size_t{3}));
     const unsigned sh = static_cast<unsigned>(off & 2) * 8;  // 0 or 16 bits
     uint32_t v[9];
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int i = 0; i < 9; ++i) v[i] = ld(p + i);
     // Byte k of the block is byte k + sh/8 of the word stream v.
     const float d = f16_bits_to_f32(static_cast<uint16_t>(v[0] >> sh));
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int m = 0; m < 8; ++m) {
       // qs[4m .. 4m+3] = block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32).
-      const uint32_t q4x = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh)) ^ 0x80808080u;
-DSV4_UNROLL
+      const uint32_t q4x =
+          static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh)) ^ 0x80808080u;
+      DSV4_UNROLL
       for (int j = 0; j < 4; ++j) w[4 * m + j] = d * s8_f32(q4x, j);
     }
   }
@@ -160,15 +161,15 @@ struct WeightUnit<GgmlType::Q2_K> {
     const float dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16)) * scale;
     const uint16_t sc = ld(reinterpret_cast<const uint16_t*>(blk + 2 * v));  // scales[2v], scales[2v+1]
     const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * h);
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int k = 0; k < 2; ++k) {
       const uint8_t scb = static_cast<uint8_t>(k == 0 ? (sc & 0xff) : (sc >> 8));
       const float dl = d * static_cast<float>(scb & 0x0F);
       const float ml = dmin * static_cast<float>(scb >> 4);
-DSV4_UNROLL
+      DSV4_UNROLL
       for (int i = 0; i < 4; ++i) {
         const uint32_t q4 = (ld(q + 4 * k + i) >> (2 * s)) & 0x03030303u;  // the 4 elements' 2-bit codes, one per byte
-DSV4_UNROLL
+        DSV4_UNROLL
         for (int j = 0; j < 4; ++j) w[16 * k + 4 * i + j] = sub_rn(mul_rn(dl, u8_f32(q4, j)), ml);
       }
     }
@@ -209,17 +210,16 @@ struct WeightUnit<GgmlType::Q4_K> {
     const float m1 = dmin * static_cast<float>(m);
     const uint4* q = reinterpret_cast<const uint4*>(blk + 16 + 32 * c);
     const int shift = (j & 1) * 4;
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int half = 0; half < 2; ++half) {
       const uint4 v = ld(q + half);
       const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-DSV4_UNROLL
-      for (int i = 0; i < 4; ++i)
-DSV4_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          const float qv = static_cast<float>((p[i] >> (8 * k + shift)) & 0x0Fu);
-          w[16 * half + 4 * i + k] = sub_rn(mul_rn(d1, qv), m1);
-        }
+      DSV4_UNROLL
+      for (int i = 0; i < 4; ++i) DSV4_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const float qv = static_cast<float>((p[i] >> (8 * k + shift)) & 0x0Fu);
+        w[16 * half + 4 * i + k] = sub_rn(mul_rn(d1, qv), m1);
+      }
     }
   }
 };
@@ -259,15 +259,16 @@ struct WeightUnit<GgmlType::IQ2_XXS> {
     // corrupt block, gives NaN where the product gives +-inf.)
     const float ndb = -db * 8388608.0f;
 #endif
-DSV4_UNROLL
+    DSV4_UNROLL
     for (int k = 0; k < 4; ++k) {
       const uint64_t grid = ld(t.iq2_grid + ((wa >> (8 * k)) & 0xFFu));
       const uint32_t g2[2] = {static_cast<uint32_t>(grid), static_cast<uint32_t>(grid >> 32)};
       const uint32_t sg = iq2_sign_bits((wb >> (7 * k)) & 127u);
-DSV4_UNROLL
+      DSV4_UNROLL
       for (int j = 0; j < 8; ++j) {
 #ifdef __CUDA_ARCH__
-        const float v = __fmaf_rn(db, __uint_as_float(__byte_perm(g2[j >> 2], 0x4B000000u, 0x7540u + static_cast<unsigned>(j & 3))), ndb);
+        const float v = __fmaf_rn(
+            db, __uint_as_float(__byte_perm(g2[j >> 2], 0x4B000000u, 0x7540u + static_cast<unsigned>(j & 3))), ndb);
 #else
         const float v = mul_rn(db, u8_f32(g2[j >> 2], j & 3));
 #endif
@@ -311,7 +312,8 @@ __host__ __device__ constexpr int stage_vecs() {
 template <GgmlType T>
 inline bool can_stage(const void* w, size_t row_bytes) {
   using Vec = typename UnitStaging<T>::Vec;
-  return UnitStaging<T>::chunk_bytes > 0 && row_bytes % sizeof(Vec) == 0 && reinterpret_cast<uintptr_t>(w) % sizeof(Vec) == 0;
+  return UnitStaging<T>::chunk_bytes > 0 && row_bytes % sizeof(Vec) == 0 &&
+         reinterpret_cast<uintptr_t>(w) % sizeof(Vec) == 0;
 }
 
 // Calls f(std::integral_constant<GgmlType, T>{}) for the weight type t; aborts
@@ -338,12 +340,16 @@ template <class Vec>
 __device__ __forceinline__ void cp_async_vec(Vec* smem, const Vec* gmem) {
   static_assert(sizeof(Vec) == 16 || sizeof(Vec) == 8, "cp.async of 8 or 16 bytes");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (sizeof(Vec) == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-  else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+  if constexpr (sizeof(Vec) == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // v[0..N) = p[0..N) with 16-byte loads (p 16-byte aligned, N % 4 == 0).
 template <int N>
@@ -432,8 +438,8 @@ __device__ __forceinline__ QuantTables block_tables(const QuantTables& tab) {
 // `x_smem` (XShared layout), then one barrier if either needs it. Every
 // thread of the block calls it once.
 template <GgmlType T, bool XS>
-__device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float* x, int64_t n_units, const QuantTables& tab,
-                                                      QuantTables& tb) {
+__device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float* x, int64_t n_units,
+                                                      const QuantTables& tab, QuantTables& tb) {
   tb = block_tables<T>(tab);
   pdl_enter();
   if constexpr (XS) block_stage_x<WeightUnit<T>::U>(x_smem, x, n_units);
@@ -452,7 +458,8 @@ __device__ __forceinline__ void matvec_block_prologue(float* x_smem, const float
 // flight (it may synchronise the block). Every lane of the warp must call it.
 template <GgmlType T, int R, int S, class OnIssued, class UnitFn>
 __device__ __forceinline__ void warp_rows_staged(const uint8_t* const (&rows)[R], int64_t n_units, int lane,
-                                                 typename UnitStaging<T>::Vec* stage, OnIssued&& on_issued, UnitFn&& unit_fn) {
+                                                 typename UnitStaging<T>::Vec* stage, OnIssued&& on_issued,
+                                                 UnitFn&& unit_fn) {
   using Vec = typename UnitStaging<T>::Vec;
   constexpr int CB = UnitStaging<T>::chunk_bytes;
   constexpr int SV = CB / static_cast<int>(sizeof(Vec));
@@ -509,9 +516,9 @@ __device__ __forceinline__ void warp_rows_staged(const uint8_t* const (&rows)[R]
 // loaded into registers before any is used (the matrices that take this path
 // are small: without several loads in flight per lane they are latency-bound).
 template <GgmlType T, int R, int S, class XView, class OnIssued>
-__device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const XView& xv, int lane,
-                                              const QuantTables& tab, typename UnitStaging<T>::Vec* stage, float (&sums)[R],
-                                              OnIssued&& on_issued) {
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], int64_t n_units, const XView& xv,
+                                              int lane, const QuantTables& tab, typename UnitStaging<T>::Vec* stage,
+                                              float (&sums)[R], OnIssued&& on_issued) {
   constexpr int U = WeightUnit<T>::U;
   float acc[R];
 #pragma unroll
@@ -531,12 +538,14 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
   if constexpr (S > 0) {
     warp_rows_staged<T, R, S>(rows, n_units, lane, stage, on_issued, [&](int64_t u, auto&& row_buf) {
       fma_unit(u, [&](int r, float* w) {
-        if constexpr (T == GgmlType::Q8_0) WeightUnit<T>::decode_words(row_buf(r), lane, w);
-        else WeightUnit<T>::decode(row_buf(r), lane, w, tab);
+        if constexpr (T == GgmlType::Q8_0)
+          WeightUnit<T>::decode_words(row_buf(r), lane, w);
+        else
+          WeightUnit<T>::decode(row_buf(r), lane, w, tab);
       });
     });
   } else if constexpr (T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16) {
-    constexpr int B = R >= 16 ? 1 : 16 / R;  // units per lane in flight
+    constexpr int B = R >= 16 ? 1 : 16 / R;             // units per lane in flight
     for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
       uint4 raw[B][R];
 #pragma unroll

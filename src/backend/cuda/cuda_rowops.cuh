@@ -37,8 +37,9 @@ constexpr int k_norm_reg = 16;
 // The register path of block_rms_norm_row for a caller that already holds the
 // row: v[k] = x[threadIdx.x + k * blockDim.x] and wv[k] = w[same] (any value
 // past d; wv unused without w), d <= k_norm_reg * blockDim.x. Block-uniform.
-__device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)[k_norm_reg], const float (&wv)[k_norm_reg],
-                                                    bool has_w, int64_t d, float eps, double* red) {
+__device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)[k_norm_reg],
+                                                    const float (&wv)[k_norm_reg], bool has_w, int64_t d, float eps,
+                                                    double* red) {
   const int64_t nt = blockDim.x;
   double ss = 0.0;
 #pragma unroll
@@ -110,8 +111,12 @@ __device__ __forceinline__ void block_fp8_sim_row(float* x, int64_t d, int n_qua
     if (i1 < b1) amax = fmaxf(amax, fabsf(v1));
     amax = warp_max_all(amax);
     const float scale = pow2_ceil_dev(amax / k_fp8_max_dev);
-    if (i0 < b1) x[i0] = bf16_round_dev(__fmul_rn(fp8_e4m3_round_dev(clamp_dev(v0 / scale, -k_fp8_max_dev, k_fp8_max_dev)), scale));
-    if (i1 < b1) x[i1] = bf16_round_dev(__fmul_rn(fp8_e4m3_round_dev(clamp_dev(v1 / scale, -k_fp8_max_dev, k_fp8_max_dev)), scale));
+    if (i0 < b1)
+      x[i0] =
+          bf16_round_dev(__fmul_rn(fp8_e4m3_round_dev(clamp_dev(v0 / scale, -k_fp8_max_dev, k_fp8_max_dev)), scale));
+    if (i1 < b1)
+      x[i1] =
+          bf16_round_dev(__fmul_rn(fp8_e4m3_round_dev(clamp_dev(v1 / scale, -k_fp8_max_dev, k_fp8_max_dev)), scale));
   }
   for (int64_t i = n_quant + threadIdx.x; i < d; i += blockDim.x) x[i] = bf16_round_dev(x[i]);
 }
@@ -142,7 +147,8 @@ __device__ __forceinline__ void block_hadamard_fp4_row(float* x, int64_t d) {
     if (in) amax = fmaxf(amax, fabsf(v));
     amax = warp_max_all(amax);
     const float scale = pow2_ceil_dev(amax / k_fp4_max_dev);
-    if (in) x[i] = bf16_round_dev(__fmul_rn(fp4_e2m1_round_dev(clamp_dev(v / scale, -k_fp4_max_dev, k_fp4_max_dev)), scale));
+    if (in)
+      x[i] = bf16_round_dev(__fmul_rn(fp4_e2m1_round_dev(clamp_dev(v / scale, -k_fp4_max_dev, k_fp4_max_dev)), scale));
   }
   __syncthreads();
 }

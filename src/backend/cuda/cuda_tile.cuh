@@ -21,8 +21,8 @@
 
 namespace dsv4::cuda {
 
-constexpr int k_tile_tokens = 8;   // tokens per block
-constexpr int k_tile_rpw = 4;      // rows per warp
+constexpr int k_tile_tokens = 8;  // tokens per block
+constexpr int k_tile_rpw = 4;     // rows per warp
 constexpr int k_tile_rows = 8 * k_tile_rpw;
 
 // Shared memory of one tile block for weight type T.
@@ -38,9 +38,9 @@ struct TileSmem {
 // (then x is staged with float4 loads). blockDim.x must be 256; every thread
 // of the block must call it.
 template <GgmlType T, class Store>
-__device__ __forceinline__ void weight_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_warp, int64_t r_end,
-                                            int64_t n_units, int64_t cols, const float* const* xrow, int nt, bool x_vec4,
-                                            TileSmem<T>& sm, const QuantTables& tab, Store store) {
+__device__ __forceinline__ void weight_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_warp,
+                                            int64_t r_end, int64_t n_units, int64_t cols, const float* const* xrow,
+                                            int nt, bool x_vec4, TileSmem<T>& sm, const QuantTables& tab, Store store) {
   constexpr int U = WeightUnit<T>::U;
   constexpr int UP = U + 1;
   constexpr int NT = k_tile_tokens, RW = k_tile_rpw;
@@ -65,7 +65,8 @@ __device__ __forceinline__ void weight_tile(const uint8_t* __restrict__ w, size_
       for (int k = 0; k < PER; ++k) {
         const int i = 4 * (static_cast<int>(threadIdx.x) + 256 * k);
         const int tt = i / CH, e = i % CH;  // e % 4 == 0, and cols % 4 == 0
-        v[k] = tt < nt && e0 + e < cols ? *reinterpret_cast<const float4*>(xrow[tt] + e0 + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k] = tt < nt && e0 + e < cols ? *reinterpret_cast<const float4*>(xrow[tt] + e0 + e)
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int k = 0; k < PER; ++k) {
