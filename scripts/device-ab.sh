@@ -2,10 +2,10 @@
 # Model-level A/B on the GPU machine: the two-configuration front end of
 # scripts/device-sweep.sh (`dsv4 bench --synthetic flash-q2` run alternately as
 # A and B in one call, so host-to-host variance cancels; medians per frontier
-# and the change). Run after scripts/device-check.sh in the same call (it
+# and the change). Run after scripts/gpu.sh check in the same call (it
 # unpacks build-device/):
 #
-#   device tool: command "scripts/device-check.sh --quick; AB_FLAG=--no-cuda-branches scripts/device-ab.sh",
+#   device tool: command "scripts/gpu.sh check --quick; AB_FLAG=--no-cuda-branches scripts/device-ab.sh",
 #                carry ["build-device"]
 #
 # The two sides (one of):

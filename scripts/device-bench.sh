@@ -2,10 +2,10 @@
 # Benchmarks dsv4 on the GPU machine with a full-size synthetic DeepSeek V4
 # Flash (q2 preset, 80.76 GiB: generated in memory by `dsv4 bench --synthetic`,
 # or, if that fails or SYNTH_FILE=1, a synth file in /dev/shm: the machine's
-# disk is 64 GiB) and prints a short table last. Run after scripts/device-check.sh in the same
+# disk is 64 GiB) and prints a short table last. Run after scripts/gpu.sh check in the same
 # call (it unpacks the carried binaries into build-device-run/):
 #
-#   device tool: command "scripts/device-check.sh --quick; scripts/device-bench.sh", carry ["build-device"]
+#   device tool: command "scripts/gpu.sh check --quick; scripts/device-bench.sh", carry ["build-device"]
 #
 # Steps (logs and CSVs in ./out; with the device tool (OUT set) packed into $OUT/bench-logs.tgz, the CSVs and
 # the printed summary copied beside it as $OUT/bench-<preset>-cuda.csv, bench-kv-cache.csv, bench-summary.txt:
@@ -40,7 +40,7 @@ KV_TOKENS=${KV_TOKENS:-0}
 DSV4=build-device-run/bin/dsv4
 export LD_LIBRARY_PATH="$PWD/build-device-run/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ ! -x "$DSV4" ]; then
-  echo "device-bench: $DSV4 missing: run scripts/device-check.sh first (it unpacks build-device/)" >&2
+  echo "device-bench: $DSV4 missing: run scripts/gpu.sh check first (it unpacks build-device/)" >&2
   exit 2
 fi
 ROWS=()

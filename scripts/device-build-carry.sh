@@ -17,7 +17,7 @@
 #             backward compatible) and the CUDA driver
 #   build-device/BUILD-INFO           commit, date, architecture, file sizes, ldd output
 #
-# scripts/device-check.sh unpacks the archive there (tar/xz, or python3's
+# scripts/gpu.sh check unpacks the archive there (tar/xz, or python3's
 # tarfile) and puts lib/ on LD_LIBRARY_PATH.
 #
 # The CMake tree is build-device-tree/ (not carried; BUILD_DIR=... picks another,
@@ -31,7 +31,7 @@
 # (AB=build-device/a-bench.xz there).
 #
 # Usage: scripts/device-build-carry.sh [CUDA_ARCH]   (default 90 = H100/H200)
-# Then, with the device tool: command "scripts/device-check.sh", carry ["build-device"].
+# Then, with the device tool: command "scripts/gpu.sh check", carry ["build-device"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${1:-90}
@@ -109,4 +109,4 @@ if [ "$bytes" -gt $((40 * 1048576)) ]; then
   echo "device-build-carry: ERROR: $PAYLOAD is over 40 MiB; the device tool carries at most 64 MiB with the source tree" >&2
   exit 1
 fi
-echo "device-build-carry: done. Device tool: command \"scripts/device-check.sh\", carry [\"build-device\"]"
+echo "device-build-carry: done. Device tool: command \"scripts/gpu.sh check\", carry [\"build-device\"]"

@@ -7,7 +7,7 @@
 #                  persistent kernel (cooperative groups, a flag barrier), with and without a 16 KB dependency
 #
 #   device tool: command "scripts/device-micro.sh", carry ["build-device"]
-#   (or after scripts/device-check.sh in the same call: it reuses build-device-run/)
+#   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
 # Output: micro.txt in ./out ($OUT with the device tool), also printed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

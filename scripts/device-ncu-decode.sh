@@ -3,10 +3,10 @@
 # Nsight Compute times ~one decode step of the full-size synthetic Flash
 # (`dsv4 bench --synthetic flash-q2`, weights generated in memory) and
 # scripts/ncu-kernel-table.py sums it per kernel (launches, µs, DRAM bytes and
-# rate). Run after scripts/device-check.sh in the same call (it unpacks the
+# rate). Run after scripts/gpu.sh check in the same call (it unpacks the
 # carried binaries into build-device-run/):
 #
-#   device tool: command "scripts/device-check.sh --quick; scripts/device-ncu-decode.sh", carry ["build-device"]
+#   device tool: command "scripts/gpu.sh check --quick; scripts/device-ncu-decode.sh", carry ["build-device"]
 #
 # The bench prefills 16 tokens and decodes 6; ncu skips the first $SKIP kernel
 # launches (the prefill and the first decode steps: the step is recorded as a
@@ -27,7 +27,7 @@ PRESET=${PRESET:-flash-q2}
 DSV4=build-device-run/bin/dsv4
 export LD_LIBRARY_PATH="$PWD/build-device-run/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ ! -x "$DSV4" ]; then
-  echo "device-ncu-decode: $DSV4 missing: run scripts/device-check.sh first (it unpacks build-device/)" >&2
+  echo "device-ncu-decode: $DSV4 missing: run scripts/gpu.sh check first (it unpacks build-device/)" >&2
   exit 2
 fi
 if ! command -v ncu >/dev/null; then

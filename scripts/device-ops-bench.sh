@@ -5,7 +5,7 @@
 # a few kernels, and prints a short table last. Seconds, not an 80 GiB load:
 #
 #   device tool: command "scripts/device-ops-bench.sh", carry ["build-device"]
-#   (or after scripts/device-check.sh in the same call: it reuses build-device-run/)
+#   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
 #
 # Options (env):
 #   NS        token counts to time (default "1": decode)

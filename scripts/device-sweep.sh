@@ -4,10 +4,10 @@
 # times round-robin in one call, so host-to-host variance (up to +-4% between
 # the machines the device tool hands out) and drift within the call cancel;
 # prints the median decode and prefill rate of each configuration per frontier
-# and its change against the first. Run after scripts/device-check.sh in the
+# and its change against the first. Run after scripts/gpu.sh check in the
 # same call (it unpacks build-device/):
 #
-#   device tool: command "scripts/device-check.sh --quick; SWEEP='off: --no-cuda-branches
+#   device tool: command "scripts/gpu.sh check --quick; SWEEP='off: --no-cuda-branches
 #                on:' scripts/device-sweep.sh", carry ["build-device"]
 #
 # SWEEP: one configuration per line (or separated by ';'), "NAME: [VAR=VALUE ...] [--FLAG[=VALUE] ...] [@BINARY]":
@@ -68,7 +68,7 @@ while IFS= read -r line; do
       die "$name: '$word' is neither VAR=VALUE, --FLAG[=VALUE] nor @BINARY"
     fi
   done
-  [ -x "$bin" ] || die "$bin missing: run scripts/device-check.sh first (it unpacks build-device/)"
+  [ -x "$bin" ] || die "$bin missing: run scripts/gpu.sh check first (it unpacks build-device/)"
   names+=("$name") envs+=("$env_words") flags+=("$flag_words") bins+=("$bin")
 done <<<"${SWEEP//;/$'\n'}"
 [ "${#names[@]}" -ge 2 ] || die "SWEEP needs at least two configurations"
