@@ -7,7 +7,7 @@
 #       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_memory, test_cuda_golden,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
 #             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16 and decode_sync of bench/micro/,
-#             optional like dsv4; scripts/device-micro.sh runs them)
+#             optional like dsv4; scripts/gpu.sh micro runs them)
 #             (stripped; CUDA runtime linked statically, compressed fatbins). dsv4 is
 #             optional: if it does not build, the payload goes without it (warning)
 #             and device-check skips its CLI smoke step.
@@ -27,7 +27,7 @@
 #
 # AB_BASELINE=FILE also packs FILE (a bench_cuda_ops built from the code before
 # the change under test; copy it aside before rebuilding) as build-device/a-bench.xz,
-# stripped, for the interleaved A/B of scripts/device-ops-bench.sh
+# stripped, for the interleaved A/B of scripts/gpu.sh ops-bench
 # (AB=build-device/a-bench.xz there).
 #
 # Usage: scripts/device-build-carry.sh [CUDA_ARCH]   (default 90 = H100/H200)
