@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-kernel table of an Nsight Compute CSV (scripts/device-ncu-decode.sh makes one).
+"""Per-kernel table of an Nsight Compute CSV (scripts/gpu.sh ncu-decode makes one).
 
 Reads `ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,...`
 output (one row per kernel and metric; lines before the CSV header, e.g. the

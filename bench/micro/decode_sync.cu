@@ -6,7 +6,7 @@
 // how much of a 3.33 ms (300 t/s) step would the hand-offs alone take either way?
 //
 //   built with -DDSV4_CUDA=ON as build/bench/decode_sync (or: nvcc -O3 -arch=sm_90 -o decode_sync
-//   bench/micro/decode_sync.cu); scripts/device-micro.sh runs it.
+//   bench/micro/decode_sync.cu); scripts/gpu.sh micro runs it.
 //
 // Cases, each for B blocks of 128 threads (B = 1, 16, 132; the persistent ones
 // at most one block per SM) and K = 1,000 steps:

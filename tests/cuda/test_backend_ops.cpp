@@ -9,7 +9,7 @@
 // --no-flash skips the DeepSeek V4 Flash shapes (several GiB of weights).
 // --no-tensor-cores runs the batched matmuls on the FFMA tiles (then the
 // batched and the one-token kernels must agree bitwise; with tensor cores, to
-// k_thr_f32). scripts/device-check.sh runs both.
+// k_thr_f32). scripts/gpu.sh check runs both.
 // Thresholds and their reasons: ops_harness.h.
 #include <chrono>
 #include <cstdlib>

@@ -16,7 +16,7 @@
 //
 //   test_cuda_golden [--data DIR] [--backend B]
 //     --data: default the source tree's fixture; on the GPU machine
-//     scripts/device-check.sh passes tests/fixtures/golden/flash_tiny.
+//     scripts/gpu.sh check passes tests/fixtures/golden/flash_tiny.
 //     --backend: the backend under test (default cuda); `cpu` checks this
 //     program's plumbing on a machine without a GPU (then both sides agree exactly).
 // Exit code non-zero on any failure (77 without a CUDA device).

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
+# Usage: scripts/gpu.sh ops-bench [--dry-run]
+# Summary: bench_cuda_ops: the weight-streaming CUDA ops at Flash shapes (seconds, no model load); A/B; ncu detail
+# Environment: NS ("1"), FILTER, FLAGS, AB (baseline bench_cuda_ops[.xz]), AB_RUNS (3), NCU, NCU_N (1)
+#
 # Times the weight-streaming CUDA ops at DeepSeek V4 Flash shapes on the GPU
 # machine (tests/cuda/bench_cuda_ops.cpp: decode matvecs, routed experts, and
 # with NS="1 512" the prefill tiles), optionally with Nsight Compute detail for
 # a few kernels, and prints a short table last. Seconds, not an 80 GiB load:
 #
-#   device tool: command "scripts/device-ops-bench.sh", carry ["build-device"]
-#   (or after scripts/device-check.sh in the same call: it reuses build-device-run/)
+#   device tool: command "scripts/gpu.sh ops-bench", carry ["build-device"]
+#   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
 #
-# Options (env):
+# Variables:
 #   NS        token counts to time (default "1": decode)
 #   FLAGS     more bench_cuda_ops flags (e.g. "--no-tensor-cores")
 #   NCU       "case filter=kernel regex;..." pairs: for each, an Nsight Compute pass
@@ -18,7 +22,7 @@
 #   NCU_N     tokens per op in the Nsight Compute passes (default 1), e.g. 2048 for
 #             NCU="attention ratio 4=attention_mma"
 #   AB        a baseline bench_cuda_ops (plain or .xz; usually build-device/a-bench.xz,
-#             packed by `AB_BASELINE=<the old binary> scripts/device-build-carry.sh`,
+#             packed by `AB_BASELINE=<the old binary> scripts/gpu-build-carry.sh`,
 #             copying build-cuda/tests/cuda/bench_cuda_ops aside before changing the
 #             code): for each N, the
 #             baseline (A) and this payload's binary (B) run alternately AB_RUNS times
@@ -28,45 +32,49 @@
 #             interleaved A/B is stable to ~0.5%.
 #   FILTER    only the bench cases whose name contains it (both the timing and the A/B runs)
 # Output: ops-bench-n<N>.txt, ab-n<N>.txt, ncu-<i>.txt, summary.txt in ./out; with the device tool (OUT set)
-# packed into $OUT/ops-bench-logs.tgz, summary.txt copied to $OUT/ops-bench-summary.txt (scripts/device-out.sh).
+# packed into $OUT/ops-bench-logs.tgz, summary.txt copied to $OUT/ops-bench-summary.txt (scripts/gpu/lib.sh).
+GPU_NAME=ops-bench
+# shellcheck source=scripts/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=scripts/device-out.sh
-. scripts/device-out.sh
-device_out_begin ops-bench
-device_out_keep summary.txt ops-bench-summary.txt
-export PATH="$PATH:/usr/local/cuda/bin"
-RUN=build-device-run
-if [ ! -x "$RUN/bin/bench_cuda_ops" ]; then
-  [ -f build-device/dsv4-device.tar.xz ] || { echo "device-ops-bench: build-device/ missing (scripts/device-build-carry.sh)" >&2; exit 2; }
-  rm -rf "$RUN" && mkdir -p "$RUN"
-  tar -C "$RUN" -xJf build-device/dsv4-device.tar.xz || { echo "device-ops-bench: cannot unpack the payload" >&2; exit 2; }
-fi
-export LD_LIBRARY_PATH="$PWD/$RUN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-BENCH=$RUN/bin/bench_cuda_ops
-[ -x "$BENCH" ] || { echo "device-ops-bench: $BENCH missing (older payload?)" >&2; exit 2; }
+gpu_args "" "$@"
+NS=${NS:-1}
+AB_RUNS=${AB_RUNS:-3}
+NCU_N=${NCU_N:-1}
+for n in $NS; do [[ $n =~ ^[1-9][0-9]*$ ]] || gpu_die "NS=$NS: '$n' is not a token count"; done
+[ -n "${NS// /}" ] || gpu_die "NS is empty"
+gpu_need_pos AB_RUNS NCU_N
+[ -z "${AB:-}" ] || [ -f "$AB" ] || gpu_dry_run || gpu_die "AB=$AB: the baseline bench_cuda_ops is not here"
+[ -z "${NCU:-}" ] || gpu_need_tool ncu "Nsight Compute, for NCU="
+gpu_probe
+gpu_binaries bench_cuda_ops
+gpu_use_run_libs
+BENCH=$GPU_RUN/bin/bench_cuda_ops
+gpu_out_begin ops-bench
+gpu_out_keep summary.txt ops-bench-summary.txt
 
 rc=0
 case_sel=()
 [ -n "${FILTER:-}" ] && case_sel=(--filter "$FILTER")
-for n in ${NS:-1}; do
+for n in $NS; do
   # shellcheck disable=SC2086 # FLAGS: extra flags, word-split on purpose
-  "$BENCH" --n "$n" "${case_sel[@]}" ${FLAGS:-} >"$LOG/ops-bench-n$n.txt" 2>&1 || rc=1
+  gpu_run --log "$LOG/ops-bench-n$n.txt" "$BENCH" --n "$n" "${case_sel[@]}" ${FLAGS:-} || rc=1
 done
 if [ -n "${AB:-}" ]; then
   A_BIN=$LOG/a-bench
   case "$AB" in
-    *.xz) xz -dc "$AB" >"$A_BIN" ;;
-    *) cp "$AB" "$A_BIN" ;;
+    *.xz) gpu_run --out "$A_BIN" xz -dc "$AB" ;;
+    *) gpu_run cp "$AB" "$A_BIN" ;;
   esac
-  chmod +x "$A_BIN" || { echo "device-ops-bench: cannot use the baseline $AB" >&2; exit 2; }
-  for n in ${NS:-1}; do
-    for r in $(seq 1 "${AB_RUNS:-3}"); do
+  gpu_run chmod +x "$A_BIN" || gpu_die "cannot use the baseline $AB"
+  for n in $NS; do
+    for r in $(seq 1 "$AB_RUNS"); do
       # shellcheck disable=SC2086 # FLAGS: extra flags, word-split on purpose
-      "$A_BIN" --n "$n" "${case_sel[@]}" ${FLAGS:-} >"$LOG/ab-a-n$n-$r.txt" 2>&1 || rc=1
+      gpu_run --log "$LOG/ab-a-n$n-$r.txt" "$A_BIN" --n "$n" "${case_sel[@]}" ${FLAGS:-} || rc=1
       # shellcheck disable=SC2086
-      "$BENCH" --n "$n" "${case_sel[@]}" ${FLAGS:-} >"$LOG/ab-b-n$n-$r.txt" 2>&1 || rc=1
+      gpu_run --log "$LOG/ab-b-n$n-$r.txt" "$BENCH" --n "$n" "${case_sel[@]}" ${FLAGS:-} || rc=1
     done
+    gpu_dry_run && continue
     python3 - "$LOG" "$n" >"$LOG/ab-n$n.txt" <<'PY'
 import glob, re, statistics, sys
 log, n = sys.argv[1], sys.argv[2]
@@ -97,15 +105,16 @@ for p in "${pairs[@]}"; do
   kernel=${p#*=}
   skip=2
   if [[ $kernel == *@* ]]; then skip=${kernel##*@}; kernel=${kernel%@*}; fi
-  ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-    --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+  gpu_run --log "$LOG/ncu-$i.txt" ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis \
     -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
-    "$BENCH" --filter "$filter" --reps 4 --n "${NCU_N:-1}" >"$LOG/ncu-$i.txt" 2>&1 || rc=1
+    "$BENCH" --filter "$filter" --reps 4 --n "$NCU_N" || rc=1
 done
+gpu_dry_run && exit 0
 {
-  echo "== dsv4 ops bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
-  for n in ${NS:-1}; do cat "$LOG/ops-bench-n$n.txt"; done
-  if [ -n "${AB:-}" ]; then for n in ${NS:-1}; do cat "$LOG/ab-n$n.txt"; done; fi
+  gpu_heading "ops bench" "$(gpu_device_name)"
+  for n in $NS; do cat "$LOG/ops-bench-n$n.txt"; done
+  if [ -n "${AB:-}" ]; then for n in $NS; do cat "$LOG/ab-n$n.txt"; done; fi
   for f in "$LOG"/ncu-*.txt; do
     [ -f "$f" ] || continue
     echo "-- $(basename "$f"): $(grep -m1 -o '[a-z_]*kernel[^ (]*' "$f")"

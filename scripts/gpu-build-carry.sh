@@ -7,17 +7,17 @@
 #       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_memory, test_cuda_golden,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
 #             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16 and decode_sync of bench/micro/,
-#             optional like dsv4; scripts/device-micro.sh runs them)
+#             optional like dsv4; scripts/gpu.sh micro runs them)
 #             (stripped; CUDA runtime linked statically, compressed fatbins). dsv4 is
 #             optional: if it does not build, the payload goes without it (warning)
-#             and device-check skips its CLI smoke step.
+#             and scripts/gpu.sh check skips its CLI smoke step.
 #       lib/  the shared libraries they load that a stock CUDA image may lack
 #             (ICU 72, OpenSSL 3, cpp-httplib, ...): every library ldd resolves
 #             except glibc, libstdc++/libgcc (the GPU machine's are newer and
 #             backward compatible) and the CUDA driver
 #   build-device/BUILD-INFO           commit, date, architecture, file sizes, ldd output
 #
-# scripts/device-check.sh unpacks the archive there (tar/xz, or python3's
+# scripts/gpu.sh unpacks the archive there (tar/xz, or python3's
 # tarfile) and puts lib/ on LD_LIBRARY_PATH.
 #
 # The CMake tree is build-device-tree/ (not carried; BUILD_DIR=... picks another,
@@ -27,19 +27,27 @@
 #
 # AB_BASELINE=FILE also packs FILE (a bench_cuda_ops built from the code before
 # the change under test; copy it aside before rebuilding) as build-device/a-bench.xz,
-# stripped, for the interleaved A/B of scripts/device-ops-bench.sh
+# stripped, for the interleaved A/B of scripts/gpu.sh ops-bench
 # (AB=build-device/a-bench.xz there).
 #
-# Usage: scripts/device-build-carry.sh [CUDA_ARCH]   (default 90 = H100/H200)
-# Then, with the device tool: command "scripts/device-check.sh", carry ["build-device"].
+# Usage: scripts/gpu-build-carry.sh [CUDA_ARCH]   (default 90 = H100/H200)
+# Then, with the device tool: command "scripts/gpu.sh check", carry ["build-device"]
+# (scripts/gpu.sh --help lists what else runs there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h | --help)
+    sed -n '2,/^[^#]/{/^#/!q;s/^# \{0,1\}//;p;}' "$0"
+    exit 0
+    ;;
+esac
+[ $# -le 1 ] || { echo "gpu-build-carry: one argument at most, the CUDA architecture (see --help)" >&2; exit 2; }
 ARCH=${1:-90}
 TREE=${BUILD_DIR:-build-device-tree}
 PAYLOAD=build-device
 export PATH="$PATH:/usr/local/cuda/bin"
 
-echo "device-build-carry: configuring $TREE (Release, CUDA arch $ARCH)"
+echo "gpu-build-carry: configuring $TREE (Release, CUDA arch $ARCH)"
 cmake -S . -B "$TREE" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DDSV4_BUILD_TESTS=ON >/dev/null
 ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine test_cuda_memory test_cuda_golden bench_cuda_ops
@@ -47,14 +55,14 @@ ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model tes
 with_cli=1
 ninja -C "$TREE" -j"$(nproc)" dsv4 || {
   with_cli=0
-  echo "device-build-carry: WARNING: dsv4 did not build; the payload has no CLI (device-check skips the CLI smoke)" >&2
+  echo "gpu-build-carry: WARNING: dsv4 did not build; the payload has no CLI (scripts/gpu.sh check skips the CLI smoke)" >&2
 }
 
 # The GPU micro-benchmarks (bench/micro/) are optional too.
 with_micro=1
 ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync || {
   with_micro=0
-  echo "device-build-carry: WARNING: the micro-benchmarks did not build; the payload goes without them" >&2
+  echo "gpu-build-carry: WARNING: the micro-benchmarks did not build; the payload goes without them" >&2
 }
 
 STAGE="$TREE/device-payload"
@@ -76,7 +84,7 @@ for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {prin
 # Every binary must resolve with only lib/ added (nothing "not found").
 for b in "$STAGE"/bin/*; do
   if LD_LIBRARY_PATH="$STAGE/lib" ldd "$b" | grep -q "not found"; then
-    echo "device-build-carry: ERROR: $b has unresolved libraries" >&2
+    echo "gpu-build-carry: ERROR: $b has unresolved libraries" >&2
     exit 1
   fi
 done
@@ -87,10 +95,11 @@ tar -C "$STAGE" -cf - bin lib | xz -T1 -9 >"$PAYLOAD/dsv4-device.tar.xz"
 if [ -n "${AB_BASELINE:-}" ]; then
   strip -o "$STAGE/a-bench" "$AB_BASELINE"
   xz -T"$(nproc)" -6 -c "$STAGE/a-bench" >"$PAYLOAD/a-bench.xz"
-  echo "device-build-carry: baseline $AB_BASELINE packed as $PAYLOAD/a-bench.xz"
+  echo "gpu-build-carry: baseline $AB_BASELINE packed as $PAYLOAD/a-bench.xz"
 fi
 {
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  # shellcheck source=/dev/null # /etc/os-release: this machine's
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "cuda arch: $ARCH; nvcc: $(nvcc --version | tail -1)"
   echo "files (unpacked):"
@@ -103,10 +112,14 @@ fi
 } >"$PAYLOAD/BUILD-INFO"
 
 bytes=$(du -sb "$PAYLOAD" | cut -f1)
-echo "device-build-carry: $PAYLOAD is $((bytes / 1048576)) MiB ($(du -sh "$STAGE" | cut -f1) unpacked):"
+echo "gpu-build-carry: $PAYLOAD is $((bytes / 1048576)) MiB ($(du -sh "$STAGE" | cut -f1) unpacked):"
+# shellcheck disable=SC2012 # a listing for people to read
 ls -l "$PAYLOAD" | sed 's/^/  /'
 if [ "$bytes" -gt $((40 * 1048576)) ]; then
-  echo "device-build-carry: ERROR: $PAYLOAD is over 40 MiB; the device tool carries at most 64 MiB with the source tree" >&2
+  echo "gpu-build-carry: ERROR: $PAYLOAD is over 40 MiB; the device tool carries at most 64 MiB with the source tree" >&2
   exit 1
 fi
-echo "device-build-carry: done. Device tool: command \"scripts/device-check.sh\", carry [\"build-device\"]"
+echo "gpu-build-carry: done. Next, on the GPU machine: device tool, command \"scripts/gpu.sh check\", carry [\"build-device\"]"
+[ -n "${AB_BASELINE:-}" ] &&
+  echo "gpu-build-carry: the kernel A/B: command \"AB=build-device/a-bench.xz scripts/gpu.sh ops-bench\", carry [\"build-device\"]"
+exit 0
