@@ -100,6 +100,12 @@ struct RunHooks {
   std::function<bool()> cancelled;                              // polled between batches
 };
 
+// One session's part of Engine::step.
+struct SessionStep {
+  Session* session = nullptr;
+  std::span<const int32_t> tokens;  // appended to the session (at least one)
+};
+
 class Engine {
  public:
   static expected<std::unique_ptr<Engine>> load(const EngineOptions& options);
@@ -131,6 +137,16 @@ class Engine {
   // Backend memory still free for sessions where the backend knows it (CUDA:
   // the GPU's), else nullopt. new_session() refuses a session that cannot fit.
   std::optional<uint64_t> free_memory() const;
+
+  // Continuous batching: appends tokens to several sessions of this engine in
+  // one forward pass — a decoding session adds one token, a prefilling one a
+  // chunk; their rows share every weight read (dense matmuls, the union of
+  // their routed experts) while attention, compressors and indexer run per
+  // session. At most info().prefill_batch tokens in all, each session once.
+  // Afterwards every session's logits() are those after its last token,
+  // exactly what prefill()/decode() alone give (bitwise on the CPU backend;
+  // the CUDA backend within its op tolerances). On an error nothing is appended.
+  Status step(std::span<const SessionStep> items);
 
   // Per-op timing (device time on GPUs) for `dsv4 bench --profile`: while on,
   // every backend op is timed; the report lists op kinds by total time

@@ -394,6 +394,33 @@ Status Session::prefill(std::span<const int32_t> tokens, const RunHooks& hooks) 
   return st;
 }
 
+Status Engine::step(std::span<const SessionStep> items) {
+  if (items.empty()) return {};
+  std::vector<StepItem> model_items;
+  model_items.reserve(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    const SessionStep& it = items[k];
+    if (!it.session || it.session->impl_->eng != impl_.get())
+      return make_error("step: item %zu is not a session of this engine", k);
+    if (it.tokens.empty()) return make_error("step: item %zu has no tokens", k);
+    Session::Impl& si = *it.session->impl_;
+    DSV4_TRY(si.check_append(it.tokens));
+    si.logits.resize(si.n_vocab());
+    model_items.push_back(StepItem{&si.state, it.tokens.data(), static_cast<int64_t>(it.tokens.size()),
+                                   static_cast<int64_t>(si.tokens.size()), si.logits.data()});
+  }
+  if (Status st = impl_->model->step(model_items); !st) {
+    for (const SessionStep& it : items)  // a session without logits keeps none
+      if (it.session->impl_->tokens.empty()) it.session->impl_->logits.clear();
+    return st;
+  }
+  for (const SessionStep& it : items) {
+    std::vector<int32_t>& t = it.session->impl_->tokens;
+    t.insert(t.end(), it.tokens.begin(), it.tokens.end());
+  }
+  return {};
+}
+
 Status Session::decode(int32_t token) { return impl_->run(std::span<const int32_t>(&token, 1), {}); }
 
 expected<std::vector<float>> Session::prefill_all_logits(std::span<const int32_t> tokens) {

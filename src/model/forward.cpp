@@ -11,6 +11,21 @@
 namespace dsv4 {
 
 // Activation buffers for one batch of up to max_batch tokens.
+namespace {
+
+// Elements [i0, i0 + n) of a 1-D I32 tensor (a segment's positions).
+Tensor elems(const Tensor& t, int64_t i0, int64_t n) {
+  DSV4_ASSERT(t.type == GgmlType::I32 && t.ne[1] == 1 && t.ne[2] == 1 && t.ne[3] == 1 && i0 >= 0 && i0 + n <= t.ne[0],
+              "elems(%lld, %lld) of a vector of %lld", static_cast<long long>(i0), static_cast<long long>(n),
+              static_cast<long long>(t.ne[0]));
+  Tensor v = t;
+  v.data = t.i32() + i0;
+  v.ne[0] = n;
+  return v;
+}
+
+}  // namespace
+
 struct Model::Scratch {
   Tensor pos, ids;                  // [n] i32
   Tensor state;                     // [n, hc, D]
@@ -280,13 +295,17 @@ void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>
   }
 }
 
-void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block) {
+void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs, int layer, uint32_t ratio, int64_t n) {
   using LT = LayerTensor;
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
   const bool ref = options_.numerics == Numerics::REFERENCE;
   const int64_t H = P.n_head, hd = P.head_dim;
   const RopeParams rope = rope_for_ratio(ratio);
+  const bool mtp_block = layer < 0;
+  auto state_of = [&](const Segment& g) -> LayerState& {
+    return mtp_block ? g.state->mtp : g.state->layers[static_cast<size_t>(layer)];
+  };
   Tensor pos = s.pos.head(n);
   Tensor xn = s.xn.rows(0, n);
 
@@ -334,17 +353,21 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
                      .eps = P.rms_eps,
                      .rope_pos = pos,
                      .rope = rope,
-                     .rope_rows_per_token = 1});  // + RoPE
-  if (ref && S.ring.type != GgmlType::KV_FP8)
+                     .rope_rows_per_token = 1});                    // + RoPE
+  if (ref && state_of(segs.front()).ring.type != GgmlType::KV_FP8)  // one row type for every state
     backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
-  backend_.store_rows({S.ring, kv, pos});
+  for (const Segment& g : segs) backend_.store_rows({state_of(g).ring, kv.rows(g.row0, g.n), elems(pos, g.row0, g.n)});
 
   Tensor sel;
   if (compressor) {
     // Compressor (§5.5): rows completed inside this batch become visible to later tokens.
-    backend_.compress(compress_op(S.comp, S.comp_a, S.comp_g, ckv, cg, L[LT::ATTN_COMPRESSOR_APE],
-                                  L[LT::ATTN_COMPRESSOR_NORM], pos, static_cast<int>(ratio), rope,
-                                  ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE, static_cast<int>(P.nope_dim()), ref));
+    for (const Segment& g : segs) {
+      LayerState& S = state_of(g);
+      backend_.compress(compress_op(S.comp, S.comp_a, S.comp_g, ckv.rows(g.row0, g.n), cg.rows(g.row0, g.n),
+                                    L[LT::ATTN_COMPRESSOR_APE], L[LT::ATTN_COMPRESSOR_NORM], elems(pos, g.row0, g.n),
+                                    static_cast<int>(ratio), rope, ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE,
+                                    static_cast<int>(P.nope_dim()), ref));
+    }
 
     if (indexer) {
       // Lightning indexer (§5.6).
@@ -357,40 +380,49 @@ void Model::attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio,
       backend_.rope({.x = iq, .pos = pos, .rope = rope, .inverse = false});
       backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
       backend_.scale({iw, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(HI))});
-      backend_.compress(compress_op(S.idx, S.idx_a, S.idx_g, ikv, ig, L[LT::INDEXER_COMPRESSOR_APE],
-                                    L[LT::INDEXER_COMPRESSOR_NORM], pos, 4, rope,
-                                    ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
-
-      const int64_t rows = S.idx.n_rows();
-      ensure_scores(rows);
-      Tensor scores = make_tensor(s.scores.data, GgmlType::F32, rows, n);  // [n, rows] inside the larger scratch
-      backend_.indexer_scores({.scores = scores,
-                               .q = iq,
-                               .w = iw,
-                               .rows = S.idx,
-                               .pos = pos,
-                               .ratio = 4,
-                               .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
+      int64_t max_rows = 0;
+      for (const Segment& g : segs) max_rows = std::max(max_rows, state_of(g).idx.n_rows());
+      ensure_scores(max_rows);
       sel = s.sel.rows(0, n);
-      backend_.topk({.sel = sel, .scores = scores, .pos = pos, .ratio = 4});
+      for (const Segment& g : segs) {
+        LayerState& S = state_of(g);
+        const Tensor gpos = elems(pos, g.row0, g.n);
+        backend_.compress(compress_op(S.idx, S.idx_a, S.idx_g, ikv.rows(g.row0, g.n), ig.rows(g.row0, g.n),
+                                      L[LT::INDEXER_COMPRESSOR_APE], L[LT::INDEXER_COMPRESSOR_NORM], gpos, 4, rope,
+                                      ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
+        const int64_t rows = S.idx.n_rows();
+        // [g.n, rows] at the start of the larger scratch: the segments run one after the other.
+        Tensor scores = make_tensor(s.scores.data, GgmlType::F32, rows, g.n);
+        backend_.indexer_scores({.scores = scores,
+                                 .q = iq.reshape(dI * HI, n).rows(g.row0, g.n).reshape(dI, HI, g.n),
+                                 .w = iw.rows(g.row0, g.n),
+                                 .rows = S.idx,
+                                 .pos = gpos,
+                                 .ratio = 4,
+                                 .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
+        backend_.topk({.sel = sel.rows(g.row0, g.n), .scores = scores, .pos = gpos, .ratio = 4});
+      }
     }
   }
 
   // Attention over window + compressed rows (§5.7), inverse RoPE, grouped output projection (§5.8).
   Tensor o = s.o.reshape(hd, H, options_.max_batch).rows(0, H * n).reshape(hd, H, n);
-  AttentionOp a;
-  a.out = o;
-  a.q = q;
-  a.ring = S.ring;
-  a.comp = mtp_block ? Tensor{} : S.comp;
-  a.sel = sel;
-  a.sinks = L[LT::ATTN_SINKS];
-  a.pos = pos;
-  a.window = static_cast<int>(P.sliding_window);
-  a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
-  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
-  backend_.attention(a);
+  for (const Segment& g : segs) {
+    LayerState& S = state_of(g);
+    AttentionOp a;
+    a.out = o.reshape(hd * H, n).rows(g.row0, g.n).reshape(hd, H, g.n);
+    a.q = q.reshape(hd * H, n).rows(g.row0, g.n).reshape(hd, H, g.n);
+    a.ring = S.ring;
+    a.comp = mtp_block ? Tensor{} : S.comp;
+    a.sel = sel ? sel.rows(g.row0, g.n) : Tensor{};
+    a.sinks = L[LT::ATTN_SINKS];
+    a.pos = elems(pos, g.row0, g.n);
+    a.window = static_cast<int>(P.sliding_window);
+    a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
+    backend_.attention(a);
+  }
   backend_.rope({.x = o, .pos = pos, .rope = rope, .inverse = true});
   Tensor la = s.la.rows(0, n);
   backend_.matmul(
@@ -502,6 +534,15 @@ void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, fl
 // The ops of one batch of n tokens whose positions and ids are already in
 // s.pos / s.ids; with `logits`, the head runs for the last token (or all) into s.logits.
 void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
+  const Segment seg{&st, 0, n};
+  const Tensor state = layer_ops(std::span<const Segment>(&seg, 1), n);
+  if (!logits) return;
+  const int64_t D = spec_.n_embd, hc = spec_.hc_count;
+  const int64_t first = all_logits ? 0 : n - 1, cnt = n - first;
+  head_ops(state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt), cnt);
+}
+
+Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
   using GT = GlobalTensor;
   using LT = LayerTensor;
   Scratch& s = *sc_;
@@ -529,7 +570,7 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
                      .norm_out = xn,
                      .norm_w = L[LT::ATTN_NORM],
                      .norm_rms_eps = P.rms_eps});
-    attention_block(L, st.layers[il], P.ratio(il), n, false);
+    attention_block(L, segs, static_cast<int>(il), P.ratio(il), n);
     backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
     backend_.hc_pre({.u = u,
                      .post = post,
@@ -547,15 +588,20 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
     const Tensor y2 = ffn_block(L, n, il, P.is_hash_layer(il));
     backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
   }
-  // The last token's final state feeds the MTP block.
-  backend_.copy(st.last_hidden, state.reshape(D * hc, n).rows(n - 1, 1).reshape(D, hc));
-  if (!logits) return;
+  // Each sequence's last token's final state feeds its MTP block.
+  for (const Segment& g : segs)
+    backend_.copy(g.state->last_hidden, state.reshape(D * hc, n).rows(g.row0 + g.n - 1, 1).reshape(D, hc));
+  return state;
+}
 
-  // Head (§7): hc_head -> RMSNorm -> logits, for the last token (or all).
-  const int64_t first = all_logits ? 0 : n - 1, cnt = n - first;
+void Model::head_ops(const Tensor& state_rows, int64_t cnt) {
+  using GT = GlobalTensor;
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  // Head (§7): hc_head -> RMSNorm -> logits.
   Tensor h = s.h.rows(0, cnt), hn = s.hn.rows(0, cnt), lg = s.logits.rows(0, cnt);
   backend_.hc_head({.h = h,
-                    .state = state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt),
+                    .state = state_rows,
                     .fn = global_[static_cast<size_t>(GT::OUTPUT_HC_FN)],
                     .scale = global_[static_cast<size_t>(GT::OUTPUT_HC_SCALE)],
                     .base = global_[static_cast<size_t>(GT::OUTPUT_HC_BASE)],
@@ -563,6 +609,71 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
                     .hc_eps = P.hc_eps});
   backend_.rms_norm({.out = hn, .x = h, .w = global_[static_cast<size_t>(GT::OUTPUT_NORM)], .eps = P.rms_eps});
   backend_.matmul({lg, global_[static_cast<size_t>(GT::OUTPUT)], hn});
+}
+
+Status Model::step(std::span<const StepItem> items) {
+  if (items.empty()) return make_error("step: no sequences");
+  if (items.size() == 1) {  // one sequence: forward() (its recorded decode step included)
+    const StepItem& it = items[0];
+    if (!it.state) return make_error("step: item 0 has no state");
+    return forward(*it.state, it.ids, it.n, it.p0, it.logits, false);
+  }
+  int64_t total = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const StepItem& it = items[k];
+    if (!it.state || !it.ids || it.n <= 0) return make_error("step: item %zu has no tokens", k);
+    for (size_t j = 0; j < k; ++j)
+      if (items[j].state == it.state) return make_error("step: items %zu and %zu are the same sequence", j, k);
+    if (it.p0 < 0 || it.p0 + it.n > static_cast<int64_t>(it.state->ctx))
+      return make_error("context overflow: %lld + %lld tokens exceed the context of %u (step item %zu)",
+                        static_cast<long long>(it.p0), static_cast<long long>(it.n), it.state->ctx, k);
+    for (int64_t i = 0; i < it.n; ++i)
+      if (it.ids[i] < 0 || static_cast<uint32_t>(it.ids[i]) >= spec_.n_vocab)
+        return make_error("token id %d at index %lld of step item %zu is outside the vocabulary [0, %u)", it.ids[i],
+                          static_cast<long long>(i), k, spec_.n_vocab);
+    total += it.n;
+  }
+  if (total > options_.max_batch)
+    return make_error("step: %lld tokens exceed the batch of %d", static_cast<long long>(total), options_.max_batch);
+
+  Scratch& s = *sc_;
+  std::vector<Segment> segs;
+  std::vector<int32_t> pos, ids;
+  pos.reserve(static_cast<size_t>(total));
+  ids.reserve(static_cast<size_t>(total));
+  for (const StepItem& it : items) {
+    segs.push_back(Segment{it.state, static_cast<int64_t>(pos.size()), it.n});
+    for (int64_t i = 0; i < it.n; ++i) pos.push_back(static_cast<int32_t>(it.p0 + i));
+    ids.insert(ids.end(), it.ids, it.ids + it.n);
+  }
+  backend_.write(s.pos, pos.data(), pos.size() * 4);
+  backend_.write(s.ids, ids.data(), ids.size() * 4);
+  const Tensor state = layer_ops(segs, total);
+
+  // The head over the last row of every item that wants logits, moved to
+  // rows [0, cnt) of the final state first (in order: the k-th item's last
+  // row is at or after row k, so no row is overwritten before it is moved).
+  const int64_t D = spec_.n_embd, hc = spec_.hc_count;
+  std::vector<size_t> want;
+  for (size_t k = 0; k < items.size(); ++k)
+    if (items[k].logits) want.push_back(k);
+  if (want.empty()) return {};
+  const int64_t cnt = static_cast<int64_t>(want.size());
+  const Tensor flat = state.reshape(D * hc, total);
+  for (int64_t j = 0; j < cnt; ++j) {
+    const Segment& g = segs[want[static_cast<size_t>(j)]];
+    const int64_t last = g.row0 + g.n - 1;
+    if (last != j) backend_.copy(flat.rows(j, 1), flat.rows(last, 1));
+  }
+  const int64_t first = 0;
+  head_ops(flat.rows(first, cnt).reshape(D, hc, cnt), cnt);
+  const size_t V = spec_.n_vocab;
+  std::vector<float> lg(static_cast<size_t>(cnt) * V);
+  backend_.read(s.logits.rows(0, cnt), lg.data(), lg.size() * 4);
+  for (size_t j = 0; j < want.size(); ++j)
+    std::copy(lg.begin() + static_cast<std::ptrdiff_t>(j * V), lg.begin() + static_cast<std::ptrdiff_t>((j + 1) * V),
+              items[want[j]].logits);
+  return {};
 }
 
 Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) {
@@ -615,7 +726,8 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
                    .norm_out = xn,
                    .norm_w = L[LT::ATTN_NORM],
                    .norm_rms_eps = P.rms_eps});
-  attention_block(L, st.mtp, 0, 1, true);
+  const Segment seg{&st, 0, 1};
+  attention_block(L, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, 1);
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
   backend_.hc_pre({.u = u,
                    .post = post,

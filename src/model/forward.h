@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,15 @@ GgmlType indexer_row_type(const ModelSpec& spec, const ModelOptions& options);
 // Bytes of backend memory one state for ctx tokens takes (Model::new_state).
 uint64_t kv_state_bytes(const ModelSpec& spec, const ModelOptions& options, bool mtp, uint32_t ctx);
 
+// One sequence's part of a batched step (Model::step).
+struct StepItem {
+  KvState* state = nullptr;
+  const int32_t* ids = nullptr;  // n tokens at positions p0 .. p0 + n - 1 (the state holds exactly p0 tokens)
+  int64_t n = 0;
+  int64_t p0 = 0;
+  float* logits = nullptr;  // V floats: the logits after the item's last token; nullptr: not wanted
+};
+
 class Model {
  public:
   // Uploads the weights to the backend. `mtp` may be null.
@@ -79,6 +89,14 @@ class Model {
   // token to `logits` (V floats), or of every token when all_logits ([n][V]).
   Status forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
 
+  // Several sequences in one forward pass: their tokens are the rows of one
+  // batch (Σ n <= max_batch; each state at most once). The dense ops and the
+  // routed experts run once over all rows; the ops on a sequence's state (KV
+  // ring, compressors, indexer, attention) run per item on its rows. A row's
+  // result does not depend on the other rows, so each item gets what
+  // forward() alone gives it (bitwise on the CPU backend).
+  Status step(std::span<const StepItem> items);
+
   // MTP draft (model-spec.md §8, the DeepSeek-V3 pairing): the final mHC state of the last
   // fed position p with the embedding of `token` (the token at p+1), run at
   // RoPE position p through the MTP block; logits of the token at p+2.
@@ -100,12 +118,23 @@ class Model {
                          const RopeParams& rope, KvQuantSim sim, int n_quant, bool round_pooled_bf16) const;
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w);
-  void attention_block(const DeviceLayer& L, LayerState& S, uint32_t ratio, int64_t n, bool mtp_block);
+  // The rows [row0, row0 + n) of a batch that belong to one sequence.
+  struct Segment {
+    KvState* state = nullptr;
+    int64_t row0 = 0, n = 0;
+  };
+  // `layer`: the state's layer index, or -1 for the MTP block's window.
+  void attention_block(const DeviceLayer& L, std::span<const Segment> segs, int layer, uint32_t ratio, int64_t n);
   // Returns the shared expert's output still to be added to y (a decode
   // branch's: the caller passes it to hc_post as HcPostOp::y2), or an empty tensor.
   Tensor ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
   void run_batch(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
   void batch_ops(KvState& s, int64_t n, bool logits, bool all_logits);
+  // The layers over the rows of every segment (positions and ids already written); each segment's
+  // last row's final state goes to its state's last_hidden. Returns the final state [n, hc, D].
+  Tensor layer_ops(std::span<const Segment> segs, int64_t n);
+  // hc_head -> RMSNorm -> logits of `cnt` rows of final state into s.logits.
+  void head_ops(const Tensor& state_rows, int64_t cnt);
   LayerState alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor);
 
   Backend& backend_;

@@ -308,6 +308,68 @@ int main(int argc, char** argv) {
     check(ok, "cuda: rewind to 350, 301, 300, 299, 130, 1 restores the exact logits");
   }
 
+  // Engine::step (continuous batching): 8 sessions at different positions
+  // decode 64 greedy tokens together, a 25-token prefill chunk riding along
+  // in the first step. On the FFMA tiles (reference numerics) every row is
+  // bitwise what its session alone gives (prefill/decode); on tensor cores
+  // (plain numerics) the batched matmuls round differently from the one-token
+  // kernels: the greedy continuations must still agree token for token, and
+  // the final logits to NMSE <= 1e-7.
+  auto batched_vs_alone = [&](Engine& eng, bool exact, const char* name) {
+    const size_t starts[8] = {10, 50, 130, 200, 260, 300, 17, 90};
+    std::vector<std::unique_ptr<Session>> batched, alone;
+    bool good = true;
+    for (size_t k = 0; k < 8 && good; ++k) {
+      batched.push_back(*eng.new_session());
+      alone.push_back(*eng.new_session());
+      const std::span<const int32_t> p(t.data() + k, starts[k]);
+      good = batched[k]->prefill(p).has_value() && alone[k]->prefill(p).has_value();
+    }
+    auto argmax = [](const std::vector<float>& l) {
+      return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    };
+    // The tokens each sequence is fed, step by step (the same for both runs when greedy agrees).
+    std::vector<std::vector<int32_t>> fed_b(8), fed_a(8);
+    for (int step = 0; step < 64 && good; ++step) {
+      std::vector<std::vector<int32_t>> next(8);
+      for (size_t k = 0; k < 8; ++k) {
+        if (k == 7 && step == 0)
+          next[k].assign(t.begin() + static_cast<long>(k + starts[k]),
+                         t.begin() + static_cast<long>(k + starts[k] + 25));
+        else
+          next[k] = {argmax(batched[k]->logits())};
+      }
+      std::vector<SessionStep> items;
+      for (size_t k = 0; k < 8; ++k) items.push_back(SessionStep{batched[k].get(), next[k]});
+      good = eng.step(items).has_value();
+      for (size_t k = 0; k < 8 && good; ++k) {
+        fed_b[k].insert(fed_b[k].end(), next[k].begin(), next[k].end());
+        std::vector<int32_t> mine = next[k];
+        if (!(k == 7 && step == 0)) mine = {argmax(alone[k]->logits())};
+        good = (mine.size() == 1 ? alone[k]->decode(mine[0]) : alone[k]->prefill(mine)).has_value();
+        fed_a[k].insert(fed_a[k].end(), mine.begin(), mine.end());
+      }
+    }
+    size_t same_tokens = 0;
+    double worst = 0;
+    bool bits = true;
+    for (size_t k = 0; k < 8 && good; ++k) {
+      same_tokens += fed_a[k] == fed_b[k];
+      worst = std::max(worst, diff_f32(batched[k]->logits(), alone[k]->logits()).nmse);
+      bits = bits && bitwise(batched[k]->logits(), alone[k]->logits());
+    }
+    if (exact)
+      check(good && same_tokens == 8 && bits,
+            strfmt("%s: Engine::step of 8 sessions x 64 greedy steps == each alone, bitwise (%zu/8 same)", name,
+                   same_tokens));
+    else
+      check(good && same_tokens == 8 && worst <= 1e-7,
+            strfmt("%s: Engine::step of 8 sessions x 64 greedy steps: %zu/8 continuations equal, NMSE %.2e <= 1e-7",
+                   name, same_tokens, worst));
+  };
+  batched_vs_alone(*cuda, true, "reference, FFMA tiles");
+  if (cuda_plain) batched_vs_alone(*cuda_plain, false, "plain, tensor cores");
+
   // A full GPU: new_session is a clear error, not a failed allocation halfway; room again, a session again.
   {
     const std::optional<uint64_t> before = cuda->free_memory();
