@@ -51,7 +51,9 @@ int run_bench(const BenchArgs& a) {
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
-  o.ctx = ctx_max + static_cast<uint32_t>(a.gen_tokens) + 1;
+  // (--concurrency --profile decodes the steps twice, the second time timed op by op)
+  const uint32_t decode_room = static_cast<uint32_t>(a.gen_tokens) * (a.concurrency > 1 && a.profile ? 2 : 1);
+  o.ctx = ctx_max + decode_room + 1;
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
   const EngineInfo& info = (*engine)->info();
@@ -120,21 +122,34 @@ int run_bench(const BenchArgs& a) {
     both("streams,ctx,prefill_tps,gen_steps,aggregate_tps,per_stream_tps,weight_gbps_per_stream\n");
     std::vector<int32_t> next(n);
     std::vector<SessionStep> items(n);
-    const auto t1 = clock::now();
-    for (int i = 0; i < a.gen_tokens; ++i) {
-      for (size_t k = 0; k < n; ++k) {
-        const auto& lg = sessions[k]->logits();
-        next[k] = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
-        items[k] = SessionStep{sessions[k].get(), std::span<const int32_t>(&next[k], 1)};
+    auto steps = [&]() -> Status {
+      for (int i = 0; i < a.gen_tokens; ++i) {
+        for (size_t k = 0; k < n; ++k) {
+          const auto& lg = sessions[k]->logits();
+          next[k] = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+          items[k] = SessionStep{sessions[k].get(), std::span<const int32_t>(&next[k], 1)};
+        }
+        DSV4_TRY((*engine)->step(items));
       }
-      if (auto st = (*engine)->step(items); !st) return fail(st.error().message);
-    }
+      return {};
+    };
+    const auto t1 = clock::now();
+    if (auto st = steps(); !st) return fail(st.error().message);
     const double dt = std::chrono::duration<double>(clock::now() - t1).count();
     const double per_stream = dt > 0 ? a.gen_tokens / dt : 0;
     both("%zu,%u,%.2f,%d,%.2f,%.2f,%.2f\n", n, a.ctx_start, pf_seconds > 0 ? n * a.ctx_start / pf_seconds : 0.0,
          a.gen_tokens, per_stream * static_cast<double>(n), per_stream,
          per_stream * static_cast<double>(info.decode_bytes_per_token) / 1e9);
     if (csv) std::fclose(csv);
+    if (a.profile) {  // the same number of steps again, every op timed (ms per step)
+      (*engine)->set_op_profiling(true);
+      const Status st = steps();
+      const std::string report = (*engine)->take_op_profile_report(std::max(1, a.gen_tokens));
+      (*engine)->set_op_profiling(false);
+      if (!st) return fail(st.error().message);
+      std::fprintf(stderr, "# op profile of a batched step of %zu streams at ctx %u (ms per step, every op timed)\n%s",
+                   n, a.ctx_start, report.c_str());
+    }
     return 0;
   }
 
