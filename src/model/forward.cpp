@@ -542,8 +542,8 @@ void Model::batch_ops(KvState& st, int64_t n, bool logits, bool all_logits) {
   head_ops(state.reshape(D * hc, n).rows(first, cnt).reshape(D, hc, cnt), cnt);
 }
 
-Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
-  using GT = GlobalTensor;
+void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer, uint32_t ratio, uint32_t ffn_index,
+                  bool hash, int64_t n) {
   using LT = LayerTensor;
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
@@ -552,42 +552,39 @@ Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
   Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
   Tensor u = s.u.rows(0, n), xn = s.xn.rows(0, n), y = s.y.rows(0, n);
   Tensor post = s.post.rows(0, n), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, n).reshape(hc, hc, n);
+  // hc_pre of a sublayer with its input norm fused in: xn = RMSNorm(u; norm).
+  auto hc_pre = [&](LT fn, LT scale, LT base, LT norm) {
+    backend_.hc_pre({.u = u,
+                     .post = post,
+                     .comb = comb,
+                     .state = state,
+                     .fn = L[fn],
+                     .scale = L[scale],
+                     .base = L[base],
+                     .norm_eps = P.rms_eps,
+                     .hc_eps = P.hc_eps,
+                     .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
+                     .norm_out = xn,
+                     .norm_w = L[norm],
+                     .norm_rms_eps = P.rms_eps});
+  };
+  hc_pre(LT::HC_ATTN_FN, LT::HC_ATTN_SCALE, LT::HC_ATTN_BASE, LT::ATTN_NORM);
+  attention_block(L, segs, layer, ratio, n);
+  backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
+  hc_pre(LT::HC_FFN_FN, LT::HC_FFN_SCALE, LT::HC_FFN_BASE, LT::FFN_NORM);
+  const Tensor y2 = ffn_block(L, n, ffn_index, hash);
+  backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
+}
 
+Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
+  using GT = GlobalTensor;
+  Scratch& s = *sc_;
+  const ModelSpec& P = spec_;
+  const int64_t D = P.n_embd, hc = P.hc_count;
+  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
   backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
-  for (uint32_t il = 0; il < P.n_layer; ++il) {
-    const DeviceLayer& L = layers_[il];
-    // hc_pre with the sublayer's input norm fused in: xn = RMSNorm(u; attn_norm).
-    backend_.hc_pre({.u = u,
-                     .post = post,
-                     .comb = comb,
-                     .state = state,
-                     .fn = L[LT::HC_ATTN_FN],
-                     .scale = L[LT::HC_ATTN_SCALE],
-                     .base = L[LT::HC_ATTN_BASE],
-                     .norm_eps = P.rms_eps,
-                     .hc_eps = P.hc_eps,
-                     .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
-                     .norm_out = xn,
-                     .norm_w = L[LT::ATTN_NORM],
-                     .norm_rms_eps = P.rms_eps});
-    attention_block(L, segs, static_cast<int>(il), P.ratio(il), n);
-    backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
-    backend_.hc_pre({.u = u,
-                     .post = post,
-                     .comb = comb,
-                     .state = state,
-                     .fn = L[LT::HC_FFN_FN],
-                     .scale = L[LT::HC_FFN_SCALE],
-                     .base = L[LT::HC_FFN_BASE],
-                     .norm_eps = P.rms_eps,
-                     .hc_eps = P.hc_eps,
-                     .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
-                     .norm_out = xn,
-                     .norm_w = L[LT::FFN_NORM],
-                     .norm_rms_eps = P.rms_eps});
-    const Tensor y2 = ffn_block(L, n, il, P.is_hash_layer(il));
-    backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
-  }
+  for (uint32_t il = 0; il < P.n_layer; ++il)
+    block(layers_[il], segs, static_cast<int>(il), P.ratio(il), il, P.is_hash_layer(il), n);
   // Each sequence's last token's final state feeds its MTP block.
   for (const Segment& g : segs)
     backend_.copy(g.state->last_hidden, state.reshape(D * hc, n).rows(g.row0 + g.n - 1, 1).reshape(D, hc));
@@ -677,7 +674,6 @@ Status Model::step(std::span<const StepItem> items) {
 }
 
 Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) {
-  using LT = LayerTensor;
   using MT = MtpTensor;
   using GT = GlobalTensor;
   if (!has_mtp_) return make_error("no MTP block loaded (use --mtp FILE)");
@@ -687,14 +683,11 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
     return make_error("MTP: position %lld outside the context", static_cast<long long>(p));
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
-  const bool ref = options_.numerics == Numerics::REFERENCE;
   const int64_t D = P.n_embd, hc = P.hc_count;
   const int32_t pos = static_cast<int32_t>(p);
   backend_.write(s.pos, &pos, 4);
   backend_.write(s.ids, &token, 4);
   Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc).reshape(D, hc, 1);
-  Tensor u = s.u.rows(0, 1), xn = s.xn.rows(0, 1), y = s.y.rows(0, 1);
-  Tensor post = s.post.rows(0, 1), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, 1).reshape(hc, hc, 1);
 
   // e = RMSNorm(embed[token]; enorm); Y_i = W_e e + W_h RMSNorm(X_i; hnorm).
   Tensor e = s.mtp_e;
@@ -712,38 +705,8 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
     backend_.add({yi, s.ys.rows(0, 1)});
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.
-  const DeviceLayer& L = mtp_block_;
-  backend_.hc_pre({.u = u,
-                   .post = post,
-                   .comb = comb,
-                   .state = state,
-                   .fn = L[LT::HC_ATTN_FN],
-                   .scale = L[LT::HC_ATTN_SCALE],
-                   .base = L[LT::HC_ATTN_BASE],
-                   .norm_eps = P.rms_eps,
-                   .hc_eps = P.hc_eps,
-                   .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
-                   .norm_out = xn,
-                   .norm_w = L[LT::ATTN_NORM],
-                   .norm_rms_eps = P.rms_eps});
   const Segment seg{&st, 0, 1};
-  attention_block(L, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, 1);
-  backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
-  backend_.hc_pre({.u = u,
-                   .post = post,
-                   .comb = comb,
-                   .state = state,
-                   .fn = L[LT::HC_FFN_FN],
-                   .scale = L[LT::HC_FFN_SCALE],
-                   .base = L[LT::HC_FFN_BASE],
-                   .norm_eps = P.rms_eps,
-                   .hc_eps = P.hc_eps,
-                   .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
-                   .norm_out = xn,
-                   .norm_w = L[LT::FFN_NORM],
-                   .norm_rms_eps = P.rms_eps});
-  const Tensor y2 = ffn_block(L, 1, P.n_layer, false);
-  backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
+  block(mtp_block_, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, P.n_layer, false, 1);
   // Head with the MTP block's own hc_head and norm, the shared output matrix.
   Tensor h = s.h.rows(0, 1), hn = s.hn.rows(0, 1), lg = s.logits.rows(0, 1);
   backend_.hc_head({.h = h,

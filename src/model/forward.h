@@ -125,6 +125,10 @@ class Model {
   };
   // `layer`: the state's layer index, or -1 for the MTP block's window.
   void attention_block(const DeviceLayer& L, std::span<const Segment> segs, int layer, uint32_t ratio, int64_t n);
+  // One block over the rows of `segs` (model-spec.md §4): mHC around attention and the FFN. `layer` as for
+  // attention_block; `ffn_index` picks the SwiGLU clamp; `hash`: the router is the token-id table.
+  void block(const DeviceLayer& L, std::span<const Segment> segs, int layer, uint32_t ratio, uint32_t ffn_index,
+             bool hash, int64_t n);
   // Returns the shared expert's output still to be added to y (a decode
   // branch's: the caller passes it to hc_post as HcPostOp::y2), or an empty tensor.
   Tensor ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash);
