@@ -665,11 +665,8 @@ Status Model::step(std::span<const StepItem> items) {
   const int64_t first = 0;
   head_ops(flat.rows(first, cnt).reshape(D, hc, cnt), cnt);
   const size_t V = spec_.n_vocab;
-  std::vector<float> lg(static_cast<size_t>(cnt) * V);
-  backend_.read(s.logits.rows(0, cnt), lg.data(), lg.size() * 4);
   for (size_t j = 0; j < want.size(); ++j)
-    std::copy(lg.begin() + static_cast<std::ptrdiff_t>(j * V), lg.begin() + static_cast<std::ptrdiff_t>((j + 1) * V),
-              items[want[j]].logits);
+    backend_.read(s.logits.rows(static_cast<int64_t>(j), 1), items[want[j]].logits, V * sizeof(float));
   return {};
 }
 

@@ -13,8 +13,11 @@
 #include "dsv4/engine.h"
 #include "synth/synth.h"
 #include "../common/odd_spec.h"
+#include "../common/token_walk.h"
 
 using namespace dsv4;
+using dsv4::test::bitwise_equal;
+using dsv4::test::tiny_tokens;
 
 namespace {
 
@@ -48,21 +51,6 @@ class EngineTest : public ::testing::Test {
   }
 };
 
-// A deterministic token sequence over the tiny vocabulary (ids 3..511).
-std::vector<int32_t> tokens(size_t n, uint32_t seed = 1) {
-  std::vector<int32_t> t(n);
-  uint32_t x = seed * 2654435761u + 7;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>(3 + (x >> 8) % 509);
-  }
-  return t;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
 }  // namespace
 
 TEST_F(EngineTest, LogitsAreFiniteAndInfoIsFilled) {
@@ -72,7 +60,7 @@ TEST_F(EngineTest, LogitsAreFiniteAndInfoIsFilled) {
   EXPECT_NE(e->info().backend.find("cpu"), std::string::npos);
   auto s = e->new_session();
   ASSERT_TRUE(s.has_value());
-  auto t = tokens(300);
+  auto t = tiny_tokens(300);
   ASSERT_TRUE((*s)->prefill(t).has_value());
   const auto& lg = (*s)->logits();
   ASSERT_EQ(lg.size(), 512u);
@@ -86,7 +74,7 @@ TEST_F(EngineTest, LogitsAreFiniteAndInfoIsFilled) {
 
 TEST_F(EngineTest, ChunkedPrefillEqualsWholePrefill) {
   // 700 tokens: past the 128 window, past several ratio-128 rows, past the indexer top-k (16).
-  auto t = tokens(700, 3);
+  auto t = tiny_tokens(700, 3);
   auto whole = load(1024);
   auto sw = whole->new_session();
   auto all = (*sw)->prefill_all_logits(t);
@@ -114,7 +102,7 @@ TEST_F(EngineTest, ChunkedPrefillEqualsWholePrefill) {
 }
 
 TEST_F(EngineTest, DecodeEqualsPrefill) {
-  auto t = tokens(320, 5);
+  auto t = tiny_tokens(320, 5);
   auto e = load(64);
   auto s1 = e->new_session();
   auto all = (*s1)->prefill_all_logits(t);
@@ -129,7 +117,7 @@ TEST_F(EngineTest, DecodeEqualsPrefill) {
 }
 
 TEST_F(EngineTest, SaveLoadContinueEqualsContinue) {
-  auto t = tokens(400, 9);
+  auto t = tiny_tokens(400, 9);
   auto e = load(100);
   auto live = e->new_session();
   ASSERT_TRUE((*live)->prefill(std::span<const int32_t>(t.data(), 257)).has_value());
@@ -164,7 +152,7 @@ TEST_F(EngineTest, SaveLoadContinueEqualsContinue) {
 }
 
 TEST_F(EngineTest, RewindIsExact) {
-  auto t = tokens(360, 13);
+  auto t = tiny_tokens(360, 13);
   auto e = load(64);
   auto ref = e->new_session();
   auto all = (*ref)->prefill_all_logits(t);
@@ -190,7 +178,7 @@ TEST_F(EngineTest, RewindIsExact) {
 }
 
 TEST_F(EngineTest, NumericsModesDifferButAgree) {
-  auto t = tokens(300, 17);
+  auto t = tiny_tokens(300, 17);
   auto r = load(512, "reference");
   auto p = load(512, "plain");
   auto sr = r->new_session();
@@ -220,7 +208,7 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   auto e = load();
   auto s = e->new_session(64);
   ASSERT_TRUE(s.has_value());
-  auto st = (*s)->prefill(tokens(65));
+  auto st = (*s)->prefill(tiny_tokens(65));
   ASSERT_FALSE(st.has_value());
   EXPECT_NE(st.error().message.find("context overflow"), std::string::npos);
   EXPECT_EQ((*s)->n_tokens(), 0u);
@@ -267,7 +255,7 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   int calls = 0;
   RunHooks hooks;
   hooks.cancelled = [&] { return ++calls > 2; };
-  st = (*sc)->prefill(tokens(100), hooks);
+  st = (*sc)->prefill(tiny_tokens(100), hooks);
   ASSERT_FALSE(st.has_value());
   EXPECT_EQ((*sc)->n_tokens(), 32u);
 }
@@ -278,14 +266,14 @@ TEST_F(EngineTest, MtpBlockRuns) {
   auto s = e->new_session();
   auto none = (*s)->mtp_logits(5);
   EXPECT_FALSE(none.has_value());
-  ASSERT_TRUE((*s)->prefill(tokens(50)).has_value());
+  ASSERT_TRUE((*s)->prefill(tiny_tokens(50)).has_value());
   auto lg = (*s)->mtp_logits(42);
   ASSERT_TRUE(lg.has_value()) << lg.error().message;
   ASSERT_EQ(lg->size(), 512u);
   for (float v : *lg) ASSERT_TRUE(std::isfinite(v));
   auto no_mtp = load();
   auto s2 = no_mtp->new_session();
-  ASSERT_TRUE((*s2)->prefill(tokens(5)).has_value());
+  ASSERT_TRUE((*s2)->prefill(tiny_tokens(5)).has_value());
   EXPECT_FALSE((*s2)->mtp_logits(1).has_value());
 }
 
@@ -306,7 +294,7 @@ TEST_F(EngineTest, SyntheticInMemoryEqualsTheSynthFile) {
   EXPECT_EQ((*mem)->info().model_path, "synthetic:tiny");
   auto a = file->new_session(), b = (*mem)->new_session();
   ASSERT_TRUE(a.has_value() && b.has_value());
-  const auto t = tokens(300, 5);
+  const auto t = tiny_tokens(300, 5);
   ASSERT_TRUE((*a)->prefill(t).has_value());
   ASSERT_TRUE((*b)->prefill(t).has_value());
   EXPECT_TRUE(bitwise_equal((*a)->logits(), (*b)->logits()));
@@ -386,7 +374,7 @@ TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
       "`--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use --numerics plain";
   EXPECT_NE(ref.error().message.find(refusal), std::string::npos) << ref.error().message;
 
-  const auto t = tokens(600, 13);
+  const auto t = tiny_tokens(600, 13);
   const size_t V = spec.n_vocab;
   auto whole = load("plain", 1024);
   ASSERT_TRUE(whole.has_value()) << whole.error().message;

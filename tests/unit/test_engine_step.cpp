@@ -14,8 +14,11 @@
 
 #include "dsv4/engine.h"
 #include "synth/synth.h"
+#include "../common/token_walk.h"
 
 using namespace dsv4;
+using dsv4::test::bitwise_equal;
+using dsv4::test::tiny_tokens;
 
 namespace {
 
@@ -45,20 +48,6 @@ class EngineStepTest : public ::testing::TestWithParam<Numerics> {
   }
 };
 
-std::vector<int32_t> tokens(size_t n, uint32_t seed) {
-  std::vector<int32_t> t(n);
-  uint32_t x = seed * 2654435761u + 7;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>(3 + (x >> 8) % 509);
-  }
-  return t;
-}
-
-bool bitwise(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // A session in the batch and its twin that runs alone.
 struct Pair {
   std::unique_ptr<Session> batched, alone;
@@ -79,7 +68,7 @@ TEST_P(EngineStepTest, BatchedStepsEqualEachSessionAlone) {
     Pair& p = seqs[k];
     p.batched = *engine->new_session();
     p.alone = *engine->new_session();
-    p.script = tokens(starts[k] + 80, static_cast<uint32_t>(k + 1));
+    p.script = tiny_tokens(starts[k] + 80, static_cast<uint32_t>(k + 1));
     if (starts[k] > 0) {
       const std::span<const int32_t> head(p.script.data(), starts[k]);
       ASSERT_TRUE(p.batched->prefill(head).has_value());
@@ -113,7 +102,7 @@ TEST_P(EngineStepTest, BatchedStepsEqualEachSessionAlone) {
       ASSERT_TRUE((counts[j] == 1 ? p.alone->decode(t[0]) : p.alone->prefill(t)).has_value());
       p.fed += counts[j];
       EXPECT_EQ(p.batched->tokens(), p.alone->tokens()) << "step " << step << " sequence " << members[j];
-      EXPECT_TRUE(bitwise(p.batched->logits(), p.alone->logits()))
+      EXPECT_TRUE(bitwise_equal(p.batched->logits(), p.alone->logits()))
           << "step " << step << " sequence " << members[j] << " at " << p.fed << " tokens";
     }
   }
@@ -121,7 +110,7 @@ TEST_P(EngineStepTest, BatchedStepsEqualEachSessionAlone) {
   Pair& left = seqs[3];
   ASSERT_TRUE(left.batched->decode(left.script[left.fed]).has_value());
   ASSERT_TRUE(left.alone->decode(left.script[left.fed]).has_value());
-  EXPECT_TRUE(bitwise(left.batched->logits(), left.alone->logits()));
+  EXPECT_TRUE(bitwise_equal(left.batched->logits(), left.alone->logits()));
 }
 
 TEST_P(EngineStepTest, BadStepsAreRefusedAndChangeNothing) {
@@ -130,7 +119,7 @@ TEST_P(EngineStepTest, BadStepsAreRefusedAndChangeNothing) {
   ASSERT_NE(engine, nullptr);
   ASSERT_NE(other, nullptr);
   auto a = *engine->new_session(), b = *engine->new_session(), c = *other->new_session();
-  const std::vector<int32_t> t = tokens(20, 9);
+  const std::vector<int32_t> t = tiny_tokens(20, 9);
   ASSERT_TRUE(a->prefill(std::span<const int32_t>(t.data(), 5)).has_value());
   const std::vector<float> a_logits = a->logits();
   auto refused = [&](std::vector<SessionStep> items, const std::string& why) {
@@ -138,7 +127,7 @@ TEST_P(EngineStepTest, BadStepsAreRefusedAndChangeNothing) {
     ASSERT_FALSE(st.has_value()) << why;
     EXPECT_NE(st.error().message.find(why), std::string::npos) << st.error().message;
     EXPECT_EQ(a->n_tokens(), 5u);
-    EXPECT_TRUE(bitwise(a->logits(), a_logits));
+    EXPECT_TRUE(bitwise_equal(a->logits(), a_logits));
     EXPECT_EQ(b->n_tokens(), 0u);
     EXPECT_TRUE(b->logits().empty());
   };

@@ -17,12 +17,15 @@
 
 #include "runtime/save_policy.h"
 #include "runtime/session_cache.h"
+#include "../common/token_walk.h"
 #include "runtime/session_pool.h"
 #include "generate/generate.h"
 #include "kv_test_util.h"
 #include "synth/synth.h"
 
 using namespace dsv4;
+using dsv4::test::bitwise_equal;
+using dsv4::test::tiny_tokens;
 using namespace dsv4::runtime;
 using kvtest::TempDir;
 
@@ -81,21 +84,6 @@ std::unique_ptr<Session> new_session(Engine& e) {
   return std::move(*s);
 }
 
-// Deterministic token ids over the tiny vocabulary (as test_engine.cpp).
-std::vector<int32_t> random_tokens(size_t n, uint32_t seed) {
-  std::vector<int32_t> t(n);
-  uint32_t x = seed * 2654435761u + 7;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>(3 + (x >> 8) % 509);
-  }
-  return t;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
 TextPiece ctl(std::string_view s) { return TextPiece{std::string(s), true}; }
 TextPiece txt(std::string s) { return TextPiece{std::move(s), false}; }
 
@@ -129,7 +117,7 @@ GenerateOptions greedy(int n) {
 
 TEST(SessionCache, SaveLoadContinueEqualsContinueLive) {
   TempDir tmp("roundtrip");
-  auto t = random_tokens(700, 9);
+  auto t = tiny_tokens(700, 9);
   auto live = new_session(engine());
   ASSERT_TRUE(live->prefill(std::span<const int32_t>(t.data(), 400)).has_value());
   {
@@ -347,7 +335,7 @@ TEST(SessionCache, ControlPiecesMustAlign) {
 
 TEST(SessionCache, ForeignModelsAreRejected) {
   TempDir tmp("foreign");
-  auto t = random_tokens(120, 4);
+  auto t = tiny_tokens(120, 4);
   {
     auto cache = open_cache(tmp.path, engine());
     auto s = new_session(engine());
@@ -392,7 +380,7 @@ TEST(SessionCache, AModelDifferingInOneMiddleByteIsForeign) {
   auto other = load(flipped);
   EXPECT_EQ(other->info().fingerprint, engine().info().fingerprint);
   EXPECT_FALSE(cache_identity(*other) == cache_identity(engine()));
-  auto t = random_tokens(120, 8);
+  auto t = tiny_tokens(120, 8);
   {
     auto cache = open_cache(tmp.path, engine());
     auto s = new_session(engine());
@@ -508,7 +496,7 @@ TEST(SessionCache, ModelIdentityIsRememberedNextToTheCache) {
 TEST(SessionCache, DamagedFilesNeverTouchTheSession) {
   TempDir tmp("damaged");
   const Tokenizer& tok = engine().tokenizer();
-  auto t = random_tokens(300, 6);
+  auto t = tiny_tokens(300, 6);
   auto cache = open_cache(tmp.path, engine());
   auto writer = new_session(engine());
   ASSERT_TRUE(writer->prefill(std::span<const int32_t>(t.data(), 200)).has_value());
@@ -518,7 +506,7 @@ TEST(SessionCache, DamagedFilesNeverTouchTheSession) {
   const auto good = kvtest::read_bytes(path);
   // A session that already holds a different timeline.
   auto s = new_session(engine());
-  auto mine = random_tokens(50, 7);
+  auto mine = tiny_tokens(50, 7);
   ASSERT_TRUE(s->prefill(mine).has_value());
   const auto logits = s->logits();
   CacheQuery q;
@@ -604,7 +592,7 @@ TEST(SavePolicy, ColdStoreLength) {
   EXPECT_EQ(cold_store_length(std::vector<int32_t>(10, 5), tok, p), 0u);
   // No chat markers at all (a raw completion): the aligned rule alone.
   p.align = 128;
-  auto raw = random_tokens(1000, 3);
+  auto raw = tiny_tokens(1000, 3);
   for (auto& v : raw)
     if (tok.is_special(v)) v = 100;
   EXPECT_EQ(cold_store_length(raw, tok, p), (1000 - 8) / 128 * 128);
@@ -780,7 +768,7 @@ TEST(SessionCache, PreparedSaveWritesOnAnotherThread) {
   const Tokenizer& tok = engine().tokenizer();
   auto cache = open_cache(tmp.path, engine());
   auto s = new_session(engine());
-  auto t = random_tokens(150, 12);
+  auto t = tiny_tokens(150, 12);
   ASSERT_TRUE(s->prefill(t).has_value());
   auto p = cache_prepare_save(*cache, tok, *s, CacheSave{SaveReason::FRONTIER, std::nullopt, nullptr});
   ASSERT_TRUE(p.has_value());
@@ -788,7 +776,7 @@ TEST(SessionCache, PreparedSaveWritesOnAnotherThread) {
   // The session moves on while the file is written.
   expected<StoreResult> written = make_error("not run");
   std::thread writer([&] { written = cache->store(p->input()); });
-  ASSERT_TRUE(s->prefill(random_tokens(20, 13)).has_value());
+  ASSERT_TRUE(s->prefill(tiny_tokens(20, 13)).has_value());
   writer.join();
   ASSERT_TRUE(written.has_value()) << written.error().message;
   EXPECT_EQ(written->outcome, StoreOutcome::WRITTEN);
@@ -861,7 +849,7 @@ TEST(SessionCache, VisibleKeyMatchesTheTranscriptWithoutHiddenReasoning) {
 
 TEST(SessionPool, ReuseSeesTheSlotAndRegeneratesUseThePromptActuallyUsed) {
   SessionPool pool(engine(), SessionPoolOptions{2, 0, nullptr});
-  auto a = random_tokens(40, 31), b = random_tokens(40, 32);
+  auto a = tiny_tokens(40, 31), b = tiny_tokens(40, 32);
   auto la = pool.acquire(a);
   ASSERT_TRUE(la.has_value());
   ASSERT_TRUE(la->session->prefill(a).has_value());
@@ -883,7 +871,7 @@ TEST(SessionPool, ReuseSeesTheSlotAndRegeneratesUseThePromptActuallyUsed) {
   // The request on b's slot was told 40 prompt tokens but used 30 (other tokens for the
   // same text); the session then holds those 30 and a 5-token reply.
   ASSERT_TRUE(pool.session(lb->slot).rewind(30).has_value());
-  ASSERT_TRUE(pool.session(lb->slot).prefill(random_tokens(5, 33)).has_value());
+  ASSERT_TRUE(pool.session(lb->slot).prefill(tiny_tokens(5, 33)).has_value());
   auto keeps_30 = [&](size_t slot, const std::vector<int32_t>&) { return slot == lb->slot ? size_t{30} : size_t{0}; };
   // Measured against the 40 it was told, a retry keeping the 30 looks unrelated: a's session would go.
   auto wrong = pool.acquire(40, keeps_30);
