@@ -33,6 +33,7 @@ struct ServeArgs {
   EngineOptions engine;
   server::ServerOptions server;
   runtime::KvCacheOptions cache;
+  runtime::BatchingOptions batching;
   CudaOptions cuda;
   size_t max_body_mb = 32;
   std::string script;
@@ -78,14 +79,15 @@ expected<std::unique_ptr<runtime::Backend>> make_backend(const ServeArgs& a) {
     auto replies = runtime::scripted_replies_from_json(json);
     if (!replies) return replies.error().with_context(a.script);
     DSV4_TRY_ASSIGN(auto tok, load_vocabulary(a.engine.model_path));
-    if (!a.cache.disk_dir.empty() || a.cache.sessions > 1)
-      std::fprintf(stderr, "dsv4 serve: --script runs no model: --kv-disk-dir and --sessions are ignored\n");
+    if (!a.cache.disk_dir.empty() || a.cache.sessions > 1 || a.batching.parallel > 1)
+      std::fprintf(stderr,
+                   "dsv4 serve: --script runs no model: --kv-disk-dir, --sessions and --parallel are ignored\n");
     return std::unique_ptr<runtime::Backend>(
         std::make_unique<runtime::ScriptedBackend>(std::move(tok), a.engine.ctx, std::move(*replies)));
   }
   std::fprintf(stderr, "dsv4 serve: %s\n", a.engine.describe().c_str());
   DSV4_TRY_ASSIGN(auto engine, Engine::load(a.engine));
-  DSV4_TRY_ASSIGN(auto backend, runtime::EngineBackend::create(std::move(engine), a.engine.ctx, a.cache));
+  DSV4_TRY_ASSIGN(auto backend, runtime::EngineBackend::create(std::move(engine), a.engine.ctx, a.cache, a.batching));
   std::fprintf(stderr, "dsv4 serve: cache: %s\n", backend->describe_cache().c_str());
   return std::unique_ptr<runtime::Backend>(std::move(backend));
 }
@@ -104,6 +106,8 @@ int run_serve(ServeArgs a) {
   if (a.server.max_client_connections < 1) return fail("--max-client-connections must be at least 1");
   if (auto st = fit_open_files(a.server); !st) return fail(st.error().message);
   if (auto st = check_kv_cache_options(a.cache); !st) return fail(st.error().message);
+  if (a.batching.parallel < 1 || a.batching.parallel > 64) return fail("--parallel must be between 1 and 64");
+  a.server.parallel = a.batching.parallel;
   a.server.max_body_bytes = a.max_body_mb << 20;
   if (a.server.model_id.empty()) a.server.model_id = std::filesystem::path(a.engine.model_path).stem().string();
   if (a.server.model_id.empty()) a.server.model_id = "dsv4";
@@ -212,8 +216,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-body-mb", a->max_body_mb, "Largest request body in MiB; larger ones get 413")
       ->capture_default_str();
-  cmd->add_option("--http-threads", a->server.http_threads,
-                  "HTTP threads, which serve complete requests (0: queue + 16); slow or idle connections hold none")
+  cmd->add_option(
+         "--http-threads", a->server.http_threads,
+         "HTTP threads, which serve complete requests (0: queue + parallel + 16); slow or idle connections hold "
+         "none")
       ->capture_default_str();
   cmd->add_option("--read-timeout", a->server.read_timeout_seconds,
                   "Seconds a request's headers and body may take to arrive from its first byte; slower ones get 408")
@@ -231,6 +237,14 @@ void register_serve(CLI::App& app) {
                   "Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
       ->capture_default_str();
   add_kv_cache_flags(cmd, &a->cache, /*with_sessions=*/true);
+  cmd->add_option("--parallel,--batched-session", a->batching.parallel,
+                  "Requests generating at once; their forward passes are batched into one step (continuous "
+                  "batching). Each holds a resident session: --sessions is raised to at least this")
+      ->capture_default_str();
+  cmd->add_option("--step-tokens", a->batching.step_tokens,
+                  "With --parallel: tokens one batched step takes at most, decode rows first, then prompt chunks "
+                  "(0: the prefill batch). Smaller keeps decoding smoother beside long prompts")
+      ->capture_default_str();
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/runtime/scripted_backend.h)");

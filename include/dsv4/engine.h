@@ -181,6 +181,10 @@ class Session {
   // Appends tokens and returns the logits after every one of them ([n][V]).
   expected<std::vector<float>> prefill_all_logits(std::span<const int32_t> tokens);
 
+  // Remembers the current state as a point rewind() restores from
+  // (prefill() does so at its end; Engine::step does not).
+  void checkpoint();
+
   // Back to the first n tokens of the timeline (exact: restores the nearest
   // earlier checkpoint and recomputes the rest).
   Status rewind(size_t n_tokens);

@@ -443,6 +443,8 @@ void Session::reset() {
   impl_->checkpoints.clear();
 }
 
+void Session::checkpoint() { impl_->checkpoint(); }
+
 Status Session::rewind(size_t n) {
   Impl& s = *impl_;
   if (n > s.tokens.size()) return make_error("cannot rewind to %zu tokens: the session holds %zu", n, s.tokens.size());

@@ -16,18 +16,37 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks) {
+namespace {
+
+class DirectFeed final : public SessionFeed {
+ public:
+  Status prefill(Session& s, std::span<const int32_t> tokens, const RunHooks& hooks) override {
+    return s.prefill(tokens, hooks);
+  }
+  Status decode(Session& s, int32_t token) override { return s.decode(token); }
+  Status rewind(Session& s, size_t n) override { return s.rewind(n); }
+};
+
+}  // namespace
+
+SessionFeed& direct_feed() {
+  static DirectFeed feed;
+  return feed;
+}
+
+expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks,
+                              SessionFeed& feed) {
   if (prompt.empty()) return make_error("empty prompt");
   const auto& have = session.tokens();
   size_t lcp = 0;
   while (lcp < have.size() && lcp < prompt.size() && have[lcp] == prompt[lcp]) ++lcp;
-  if (lcp < have.size()) DSV4_TRY(session.rewind(lcp));
-  if (lcp < prompt.size()) DSV4_TRY(session.prefill(prompt.subspan(lcp), hooks));
+  if (lcp < have.size()) DSV4_TRY(feed.rewind(session, lcp));
+  if (lcp < prompt.size()) DSV4_TRY(feed.prefill(session, prompt.subspan(lcp), hooks));
   return lcp;
 }
 
 expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt,
-                                  const GenerateOptions& o, const GenerateCallbacks& cb) {
+                                  const GenerateOptions& o, const GenerateCallbacks& cb, SessionFeed& feed) {
   using clock = std::chrono::steady_clock;
   GenerateResult r;
   r.prompt_tokens = prompt.size();
@@ -39,7 +58,7 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
   RunHooks hooks;
   hooks.progress = cb.on_prefill_progress;
   hooks.cancelled = cb.cancelled;
-  auto reused = sync_session(session, prompt, hooks);
+  auto reused = sync_session(session, prompt, hooks, feed);
   if (!reused) {
     if (cb.cancelled && cb.cancelled()) {
       r.finish = FinishReason::CANCELLED;
@@ -64,7 +83,7 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
     }
     if (pending) {
       if (session.n_tokens() >= session.ctx()) break;  // context full: "length"
-      DSV4_TRY(session.decode(r.tokens.back()));
+      DSV4_TRY(feed.decode(session, r.tokens.back()));
       pending = false;
     }
     const auto& logits = session.logits();
@@ -80,6 +99,7 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
     }
     r.tokens.push_back(t);
     pending = true;
+    if (cb.on_token) cb.on_token();
     if (t == tok.eos()) {
       if (!o.ignore_eos) {
         r.finish = FinishReason::STOP;
@@ -92,7 +112,7 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
   // Feed the final token so the session ends exactly at the completion (the next
   // request of a conversation starts with it), unless generation was cancelled.
   if (pending && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx())
-    DSV4_TRY(session.decode(r.tokens.back()));
+    DSV4_TRY(feed.decode(session, r.tokens.back()));
 
   reply.finish();
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();

@@ -57,14 +57,33 @@ struct GenerateCallbacks {
   std::function<void(const DsmlEvent&)> on_event;                          // content / reasoning / tool-call deltas
   std::function<void(uint64_t done, uint64_t total)> on_prefill_progress;  // prompt tokens processed
   std::function<bool()> cancelled;                                         // polled before each token / batch
+  std::function<void()> on_token;                                          // after each sampled token (latency metrics)
 };
+
+// How generate() runs the model on its session. The default calls the
+// session itself; the serving runtime's step batcher (runtime/step_batcher.h)
+// instead joins the rows of every session generating at that moment into one
+// forward (Engine::step), with the same results.
+class SessionFeed {
+ public:
+  virtual ~SessionFeed() = default;
+  // Session::prefill / decode / rewind semantics.
+  virtual Status prefill(Session& session, std::span<const int32_t> tokens, const RunHooks& hooks) = 0;
+  virtual Status decode(Session& session, int32_t token) = 0;
+  virtual Status rewind(Session& session, size_t n_tokens) = 0;
+};
+
+// The session alone (one sequence at a time).
+SessionFeed& direct_feed();
 
 // Reuses the session's longest common prefix with `prompt`, prefills the rest, generates.
 expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt,
-                                  const GenerateOptions& options, const GenerateCallbacks& callbacks = {});
+                                  const GenerateOptions& options, const GenerateCallbacks& callbacks = {},
+                                  SessionFeed& feed = direct_feed());
 
 // Brings the session to exactly `prompt` (rewinding past any divergence);
 // returns the number of prompt tokens that were reused.
-expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks = {});
+expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks = {},
+                              SessionFeed& feed = direct_feed());
 
 }  // namespace dsv4

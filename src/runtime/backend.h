@@ -10,11 +10,13 @@
 //   generate()    one or more times (job_runner.h phases), on that session
 //   end_job()     bookkeeping once the outcome is known
 //
-// Threading: tokenizer(), context_size(), describe(), find_tool_calls() and
-// cache_report() may be called from any thread (the tokenizer is
-// immutable); session_tokens(), begin_job(), generate() and end_job() only
-// from the worker thread that owns the backend; shutdown() once, after the
-// worker has stopped.
+// Threading: tokenizer(), context_size(), describe(), find_tool_calls(),
+// cache_report() and step_report() may be called from any thread (the
+// tokenizer is immutable). begin_job(), generate() and end_job() are called
+// by the scheduler's workers: parallel() of them at once, each with its own
+// JobSlot (a backend with parallel() > 1 is thread-safe for them; others see
+// one worker). session_tokens() only between jobs; shutdown() once, after
+// the workers have stopped.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +30,22 @@
 #include "runtime/job.h"
 #include "runtime/cache_report.h"
 #include "runtime/prompt_reuse.h"
+#include "runtime/step_batcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4::runtime {
 
 class ToolMemory;
+
+// What a backend keeps about one running job from begin_job() to end_job().
+struct JobSlot {
+  size_t session = 0;        // the session (pool slot) the job runs on
+  bool leased = false;       // the session is the job's until end_job()
+  size_t prompt_tokens = 0;  // the job's prompt; beyond it: generated (or forced) tokens
+  size_t cold_save = 0;      // the cold save length of the prompt (0: none)
+  bool first_call = false;   // the next generate() is the job's first
+  bool hidden_reasoning = false;
+};
 
 class Backend {
  public:
@@ -44,23 +57,30 @@ class Backend {
   // One line for the start banner and /health.
   virtual std::string describe() const = 0;
 
+  // Jobs that may run at once (the scheduler starts this many workers).
+  virtual size_t parallel() const { return 1; }
+
   // The current session's tokens (what the next prompt can reuse).
   virtual const std::vector<int32_t>& session_tokens() const = 0;
 
-  // Chooses the session for a job and the prompt tokens to generate from.
-  // Default (one live session, nothing on disk): the reuse rules of
-  // prompt_reuse.h against session_tokens().
-  virtual expected<PromptChoice> begin_job(const JobInput& in) {
+  // Chooses the session for a job and the prompt tokens to generate from;
+  // may wait until a session is free (parallel jobs). Default (one live
+  // session, nothing on disk): the reuse rules of prompt_reuse.h against
+  // session_tokens().
+  virtual expected<PromptChoice> begin_job(const JobInput& in, JobSlot& job) {
+    (void)job;
     return choose_prompt_tokens(tokenizer(), session_tokens(), in.prompt, in.rendered);
   }
   // generate() semantics (generate/generate.h): reuse the longest common
   // prefix of the session, prefill the rest, sample; the session ends at
   // prompt + completion. GenerateResult::cached_tokens counts the prompt
   // tokens the session held when the call began.
-  virtual expected<GenerateResult> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
-                                            const GenerateCallbacks& callbacks) = 0;
-  // After the job's last generate() (also for failed or cancelled jobs).
-  virtual void end_job(const JobInput& in, const JobOutcome& outcome) {
+  virtual expected<GenerateResult> generate(JobSlot& job, std::span<const int32_t> prompt,
+                                            const GenerateOptions& options, const GenerateCallbacks& callbacks) = 0;
+  // After the job's last generate() (also for failed or cancelled jobs, and
+  // after a begin_job() that failed).
+  virtual void end_job(JobSlot& job, const JobInput& in, const JobOutcome& outcome) {
+    (void)job;
     (void)in;
     (void)outcome;
   }
@@ -77,6 +97,10 @@ class Backend {
   }
   // Sessions and disk cache, for /metrics. Any thread.
   virtual CacheReport cache_report() const { return {}; }
+  // Batched steps (parallel() > 1), for /metrics. Any thread.
+  virtual StepReport step_report() const { return {}; }
+  // Jobs waiting for a free session (KV admission). Any thread.
+  virtual size_t admission_waiting() const { return 0; }
   // After the worker stopped: save the live sessions (when `save_sessions`,
   // i.e. a clean shutdown) and wait for every pending cache write.
   virtual void shutdown(bool save_sessions) { (void)save_sessions; }

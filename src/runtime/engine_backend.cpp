@@ -2,40 +2,71 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/log.h"
 #include "runtime/tool_memory.h"
 
 namespace dsv4::runtime {
 
-EngineBackend::EngineBackend(std::unique_ptr<Engine> engine, uint32_t ctx, const KvCacheOptions& cache)
-    : engine_(std::move(engine)), ctx_(ctx), options_(cache), policy_(cache.policy()) {}
+namespace {
+
+KvCacheOptions with_parallel_sessions(KvCacheOptions c, const BatchingOptions& b) {
+  c.sessions = std::max(c.sessions, b.parallel);
+  return c;
+}
+
+}  // namespace
+
+EngineBackend::EngineBackend(std::unique_ptr<Engine> engine, uint32_t ctx, const KvCacheOptions& cache,
+                             const BatchingOptions& batching)
+    : engine_(std::move(engine)),
+      ctx_(ctx),
+      options_(with_parallel_sessions(cache, batching)),
+      policy_(cache.policy()),
+      batching_(batching) {}
 
 expected<std::unique_ptr<EngineBackend>> EngineBackend::create(std::unique_ptr<Engine> engine, uint32_t ctx,
-                                                               const KvCacheOptions& cache) {
+                                                               const KvCacheOptions& cache,
+                                                               const BatchingOptions& batching) {
   if (cache.sessions < 1) return make_error("--sessions must be at least 1");
   if (cache.write_queue < 1) return make_error("the cache writer needs room for at least one save");
-  std::unique_ptr<EngineBackend> b(new EngineBackend(std::move(engine), ctx, cache));
+  if (batching.parallel < 1) return make_error("--parallel must be at least 1");
+  const size_t batch = static_cast<size_t>(engine->info().prefill_batch);
+  const size_t step_tokens = batching.step_tokens > 0 ? batching.step_tokens : batch;
+  if (batching.parallel > 1 && (step_tokens < batching.parallel || step_tokens > batch))
+    return make_error(
+        "--step-tokens %zu: a step takes one token of each of the %zu parallel requests and at most the prefill "
+        "batch (%zu tokens)",
+        step_tokens, batching.parallel, batch);
+  std::unique_ptr<EngineBackend> b(new EngineBackend(std::move(engine), ctx, cache, batching));
+  b->slots_.resize(b->options_.sessions);
+  if (batching.parallel > 1) {
+    StepBatcherOptions so;
+    so.step_tokens = step_tokens;
+    b->batcher_ = std::make_unique<StepBatcher>(*b->engine_, so);
+  }
   SessionPoolOptions po;
-  po.max_sessions = cache.sessions;
+  po.max_sessions = b->options_.sessions;
   po.ctx = ctx;
   EngineBackend* self = b.get();
   po.on_displace = [self](Session& s) { self->save_slot(self->slot_of(s), SaveReason::DISPLACED, SaveWait::WAIT); };
   b->pool_ = std::make_unique<SessionPool>(*b->engine_, std::move(po));
   // The first session now, so a context the engine cannot hold fails at start.
   DSV4_TRY_ASSIGN(PoolLease first, b->pool_->acquire(std::span<const int32_t>{}));
+  b->pool_->release(first.slot);
   b->current_ = first.slot;
   b->ctx_ = first.session->ctx();
-  b->state(first.slot);
   // The other sessions are made when requests need them; say now if they will not all fit.
-  if (const std::optional<uint64_t> free_b = b->engine_->free_memory(); free_b && cache.sessions > 1) {
+  const size_t sessions = b->options_.sessions;
+  if (const std::optional<uint64_t> free_b = b->engine_->free_memory(); free_b && sessions > 1) {
     const uint64_t each = b->engine_->session_bytes(b->ctx_);
     const uint64_t fit = 1 + *free_b / std::max<uint64_t>(each + (uint64_t{256} << 20), 1);
-    if (fit < cache.sessions)
+    if (fit < sessions)
       log_warn(
           "--sessions %zu: the backend has room for about %llu sessions of %u tokens (%.2f GiB each, %.2f GiB free "
-          "after the first); the pool will keep the ones that fit",
-          cache.sessions, static_cast<unsigned long long>(fit), b->ctx_, static_cast<double>(each) / (1 << 30),
+          "after the first); the pool will keep the ones that fit, and requests beyond them wait for a free one",
+          sessions, static_cast<unsigned long long>(fit), b->ctx_, static_cast<double>(each) / (1 << 30),
           static_cast<double>(*free_b) / (1 << 30));
   }
 
@@ -59,8 +90,15 @@ expected<std::unique_ptr<EngineBackend>> EngineBackend::create(std::unique_ptr<E
 }
 
 EngineBackend::~EngineBackend() {
+  batcher_.reset();  // joins the step thread (no job runs any more)
   if (writer_) writer_->flush();
 }
+
+std::unique_lock<std::mutex> EngineBackend::engine_lock() {
+  return batcher_ ? batcher_->lock() : std::unique_lock<std::mutex>(solo_mu_);
+}
+
+SessionFeed& EngineBackend::feed() { return batcher_ ? static_cast<SessionFeed&>(*batcher_) : direct_feed(); }
 
 std::string EngineBackend::describe() const {
   const EngineInfo& i = engine_->info();
@@ -73,6 +111,9 @@ std::string EngineBackend::describe_cache() const {
   const EngineInfo& i = engine_->info();
   std::string s = strfmt("up to %zu resident session%s (%.1f MiB each; KV %s, %.0f bytes/token)", options_.sessions,
                          options_.sessions == 1 ? "" : "s", session_mib, i.kv_rows.c_str(), i.kv_bytes_per_token);
+  if (batcher_)
+    s += strfmt("; %zu requests generate at once, batched steps of up to %zu tokens", batching_.parallel,
+                batcher_->step_tokens());
   if (disk_) {
     const CacheStats st = disk_->stats();
     s += strfmt("; KV disk cache %s: %llu files, %.1f of %.0f MiB; saves from %zu tokens, frontier %zu, align %zu",
@@ -88,7 +129,7 @@ std::string EngineBackend::describe_cache() const {
 }
 
 EngineBackend::SlotState& EngineBackend::state(size_t slot) {
-  if (slots_.size() <= slot) slots_.resize(slot + 1);
+  DSV4_ASSERT(slot < slots_.size());
   return slots_[slot];
 }
 
@@ -113,16 +154,28 @@ void EngineBackend::drop_visible(SlotState& st) {
   st.anchor = TextAnchor{};
 }
 
-expected<PromptChoice> EngineBackend::begin_job(const JobInput& in) {
+expected<PromptChoice> EngineBackend::begin_job(const JobInput& in, JobSlot& job) {
   const Tokenizer& tok = tokenizer();
   auto reuse = [&](size_t slot, const std::vector<int32_t>& live) {
     return reusable_tokens(tok, live, in.prompt, in.rendered, anchor_for(slot, in.rendered));
   };
-  DSV4_TRY_ASSIGN(PoolLease lease, pool_->acquire(in.prompt.size(), reuse));
+  auto engine = engine_lock();
+  expected<PoolLease> leased = pool_->acquire(in.prompt.size(), reuse);
+  // KV admission: while every session that fits runs a job, wait for one to end.
+  while (!leased && pool_->in_use() > 0 && pool_->in_use() >= pool_->capacity()) {
+    ++admission_waiting_;
+    admit_cv_.wait(engine);
+    --admission_waiting_;
+    leased = pool_->acquire(in.prompt.size(), reuse);
+  }
+  if (!leased) return leased.error();
+  const PoolLease lease = *leased;
+  job.session = lease.slot;
+  job.leased = true;
   current_ = lease.slot;
   Session& s = *lease.session;
-  SlotState& st = state(current_);
-  const TextAnchor* anchor = anchor_for(current_, in.rendered);
+  SlotState& st = state(job.session);
+  const TextAnchor* anchor = anchor_for(job.session, in.rendered);
   PromptChoice choice = choose_prompt_tokens(tok, s.tokens(), in.prompt, in.rendered, anchor);
   // The transcript stays bound only while the prompt keeps all of the tokens it stands for.
   if (!anchor || choice.reused < st.anchor.tokens) drop_visible(st);
@@ -161,13 +214,13 @@ expected<PromptChoice> EngineBackend::begin_job(const JobInput& in) {
       st.last_stored = hit->cached_tokens;
     }
   }
-  pool_->set_prompt_tokens(current_, choice.tokens.size());
-  job_prompt_ = choice.tokens.size();
-  job_first_call_ = true;
-  job_hidden_reasoning_ = in.hidden_reasoning;
-  job_cold_ = disk_ && restored == 0 ? cold_store_length(choice.tokens, tok, policy_) : 0;
-  log_debug("session %zu (%s): %zu of %zu prompt tokens reused, %zu restored from disk, cold save at %zu", current_,
-            pool_pick_name(lease.pick), choice.reused, choice.tokens.size(), restored, job_cold_);
+  pool_->set_prompt_tokens(job.session, choice.tokens.size());
+  job.prompt_tokens = choice.tokens.size();
+  job.first_call = true;
+  job.hidden_reasoning = in.hidden_reasoning;
+  job.cold_save = disk_ && restored == 0 ? cold_store_length(choice.tokens, tok, policy_) : 0;
+  log_debug("session %zu (%s): %zu of %zu prompt tokens reused, %zu restored from disk, cold save at %zu", job.session,
+            pool_pick_name(lease.pick), choice.reused, choice.tokens.size(), restored, job.cold_save);
   {
     std::lock_guard<std::mutex> lock(report_mu_);
     ++report_.picks[static_cast<size_t>(lease.pick)];
@@ -180,6 +233,7 @@ expected<PromptChoice> EngineBackend::begin_job(const JobInput& in) {
 std::vector<uint8_t> EngineBackend::save_current() const { return pool_->session(current_).save(); }
 
 Status EngineBackend::load_current(std::span<const uint8_t> state) {
+  auto engine = engine_lock();
   Session& s = pool_->session(current_);
   SlotState& st = this->state(current_);
   drop_visible(st);
@@ -191,6 +245,7 @@ Status EngineBackend::load_current(std::span<const uint8_t> state) {
 }
 
 void EngineBackend::reset_current() {
+  auto engine = engine_lock();
   SlotState& st = state(current_);
   drop_visible(st);
   st.last_stored = 0;
@@ -198,52 +253,67 @@ void EngineBackend::reset_current() {
   update_report();
 }
 
-bool EngineBackend::save_allowed(std::span<const int32_t> timeline, size_t n) const {
-  if (n <= job_prompt_) return true;  // the client's rendered prompt
+bool EngineBackend::save_allowed(const JobSlot& job, std::span<const int32_t> timeline, size_t n) const {
+  if (n <= job.prompt_tokens) return true;  // the client's rendered prompt
   // Generated (or forced) tokens: a thinking turn's reasoning never comes back
   // from the client, and a DSML block is re-rendered by it.
-  if (job_hidden_reasoning_) return false;
+  if (job.hidden_reasoning) return false;
   const int32_t dsml = tokenizer().dsml();
   const size_t end = std::min(n, timeline.size());
-  return std::find(timeline.begin() + static_cast<std::ptrdiff_t>(job_prompt_),
+  return std::find(timeline.begin() + static_cast<std::ptrdiff_t>(job.prompt_tokens),
                    timeline.begin() + static_cast<std::ptrdiff_t>(end),
                    dsml) == timeline.begin() + static_cast<std::ptrdiff_t>(end);
 }
 
-expected<GenerateResult> EngineBackend::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                                                 const GenerateCallbacks& cb) {
+expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const int32_t> prompt,
+                                                 const GenerateOptions& o, const GenerateCallbacks& cb) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  Session& s = pool_->session(current_);
-  SlotState& st = state(current_);
+  DSV4_ASSERT(job.leased, "generate() without a session");
+  std::optional<StepBatcher::Member> member;  // steps wait for this job's rows
+  if (batcher_) member.emplace(*batcher_);
+  const size_t slot = job.session;
+  Session* sp = nullptr;
   size_t lcp = 0;
-  while (lcp < s.n_tokens() && lcp < prompt.size() && s.tokens()[lcp] == prompt[lcp]) ++lcp;
-  st.last_stored = std::min(st.last_stored, lcp);
-  if (st.anchor.tokens > lcp) drop_visible(st);
-  const size_t cold = job_first_call_ ? job_cold_ : 0;
-  job_first_call_ = false;
+  {
+    auto engine = engine_lock();
+    sp = &pool_->session(slot);
+    SlotState& st = state(slot);
+    while (lcp < sp->n_tokens() && lcp < prompt.size() && sp->tokens()[lcp] == prompt[lcp]) ++lcp;
+    st.last_stored = std::min(st.last_stored, lcp);
+    if (st.anchor.tokens > lcp) drop_visible(st);
+  }
+  // The session is this job's until end_job(); the step thread touches it only inside feed() calls.
+  Session& s = *sp;
+  SlotState& st = state(slot);
+  const size_t cold = job.first_call ? job.cold_save : 0;
+  job.first_call = false;
+  auto report = [&] {
+    auto engine = engine_lock();
+    update_report();
+  };
 
   // Prefill up to each save point, save there (the copy is taken now; the file is written meanwhile).
   if (disk_ && prompt.size() < s.ctx()) {
     for (size_t p : prefill_save_points(lcp, prompt.size(), cold, st.last_stored, policy_)) {
-      if (!save_allowed(prompt, p)) continue;
+      if (!save_allowed(job, prompt, p)) continue;
       RunHooks hooks;
       hooks.cancelled = cb.cancelled;
-      auto synced = sync_session(s, prompt.first(p), hooks);
+      auto synced = sync_session(s, prompt.first(p), hooks, feed());
       if (!synced) {
+        report();
         if (cb.cancelled && cb.cancelled()) {
           GenerateResult r;
           r.finish = FinishReason::CANCELLED;
           r.prompt_tokens = prompt.size();
           r.cached_tokens = lcp;
           r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-          update_report();
           return r;
         }
-        update_report();
         return synced.error();
       }
-      save_slot(current_, p == cold ? SaveReason::COLD : SaveReason::FRONTIER, SaveWait::SKIP_IF_BUSY);
+      auto engine = engine_lock();
+      save_slot(slot, p == cold ? SaveReason::COLD : SaveReason::FRONTIER, SaveWait::SKIP_IF_BUSY);
     }
   }
   const double pre_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -253,31 +323,40 @@ expected<GenerateResult> EngineBackend::generate(std::span<const int32_t> prompt
   GenerateCallbacks inner = cb;
   if (disk_ && policy_.frontier > 0) {
     const size_t n_prompt = prompt.size();
-    inner.cancelled = [this, &cb, &s, &st, n_prompt] {
+    inner.cancelled = [this, &cb, &s, &st, &job, slot, n_prompt] {
       if (cb.cancelled && cb.cancelled()) return true;
       const size_t n = s.n_tokens();
-      if (n > n_prompt && frontier_due(n, st.last_stored, policy_) && save_allowed(s.tokens(), n))
-        save_slot(current_, SaveReason::FRONTIER, SaveWait::SKIP_IF_BUSY);
+      if (n > n_prompt && frontier_due(n, st.last_stored, policy_) && save_allowed(job, s.tokens(), n)) {
+        auto engine = engine_lock();
+        save_slot(slot, SaveReason::FRONTIER, SaveWait::SKIP_IF_BUSY);
+      }
       return false;
     };
   }
-  auto r = dsv4::generate(s, tokenizer(), prompt, o, inner);
+  auto r = dsv4::generate(s, tokenizer(), prompt, o, inner, feed());
   if (r) {
     r->cached_tokens = lcp;
     r->prefill_seconds += pre_seconds;
   }
-  update_report();
+  report();
   return r;
 }
 
-void EngineBackend::end_job(const JobInput& in, const JobOutcome& out) {
-  if (!in.hidden_reasoning || out.error) return;
-  const Session& s = pool_->session(current_);
-  SlotState& st = state(current_);
-  auto v = visible_transcript(tokenizer(), in.rendered, out.result);
-  if (!v || s.n_tokens() != job_prompt_ + out.result.tokens.size()) return;
-  st.anchor = TextAnchor{s.n_tokens(), rendered_text(*v).size()};
-  st.visible = std::move(*v);
+void EngineBackend::end_job(JobSlot& job, const JobInput& in, const JobOutcome& out) {
+  if (!job.leased) return;
+  auto engine = engine_lock();
+  const Session& s = pool_->session(job.session);
+  SlotState& st = state(job.session);
+  if (in.hidden_reasoning && !out.error) {
+    auto v = visible_transcript(tokenizer(), in.rendered, out.result);
+    if (v && s.n_tokens() == job.prompt_tokens + out.result.tokens.size()) {
+      st.anchor = TextAnchor{s.n_tokens(), rendered_text(*v).size()};
+      st.visible = std::move(*v);
+    }
+  }
+  pool_->release(job.session);
+  job.leased = false;
+  admit_cv_.notify_all();
 }
 
 void EngineBackend::save_slot(size_t slot, SaveReason reason, SaveWait wait) {
@@ -361,8 +440,13 @@ CacheReport EngineBackend::cache_report() const {
   return r;
 }
 
+StepReport EngineBackend::step_report() const { return batcher_ ? batcher_->report() : StepReport{}; }
+
+size_t EngineBackend::admission_waiting() const { return admission_waiting_.load(); }
+
 void EngineBackend::shutdown(bool save_sessions) {
   if (!disk_) return;
+  auto engine = engine_lock();
   if (save_sessions) {
     size_t n = 0;
     pool_->for_each([&](Session& s) {

@@ -35,11 +35,20 @@
 // by the decoded tokens after it (CacheSave::visible_key). It carries the
 // tool-call memory's entries whose DSML occurs in the key.
 //
+// Parallel jobs (BatchingOptions::parallel > 1): each job leases its own
+// session from the pool (begin_job waits while every session that fits is
+// in use: KV admission) and generates on its own worker thread; the forward
+// passes of all of them go through one StepBatcher (step_batcher.h), whose
+// engine lock also guards the pool, the sessions' states and the disk cache
+// bookkeeping here. With parallel 1 the sessions are run directly.
+//
 // A disk cache that cannot be opened (unwritable, not a directory, another
 // user's) is reported with a warning and the server runs without one; a
 // write that fails (full disk) turns the cache read-only with a warning.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 
@@ -49,28 +58,35 @@
 #include "dsv4/engine.h"
 #include "runtime/backend.h"
 #include "runtime/cache_writer.h"
+#include "runtime/batching_options.h"
 #include "runtime/cache_options.h"
+#include "runtime/step_batcher.h"
 
 namespace dsv4::runtime {
 
 class EngineBackend final : public Backend {
  public:
   // Creates the first session with context `ctx` (0: the engine default).
+  // With batching.parallel > cache.sessions the pool gets parallel sessions.
   static expected<std::unique_ptr<EngineBackend>> create(std::unique_ptr<Engine> engine, uint32_t ctx,
-                                                         const KvCacheOptions& cache = {});
+                                                         const KvCacheOptions& cache = {},
+                                                         const BatchingOptions& batching = {});
   ~EngineBackend() override;
 
   const Tokenizer& tokenizer() const override { return engine_->tokenizer(); }
   uint32_t context_size() const override { return ctx_; }
   std::string describe() const override;
+  size_t parallel() const override { return batching_.parallel; }
   const std::vector<int32_t>& session_tokens() const override;
-  expected<PromptChoice> begin_job(const JobInput& in) override;
-  expected<GenerateResult> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+  expected<PromptChoice> begin_job(const JobInput& in, JobSlot& job) override;
+  expected<GenerateResult> generate(JobSlot& job, std::span<const int32_t> prompt, const GenerateOptions& options,
                                     const GenerateCallbacks& callbacks) override;
-  void end_job(const JobInput& in, const JobOutcome& outcome) override;
+  void end_job(JobSlot& job, const JobInput& in, const JobOutcome& outcome) override;
   void set_tool_memory(ToolMemory* memory) override;
   ToolDsmlMap find_tool_calls(const std::vector<std::string>& ids) override;
   CacheReport cache_report() const override;
+  StepReport step_report() const override;
+  size_t admission_waiting() const override;
   void shutdown(bool save_sessions) override;
 
   const Engine& engine() const { return *engine_; }
@@ -97,15 +113,21 @@ class EngineBackend final : public Backend {
   };
   enum class SaveWait { SKIP_IF_BUSY, WAIT };
 
-  EngineBackend(std::unique_ptr<Engine> engine, uint32_t ctx, const KvCacheOptions& cache);
+  EngineBackend(std::unique_ptr<Engine> engine, uint32_t ctx, const KvCacheOptions& cache,
+                const BatchingOptions& batching);
+  // The engine, the pool and the sessions' states to the caller (the step
+  // batcher's lock, so no step runs meanwhile).
+  std::unique_lock<std::mutex> engine_lock();
+  SessionFeed& feed();
   SlotState& state(size_t slot);
   size_t slot_of(const Session& s) const;
   // The session's visible-transcript anchor, when `rendered` starts with its transcript.
   const TextAnchor* anchor_for(size_t slot, const RenderedPrompt& rendered);
   void drop_visible(SlotState& st);
-  // Whether a save of the first n tokens of `timeline` (the current job's
-  // prompt or session) is useful (see the header comment).
-  bool save_allowed(std::span<const int32_t> timeline, size_t n) const;
+  // Whether a save of the first n tokens of `timeline` (the job's prompt or
+  // session) is useful (see the header comment).
+  bool save_allowed(const JobSlot& job, std::span<const int32_t> timeline, size_t n) const;
+  // The engine lock held:
   void save_slot(size_t slot, SaveReason reason, SaveWait wait);
   void update_report();
 
@@ -117,15 +139,15 @@ class EngineBackend final : public Backend {
   std::string disk_off_;  // why there is no disk cache ("" when it was not asked for)
   std::unique_ptr<CacheWriter> writer_;
   std::unique_ptr<SessionPool> pool_;
-  std::vector<SlotState> slots_;
+  std::vector<SlotState> slots_;  // one per possible session (sized at start: jobs index it concurrently)
   ToolMemory* tools_ = nullptr;
+  const BatchingOptions batching_;
+  std::unique_ptr<StepBatcher> batcher_;      // parallel > 1
+  std::mutex solo_mu_;                        // the engine lock without a batcher
+  std::condition_variable admit_cv_;          // a session was released (engine lock)
+  std::atomic<size_t> admission_waiting_{0};  // jobs waiting for a session
 
-  // The running job (worker thread).
-  size_t current_ = 0;
-  size_t job_prompt_ = 0;  // prompt tokens of the job; beyond them: generated (or forced) tokens
-  size_t job_cold_ = 0;    // the cold save length (0: none)
-  bool job_first_call_ = false;
-  bool job_hidden_reasoning_ = false;
+  size_t current_ = 0;  // the session of the last job (`dsv4 run`'s one conversation)
 
   mutable std::mutex report_mu_;
   CacheReport report_;  // sessions and counters; disk stats are read live

@@ -34,6 +34,20 @@ void Job::push(const DsmlEvent& e) {
   cv_.notify_all();
 }
 
+void Job::token_sampled() {
+  const auto now = std::chrono::steady_clock::now();
+  if (first_token_seconds_ < 0)
+    first_token_seconds_ = std::chrono::duration<double>(now - created_).count();
+  else
+    token_gaps_.push_back(std::chrono::duration<float>(now - last_token_).count());
+  last_token_ = now;
+}
+
+void Job::fill_latency(JobOutcome& outcome) {
+  outcome.first_token_seconds = first_token_seconds_;
+  outcome.token_gaps = std::move(token_gaps_);
+}
+
 void Job::finish(JobOutcome outcome) {
   {
     std::lock_guard<std::mutex> lock(mu_);

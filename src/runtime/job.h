@@ -54,6 +54,10 @@ struct JobOutcome {
   GenerateResult result;                         // over all phases; result.message is the parsed reply
   size_t reasoning_tokens = 0;                   // completion tokens up to and including </think>
   std::chrono::steady_clock::duration queued{};  // time spent waiting for the worker
+  // Latency: from the job's creation to its first sampled token (< 0: none
+  // was sampled), and the gaps between consecutive sampled tokens (seconds).
+  double first_token_seconds = -1;
+  std::vector<float> token_gaps;
 };
 
 class Job {
@@ -85,6 +89,8 @@ class Job {
 
   // Worker side.
   void push(const DsmlEvent& e);
+  void token_sampled();  // after each sampled token (latency)
+  void fill_latency(JobOutcome& outcome);
   void finish(JobOutcome outcome);
 
   // Client side: waits up to `timeout` for events (or progress) or the end;
@@ -108,6 +114,10 @@ class Job {
   std::deque<PrefillStep> progress_;
   bool finished_ = false;
   JobOutcome outcome_;
+  // Worker side only.
+  std::chrono::steady_clock::time_point last_token_{};
+  double first_token_seconds_ = -1;
+  std::vector<float> token_gaps_;
 };
 
 }  // namespace dsv4::runtime

@@ -45,7 +45,8 @@ void append(std::vector<int32_t>& a, const std::vector<int32_t>& b) { a.insert(a
 
 namespace {
 
-JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hooks, const PromptChoice& choice) {
+JobOutcome run_phases(Backend& backend, JobSlot& job, const JobInput& in, const JobHooks& hooks,
+                      const PromptChoice& choice) {
   const Tokenizer& tok = backend.tokenizer();
   const uint32_t ctx = backend.context_size();
   if (choice.tokens.size() >= ctx)
@@ -57,6 +58,7 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
   cb.on_event = hooks.on_event;
   cb.cancelled = hooks.cancelled;
   cb.on_prefill_progress = hooks.on_prefill_progress;
+  cb.on_token = hooks.on_token;
   const GenerateOptions& o = in.options;
   const bool thinking = o.parse_chat && o.thinking == ThinkingMode::THINKING;
   const int room = static_cast<int>(ctx - choice.tokens.size());
@@ -66,7 +68,7 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
 
   JobOutcome out;
   if (!forced && !budget) {
-    auto r = backend.generate(choice.tokens, o, cb);
+    auto r = backend.generate(job, choice.tokens, o, cb);
     if (!r) return failed(r.error());
     out.result = std::move(*r);
     out.reasoning_tokens = count_reasoning_tokens(tok, out.result.tokens, thinking);
@@ -106,7 +108,7 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
     GenerateOptions ro = o;
     ro.stop.insert(ro.stop.begin(), std::string(k_token_think_end));
     ro.max_tokens = budget ? in.thinking_budget : max_tokens;
-    auto r = backend.generate(prompt, ro, cb);
+    auto r = backend.generate(job, prompt, ro, cb);
     if (!r) return failed(r.error());
     const bool closed = r->stop_string == k_token_think_end;
     const bool out_of_budget =
@@ -138,7 +140,7 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
   co.thinking = ThinkingMode::CHAT;
   co.max_tokens = remaining;
   if (!forced) {
-    auto r = backend.generate(prompt, co, cb);
+    auto r = backend.generate(job, prompt, co, cb);
     if (!r) return failed(r.error());
     ParsedMessage msg = r->message;
     msg.reasoning_content = reasoning;
@@ -177,8 +179,9 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
   GenerateCallbacks fcb;
   fcb.cancelled = hooks.cancelled;
   fcb.on_prefill_progress = hooks.on_prefill_progress;
+  fcb.on_token = hooks.on_token;
   fcb.on_event = [&](const DsmlEvent& e) { feed(e.text); };
-  auto r = backend.generate(prompt, co, fcb);
+  auto r = backend.generate(job, prompt, co, fcb);
   if (!r) return failed(r.error());
   const bool block_closed = r->stop_string == close_tag;
   m.text += opener_text;  // the forced opener precedes the generated text
@@ -205,9 +208,10 @@ JobOutcome run_phases(Backend& backend, const JobInput& in, const JobHooks& hook
 }  // namespace
 
 JobOutcome run_job(Backend& backend, const JobInput& in, const JobHooks& hooks) {
-  auto choice = backend.begin_job(in);
-  JobOutcome out = choice ? run_phases(backend, in, hooks, *choice) : failed(choice.error());
-  backend.end_job(in, out);
+  JobSlot job;
+  auto choice = backend.begin_job(in, job);
+  JobOutcome out = choice ? run_phases(backend, job, in, hooks, *choice) : failed(choice.error());
+  backend.end_job(job, in, out);
   return out;
 }
 

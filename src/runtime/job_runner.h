@@ -33,6 +33,7 @@ struct JobHooks {
   std::function<void(const DsmlEvent&)> on_event;
   std::function<bool()> cancelled;
   std::function<void(uint64_t done, uint64_t total)> on_prefill_progress;  // optional
+  std::function<void()> on_token;                                          // optional: after each sampled token
 };
 
 JobOutcome run_job(Backend& backend, const JobInput& input, const JobHooks& hooks);

@@ -2,8 +2,10 @@
 // outcome, between the generation loop (generate/) and the front ends
 // (server/ speaks HTTP, `dsv4 run` a terminal). It owns
 //
-//   * the scheduler: one worker thread that owns the Backend, a bounded FIFO
-//     queue of Jobs (scheduler.h, job.h);
+//   * the scheduler: a bounded FIFO queue of Jobs and the worker threads that
+//     run them, one per job the backend runs at once (scheduler.h, job.h;
+//     with --parallel N the backend batches their forward passes:
+//     step_batcher.h);
 //   * the tool-call memory, so tool calls the model made are rendered back
 //     exactly as it sampled them (tool_memory.h);
 //
@@ -82,6 +84,10 @@ class Runtime {
 
   size_t queue_depth() const { return scheduler_.queue_depth(); }
   bool busy() const { return scheduler_.busy(); }
+  size_t running() const { return scheduler_.running(); }
+  size_t parallel() const { return scheduler_.workers(); }
+  size_t waiting_for_session() const { return backend_.admission_waiting(); }
+  StepReport step_report() const { return backend_.step_report(); }
   size_t max_queue() const { return scheduler_.max_queue(); }
 
  private:

@@ -9,7 +9,8 @@ namespace dsv4::runtime {
 
 Scheduler::Scheduler(Backend& backend, size_t max_queue, JobObserver on_done)
     : backend_(backend), max_queue_(max_queue), on_done_(std::move(on_done)) {
-  worker_ = std::thread([this] { worker_loop(); });
+  const size_t n = std::max<size_t>(1, backend.parallel());
+  for (size_t i = 0; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -38,7 +39,7 @@ void Scheduler::withdraw(const std::shared_ptr<Job>& job) {
     auto it = std::find(queue_.begin(), queue_.end(), job);
     if (it == queue_.end()) return;
     queue_.erase(it);
-    if (queue_.empty() && !running_) idle_cv_.notify_all();
+    if (queue_.empty() && running_.empty()) idle_cv_.notify_all();
   }
   job->cancel = true;
   finish_cancelled({job});
@@ -74,13 +75,13 @@ void Scheduler::drain() {
 
 bool Scheduler::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !running_; });
+  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && running_.empty(); });
 }
 
 void Scheduler::cancel_all() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& j : queue_) j->cancel = true;
-  if (running_) running_->cancel = true;
+  for (auto& j : running_) j->cancel = true;
 }
 
 void Scheduler::stop() {
@@ -90,15 +91,16 @@ void Scheduler::stop() {
     stopping_ = true;
     draining_ = true;
     for (auto& j : queue_) j->cancel = true;
-    if (running_) running_->cancel = true;
+    for (auto& j : running_) j->cancel = true;
   }
   abort_ = true;
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (auto& w : workers_)
+    if (w.joinable()) w.join();
 }
 
 void Scheduler::with_backend(const std::function<void(Backend&)>& fn) {
-  std::lock_guard<std::mutex> exclusive(backend_mu_);
+  std::unique_lock<std::shared_mutex> exclusive(backend_mu_);
   fn(backend_);
 }
 
@@ -107,9 +109,9 @@ size_t Scheduler::queue_depth() const {
   return queue_.size();
 }
 
-bool Scheduler::busy() const {
+size_t Scheduler::running() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return running_ != nullptr;
+  return running_.size();
 }
 
 void Scheduler::worker_loop() {
@@ -121,7 +123,7 @@ void Scheduler::worker_loop() {
       if (queue_.empty()) return;  // stopping, nothing left
       job = std::move(queue_.front());
       queue_.pop_front();
-      running_ = job;
+      running_.push_back(job);
     }
     JobOutcome outcome;
     const auto started = std::chrono::steady_clock::now();
@@ -137,17 +139,19 @@ void Scheduler::worker_loop() {
         job->cancel = true;  // the client hung up: stop before the next token
         return true;
       };
-      std::lock_guard<std::mutex> exclusive(backend_mu_);
+      hooks.on_token = [&] { job->token_sampled(); };
+      std::shared_lock<std::shared_mutex> shared(backend_mu_);
       outcome = run_job(backend_, job->input(), hooks);
       if (outcome.error) log_warn("request failed: %s", outcome.error->message.c_str());
     }
     outcome.queued = started - job->created();
+    job->fill_latency(outcome);
     if (on_done_) on_done_(outcome);
     job->finish(std::move(outcome));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      running_.reset();
-      if (queue_.empty()) idle_cv_.notify_all();
+      std::erase(running_, job);
+      if (queue_.empty() && running_.empty()) idle_cv_.notify_all();
     }
   }
 }

@@ -1,16 +1,18 @@
-// The engine worker: a bounded FIFO queue of jobs and the one thread that
-// owns the Backend (and so the Engine and its live session).
+// The engine workers: a bounded FIFO queue of jobs and backend.parallel()
+// threads that run them (one, unless the backend batches several sequences
+// per step: `dsv4 serve --parallel N`, step_batcher.h).
 //
 //   submit()   client threads; refused when the queue holds `max_queue` jobs
 //              (an HTTP caller answers 503 with Retry-After) or after drain().
 //              Jobs cancelled while queued hold no slot: withdraw() (the
 //              client thread saw its client go) and submit() take them out.
-//   worker     pops jobs in order; a job cancelled while queued finishes at
-//              once without touching the model; otherwise run_job() with
-//              cancellation polled before every token and prefill batch.
+//   workers    pop jobs in order (FIFO admission); a job cancelled while
+//              queued finishes at once without touching the model; otherwise
+//              run_job() with cancellation polled before every token and
+//              prefill batch.
 //   drain()    graceful shutdown, step 1: refuse new jobs, keep running the
 //              queued ones. wait_idle() waits for them.
-//   stop()     cancels whatever is left and joins the worker.
+//   stop()     cancels whatever is left and joins the workers.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -56,12 +59,14 @@ class Scheduler {
   void stop();
 
   // Runs `fn` on the calling thread with the backend to itself: it waits for
-  // the running job to end, and no job starts until `fn` returns. For the
-  // backend's worker-thread-only calls between jobs (`dsv4 run`'s /save).
+  // the running jobs to end, and no job starts until `fn` returns. For the
+  // backend's calls between jobs (`dsv4 run`'s /save).
   void with_backend(const std::function<void(Backend&)>& fn);
 
   size_t queue_depth() const;
-  bool busy() const;  // a job is running
+  size_t running() const;  // jobs running now
+  bool busy() const { return running() > 0; }
+  size_t workers() const { return workers_.size(); }
   size_t max_queue() const { return max_queue_; }
 
  private:
@@ -73,17 +78,17 @@ class Scheduler {
   Backend& backend_;
   const size_t max_queue_;
   const JobObserver on_done_;
-  std::mutex backend_mu_;  // held while a job runs, and by with_backend()
+  std::shared_mutex backend_mu_;  // shared while a job runs, exclusive in with_backend()
   mutable std::mutex mu_;
   std::condition_variable cv_;       // worker: a job arrived or stopping
   std::condition_variable idle_cv_;  // wait_idle: the queue ran empty
   std::deque<std::shared_ptr<Job>> queue_;
-  std::shared_ptr<Job> running_;
+  std::vector<std::shared_ptr<Job>> running_;
   bool draining_ = false;
   bool stopping_ = false;
-  std::atomic<bool> abort_{false};  // cancels the running job from stop()/cancel_all()
+  std::atomic<bool> abort_{false};  // cancels the running jobs from stop()
   std::mutex join_mu_;              // stop() may be called from several threads
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace dsv4::runtime

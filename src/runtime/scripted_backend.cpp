@@ -72,8 +72,9 @@ bool pause(int ms, const GenerateCallbacks& cb) {
 
 }  // namespace
 
-expected<GenerateResult> ScriptedBackend::generate(std::span<const int32_t> prompt, const GenerateOptions& o,
-                                                   const GenerateCallbacks& cb) {
+expected<GenerateResult> ScriptedBackend::generate(JobSlot& job, std::span<const int32_t> prompt,
+                                                   const GenerateOptions& o, const GenerateCallbacks& cb) {
+  (void)job;  // one simulated session
   using clock = std::chrono::steady_clock;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -144,6 +145,7 @@ expected<GenerateResult> ScriptedBackend::generate(std::span<const int32_t> prom
     }
     r.tokens.push_back(t);
     session_.push_back(t);
+    if (cb.on_token) cb.on_token();
     if (t == tok_->eos()) {
       if (!o.ignore_eos) {
         last_done_ = true;

@@ -52,7 +52,7 @@ class ScriptedBackend final : public Backend {
   uint32_t context_size() const override { return ctx_; }
   std::string describe() const override;
   const std::vector<int32_t>& session_tokens() const override { return session_; }
-  expected<GenerateResult> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+  expected<GenerateResult> generate(JobSlot& job, std::span<const int32_t> prompt, const GenerateOptions& options,
                                     const GenerateCallbacks& callbacks) override;
 
   // Every prompt received so far, as token ids (thread-safe; for tests).

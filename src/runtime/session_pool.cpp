@@ -29,6 +29,9 @@ Session& SessionPool::session(size_t slot) {
 
 PoolLease SessionPool::lease(size_t slot, size_t reused, PoolPick pick, size_t prompt_tokens) {
   Slot& s = slots_[slot];
+  DSV4_ASSERT(!s.in_use, "a session handed out twice");
+  s.in_use = true;
+  ++in_use_;
   s.last_use = ++clock_;
   s.prompt_tokens = prompt_tokens;
   return PoolLease{s.session.get(), slot, reused, pick};
@@ -49,7 +52,7 @@ expected<PoolLease> SessionPool::acquire(size_t prompt_tokens, const ReuseFn& re
   auto best = [&](auto ok, auto key) {
     size_t pick = slots_.size();
     for (size_t i = 0; i < slots_.size(); ++i) {
-      if (!ok(i)) continue;
+      if (slots_[i].in_use || !ok(i)) continue;
       if (pick == slots_.size() || key(i) > key(pick) ||
           (key(i) == key(pick) && slots_[i].last_use > slots_[pick].last_use))
         pick = i;
@@ -79,12 +82,19 @@ expected<PoolLease> SessionPool::acquire(size_t prompt_tokens, const ReuseFn& re
              s.error().message.c_str(), slots_.size());
     options_.max_sessions = slots_.size();
   }
-  // 4. DISPLACED: the least recently used.
-  i = 0;
-  for (size_t k = 1; k < slots_.size(); ++k)
-    if (slots_[k].last_use < slots_[i].last_use) i = k;
+  // 4. DISPLACED: the least recently used of those not in use.
+  i = slots_.size();
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (!slots_[k].in_use && (i == slots_.size() || slots_[k].last_use < slots_[i].last_use)) i = k;
+  if (i == slots_.size()) return make_error("every session (%zu) is in use by a running request", slots_.size());
   if (options_.on_displace) options_.on_displace(*slots_[i].session);
   return lease(i, r[i], PoolPick::DISPLACED, prompt_tokens);
+}
+
+void SessionPool::release(size_t slot) {
+  DSV4_ASSERT(slot < slots_.size() && slots_[slot].in_use, "releasing a session that is not in use");
+  slots_[slot].in_use = false;
+  --in_use_;
 }
 
 void SessionPool::set_prompt_tokens(size_t slot, size_t prompt_tokens) {

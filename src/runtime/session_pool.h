@@ -27,7 +27,13 @@
 // Ties in 1, 2: the most recently used. Each choice marks the session used
 // and remembers the prompt length for rule 2.
 //
-// Threading: the engine worker thread only, like the sessions themselves.
+// Leases: a session handed out is in use until release(), and is not handed
+// out again meanwhile (with `--parallel N` several jobs run at once, each on
+// its own session). When every session that fits is in use, acquire() fails
+// and in_use() == capacity(): the caller waits for a release (KV admission:
+// a request whose state does not fit waits instead of failing).
+//
+// Threading: one thread at a time (the caller holds the engine lock).
 #pragma once
 
 #include <cstdint>
@@ -77,6 +83,10 @@ class SessionPool {
   // Reuse given by `reuse`; `prompt_tokens` is the request's prompt length.
   expected<PoolLease> acquire(size_t prompt_tokens, const ReuseFn& reuse);
 
+  // The session on `slot` is free for other requests again.
+  void release(size_t slot);
+  size_t in_use() const { return in_use_; }
+
   // The prompt length the request on `slot` actually used, when it differs
   // from what acquire() was told (the caller chose other tokens for the same
   // text, e.g. the session's sampled tokens + the rest): rule 2 compares the
@@ -94,6 +104,7 @@ class SessionPool {
     std::unique_ptr<Session> session;
     uint64_t last_use = 0;     // pool clock (acquire count)
     size_t prompt_tokens = 0;  // prompt length of the last request served
+    bool in_use = false;       // leased, not released yet
   };
   PoolLease lease(size_t slot, size_t reused, PoolPick pick, size_t prompt_tokens);
 
@@ -101,6 +112,7 @@ class SessionPool {
   SessionPoolOptions options_;
   std::vector<Slot> slots_;
   uint64_t clock_ = 0;
+  size_t in_use_ = 0;
 };
 
 }  // namespace dsv4::runtime

@@ -443,12 +443,19 @@ HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
     j["queue_depth"] = runtime_->queue_depth();
     j["max_queue"] = runtime_->max_queue();
     j["running"] = runtime_->busy();
+    j["running_jobs"] = runtime_->running();
+    j["parallel"] = runtime_->parallel();
     send_json(res, draining_ ? 503 : 200, j);
   });
 
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.prometheus(runtime_->queue_depth(), runtime_->busy(), runtime_->cache_report()),
-                    "text/plain; version=0.0.4");
+    RuntimeStatus rt;
+    rt.queue_depth = runtime_->queue_depth();
+    rt.running = runtime_->running();
+    rt.parallel = runtime_->parallel();
+    rt.waiting_for_session = runtime_->waiting_for_session();
+    rt.steps = runtime_->step_report();
+    res.set_content(metrics_.prometheus(rt, runtime_->cache_report()), "text/plain; version=0.0.4");
   });
 
   svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {

@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "runtime/job.h"
 
@@ -30,6 +32,24 @@ std::string prometheus_escape(std::string_view value) {
   return out;
 }
 
+void Histogram::observe(double v) {
+  const auto it = std::lower_bound(bounds_.begin(), bounds_.end(), v);
+  ++counts_[static_cast<size_t>(it - bounds_.begin())];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::write(std::string& out, const char* name, const char* help) const {
+  out += strfmt("# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += strfmt("%s_bucket{le=\"%g\"} %llu\n", name, bounds_[i], static_cast<unsigned long long>(cum));
+  }
+  out += strfmt("%s_bucket{le=\"+Inf\"} %llu\n", name, static_cast<unsigned long long>(count_));
+  out += strfmt("%s_sum %.6f\n%s_count %llu\n", name, sum_, name, static_cast<unsigned long long>(count_));
+}
+
 void Metrics::request_done(std::string_view path, int status, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ++requests_[{route_label(path), status}];
@@ -48,6 +68,8 @@ void Metrics::job_done(const runtime::JobOutcome& o) {
     ++jobs_cancelled_;
   else
     ++jobs_ok_;
+  if (o.first_token_seconds >= 0) first_token_.observe(o.first_token_seconds);
+  for (float g : o.token_gaps) inter_token_.observe(g);
   prompt_tokens_ += r.prompt_tokens;
   cached_tokens_ += r.cached_tokens;
   const size_t prefilled = r.prompt_tokens > r.cached_tokens ? r.prompt_tokens - r.cached_tokens : 0;
@@ -61,7 +83,7 @@ void Metrics::job_done(const runtime::JobOutcome& o) {
     last_decode_tps_ = static_cast<double>(r.tokens.size()) / r.decode_seconds;
 }
 
-std::string Metrics::prometheus(size_t queue_depth, bool running, const runtime::CacheReport& c) const {
+std::string Metrics::prometheus(const RuntimeStatus& rt, const runtime::CacheReport& c) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string s;
   auto head = [&](const char* name, const char* type, const char* help) {
@@ -101,10 +123,50 @@ std::string Metrics::prometheus(size_t queue_depth, bool running, const runtime:
   s += strfmt("dsv4_jobs_total{result=\"ok\"} %llu\n", static_cast<unsigned long long>(jobs_ok_));
   s += strfmt("dsv4_jobs_total{result=\"cancelled\"} %llu\n", static_cast<unsigned long long>(jobs_cancelled_));
   s += strfmt("dsv4_jobs_total{result=\"error\"} %llu\n", static_cast<unsigned long long>(jobs_error_));
-  head("dsv4_queue_depth", "gauge", "Jobs waiting for the engine.");
-  line_u("dsv4_queue_depth", queue_depth);
-  head("dsv4_jobs_running", "gauge", "Jobs the engine is running (0 or 1).");
-  line_u("dsv4_jobs_running", running ? 1 : 0);
+  head("dsv4_queue_depth", "gauge", "Jobs waiting for a worker.");
+  line_u("dsv4_queue_depth", rt.queue_depth);
+  head("dsv4_jobs_running", "gauge", "Jobs running (at most --parallel).");
+  line_u("dsv4_jobs_running", rt.running);
+  head("dsv4_parallel_max", "gauge", "Jobs that may run at once (--parallel).");
+  line_u("dsv4_parallel_max", rt.parallel);
+  head("dsv4_jobs_waiting_for_session", "gauge", "Running jobs waiting for a free session (KV admission).");
+  line_u("dsv4_jobs_waiting_for_session", rt.waiting_for_session);
+  first_token_.write(s, "dsv4_time_to_first_token_seconds", "From a job's arrival to its first sampled token.");
+  inter_token_.write(s, "dsv4_inter_token_seconds", "Between consecutive sampled tokens of a job.");
+
+  using runtime::StepReport;
+  const StepReport& st = rt.steps;
+  head("dsv4_steps_total", "counter", "Batched engine steps (--parallel > 1).");
+  line_u("dsv4_steps_total", st.steps);
+  head("dsv4_step_rows", "histogram", "Sessions per batched step.");
+  {
+    uint64_t cum = 0;
+    for (size_t i = 0; i < StepReport::k_row_bounds.size(); ++i) {
+      cum += st.steps_by_rows[i];
+      s += strfmt("dsv4_step_rows_bucket{le=\"%zu\"} %llu\n", StepReport::k_row_bounds[i],
+                  static_cast<unsigned long long>(cum));
+    }
+    s += strfmt("dsv4_step_rows_bucket{le=\"+Inf\"} %llu\n", static_cast<unsigned long long>(st.steps));
+    s += strfmt("dsv4_step_rows_sum %llu\ndsv4_step_rows_count %llu\n", static_cast<unsigned long long>(st.rows),
+                static_cast<unsigned long long>(st.steps));
+  }
+  head("dsv4_step_seconds", "histogram", "Wall time of a batched step.");
+  {
+    uint64_t cum = 0;
+    for (size_t i = 0; i < StepReport::k_second_bounds.size(); ++i) {
+      cum += st.steps_by_seconds[i];
+      s += strfmt("dsv4_step_seconds_bucket{le=\"%g\"} %llu\n", StepReport::k_second_bounds[i],
+                  static_cast<unsigned long long>(cum));
+    }
+    s += strfmt("dsv4_step_seconds_bucket{le=\"+Inf\"} %llu\n", static_cast<unsigned long long>(st.steps));
+    s += strfmt("dsv4_step_seconds_sum %.6f\ndsv4_step_seconds_count %llu\n", st.seconds,
+                static_cast<unsigned long long>(st.steps));
+  }
+  head("dsv4_step_tokens_total", "counter", "Tokens of batched steps: decode (one-token rows) and prefill chunks.");
+  s += strfmt("dsv4_step_tokens_total{kind=\"decode\"} %llu\n", static_cast<unsigned long long>(st.decode_tokens));
+  s += strfmt("dsv4_step_tokens_total{kind=\"prefill\"} %llu\n", static_cast<unsigned long long>(st.prefill_tokens));
+  head("dsv4_step_members", "gauge", "Jobs generating through the step batcher now.");
+  line_u("dsv4_step_members", st.members);
 
   head("dsv4_sessions_max", "gauge", "Resident sessions the server keeps at most (--sessions).");
   line_u("dsv4_sessions_max", c.max_sessions);

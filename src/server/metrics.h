@@ -15,8 +15,19 @@
 //   dsv4_decode_tokens_per_second          gauge    of the last job that generated anything
 //   dsv4_cache_hits_total                  counter  jobs that reused cached prompt tokens
 //   dsv4_jobs_total{result}                counter  finished jobs: ok, cancelled, error
-//   dsv4_queue_depth                       gauge    jobs waiting for the engine
-//   dsv4_jobs_running                      gauge    0 or 1
+//   dsv4_queue_depth                       gauge    jobs waiting for a worker
+//   dsv4_jobs_running                      gauge    jobs running (at most --parallel)
+//   dsv4_parallel_max                      gauge    --parallel
+//   dsv4_jobs_waiting_for_session          gauge    running jobs waiting for a free session (KV admission)
+//   dsv4_time_to_first_token_seconds       histogram  job created -> first sampled token
+//   dsv4_inter_token_seconds               histogram  between consecutive sampled tokens of a job
+//
+// Batched steps (--parallel > 1, runtime/step_batcher.h):
+//   dsv4_steps_total                       counter  Engine::step calls
+//   dsv4_step_rows                         histogram sessions per step (le: 1, 2, 4, ..., 64)
+//   dsv4_step_seconds                      histogram wall time of a step
+//   dsv4_step_tokens_total{kind}           counter  decode (one-token rows) and prefill (chunk) tokens
+//   dsv4_step_members                      gauge    jobs generating now
 //
 // Resident sessions and the on-disk KV cache (CacheReport, from the backend):
 //   dsv4_sessions_max                      gauge    --sessions
@@ -48,6 +59,7 @@
 #include <vector>
 
 #include "runtime/cache_report.h"
+#include "runtime/step_batcher.h"
 
 namespace dsv4::runtime {
 struct JobOutcome;
@@ -62,12 +74,36 @@ const char* route_label(std::string_view path);
 // A label value escaped for the Prometheus text format (\\, \", \n).
 std::string prometheus_escape(std::string_view value);
 
+// What the runtime is doing now, for the gauges.
+struct RuntimeStatus {
+  size_t queue_depth = 0;          // jobs waiting for a worker
+  size_t running = 0;              // jobs running
+  size_t parallel = 1;             // workers (--parallel)
+  size_t waiting_for_session = 0;  // running jobs waiting for a free session
+  runtime::StepReport steps;
+};
+
+// A Prometheus histogram: counts per upper bound (cumulative when written), then +Inf.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  void observe(double v);
+  // "# HELP/# TYPE", name_bucket{le=...} lines, name_sum, name_count.
+  void write(std::string& out, const char* name, const char* help) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
 class Metrics {
  public:
   // `path`: the request path as received; it is reduced to route_label().
   void request_done(std::string_view path, int status, double seconds);
   void job_done(const runtime::JobOutcome& outcome);
-  std::string prometheus(size_t queue_depth, bool running, const runtime::CacheReport& cache = {}) const;
+  std::string prometheus(const RuntimeStatus& runtime, const runtime::CacheReport& cache = {}) const;
 
  private:
   mutable std::mutex mu_;
@@ -79,6 +115,8 @@ class Metrics {
   double last_prefill_tps_ = 0, last_decode_tps_ = 0;
   uint64_t cache_hits_ = 0;
   uint64_t jobs_ok_ = 0, jobs_cancelled_ = 0, jobs_error_ = 0;
+  Histogram first_token_{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+  Histogram inter_token_{{0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2}};
 };
 
 }  // namespace dsv4::server

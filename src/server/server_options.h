@@ -18,7 +18,8 @@ struct ServerOptions {
   std::vector<std::string> aliases;        // extra accepted model names
   size_t max_queue = 64;                   // jobs waiting for the engine; more get 503
   size_t max_body_bytes = size_t{32} << 20;
-  int http_threads = 0;                // 0: max_queue + 16
+  size_t parallel = 1;                 // requests the runtime runs at once (--parallel), for the thread count
+  int http_threads = 0;                // 0: max_queue + parallel + 16
   double read_timeout_seconds = 30;    // a request's head and body must arrive within this (408)
   double idle_timeout_seconds = 5;     // keep-alive connections idle longer are closed
   double write_timeout_seconds = 60;   // a response write blocked longer drops the connection
@@ -28,7 +29,9 @@ struct ServerOptions {
   double keepalive_seconds = 10;       // SSE keepalive while nothing else is written
   double shutdown_grace_seconds = 30;  // SIGINT/SIGTERM: time in-flight requests get to finish
 
-  int effective_http_threads() const { return http_threads > 0 ? http_threads : static_cast<int>(max_queue) + 16; }
+  int effective_http_threads() const {
+    return http_threads > 0 ? http_threads : static_cast<int>(max_queue + parallel) + 16;
+  }
   std::string describe() const;  // one line, printed at start (never the API key)
 };
 

@@ -587,9 +587,9 @@ class FailingShutdownBackend final : public Backend {
   uint32_t context_size() const override { return inner_->context_size(); }
   std::string describe() const override { return inner_->describe(); }
   const std::vector<int32_t>& session_tokens() const override { return inner_->session_tokens(); }
-  expected<GenerateResult> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+  expected<GenerateResult> generate(JobSlot& job, std::span<const int32_t> prompt, const GenerateOptions& options,
                                     const GenerateCallbacks& hooks) override {
-    return inner_->generate(prompt, options, hooks);
+    return inner_->generate(job, prompt, options, hooks);
   }
   void shutdown(bool) override { throw std::runtime_error("disk full while saving the sessions"); }
 

@@ -305,10 +305,14 @@ TEST(ServerScheduler, QueueLimitCancellationAndDrain) {
   }
   EXPECT_EQ(next->outcome().result.finish, FinishReason::STOP);
   EXPECT_GT(next->outcome().result.cached_tokens, 0u);
-  const std::string prom = metrics.prometheus(s.queue_depth(), s.busy());
+  const std::string prom = metrics.prometheus(dsv4::server::RuntimeStatus{s.queue_depth(), s.running(), 1, 0, {}});
   EXPECT_NE(prom.find("dsv4_jobs_total{result=\"cancelled\"} 2"), std::string::npos) << prom;
   EXPECT_NE(prom.find("dsv4_jobs_total{result=\"ok\"} 1"), std::string::npos);
   EXPECT_NE(prom.find("dsv4_cache_hits_total 1"), std::string::npos);
+  // Latencies: `next` sampled tokens (the cancelled running job may have, before it stopped).
+  EXPECT_NE(prom.find("dsv4_time_to_first_token_seconds_count "), std::string::npos) << prom;
+  EXPECT_EQ(prom.find("dsv4_time_to_first_token_seconds_count 0"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("dsv4_inter_token_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
 
   s.drain();
   EXPECT_EQ(s.submit(std::make_shared<Job>(in)), Scheduler::Admit::STOPPING);

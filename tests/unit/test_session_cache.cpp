@@ -649,6 +649,7 @@ TEST(SessionPool, TwoAlternatingConversationsBothHit) {
       conv[a].insert(conv[a].end(), r->tokens.begin(), r->tokens.end());
       auto more = encode({ctl(k_token_user), txt("next " + std::to_string(turn)), ctl(k_token_assistant)});
       conv[a].insert(conv[a].end(), more.begin(), more.end());
+      pool.release(lease->slot);
     }
   }
   EXPECT_EQ(pool.size(), 2u);
@@ -660,6 +661,7 @@ TEST(SessionPool, TwoAlternatingConversationsBothHit) {
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(lease->pick, PoolPick::REGENERATES);
   EXPECT_EQ(lease->slot, slot[0]);
+  pool.release(lease->slot);
   // for_each: most recently used first.
   std::vector<Session*> order;
   pool.for_each([&](Session& s) { order.push_back(&s); });
@@ -686,6 +688,7 @@ TEST(SessionPool, NoRoomForAnotherSessionKeepsTheLiveOnes) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->pick, PoolPick::NEW);
   ASSERT_TRUE(generate(*first->session, tok, a, greedy(2)).has_value());
+  pool.release(first->slot);
   auto second = pool.acquire(b);
   ASSERT_TRUE(second.has_value()) << second.error().message;
   EXPECT_EQ(second->pick, PoolPick::DISPLACED);
@@ -694,6 +697,11 @@ TEST(SessionPool, NoRoomForAnotherSessionKeepsTheLiveOnes) {
   EXPECT_EQ(pool.size(), 1u);
   EXPECT_EQ(pool.capacity(), 1u);
   EXPECT_EQ(made, 2);
+  // The one session is in use: nothing to hand out, and the caller waits for it (KV admission).
+  auto busy = pool.acquire(a);
+  ASSERT_FALSE(busy.has_value());
+  EXPECT_EQ(pool.in_use(), pool.capacity());
+  pool.release(second->slot);
   ASSERT_TRUE(pool.acquire(a).has_value());
   EXPECT_EQ(made, 2);  // no further attempts once the capacity dropped
 
@@ -756,6 +764,7 @@ TEST(SessionPool, DisplacedSessionsGoToDiskAndComeBack) {
       conv[a].insert(conv[a].end(), r->tokens.begin(), r->tokens.end());
       auto more = encode({ctl(k_token_user), txt("again"), ctl(k_token_assistant)});
       conv[a].insert(conv[a].end(), more.begin(), more.end());
+      pool.release(lease->slot);
     }
   }
   EXPECT_EQ(displaced, 3);
@@ -857,6 +866,10 @@ TEST(SessionPool, ReuseSeesTheSlotAndRegeneratesUseThePromptActuallyUsed) {
   ASSERT_TRUE(lb.has_value());
   ASSERT_TRUE(lb->session->prefill(b).has_value());
   ASSERT_NE(la->slot, lb->slot);
+  // Both in use (two requests running): a third request finds no session.
+  EXPECT_FALSE(pool.acquire(a).has_value());
+  pool.release(la->slot);
+  pool.release(lb->slot);
   // The reuse function is told which slot it measures.
   std::vector<size_t> seen;
   auto pick = pool.acquire(40, [&](size_t slot, const std::vector<int32_t>& tokens) {
@@ -868,6 +881,7 @@ TEST(SessionPool, ReuseSeesTheSlotAndRegeneratesUseThePromptActuallyUsed) {
   EXPECT_EQ(seen, (std::vector<size_t>{0, 1}));
   EXPECT_EQ(pick->slot, lb->slot);
   EXPECT_EQ(pick->pick, PoolPick::EXTENDS);
+  pool.release(pick->slot);
   // The request on b's slot was told 40 prompt tokens but used 30 (other tokens for the
   // same text); the session then holds those 30 and a 5-token reply.
   ASSERT_TRUE(pool.session(lb->slot).rewind(30).has_value());
@@ -878,6 +892,7 @@ TEST(SessionPool, ReuseSeesTheSlotAndRegeneratesUseThePromptActuallyUsed) {
   ASSERT_TRUE(wrong.has_value());
   EXPECT_EQ(wrong->pick, PoolPick::DISPLACED);
   EXPECT_EQ(wrong->slot, la->slot);
+  pool.release(wrong->slot);
   // Told the prompt actually used, the retry regenerates b's reply on b's session.
   pool.set_prompt_tokens(lb->slot, 30);
   auto retry = pool.acquire(40, keeps_30);

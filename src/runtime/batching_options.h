@@ -1,0 +1,15 @@
+// What `--parallel` and `--step-tokens` ask of the serving runtime
+// (step_batcher.h): how many requests generate at once, and how many tokens
+// one batched step takes at most.
+#pragma once
+
+#include <cstddef>
+
+namespace dsv4::runtime {
+
+struct BatchingOptions {
+  size_t parallel = 1;     // --parallel: requests generating at once (1: one at a time, no step batcher)
+  size_t step_tokens = 0;  // --step-tokens: tokens per batched step (0: the engine's prefill batch)
+};
+
+}  // namespace dsv4::runtime
