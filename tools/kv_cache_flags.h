@@ -14,11 +14,16 @@ namespace dsv4::tools {
 
 // `with_sessions`: also --sessions (a server keeps several agents warm; `run` has one conversation).
 inline void add_kv_cache_flags(CLI::App* cmd, runtime::KvCacheOptions* cache, bool with_sessions) {
-  if (with_sessions)
+  if (with_sessions) {
     cmd->add_option("--sessions", cache->sessions,
                     "Live sessions kept in memory, so several agents stay warm; a request goes to the one it reuses "
                     "most")
         ->capture_default_str();
+    cmd->add_option("--session-memory-mb", cache->session_memory_mb,
+                    "Memory (MiB) the live sessions may take in all; requests beyond the sessions that fit wait for "
+                    "a free one (0: as many as --sessions and the GPU allow)")
+        ->capture_default_str();
+  }
   cmd->add_option("--kv-disk-dir", cache->disk_dir,
                   "On-disk KV cache directory (created 0700): long prompt prefixes are saved and restored across "
                   "requests and restarts (docs/kv-cache-format.md)");

@@ -19,6 +19,10 @@ struct KvCacheOptions {
   size_t frontier = 10240;        // --kv-cache-frontier: save every this many tokens (0: off)
   size_t align = 2048;            // --kv-cache-align: cold fallback lengths are multiples of this
   size_t write_queue = 2;         // captured states waiting for / being written; more frontier / cold saves are skipped
+  // --session-memory-mb: backend memory the resident sessions may take in all
+  // (0: no limit but the backend's); fewer sessions than --sessions / --parallel
+  // fit: requests beyond them wait for a free one.
+  uint64_t session_memory_mb = 0;
 
   SavePolicy policy() const;
   std::string describe() const;  // one line, printed at start

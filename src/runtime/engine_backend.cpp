@@ -40,6 +40,17 @@ expected<std::unique_ptr<EngineBackend>> EngineBackend::create(std::unique_ptr<E
         "batch (%zu tokens)",
         step_tokens, batching.parallel, batch);
   std::unique_ptr<EngineBackend> b(new EngineBackend(std::move(engine), ctx, cache, batching));
+  if (cache.session_memory_mb > 0) {
+    // The memory budget caps the pool: a request beyond it waits for a session (KV admission).
+    const uint64_t each = std::max<uint64_t>(b->engine_->session_bytes(ctx), 1);  // ctx 0: the default
+    const size_t fit = static_cast<size_t>(std::max<uint64_t>(1, (cache.session_memory_mb << 20) / each));
+    if (fit < b->options_.sessions) {
+      log_info("--session-memory-mb %llu: room for %zu session%s of %.1f MiB; requests beyond %zu wait for a free one",
+               static_cast<unsigned long long>(cache.session_memory_mb), fit, fit == 1 ? "" : "s",
+               static_cast<double>(each) / (1 << 20), fit);
+      b->options_.sessions = fit;
+    }
+  }
   b->slots_.resize(b->options_.sessions);
   if (batching.parallel > 1) {
     StepBatcherOptions so;

@@ -133,7 +133,7 @@ class EngineBackend final : public Backend {
 
   std::unique_ptr<Engine> engine_;
   uint32_t ctx_;
-  const KvCacheOptions options_;
+  KvCacheOptions options_;  // sessions: raised to --parallel, capped by --session-memory-mb
   const SavePolicy policy_;
   std::unique_ptr<DiskCache> disk_;
   std::string disk_off_;  // why there is no disk cache ("" when it was not asked for)

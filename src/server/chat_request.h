@@ -77,6 +77,9 @@ struct ThinkingControl {
 
 enum class ResponseFormat { TEXT, JSON_OBJECT, JSON_SCHEMA };
 
+// OpenAI `n`: choices one request may ask for.
+inline constexpr int k_max_choices = 16;
+
 struct ChatRequest {
   std::string model;  // empty: the served model
   std::vector<ChatMessage> messages;
@@ -94,6 +97,7 @@ struct ChatRequest {
   int logprobs = -1;  // -1: off; k >= 0: chosen token + k alternatives
   bool stream = false;
   bool include_usage = false;  // OpenAI stream_options.include_usage
+  int n = 1;                   // OpenAI n: choices (1..k_max_choices; not with stream)
   ResponseFormat response_format = ResponseFormat::TEXT;
   nlohmann::ordered_json json_schema;  // JSON_SCHEMA: the schema shown to the model
 };

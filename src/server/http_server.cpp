@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "server/anthropic_messages.h"
+#include "server/choices.h"
 #include "server/connection.h"
 #include "server/http_transport.h"
 #include "server/json_util.h"
@@ -498,6 +499,23 @@ HttpServer::HttpServer(ServerOptions options, runtime::Backend& backend)
       PreparedRequest& p = *prepared;
       t_log.has_tokens = true;
       t_log.prompt = p.prompt_tokens;
+      if (p.n > 1) {
+        if (p.stream)
+          return send_error(res, invalid_request("'n' > 1 cannot be streamed: ask without stream, or n times"), shape);
+        auto active = std::make_shared<ActiveToken>(active_);
+        const int fd = HttpTransport::current_socket();
+        ChoicesReply c = run_choices(*runtime_, p, [fd] { return connection_closed(fd); });
+        if (c.client_gone) {
+          t_log.note = "client disconnected";
+          res.status = 499;
+          return;
+        }
+        if (c.error) return send_error(res, *c.error, shape);
+        if (c.cancelled) return send_error(res, cancelled_error(), shape);
+        record_tokens(c.usage);
+        if (c.bad_format) return send_error(res, invalid_output_error(p.response_format), shape);
+        return send_json(res, 200, c.body);
+      }
       auto active = std::make_shared<ActiveToken>(active_);
       auto job = std::make_shared<runtime::Job>(std::move(p.job));
       const int fd = HttpTransport::current_socket();

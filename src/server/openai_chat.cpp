@@ -125,8 +125,6 @@ expected<ChatRequest> parse_openai_chat(const ordered_json& body) {
   if (logprobs.value_or(false)) r.logprobs = static_cast<int>(top_logprobs.value_or(0));
   DSV4_TRY(read_openai_thinking(body, r.thinking));
   DSV4_TRY(read_response_format(body, r));
-  DSV4_TRY_ASSIGN(auto n, f.integer("n", 1, INT32_MAX));
-  if (n && *n > 1) return make_error("n > 1 is not supported: this server generates one choice per request");
   DSV4_TRY_ASSIGN(const ordered_json* bias, f.object("logit_bias"));
   if (bias && !bias->empty()) return make_error("'logit_bias' is not supported");
   return r;
@@ -262,11 +260,13 @@ expected<PreparedRequest, ApiError> prepare_openai_chat(const ordered_json& body
   if (!req) return unexpected(invalid_request(req.error()));
   const std::string model = req->model.empty() ? ctx.models.served_id : req->model;
   const bool stream = req->stream, include_usage = req->include_usage, logprobs = req->logprobs >= 0;
+  const int n = req->n;
   auto chat = prepare_chat(std::move(*req), ctx);
   if (!chat) return unexpected(chat.error());
   PreparedRequest p;
   p.job = std::move(chat->job);
   p.stream = stream;
+  p.n = n;
   p.policy = ReplyAssembler::Policy{"call_", chat->allow_tool_calls, chat->parallel_tool_calls};
   p.response_format = chat->response_format;
   p.prompt_tokens = chat->prompt_tokens;

@@ -9,8 +9,10 @@
 // presence_penalty, frequency_penalty, repetition_penalty, logprobs +
 // top_logprobs (0..20), reasoning_effort, thinking {"type":
 // "enabled"|"disabled"} (DeepSeek), think (bool, ds4), response_format
-// {"type": "text"|"json_object"|"json_schema"}, n (1 only). Other fields are
-// ignored; a non-empty logit_bias is refused.
+// {"type": "text"|"json_object"|"json_schema"}, n (1..16 choices, not
+// streamed: n jobs on the same prompt, seeds seed, seed + 1, ..., generating
+// side by side with --parallel). Other fields are ignored; a non-empty
+// logit_bias is refused.
 //
 // Reply: a chat.completion object, or chat.completion.chunk frames
 //   data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}], ...}

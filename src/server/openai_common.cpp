@@ -69,6 +69,9 @@ Status read_openai_sampling(const ordered_json& body, ChatRequest& r) {
   DSV4_TRY_ASSIGN(auto max_tokens, f.integer("max_tokens", 1, INT32_MAX));
   DSV4_TRY_ASSIGN(auto max_completion, f.integer("max_completion_tokens", 1, INT32_MAX));
   DSV4_TRY_ASSIGN(r.stop, f.string_list("stop", 16));
+  DSV4_TRY_ASSIGN(auto n, f.integer("n", 1, INT32_MAX));
+  if (n && *n > k_max_choices) return make_error("'n' is at most %d choices per request", k_max_choices);
+  r.n = static_cast<int>(n.value_or(1));
   DSV4_TRY_ASSIGN(auto ignore_eos, f.boolean("ignore_eos"));  // extension
   r.ignore_eos = ignore_eos.value_or(false);
   if (temperature) r.temperature = static_cast<float>(*temperature);

@@ -28,7 +28,8 @@ nlohmann::ordered_json openai_chat_logprobs_json(const std::vector<TokenLogprob>
 // Reads the sampling fields chat completions and completions share:
 // temperature, top_p, top_k, min_p, seed, presence_penalty,
 // frequency_penalty, repetition_penalty, stop, ignore_eos (an extension, as
-// vLLM's), and max_tokens / max_completion_tokens (the latter wins).
+// vLLM's), max_tokens / max_completion_tokens (the latter wins), and n
+// (1..k_max_choices).
 Status read_openai_sampling(const nlohmann::ordered_json& body, ChatRequest& r);
 
 }  // namespace dsv4::server

@@ -65,8 +65,6 @@ expected<CompletionRequest> parse(const ordered_json& body) {
   c.echo = echo.value_or(false);
   DSV4_TRY_ASSIGN(auto suffix, f.string("suffix"));
   if (suffix && !suffix->empty()) return make_error("'suffix' is not supported");
-  DSV4_TRY_ASSIGN(auto n, f.integer("n", 1, INT32_MAX));
-  if (n && *n > 1) return make_error("n > 1 is not supported: this server generates one choice per request");
   DSV4_TRY_ASSIGN(auto best_of, f.integer("best_of", 1, INT32_MAX));
   if (best_of && *best_of > 1) return make_error("best_of > 1 is not supported");
   return c;
@@ -211,6 +209,7 @@ expected<PreparedRequest, ApiError> prepare_openai_completions(const ordered_jso
   o.logprobs = req->logprobs;
   p.job.prompt = std::move(tokens);
   p.stream = req->sampling.stream;
+  p.n = req->sampling.n;
   p.policy = ReplyAssembler::Policy{"call_", false, true};
   p.prompt_tokens = p.job.prompt.size();
   const std::string model = req->sampling.model.empty() ? ctx.models.served_id : req->sampling.model;

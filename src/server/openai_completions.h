@@ -7,7 +7,8 @@
 // token ids as an array of integers), max_tokens (default 16, as OpenAI),
 // temperature, top_p, top_k, min_p, seed, stop, ignore_eos, presence_penalty,
 // frequency_penalty, repetition_penalty, logprobs (0..5), echo, stream,
-// stream_options.include_usage, n / best_of (1 only). suffix is refused.
+// stream_options.include_usage, n (1..16, not streamed; as chat
+// completions), best_of (1 only). suffix is refused.
 //
 // Reply: a text_completion object, or chunks "data: {text_completion with
 // choices[0].text = delta}" ... a finishing chunk, an optional usage chunk,

@@ -39,6 +39,7 @@ struct PreparedRequest {
   bool stream = false;
   ReplyAssembler::Policy policy;
   ResponseFormat response_format = ResponseFormat::TEXT;  // checked on the finished reply
+  int n = 1;  // OpenAI n: choices, each its own job (seed + i); not streamed
   std::unique_ptr<ReplyWriter> writer;
   size_t prompt_tokens = 0;
 };

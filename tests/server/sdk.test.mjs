@@ -275,7 +275,7 @@ test('every bad input gets a 4xx in the dialect shape and the server stays healt
     ['/v1/chat/completions', JSON.stringify({ model: 'gpt-5', messages: [{ role: 'user', content: 'x' }] }), 404, 'gpt-5'],
     ['/v1/chat/completions', JSON.stringify({ messages: [] }), 400, 'empty'],
     ['/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'word '.repeat(6000) }] }), 400, 'context length'],
-    ['/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], n: 2 }), 400, 'n > 1'],
+    ['/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], n: 2, stream: true }), 400, 'cannot be streamed'],
     ['/v1/chat/completions', 'x'.repeat(2 * 1024 * 1024), 413, 'limit'],
     ['/v1/completions', JSON.stringify({ prompt: { text: 'x' } }), 400, 'prompt'],
     ['/v1/responses', JSON.stringify({ input: [{ type: 'message', role: 'wizard', content: 'x' }] }), 400, 'role'],

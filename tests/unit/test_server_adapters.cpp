@@ -78,7 +78,7 @@ TEST(ServerOpenAIChat, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 3})", "'temperature' must be between"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "'max_tokens' must be between"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", "'max_tokens' must be an integer"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", "n > 1 is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 17})", "'n' is at most 16"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "requires 'logprobs'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}})", "logit_bias"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"})", "tool_choice"},
@@ -395,7 +395,7 @@ TEST(ServerCompletions, TakesThePromptAsGiven) {
   ASSERT_TRUE(ids.has_value());
   EXPECT_EQ(ids->job.prompt, (std::vector<int32_t>{0, 100, 200}));
   for (const char* body :
-       {R"({"prompt": ["a", "b"]})", R"({"prompt": "a", "suffix": "z"})", R"({"prompt": "a", "n": 3})",
+       {R"({"prompt": ["a", "b"]})", R"({"prompt": "a", "suffix": "z"})", R"({"prompt": "a", "n": 30})",
         R"({"prompt": [1, 999999]})", R"({"prompt": ""})", R"({"model": "x", "prompt": "a"})"}) {
     EXPECT_FALSE(prepare_openai_completions(J(body), c.ctx).has_value()) << body;
   }
