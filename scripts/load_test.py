@@ -138,8 +138,13 @@ def main():
         u = urllib.parse.urlparse(a.url)
         host, port = u.hostname, u.port or 80
 
+    # Common English words: about one token each with the DeepSeek tokenizer, so --long-words ~ prompt tokens.
+    common = ("the of and to in is that for it as was with be by on not he this are or his from at which but have "
+              "an they you were her she there been one all we their has would when if so no what up out who them "
+              "some more time could into only other then its two may first any new like our over also").split()
+
     def body(i, words, max_tokens):
-        text = "request %d: " % i + " ".join("word%d" % ((i * 7919 + k) % 1000) for k in range(words))
+        text = "request %d: " % i + " ".join(common[(i * 7919 + k * 31) % len(common)] for k in range(words))
         return {"model": "deepseek-chat", "messages": [{"role": "user", "content": text}], "stream": True,
                 "stream_options": {"include_usage": True}, "max_tokens": max_tokens, "ignore_eos": True,
                 "temperature": 0}
