@@ -23,6 +23,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -143,8 +144,10 @@ def main():
               "an they you were her she there been one all we their has would when if so no what up out who them "
               "some more time could into only other then its two may first any new like our over also").split()
 
+    run_id = "%08x" % random.getrandbits(32)  # no prompt of this run is a prefix the server holds already
+
     def body(i, words, max_tokens):
-        text = "request %d: " % i + " ".join(common[(i * 7919 + k * 31) % len(common)] for k in range(words))
+        text = "run %s request %d: " % (run_id, i) + " ".join(common[(i * 7919 + k * 31) % len(common)] for k in range(words))
         return {"model": "deepseek-chat", "messages": [{"role": "user", "content": text}], "stream": True,
                 "stream_options": {"include_usage": True}, "max_tokens": max_tokens, "ignore_eos": True,
                 "temperature": 0}

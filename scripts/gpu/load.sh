@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh load [--dry-run]
 # Summary: dsv4 serve --parallel on the full-size synthetic Flash under HTTP load (scripts/load_test.py), table last
-# Environment: PARALLEL (64), CLIENTS ("1 4 16 64"), GEN (128), CTX (65536), LONG_WORDS (24000), STEP_TOKENS, PRESET (flash-q2), KEEP=1
+# Environment: PARALLEL (64), CLIENTS ("1 4 16 64"), GEN (128), CTX (32768), LONG_WORDS (17000), STEP_TOKENS, PRESET (flash-q2), KEEP=1
 #
 # Continuous batching measured through the server (issue #34): a synth file of
 # the preset in /dev/shm (skipped if present), `dsv4 serve --backend cuda
@@ -24,8 +24,8 @@ gpu_args "" "$@"
 PARALLEL=${PARALLEL:-64}
 CLIENTS=${CLIENTS:-"1 4 16 64"}
 GEN=${GEN:-128}
-CTX=${CTX:-65536}
-LONG_WORDS=${LONG_WORDS:-24000}
+CTX=${CTX:-32768}
+LONG_WORDS=${LONG_WORDS:-17000}
 STEP_TOKENS=${STEP_TOKENS:-0}
 PRESET=${PRESET:-flash-q2}
 KEEP=${KEEP:-0}

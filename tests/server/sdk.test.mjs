@@ -2,7 +2,8 @@
 // Anthropic SDKs: chat (plain and streamed), a tool-call round trip, the
 // Responses API stream, Anthropic messages with tools and thinking,
 // count_tokens, API keys, a client that disconnects mid-stream, concurrent
-// clients, every kind of bad input, and a clean exit on SIGTERM.
+// clients (also on a --parallel server: the serial replies, batched), every
+// kind of bad input, and a clean exit on SIGTERM.
 //
 // The tiny model has random weights, so replies are noise; the tests check
 // protocol shapes, usage accounting, session reuse and server health, not text.
@@ -264,6 +265,41 @@ test('concurrent clients (12 at once) all complete', async () => {
   for (const r of results) assert.equal(r.status, 'fulfilled', String(r.reason));
   const health = await (await fetch(`${server.baseURL}/health`)).json();
   assert.equal(health.status, 'ok');
+});
+
+test('--parallel 4: every SDK streams side by side, with the replies of a one-at-a-time server', async () => {
+  // Greedy (thinking off, temperature 0), so each request's text is fixed; the
+  // batched server must give the serial server's text while all four stream at once.
+  const ask = (i) => [{ role: 'user', content: `parallel client ${i} asks for a long story` }];
+  const run = async (client, i) => {
+    if (i % 2 === 0) {
+      const s = await client.openai.chat.completions.create({ model: 'deepseek-chat', messages: ask(i), max_tokens: 24, temperature: 0, stream: true });
+      let text = '';
+      for await (const c of s) text += c.choices[0]?.delta?.content ?? '';
+      return text;
+    }
+    const m = await client.anthropic.messages.stream({ model: 'deepseek-chat', max_tokens: 24, temperature: 0, messages: ask(i) }).finalMessage();
+    return m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+  };
+  const clients = (srv) => ({
+    openai: new OpenAI({ baseURL: `${srv.baseURL}/v1`, apiKey: 'unused', maxRetries: 0 }),
+    anthropic: new Anthropic({ baseURL: srv.baseURL, apiKey: 'unused', maxRetries: 0 }),
+  });
+  const serial = [];
+  for (let i = 0; i < 4; i++) serial.push(await run(clients(server), i));
+  const batched = await startServer(['--parallel', '4']);
+  try {
+    const c = clients(batched);
+    const texts = await Promise.all([0, 1, 2, 3].map((i) => run(c, i)));
+    assert.deepEqual(texts, serial);
+    assert.equal(await metric(batched.baseURL, 'dsv4_parallel_max'), 4);
+    assert.ok((await metric(batched.baseURL, 'dsv4_steps_total')) > 0);
+    const health = await (await fetch(`${batched.baseURL}/health`)).json();
+    assert.equal(health.parallel, 4);
+  } finally {
+    const { code } = await batched.stop('SIGTERM');
+    assert.equal(code, 0, batched.stderr());
+  }
 });
 
 test('every bad input gets a 4xx in the dialect shape and the server stays healthy', async () => {

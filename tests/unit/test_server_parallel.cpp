@@ -4,7 +4,9 @@
 // on a server that runs one request at a time; with a session memory budget
 // for two sessions, four concurrent requests still all complete, two at a
 // time (KV admission), with the same replies; /metrics shows the batched steps;
-// OpenAI n > 1 gives the n seeded single replies as its choices.
+// OpenAI n > 1 gives the n seeded single replies as its choices; parallel
+// requests save their prompts to the disk KV cache and restore them after a
+// restart, with the same replies.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 
 #include "dsv4/engine.h"
 #include "http_test_util.h"
+#include "kv_test_util.h"
 #include "runtime/engine_backend.h"
 #include "server/http_server.h"
 #include "server_test_util.h"
@@ -51,9 +54,15 @@ struct Served {
   std::thread thread;
   int port = 0;
 
-  Served(size_t parallel, uint64_t session_memory_mb = 0) {
+  Served(size_t parallel, uint64_t session_memory_mb = 0, const std::string& disk_dir = "") {
     KvCacheOptions c;
     c.session_memory_mb = session_memory_mb;
+    if (!disk_dir.empty()) {
+      c.disk_dir = disk_dir;
+      c.min_tokens = 64;
+      c.frontier = 0;
+      c.write_queue = 16;
+    }
     BatchingOptions b;
     b.parallel = parallel;
     b.step_tokens = 32;  // prompts take several steps, between the others' decode rows
@@ -251,4 +260,34 @@ TEST(ServerParallel, NChoicesAreTheSeededSingleRequestsSideBySide) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_NE(r->body.find("at most 16"), std::string::npos) << r->body;
+}
+
+TEST(ServerParallel, ParallelRequestsUseTheDiskCacheEachOnItsOwnSession) {
+  kvtest::TempDir dir("parallel");
+  auto long_chat = [](int i) {
+    ordered_json b = chat(i, 12, false);
+    std::string sys;
+    for (int k = 0; k < 40; ++k) sys += "rule " + std::to_string(k) + " of agent " + std::to_string(i) + ". ";
+    b["messages"].insert(b["messages"].begin(), ordered_json{{"role", "system"}, {"content", sys}});
+    return b;
+  };
+  constexpr int n = 3;
+  std::vector<ordered_json> first(n), again(n);
+  {
+    Served s(n, 0, dir.path);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { first[i] = s.post(long_chat(i)); });
+    for (auto& t : clients) t.join();
+  }  // shutdown: every live session is saved
+  Served s(n, 0, dir.path);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { again[i] = s.post(long_chat(i)); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(first[i]["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << i;
+    EXPECT_GT(again[i]["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>(), 64u) << again[i].dump();
+    EXPECT_EQ(again[i]["choices"][0]["message"].dump(), first[i]["choices"][0]["message"].dump()) << i;
+    EXPECT_EQ(again[i]["choices"][0]["logprobs"].dump(), first[i]["choices"][0]["logprobs"].dump()) << i;
+  }
+  EXPECT_GE(metric(s.metrics(), "dsv4_kv_disk_hits_total"), n);
 }
