@@ -245,6 +245,10 @@ void register_serve(CLI::App& app) {
                   "With --parallel: tokens one batched step takes at most, decode rows first, then prompt chunks "
                   "(0: the prefill batch). Smaller keeps decoding smoother beside long prompts")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->batching.prefill_chunk,
+                  "With --parallel: prompt tokens a step takes while other requests decode (0: a quarter of "
+                  "--step-tokens); smaller gives them their next token sooner, larger prefills faster")
+      ->capture_default_str();
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/runtime/scripted_backend.h)");

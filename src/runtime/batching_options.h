@@ -1,4 +1,4 @@
-// What `--parallel` and `--step-tokens` ask of the serving runtime
+// What `--parallel`, `--step-tokens` and `--prefill-chunk` ask of the serving runtime
 // (step_batcher.h): how many requests generate at once, and how many tokens
 // one batched step takes at most.
 #pragma once
@@ -10,6 +10,9 @@ namespace dsv4::runtime {
 struct BatchingOptions {
   size_t parallel = 1;     // --parallel: requests generating at once (1: one at a time, no step batcher)
   size_t step_tokens = 0;  // --step-tokens: tokens per batched step (0: the engine's prefill batch)
+  // --prefill-chunk: prompt tokens of a step that also decodes other requests
+  // (0: a quarter of the step tokens).
+  size_t prefill_chunk = 0;
 };
 
 }  // namespace dsv4::runtime

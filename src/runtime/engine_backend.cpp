@@ -55,6 +55,8 @@ expected<std::unique_ptr<EngineBackend>> EngineBackend::create(std::unique_ptr<E
   if (batching.parallel > 1) {
     StepBatcherOptions so;
     so.step_tokens = step_tokens;
+    so.shared_prefill_tokens = batching.prefill_chunk > 0 ? std::min(batching.prefill_chunk, step_tokens)
+                                                          : std::max<size_t>(1, step_tokens / 4);
     b->batcher_ = std::make_unique<StepBatcher>(*b->engine_, so);
   }
   SessionPoolOptions po;
@@ -123,8 +125,10 @@ std::string EngineBackend::describe_cache() const {
   std::string s = strfmt("up to %zu resident session%s (%.1f MiB each; KV %s, %.0f bytes/token)", options_.sessions,
                          options_.sessions == 1 ? "" : "s", session_mib, i.kv_rows.c_str(), i.kv_bytes_per_token);
   if (batcher_)
-    s += strfmt("; %zu requests generate at once, batched steps of up to %zu tokens", batching_.parallel,
-                batcher_->step_tokens());
+    s += strfmt(
+        "; %zu requests generate at once, batched steps of up to %zu tokens (prompt chunks of %zu beside "
+        "decoding rows)",
+        batching_.parallel, batcher_->step_tokens(), batcher_->shared_prefill_tokens());
   if (disk_) {
     const CacheStats st = disk_->stats();
     s += strfmt("; KV disk cache %s: %llu files, %.1f of %.0f MiB; saves from %zu tokens, frontier %zu, align %zu",

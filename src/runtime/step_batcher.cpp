@@ -21,6 +21,20 @@ StepBatcher::~StepBatcher() {
   thread_.join();
 }
 
+std::unique_lock<std::mutex> StepBatcher::lock() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++lockers_;
+  }
+  std::unique_lock<std::mutex> engine(engine_mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --lockers_;
+  }
+  work_cv_.notify_all();
+  return engine;
+}
+
 void StepBatcher::join() {
   std::lock_guard<std::mutex> lk(mu_);
   ++members_;
@@ -83,6 +97,8 @@ void StepBatcher::loop() {
     // Gather: wait for the members still sampling, up to `gather` after the oldest request.
     work_cv_.wait_until(lk, pending_.front()->arrived + options_.gather,
                         [&] { return stop_ || pending_.size() >= members_; });
+    // Threads waiting for the engine lock (a new request's session, a save) go first.
+    work_cv_.wait(lk, [&] { return lockers_ == 0; });
     std::vector<Request*> batch;
     size_t budget = options_.step_tokens;
     for (Request* r : pending_)
@@ -91,6 +107,11 @@ void StepBatcher::loop() {
         --budget;
         batch.push_back(r);
       }
+    // Prompt chunks: the whole budget for a prompt alone, the shared budget beside other rows.
+    const size_t prompts = static_cast<size_t>(
+        std::count_if(pending_.begin(), pending_.end(), [](const Request* r) { return r->tokens.size() > 1; }));
+    if ((!batch.empty() || prompts > 1) && options_.shared_prefill_tokens > 0)
+      budget = std::min(budget, options_.shared_prefill_tokens);
     for (Request* r : pending_)
       if (r->tokens.size() > 1 && budget > 0) {
         r->taken = std::min(r->tokens.size(), budget);

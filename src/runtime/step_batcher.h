@@ -10,7 +10,10 @@
 // appended; each job has at most one):
 //   1. every one-token request (decoding rows), in arrival order;
 //   2. prefill chunks in arrival order, each as many tokens as the budget left
-//      allows. A prompt longer than that is fed over several steps: after each
+//      allows — at most `shared_prefill_tokens` in all while the step also
+//      has decode rows (or more than one prompt), so a long prompt does not
+//      hold the decoding requests' next token for a whole prefill batch. A
+//      prompt longer than its chunk is fed over several steps: after each
 //      chunk its job reports progress, checks cancellation and asks again, so
 //      it queues behind requests that arrived meanwhile (a new request's first
 //      chunk waits one step, never the whole of a long prompt).
@@ -25,7 +28,9 @@
 //
 // Exclusive access: everything else that touches the engine or a session's
 // state (rewind, save, load, new sessions, the disk cache) holds lock(),
-// which a step also holds while it runs.
+// which a step also holds while it runs. A thread waiting in lock() goes
+// before the next step (a new request's session choice waits for at most the
+// step that is running, not for a queue of steps).
 #pragma once
 
 #include <array>
@@ -46,6 +51,9 @@ namespace dsv4::runtime {
 
 struct StepBatcherOptions {
   size_t step_tokens = 512;  // tokens per step at most: >= 1, <= the engine's prefill batch
+  // Prompt tokens of a step that also has decode rows (or several prompts);
+  // 0: step_tokens.
+  size_t shared_prefill_tokens = 0;
   std::chrono::microseconds gather{2000};
 };
 
@@ -81,7 +89,7 @@ class StepBatcher final : public SessionFeed {
   Status rewind(Session& session, size_t n_tokens) override;
 
   // The engine to the caller: no step runs while it is held.
-  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(engine_mu_); }
+  std::unique_lock<std::mutex> lock();
 
   // A job inside generate() (RAII): steps wait up to `gather` for its rows.
   class Member {
@@ -97,6 +105,9 @@ class StepBatcher final : public SessionFeed {
 
   StepReport report() const;
   size_t step_tokens() const { return options_.step_tokens; }
+  size_t shared_prefill_tokens() const {
+    return options_.shared_prefill_tokens > 0 ? options_.shared_prefill_tokens : options_.step_tokens;
+  }
 
  private:
   struct Request {
@@ -124,6 +135,7 @@ class StepBatcher final : public SessionFeed {
   std::condition_variable done_cv_;  // job threads: their request is done
   std::deque<Request*> pending_;
   size_t members_ = 0;
+  size_t lockers_ = 0;  // threads waiting in lock(): they go before the next step
   bool stop_ = false;
   StepReport report_;
   std::thread thread_;

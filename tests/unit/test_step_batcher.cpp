@@ -138,11 +138,13 @@ TEST(StepBatcher, ParallelRequestsEqualEachAlone) {
 }
 
 TEST(StepBatcher, LongPromptIsFedInChunksBetweenDecodeRows) {
-  // A step budget of 8 tokens: the 150-token prompt takes many steps, and the
-  // decoding requests keep getting a row in each of them.
+  // A step budget of 8 tokens, 3 for prompt chunks beside decode rows: the
+  // 150-token prompt takes many steps, and the decoding requests keep getting
+  // a row in each of them.
   std::vector<Request> qs = {request(150, 7, 6, 0), request(3, 8, 40, 0), request(4, 9, 40, 0.7f)};
   StepBatcherOptions o;
   o.step_tokens = 8;
+  o.shared_prefill_tokens = 3;
   StepBatcher b(engine(), o);
   const std::vector<Outcome> batched = together(qs, b);
   for (size_t i = 0; i < qs.size(); ++i) expect_same(batched[i], alone(qs[i]), i);
