@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh load [--dry-run]
 # Summary: dsv4 serve --parallel on the full-size synthetic Flash under HTTP load (scripts/load_test.py), table last
-# Environment: PARALLEL (64), CLIENTS ("1 4 16 64"), GEN (128), CTX (32768), LONG_WORDS (17000), STEP_TOKENS, PRESET (flash-q2), KEEP=1
+# Environment: PARALLEL (64), CLIENTS ("1 4 16 64"), GEN (128), CTX (32768), LONG_WORDS (17000), STEP_TOKENS, PREFILL_CHUNK, PRESET (flash-q2), KEEP=1
 #
 # Continuous batching measured through the server (issue #34): a synth file of
 # the preset in /dev/shm (skipped if present), `dsv4 serve --backend cuda
@@ -27,9 +27,10 @@ GEN=${GEN:-128}
 CTX=${CTX:-32768}
 LONG_WORDS=${LONG_WORDS:-17000}
 STEP_TOKENS=${STEP_TOKENS:-0}
+PREFILL_CHUNK=${PREFILL_CHUNK:-0}
 PRESET=${PRESET:-flash-q2}
 KEEP=${KEEP:-0}
-gpu_need_uint PARALLEL GEN CTX LONG_WORDS STEP_TOKENS KEEP
+gpu_need_uint PARALLEL GEN CTX LONG_WORDS STEP_TOKENS PREFILL_CHUNK KEEP
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
 gpu_probe
 gpu_use_run_libs
@@ -43,11 +44,11 @@ if [ ! -f "$MODEL" ]; then
   gpu_run --log "$LOG/synth.log" "$DSV4" synth --preset "$PRESET" -o "$MODEL" || gpu_die "synth failed (synth.log)"
 fi
 if gpu_dry_run; then
-  gpu_show "$DSV4" serve -m "$MODEL" --backend cuda --ctx "$CTX" --parallel "$PARALLEL" --step-tokens "$STEP_TOKENS" --port 0
+  gpu_show "$DSV4" serve -m "$MODEL" --backend cuda --ctx "$CTX" --parallel "$PARALLEL" --step-tokens "$STEP_TOKENS" --prefill-chunk "$PREFILL_CHUNK" --port 0
   gpu_show python3 scripts/load_test.py --url URL --clients N --requests N --max-tokens "$GEN"
   exit 0
 fi
-"$DSV4" serve -m "$MODEL" --backend cuda --ctx "$CTX" --parallel "$PARALLEL" --step-tokens "$STEP_TOKENS" --port 0 \
+"$DSV4" serve -m "$MODEL" --backend cuda --ctx "$CTX" --parallel "$PARALLEL" --step-tokens "$STEP_TOKENS" --prefill-chunk "$PREFILL_CHUNK" --port 0 \
   --queue 256 >"$LOG/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; gpu_exit' EXIT
