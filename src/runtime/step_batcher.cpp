@@ -107,10 +107,10 @@ void StepBatcher::loop() {
         --budget;
         batch.push_back(r);
       }
-    // Prompt chunks: the whole budget for a prompt alone, the shared budget beside other rows.
+    // Prompt chunks: the whole budget for a prompt alone, the shared budget beside other active jobs.
     const size_t prompts = static_cast<size_t>(
         std::count_if(pending_.begin(), pending_.end(), [](const Request* r) { return r->tokens.size() > 1; }));
-    if ((!batch.empty() || prompts > 1) && options_.shared_prefill_tokens > 0)
+    if ((!batch.empty() || prompts > 1 || members_ > prompts) && options_.shared_prefill_tokens > 0)
       budget = std::min(budget, options_.shared_prefill_tokens);
     for (Request* r : pending_)
       if (r->tokens.size() > 1 && budget > 0) {

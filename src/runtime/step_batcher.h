@@ -10,16 +10,19 @@
 // appended; each job has at most one):
 //   1. every one-token request (decoding rows), in arrival order;
 //   2. prefill chunks in arrival order, each as many tokens as the budget left
-//      allows — at most `shared_prefill_tokens` in all while the step also
-//      has decode rows (or more than one prompt), so a long prompt does not
-//      hold the decoding requests' next token for a whole prefill batch. A
+//      allows — at most `shared_prefill_tokens` in all while any other member
+//      is active (decoding, sampling, or arriving: choosing its session), so a
+//      long prompt does not hold the others' next token, or a new request's
+//      first one, for a whole prefill batch; a prompt alone gets the whole
+//      budget. A
 //      prompt longer than its chunk is fed over several steps: after each
 //      chunk its job reports progress, checks cancellation and asks again, so
 //      it queues behind requests that arrived meanwhile (a new request's first
 //      chunk waits one step, never the whole of a long prompt).
-// When: as soon as every member (a job inside generate(); Member) has a
-// request waiting, or `gather` after the oldest request arrived — a member
-// still sampling, or busy with the engine lock, is not waited for longer.
+// When: as soon as every member (a running job, from the choice of its
+// session to its end; join()/leave(), or Member) has a request waiting, or
+// `gather` after the oldest request arrived — a member still sampling, or
+// busy with the engine lock, is not waited for longer.
 //
 // Results: after a step a session's logits are those prefill()/decode() alone
 // give (Engine::step's contract), so each job samples exactly as it would
@@ -91,7 +94,10 @@ class StepBatcher final : public SessionFeed {
   // The engine to the caller: no step runs while it is held.
   std::unique_lock<std::mutex> lock();
 
-  // A job inside generate() (RAII): steps wait up to `gather` for its rows.
+  // A running job: steps wait up to `gather` for its rows, and cap prompt
+  // chunks while it is active. Member: the same as a scope.
+  void join();
+  void leave();
   class Member {
    public:
     explicit Member(StepBatcher& b) : b_(b) { b_.join(); }
@@ -119,8 +125,6 @@ class StepBatcher final : public SessionFeed {
     Status status;
   };
 
-  void join();
-  void leave();
   // Appends tokens[0, k) in the next step that takes this request; returns k >= 1.
   expected<size_t> feed(Session& session, std::span<const int32_t> tokens);
   void loop();
