@@ -174,9 +174,9 @@ expected<PromptChoice> EngineBackend::begin_job(const JobInput& in, JobSlot& job
   auto reuse = [&](size_t slot, const std::vector<int32_t>& live) {
     return reusable_tokens(tok, live, in.prompt, in.rendered, anchor_for(slot, in.rendered));
   };
-  if (batcher_ && !job.batch_member) {  // from now on steps cap their prompt chunks for this job
-    batcher_->join();
-    job.batch_member = true;
+  if (batcher_ && !job.batch_active) {  // from now on steps cap the others' prompt chunks
+    batcher_->arrive();
+    job.batch_active = true;
   }
   auto engine = engine_lock();
   expected<PoolLease> leased = pool_->acquire(in.prompt.size(), reuse);
@@ -289,6 +289,8 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   DSV4_ASSERT(job.leased, "generate() without a session");
+  std::optional<StepBatcher::Member> member;  // steps wait for this job's rows
+  if (batcher_) member.emplace(*batcher_);
   const size_t slot = job.session;
   Session* sp = nullptr;
   size_t lcp = 0;
@@ -360,9 +362,9 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
 }
 
 void EngineBackend::end_job(JobSlot& job, const JobInput& in, const JobOutcome& out) {
-  if (job.batch_member) {
-    batcher_->leave();
-    job.batch_member = false;
+  if (job.batch_active) {
+    batcher_->depart();
+    job.batch_active = false;
   }
   if (!job.leased) return;
   auto engine = engine_lock();

@@ -35,6 +35,17 @@ std::unique_lock<std::mutex> StepBatcher::lock() {
   return engine;
 }
 
+void StepBatcher::arrive() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++active_;
+}
+
+void StepBatcher::depart() {
+  std::lock_guard<std::mutex> lk(mu_);
+  DSV4_ASSERT(active_ > 0);
+  --active_;
+}
+
 void StepBatcher::join() {
   std::lock_guard<std::mutex> lk(mu_);
   ++members_;
@@ -95,7 +106,7 @@ void StepBatcher::loop() {
     work_cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
     if (pending_.empty()) return;  // stopping, nothing asked
     // Gather: wait for the members still sampling, up to `gather` after the oldest request.
-    work_cv_.wait_until(lk, pending_.front()->arrived + options_.gather,
+    work_cv_.wait_until(lk, std::max(pending_.front()->arrived, last_step_end_) + options_.gather,
                         [&] { return stop_ || pending_.size() >= members_; });
     // Threads waiting for the engine lock (a new request's session, a save) go first.
     work_cv_.wait(lk, [&] { return lockers_ == 0; });
@@ -110,7 +121,7 @@ void StepBatcher::loop() {
     // Prompt chunks: the whole budget for a prompt alone, the shared budget beside other active jobs.
     const size_t prompts = static_cast<size_t>(
         std::count_if(pending_.begin(), pending_.end(), [](const Request* r) { return r->tokens.size() > 1; }));
-    if ((!batch.empty() || prompts > 1 || members_ > prompts) && options_.shared_prefill_tokens > 0)
+    if ((!batch.empty() || prompts > 1 || active_ > prompts) && options_.shared_prefill_tokens > 0)
       budget = std::min(budget, options_.shared_prefill_tokens);
     for (Request* r : pending_)
       if (r->tokens.size() > 1 && budget > 0) {
@@ -124,6 +135,7 @@ void StepBatcher::loop() {
     run(batch);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lk.lock();
+    last_step_end_ = std::chrono::steady_clock::now();
     record(batch, seconds);
     for (Request* r : batch) r->done = true;
     done_cv_.notify_all();

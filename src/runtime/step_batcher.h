@@ -10,19 +10,20 @@
 // appended; each job has at most one):
 //   1. every one-token request (decoding rows), in arrival order;
 //   2. prefill chunks in arrival order, each as many tokens as the budget left
-//      allows — at most `shared_prefill_tokens` in all while any other member
-//      is active (decoding, sampling, or arriving: choosing its session), so a
-//      long prompt does not hold the others' next token, or a new request's
-//      first one, for a whole prefill batch; a prompt alone gets the whole
-//      budget. A
+//      allows — at most `shared_prefill_tokens` in all while another job is
+//      active (decoding, sampling, or arriving: choosing its session;
+//      arrive()/depart()), so a long prompt does not hold the others' next
+//      token, or a new request's first one, for a whole prefill batch; a
+//      prompt alone gets the whole budget. A
 //      prompt longer than its chunk is fed over several steps: after each
 //      chunk its job reports progress, checks cancellation and asks again, so
 //      it queues behind requests that arrived meanwhile (a new request's first
 //      chunk waits one step, never the whole of a long prompt).
-// When: as soon as every member (a running job, from the choice of its
-// session to its end; join()/leave(), or Member) has a request waiting, or
-// `gather` after the oldest request arrived — a member still sampling, or
-// busy with the engine lock, is not waited for longer.
+// When: as soon as every member (a job inside generate(); Member) has a
+// request waiting, or `gather` after the later of the oldest request's
+// arrival and the end of the previous step — a member still sampling, or busy
+// with the engine lock, is not waited for longer. (Measured from the step's
+// end, so rows that fell into two alternating groups merge again.)
 //
 // Results: after a step a session's logits are those prefill()/decode() alone
 // give (Engine::step's contract), so each job samples exactly as it would
@@ -57,7 +58,7 @@ struct StepBatcherOptions {
   // Prompt tokens of a step that also has decode rows (or several prompts);
   // 0: step_tokens.
   size_t shared_prefill_tokens = 0;
-  std::chrono::microseconds gather{2000};
+  std::chrono::microseconds gather{3000};
 };
 
 // Totals since start, for /metrics.
@@ -94,10 +95,11 @@ class StepBatcher final : public SessionFeed {
   // The engine to the caller: no step runs while it is held.
   std::unique_lock<std::mutex> lock();
 
-  // A running job: steps wait up to `gather` for its rows, and cap prompt
-  // chunks while it is active. Member: the same as a scope.
-  void join();
-  void leave();
+  // A running job, from its session choice to its end: prompt chunks of
+  // the others are capped while it is active.
+  void arrive();
+  void depart();
+  // A job inside generate() (RAII): steps wait up to `gather` for its rows.
   class Member {
    public:
     explicit Member(StepBatcher& b) : b_(b) { b_.join(); }
@@ -125,6 +127,8 @@ class StepBatcher final : public SessionFeed {
     Status status;
   };
 
+  void join();
+  void leave();
   // Appends tokens[0, k) in the next step that takes this request; returns k >= 1.
   expected<size_t> feed(Session& session, std::span<const int32_t> tokens);
   void loop();
@@ -139,6 +143,8 @@ class StepBatcher final : public SessionFeed {
   std::condition_variable done_cv_;  // job threads: their request is done
   std::deque<Request*> pending_;
   size_t members_ = 0;
+  size_t active_ = 0;  // jobs between arrive() and depart()
+  std::chrono::steady_clock::time_point last_step_end_{};
   size_t lockers_ = 0;  // threads waiting in lock(): they go before the next step
   bool stop_ = false;
   StepReport report_;
