@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh load [--dry-run]
 # Summary: dsv4 serve --parallel on the full-size synthetic Flash under HTTP load (scripts/load_test.py), table last
-# Environment: PARALLEL (64), CLIENTS ("1 4 16 64"), GEN (128), CTX (32768), LONG_WORDS (17000), STEP_TOKENS, PREFILL_CHUNK, PRESET (flash-q2), KEEP=1
+# Environment: PARALLEL (64), CLIENTS ("1 4 16 64"), GEN (128), CTX (32768), LONG_WORDS (17000; 0: no long, mixed, short runs), STEP_TOKENS, PREFILL_CHUNK, PRESET (flash-q2), KEEP=1
 #
 # Continuous batching measured through the server (issue #34): a synth file of
 # the preset in /dev/shm (skipped if present), `dsv4 serve --backend cuda
@@ -69,9 +69,11 @@ load() {  # name, load_test.py flags...
   echo "$name $(tail -1 "$LOG/load-$name.log")" >>"$LOG/results.txt"
 }
 for n in $CLIENTS; do load "streams-$n" --clients "$n" --requests "$n" --max-tokens "$GEN" --prompt-words 16; done
-load long --clients 0 --long-words "$LONG_WORDS"
-load mixed --clients 15 --requests 15 --max-tokens "$GEN" --prompt-words 16 --long-words "$LONG_WORDS"
-load short --clients 1 --requests 1 --max-tokens 64 --prompt-words 16 --long-words "$LONG_WORDS"
+if [ "$LONG_WORDS" -gt 0 ]; then
+  load long --clients 0 --long-words "$LONG_WORDS"
+  load mixed --clients 15 --requests 15 --max-tokens "$GEN" --prompt-words 16 --long-words "$LONG_WORDS"
+  load short --clients 1 --requests 1 --max-tokens 64 --prompt-words 16 --long-words "$LONG_WORDS"
+fi
 curl -s "$URL/metrics" >"$LOG/metrics.txt" 2>/dev/null || true
 kill $SERVER 2>/dev/null
 wait $SERVER 2>/dev/null
