@@ -30,6 +30,10 @@ struct BenchArgs {
   int gen_tokens = 32, threads = 0, batch = 0;  // 0: the backend's default
   bool profile = false;
   int concurrency = 1;  // sessions decoding together (Engine::step)
+  // --mixed-prefill T (with --concurrency N): a prompt of T tokens prefilled in
+  // chunks of --mixed-chunk tokens inside the N sessions' decode steps.
+  uint32_t mixed_prefill = 0;
+  uint32_t mixed_chunk = 0;  // 0: a quarter of the prefill batch (dsv4 serve's --prefill-chunk default)
 };
 
 int run_bench(const BenchArgs& a) {
@@ -42,6 +46,7 @@ int run_bench(const BenchArgs& a) {
   if (a.ctx_start == 0 || ctx_max < a.ctx_start) return fail("need 0 < --ctx-start <= --ctx-max");
   if (a.step_incr == 0 && !(a.step_mul > 1.0)) return fail("--step-mul must be > 1 (or use --step-incr)");
   if (a.concurrency < 1 || a.concurrency > 1024) return fail("--concurrency must be between 1 and 1024");
+  if (a.mixed_prefill > 0 && a.concurrency < 2) return fail("--mixed-prefill needs --concurrency of at least 2");
   EngineOptions o;
   o.model_path = a.model;
   o.synthetic = a.synthetic;
@@ -53,7 +58,11 @@ int run_bench(const BenchArgs& a) {
   o.prefill_batch = a.batch;
   // (--concurrency --profile decodes the steps twice, the second time timed op by op)
   const uint32_t decode_room = static_cast<uint32_t>(a.gen_tokens) * (a.concurrency > 1 && a.profile ? 2 : 1);
-  o.ctx = ctx_max + decode_room + 1;
+  // (--mixed-prefill: one decode step per prompt chunk; the smallest default chunk is the CPU's 512 / 4)
+  const uint32_t chunk_floor =
+      a.mixed_chunk > 0 ? a.mixed_chunk : static_cast<uint32_t>(default_prefill_batch(false) / 4);
+  const uint32_t mixed_room = (a.mixed_prefill + chunk_floor - 1) / chunk_floor;
+  o.ctx = ctx_max + decode_room + mixed_room + 1;
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
   const EngineInfo& info = (*engine)->info();
@@ -140,6 +149,55 @@ int run_bench(const BenchArgs& a) {
     both("%zu,%u,%.2f,%d,%.2f,%.2f,%.2f\n", n, a.ctx_start, pf_seconds > 0 ? n * a.ctx_start / pf_seconds : 0.0,
          a.gen_tokens, per_stream * static_cast<double>(n), per_stream,
          per_stream * static_cast<double>(info.decode_bytes_per_token) / 1e9);
+    if (a.mixed_prefill > 0) {
+      // The same prompt prefilled alone (in whole batches), then in chunks inside the decode steps of the
+      // N sessions: its rate beside them, and theirs beside it.
+      const int64_t batch = std::max(1, info.prefill_batch);
+      const size_t chunk = a.mixed_chunk > 0 ? a.mixed_chunk : static_cast<size_t>(std::max<int64_t>(1, batch / 4));
+      if (chunk + n > static_cast<size_t>(batch))
+        return fail(strfmt("--mixed-chunk %zu + %zu decode rows exceed the prefill batch (%lld)", chunk, n,
+                           static_cast<long long>(batch)));
+      std::vector<int32_t> prompt;
+      uint64_t x = 0x5851f42d4c957f2dull;
+      while (prompt.size() < a.mixed_prefill) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int32_t t = static_cast<int32_t>((x >> 33) % info.n_vocab);
+        if (!tok.is_special(t)) prompt.push_back(t);
+      }
+      const uint32_t pctx = std::max(o.ctx, a.mixed_prefill + 1);
+      auto solo = (*engine)->new_session(pctx);
+      if (!solo) return fail(solo.error().message);
+      const auto s0 = clock::now();
+      if (auto st = (*solo)->prefill(prompt); !st) return fail(st.error().message);
+      const double solo_s = std::chrono::duration<double>(clock::now() - s0).count();
+      (*solo)->reset();
+      auto mixed = std::move(*solo);
+      size_t fed = 0, decoded = 0;
+      std::vector<SessionStep> mix(n + 1);
+      const auto m0 = clock::now();
+      while (fed < prompt.size()) {
+        for (size_t k = 0; k < n; ++k) {
+          const auto& lg = sessions[k]->logits();
+          next[k] = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+          mix[k] = SessionStep{sessions[k].get(), std::span<const int32_t>(&next[k], 1)};
+        }
+        const size_t take = std::min(chunk, prompt.size() - fed);
+        mix[n] = SessionStep{mixed.get(), std::span<const int32_t>(prompt.data() + fed, take)};
+        if (auto st = (*engine)->step(mix); !st) return fail(st.error().message);
+        fed += take;
+        ++decoded;
+      }
+      const double mixed_s = std::chrono::duration<double>(clock::now() - m0).count();
+      const double solo_tps = solo_s > 0 ? prompt.size() / solo_s : 0,
+                   mixed_tps = mixed_s > 0 ? prompt.size() / mixed_s : 0;
+      both("# mixed: a %u-token prompt in chunks of %zu inside the decode steps of the %zu streams\n", a.mixed_prefill,
+           chunk, n);
+      both(
+          "mixed_prefill_tokens,chunk,solo_prefill_tps,mixed_prefill_tps,mixed_over_solo,decode_steps,per_stream_"
+          "tps\n");
+      both("%u,%zu,%.2f,%.2f,%.3f,%zu,%.2f\n", a.mixed_prefill, chunk, solo_tps, mixed_tps,
+           solo_tps > 0 ? mixed_tps / solo_tps : 0.0, decoded, mixed_s > 0 ? decoded / mixed_s : 0.0);
+    }
     if (csv) std::fclose(csv);
     if (a.profile) {  // the same number of steps again, every op timed (ms per step)
       (*engine)->set_op_profiling(true);
@@ -255,6 +313,14 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--concurrency", a->concurrency,
                   "Sessions decoding together in one batched step (Engine::step), each prefilled to --ctx-start with "
                   "its own tokens; prints aggregate and per-stream decode t/s (1: the frontier sweep)")
+      ->capture_default_str();
+  cmd->add_option("--mixed-prefill", a->mixed_prefill,
+                  "With --concurrency N: then a prompt of this many tokens is prefilled alone, and again in chunks "
+                  "inside the N sessions' decode steps (one long prefill while N streams decode); prints both "
+                  "prefill rates and the streams' rate beside it")
+      ->capture_default_str();
+  cmd->add_option("--mixed-chunk", a->mixed_chunk,
+                  "Prompt tokens per step of the mixed run (0: a quarter of the prefill batch, as dsv4 serve)")
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");
