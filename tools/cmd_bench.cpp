@@ -92,8 +92,13 @@ int run_bench(const BenchArgs& a) {
   std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
   if (!a.csv.empty() && !csv) return fail("cannot create " + a.csv);
   auto both = [&](const char* fmt, auto... args) {
-    std::printf(fmt, args...);
-    if (csv) std::fprintf(csv, fmt, args...);
+    if constexpr (sizeof...(args) == 0) {  // a header line: no format
+      std::fputs(fmt, stdout);
+      if (csv) std::fputs(fmt, csv);
+    } else {
+      std::printf(fmt, args...);
+      if (csv) std::fprintf(csv, fmt, args...);
+    }
   };
   both("# dsv4 bench, commit %s\n", DSV4_GIT_COMMIT);
   both("# device: %s\n", info.backend.c_str());
