@@ -45,7 +45,8 @@ struct JobSlot {
   size_t cold_save = 0;      // the cold save length of the prompt (0: none)
   bool first_call = false;   // the next generate() is the job's first
   bool hidden_reasoning = false;
-  bool batch_active = false;  // StepBatcher::arrive() called (begin_job .. end_job)
+  bool batch_active = false;           // StepBatcher::arrive() called (begin_job .. end_job)
+  std::shared_ptr<PromptShare> share;  // JobInput::share, until the first generate() uses it
 };
 
 class Backend {

@@ -233,6 +233,7 @@ expected<PromptChoice> EngineBackend::begin_job(const JobInput& in, JobSlot& job
       st.last_stored = hit->cached_tokens;
     }
   }
+  job.share = in.share;
   pool_->set_prompt_tokens(job.session, choice.tokens.size());
   job.prompt_tokens = choice.tokens.size();
   job.first_call = true;
@@ -289,8 +290,6 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   DSV4_ASSERT(job.leased, "generate() without a session");
-  std::optional<StepBatcher::Member> member;  // steps wait for this job's rows
-  if (batcher_) member.emplace(*batcher_);
   const size_t slot = job.session;
   Session* sp = nullptr;
   size_t lcp = 0;
@@ -311,6 +310,29 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
     auto engine = engine_lock();
     update_report();
   };
+
+  // n > 1: the prompt is prefilled once, by the first of the request's jobs, and copied (prompt_share.h).
+  std::shared_ptr<PromptShare> lead;  // this job prefills the prompt for the others
+  if (std::shared_ptr<PromptShare> share = std::move(job.share); share && prompt.size() < s.ctx()) {
+    if (share->lead()) {
+      lead = std::move(share);
+    } else if (std::shared_ptr<const std::vector<uint8_t>> copy = share->wait(cb.cancelled)) {
+      auto engine = engine_lock();
+      drop_visible(st);
+      st.last_stored = 0;
+      if (!s.load(*copy)) s.reset();  // a failed load: prefill as usual
+      lcp = 0;                        // the prompt tokens of the copy count as reused
+      while (lcp < s.n_tokens() && lcp < prompt.size() && s.tokens()[lcp] == prompt[lcp]) ++lcp;
+    }
+  }
+  struct Unpublished {  // a leader leaving early (error, cancelled) publishes nothing: the others prefill
+    std::shared_ptr<PromptShare>& share;
+    ~Unpublished() {
+      if (share) share->publish(nullptr);
+    }
+  } unpublished{lead};
+  std::optional<StepBatcher::Member> member;  // steps wait for this job's rows (not while it waits above)
+  if (batcher_) member.emplace(*batcher_);
 
   // Prefill up to each save point, save there (the copy is taken now; the file is written meanwhile).
   if (disk_ && prompt.size() < s.ctx()) {
@@ -334,6 +356,17 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
       auto engine = engine_lock();
       save_slot(slot, p == cold ? SaveReason::COLD : SaveReason::FRONTIER, SaveWait::SKIP_IF_BUSY);
     }
+  }
+  if (lead) {  // the whole prompt now, then its state for the others (nullptr when that failed: they prefill)
+    std::shared_ptr<const std::vector<uint8_t>> state;
+    RunHooks hooks;
+    hooks.cancelled = cb.cancelled;
+    hooks.progress = cb.on_prefill_progress;
+    if (sync_session(s, prompt, hooks, feed())) {
+      auto engine = engine_lock();
+      state = std::make_shared<const std::vector<uint8_t>>(s.save());
+    }
+    lead->publish(std::move(state));
   }
   const double pre_seconds = std::chrono::duration<double>(clock::now() - t0).count();
 

@@ -25,6 +25,7 @@
 
 #include "core/text_piece.h"
 #include "generate/generate.h"
+#include "runtime/prompt_share.h"
 #include "runtime/runtime_error.h"
 
 namespace dsv4::runtime {
@@ -46,6 +47,9 @@ struct JobInput {
   // renderer drops this turn's reasoning, so the backend keys the session by
   // the client-visible transcript (prompt_reuse.h, visible_transcript).
   bool hidden_reasoning = false;
+  // Jobs of one request with the same prompt (OpenAI n > 1): the prompt is
+  // prefilled once and copied (prompt_share.h). nullptr: alone.
+  std::shared_ptr<PromptShare> share;
 };
 
 // What the worker reports at the end.

@@ -1,5 +1,6 @@
 #include "server/choices.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -9,6 +10,7 @@ ChoicesReply run_choices(runtime::Runtime& rt, PreparedRequest& p, const std::fu
   ChoicesReply out;
   const size_t n = static_cast<size_t>(std::max(p.n, 1));
   std::vector<std::shared_ptr<runtime::Job>> jobs;
+  const auto share = std::make_shared<runtime::PromptShare>();  // the prompt is prefilled once
   std::vector<ReplyAssembler> assemblers;
   auto cancel_all = [&] {
     for (auto& j : jobs) {
@@ -19,6 +21,7 @@ ChoicesReply run_choices(runtime::Runtime& rt, PreparedRequest& p, const std::fu
   for (size_t i = 0; i < n; ++i) {
     runtime::JobInput in = p.job;
     in.options.sampling.seed += i;
+    in.share = share;
     auto job = std::make_shared<runtime::Job>(std::move(in));
     const runtime::Runtime::Admit admit = rt.submit(job);
     if (admit != runtime::Runtime::Admit::OK) {
@@ -73,6 +76,8 @@ ChoicesReply run_choices(runtime::Runtime& rt, PreparedRequest& p, const std::fu
   for (size_t i = 1; i < n; ++i) {
     out.usage.completion_tokens += replies[i].completion_tokens;
     out.usage.reasoning_tokens += replies[i].reasoning_tokens;
+    // The prompt was prefilled once, by whichever job led; the others copied it: what it reused is the least.
+    out.usage.cached_tokens = std::min(out.usage.cached_tokens, replies[i].cached_tokens);
   }
   out.body = p.writer->body(replies[0]);
   for (size_t i = 1; i < n; ++i) {

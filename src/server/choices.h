@@ -1,7 +1,9 @@
 // OpenAI `n` > 1 (chat completions, completions): one job per choice on the
 // same prompt, with seeds seed, seed + 1, ... (so sampled choices differ and
 // a seeded request is reproducible), submitted together so that with
-// `--parallel` they generate side by side in batched steps. The reply is one
+// `--parallel` they generate side by side in batched steps. The prompt is
+// prefilled once: the first job publishes its session's state after the
+// prompt and the others load a copy (runtime/prompt_share.h). The reply is one
 // body: the dialect's body of choice 0 with choices[i] taken from choice i's
 // body (index i), and usage counting the prompt once and every choice's
 // completion tokens. Streaming n > 1 is refused by the caller.

@@ -4,7 +4,8 @@
 // on a server that runs one request at a time; with a session memory budget
 // for two sessions, four concurrent requests still all complete, two at a
 // time (KV admission), with the same replies; /metrics shows the batched steps;
-// OpenAI n > 1 gives the n seeded single replies as its choices; parallel
+// OpenAI n > 1 gives the n seeded single replies as its choices, prefilling
+// the prompt once; parallel
 // requests save their prompts to the disk KV cache and restore them after a
 // restart, with the same replies.
 #include <gtest/gtest.h>
@@ -229,6 +230,9 @@ TEST(ServerParallel, NChoicesAreTheSeededSingleRequestsSideBySide) {
   body["n"] = 3;
   const ordered_json three = s.post(body);
   ASSERT_EQ(three["choices"].size(), 3u) << three.dump();
+  // The prompt was prefilled once (one job led, the others copied its state): a fresh server prefilled
+  // exactly the prompt's tokens for the three jobs.
+  EXPECT_EQ(metric(s.metrics(), "dsv4_prefilled_tokens_total"), three["usage"]["prompt_tokens"].get<double>());
   uint64_t completion = 0;
   for (int i = 0; i < 3; ++i) {
     ordered_json one_body = chat(1, 20, false);
