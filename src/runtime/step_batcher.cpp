@@ -105,7 +105,7 @@ void StepBatcher::loop() {
   for (;;) {
     work_cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
     if (pending_.empty()) return;  // stopping, nothing asked
-    // Gather: wait for the members still sampling, up to `gather` after the oldest request.
+    // Gather: wait for the members still sampling, up to `gather` after the oldest request or the last step.
     work_cv_.wait_until(lk, std::max(pending_.front()->arrived, last_step_end_) + options_.gather,
                         [&] { return stop_ || pending_.size() >= members_; });
     // Threads waiting for the engine lock (a new request's session, a save) go first.
