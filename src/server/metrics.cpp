@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <span>
 
 #include "core/error.h"
 #include "runtime/job.h"
@@ -39,15 +40,28 @@ void Histogram::observe(double v) {
   ++count_;
 }
 
-void Histogram::write(std::string& out, const char* name, const char* help) const {
+namespace {
+
+// A histogram in the text format: counts[i] observations in (bounds[i-1], bounds[i]], the last past every bound.
+template <typename Bound, typename Count>
+void write_histogram(std::string& out, const char* name, const char* help, std::span<const Bound> bounds,
+                     std::span<const Count> counts, double sum) {
   out += strfmt("# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
   uint64_t cum = 0;
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    cum += counts_[i];
-    out += strfmt("%s_bucket{le=\"%g\"} %llu\n", name, bounds_[i], static_cast<unsigned long long>(cum));
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    cum += counts[i];
+    out += strfmt("%s_bucket{le=\"%g\"} %llu\n", name, static_cast<double>(bounds[i]),
+                  static_cast<unsigned long long>(cum));
   }
-  out += strfmt("%s_bucket{le=\"+Inf\"} %llu\n", name, static_cast<unsigned long long>(count_));
-  out += strfmt("%s_sum %.6f\n%s_count %llu\n", name, sum_, name, static_cast<unsigned long long>(count_));
+  cum += counts[bounds.size()];
+  out += strfmt("%s_bucket{le=\"+Inf\"} %llu\n", name, static_cast<unsigned long long>(cum));
+  out += strfmt("%s_sum %.6f\n%s_count %llu\n", name, sum, name, static_cast<unsigned long long>(cum));
+}
+
+}  // namespace
+
+void Histogram::write(std::string& out, const char* name, const char* help) const {
+  write_histogram(out, name, help, std::span<const double>(bounds_), std::span<const uint64_t>(counts_), sum_);
 }
 
 void Metrics::request_done(std::string_view path, int status, double seconds) {
@@ -138,30 +152,11 @@ std::string Metrics::prometheus(const RuntimeStatus& rt, const runtime::CacheRep
   const StepReport& st = rt.steps;
   head("dsv4_steps_total", "counter", "Batched engine steps (--parallel > 1).");
   line_u("dsv4_steps_total", st.steps);
-  head("dsv4_step_rows", "histogram", "Sessions per batched step.");
-  {
-    uint64_t cum = 0;
-    for (size_t i = 0; i < StepReport::k_row_bounds.size(); ++i) {
-      cum += st.steps_by_rows[i];
-      s += strfmt("dsv4_step_rows_bucket{le=\"%zu\"} %llu\n", StepReport::k_row_bounds[i],
-                  static_cast<unsigned long long>(cum));
-    }
-    s += strfmt("dsv4_step_rows_bucket{le=\"+Inf\"} %llu\n", static_cast<unsigned long long>(st.steps));
-    s += strfmt("dsv4_step_rows_sum %llu\ndsv4_step_rows_count %llu\n", static_cast<unsigned long long>(st.rows),
-                static_cast<unsigned long long>(st.steps));
-  }
-  head("dsv4_step_seconds", "histogram", "Wall time of a batched step.");
-  {
-    uint64_t cum = 0;
-    for (size_t i = 0; i < StepReport::k_second_bounds.size(); ++i) {
-      cum += st.steps_by_seconds[i];
-      s += strfmt("dsv4_step_seconds_bucket{le=\"%g\"} %llu\n", StepReport::k_second_bounds[i],
-                  static_cast<unsigned long long>(cum));
-    }
-    s += strfmt("dsv4_step_seconds_bucket{le=\"+Inf\"} %llu\n", static_cast<unsigned long long>(st.steps));
-    s += strfmt("dsv4_step_seconds_sum %.6f\ndsv4_step_seconds_count %llu\n", st.seconds,
-                static_cast<unsigned long long>(st.steps));
-  }
+  write_histogram(s, "dsv4_step_rows", "Sessions per batched step.", std::span<const size_t>(StepReport::k_row_bounds),
+                  std::span<const uint64_t>(st.steps_by_rows), static_cast<double>(st.rows));
+  write_histogram(s, "dsv4_step_seconds", "Wall time of a batched step.",
+                  std::span<const double>(StepReport::k_second_bounds), std::span<const uint64_t>(st.steps_by_seconds),
+                  st.seconds);
   head("dsv4_step_tokens_total", "counter", "Tokens of batched steps: decode (one-token rows) and prefill chunks.");
   s += strfmt("dsv4_step_tokens_total{kind=\"decode\"} %llu\n", static_cast<unsigned long long>(st.decode_tokens));
   s += strfmt("dsv4_step_tokens_total{kind=\"prefill\"} %llu\n", static_cast<unsigned long long>(st.prefill_tokens));
