@@ -158,6 +158,11 @@ void StepBatcher::run(std::span<Request* const> batch) {
 }
 
 void StepBatcher::record(std::span<Request* const> batch, double seconds) {
+  StepRecord one;
+  one.rows = batch.size();
+  one.seconds = seconds;
+  for (const Request* q : batch) (q->tokens.size() == 1 ? one.decode_rows : one.prefill_tokens) += q->taken;
+  if (options_.on_step) options_.on_step(one);
   StepReport& r = report_;
   ++r.steps;
   r.rows += batch.size();

@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -53,12 +54,21 @@
 
 namespace dsv4::runtime {
 
+// One step as it ran (StepBatcherOptions::on_step).
+struct StepRecord {
+  size_t rows = 0;            // sessions
+  size_t decode_rows = 0;     // one-token rows
+  size_t prefill_tokens = 0;  // tokens of prompt chunks
+  double seconds = 0;
+};
+
 struct StepBatcherOptions {
   size_t step_tokens = 512;  // tokens per step at most: >= 1, <= the engine's prefill batch
   // Prompt tokens of a step that also has decode rows (or several prompts);
   // 0: step_tokens.
   size_t shared_prefill_tokens = 0;
   std::chrono::microseconds gather{3000};
+  std::function<void(const StepRecord&)> on_step;  // optional: after each step, on the step thread
 };
 
 // Totals since start, for /metrics.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 using namespace dsv4;
 using dsv4::runtime::StepBatcher;
 using dsv4::runtime::StepBatcherOptions;
+using dsv4::runtime::StepRecord;
 using dsv4::runtime::StepReport;
 using dsv4::test::tiny_tokens;
 
@@ -151,6 +153,32 @@ TEST(StepBatcher, LongPromptIsFedInChunksBetweenDecodeRows) {
   const StepReport r = b.report();
   EXPECT_GE(r.steps, 150u / 8);
   EXPECT_GT(r.prefill_tokens, 0u);
+}
+
+TEST(StepBatcher, PromptChunksAreCappedWhileOtherJobsAreActive) {
+  // A long prompt and two decoding jobs, all active (arrive() .. depart()): no step that decodes
+  // takes more than the shared budget of prompt tokens, and the replies are those alone.
+  std::vector<Request> qs = {request(200, 31, 4, 0), request(3, 32, 30, 0), request(5, 33, 30, 0)};
+  std::mutex mu;
+  std::vector<StepRecord> steps;
+  StepBatcherOptions o;
+  o.step_tokens = 16;
+  o.shared_prefill_tokens = 4;
+  o.on_step = [&](const StepRecord& r) {
+    std::lock_guard<std::mutex> lk(mu);
+    steps.push_back(r);
+  };
+  StepBatcher b(engine(), o);
+  for (size_t i = 0; i < qs.size(); ++i) b.arrive();
+  const std::vector<Outcome> batched = together(qs, b);
+  for (size_t i = 0; i < qs.size(); ++i) b.depart();
+  for (size_t i = 0; i < qs.size(); ++i) expect_same(batched[i], alone(qs[i]), i);
+  size_t shared = 0;
+  for (const StepRecord& r : steps) {
+    EXPECT_LE(r.prefill_tokens, 4u) << "a step with other jobs active took a whole batch of prompt tokens";
+    if (r.decode_rows > 0 && r.prefill_tokens > 0) ++shared;
+  }
+  EXPECT_GT(shared, 0u) << "the prompt never shared a step with the decoding jobs";
 }
 
 TEST(StepBatcher, ACancelledRequestLeavesNoTraceInTheOthers) {
