@@ -476,8 +476,10 @@ ToolDsmlMap EngineBackend::find_tool_calls(const std::vector<std::string>& ids) 
 void EngineBackend::update_report() {
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < pool_->size(); ++i) sizes.push_back(pool_->session(i).n_tokens());
+  const size_t capacity = pool_->capacity();  // --sessions, or fewer when the backend had no room for more
   std::lock_guard<std::mutex> lock(report_mu_);
   report_.session_tokens = std::move(sizes);
+  report_.max_sessions = capacity;
 }
 
 CacheReport EngineBackend::cache_report() const {
@@ -486,7 +488,6 @@ CacheReport EngineBackend::cache_report() const {
     std::lock_guard<std::mutex> lock(report_mu_);
     r = report_;
   }
-  r.max_sessions = pool_->capacity();  // --sessions, or fewer when the backend had no room for more
   r.session_bytes = engine_->session_bytes(ctx_);
   if (disk_) {
     r.disk_enabled = true;
