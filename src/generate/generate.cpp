@@ -1,5 +1,6 @@
 #include "generate/generate.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "generate/reply_stream.h"
@@ -29,6 +30,12 @@ class DirectFeed final : public SessionFeed {
 
 }  // namespace
 
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  return static_cast<size_t>(std::mismatch(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n), b.begin()).first -
+                             a.begin());
+}
+
 SessionFeed& direct_feed() {
   static DirectFeed feed;
   return feed;
@@ -38,8 +45,7 @@ expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt,
                               SessionFeed& feed) {
   if (prompt.empty()) return make_error("empty prompt");
   const auto& have = session.tokens();
-  size_t lcp = 0;
-  while (lcp < have.size() && lcp < prompt.size() && have[lcp] == prompt[lcp]) ++lcp;
+  const size_t lcp = common_prefix(have, prompt);
   if (lcp < have.size()) DSV4_TRY(feed.rewind(session, lcp));
   if (lcp < prompt.size()) DSV4_TRY(feed.prefill(session, prompt.subspan(lcp), hooks));
   return lcp;

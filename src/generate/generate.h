@@ -81,6 +81,9 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
                                   const GenerateOptions& options, const GenerateCallbacks& callbacks = {},
                                   SessionFeed& feed = direct_feed());
 
+// How many leading tokens `a` and `b` share.
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
+
 // Brings the session to exactly `prompt` (rewinding past any divergence);
 // returns the number of prompt tokens that were reused.
 expected<size_t> sync_session(Session& session, std::span<const int32_t> prompt, const RunHooks& hooks = {},

@@ -297,7 +297,7 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
     auto engine = engine_lock();
     sp = &pool_->session(slot);
     SlotState& st = state(slot);
-    while (lcp < sp->n_tokens() && lcp < prompt.size() && sp->tokens()[lcp] == prompt[lcp]) ++lcp;
+    lcp = common_prefix(sp->tokens(), prompt);
     st.last_stored = std::min(st.last_stored, lcp);
     if (st.anchor.tokens > lcp) drop_visible(st);
   }
@@ -320,9 +320,8 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
       auto engine = engine_lock();
       drop_visible(st);
       st.last_stored = 0;
-      if (!s.load(*copy)) s.reset();  // a failed load: prefill as usual
-      lcp = 0;                        // the prompt tokens of the copy count as reused
-      while (lcp < s.n_tokens() && lcp < prompt.size() && s.tokens()[lcp] == prompt[lcp]) ++lcp;
+      if (!s.load(*copy)) s.reset();            // a failed load: prefill as usual
+      lcp = common_prefix(s.tokens(), prompt);  // the prompt tokens of the copy count as reused
     }
   }
   struct Unpublished {  // a leader leaving early (error, cancelled) publishes nothing: the others prefill

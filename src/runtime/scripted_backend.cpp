@@ -96,8 +96,7 @@ expected<GenerateResult> ScriptedBackend::generate(JobSlot& job, std::span<const
   last_reply_ = reply;
   last_pos_ = start;
   last_done_ = false;
-  size_t lcp = 0;
-  while (lcp < session_.size() && lcp < prompt.size() && session_[lcp] == prompt[lcp]) ++lcp;
+  const size_t lcp = common_prefix(session_, prompt);
   if (reply->prefill_delay_ms > 0 && !pause(reply->prefill_delay_ms, cb)) {
     session_.resize(lcp);
     r.finish = FinishReason::CANCELLED;

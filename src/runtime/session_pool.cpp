@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "generate/generate.h"
 
 namespace dsv4::runtime {
 
@@ -38,11 +39,7 @@ PoolLease SessionPool::lease(size_t slot, size_t reused, PoolPick pick, size_t p
 }
 
 expected<PoolLease> SessionPool::acquire(std::span<const int32_t> prompt) {
-  return acquire(prompt.size(), [&](size_t, const std::vector<int32_t>& have) {
-    size_t r = 0;
-    while (r < have.size() && r < prompt.size() && have[r] == prompt[r]) ++r;
-    return r;
-  });
+  return acquire(prompt.size(), [&](size_t, const std::vector<int32_t>& have) { return common_prefix(have, prompt); });
 }
 
 expected<PoolLease> SessionPool::acquire(size_t prompt_tokens, const ReuseFn& reuse) {
