@@ -30,9 +30,14 @@
 // * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS, and F16 with rows of whole
 //   32-element units; CudaBackendOptions::tensor_cores,
 //   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
-//   cuda_mma.cuh, 256 rows x 32/16/8 tokens per block (the most tokens that still
-//   give every SM a block). Within ~1e-13 NMSE of the f32 dot products, but not
-//   bitwise equal to the matvec. Grid: (ceil(rows_per_group / 256), G, ceil(n / BN)).
+//   cuda_mma.cuh, 256 rows x BN tokens per block: BN = 8/16/32, the one block
+//   that holds a batch of <= 32 tokens (a batched decode step reads each weight
+//   once), else 32 (16, 8 when that leaves SMs idle). When the grid gives the
+//   SMs fewer than two blocks each, the units of a row are cut into K slices
+//   (whole chunks of 8 units, at most 16) whose partial sums a second kernel
+//   adds in slice order. Within ~1e-13 NMSE of the f32 dot products, but not
+//   bitwise equal to the matvec. Grid: (ceil(rows_per_group / 256), G,
+//   ceil(n / BN) x slices).
 // * tiled FFMA (n > 1: the other weight types, or tensor cores off): weight_tile
 //   of cuda_tile.cuh, 32 rows x 8 tokens per 256-thread block, x staged in shared
 //   memory; each decoded weight unit is reused for 8 tokens. Same summation
@@ -248,35 +253,80 @@ __global__ void __launch_bounds__(256)
 
 // The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block; x split
 // beforehand (mma_split_x: token t = split row t, group g = units from g * n_units).
+// Split K (part != nullptr): blockIdx.z = token block + token_blocks * slice; slice
+// sp sums units [sp * slice_units, +slice_units) and stores part[sp][t][r]
+// (matmul_slices_sum_kernel adds the slices); else out[t][r] (+)= the whole sum.
 template <GgmlType T, int BN>
 __global__ void __launch_bounds__(256, 2)
     matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                      int64_t n_units, MmaX xs, int64_t n, float* __restrict__ out, bool acc, QuantTables tab) {
+                      int64_t n_units, MmaX xs, int64_t n, float* __restrict__ out, bool acc, int64_t slice_units,
+                      float* __restrict__ part, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
   const int64_t g = blockIdx.y;
   const int64_t r0 = g * rows_per_group + static_cast<int64_t>(blockIdx.x) * k_mma_rows;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * BN;
+  const int64_t token_blocks = (n + BN - 1) / BN;
+  const int64_t sp = blockIdx.z / token_blocks;
+  const int64_t t0 = (blockIdx.z % token_blocks) * BN;
+  const int64_t u_lo = sp * slice_units, u_hi = u_lo + slice_units < n_units ? u_lo + slice_units : n_units;
   const int nt = static_cast<int>(n - t0 < BN ? n - t0 : BN);
   if (threadIdx.x < BN) sm.xrow[threadIdx.x] = t0 + (static_cast<int>(threadIdx.x) < nt ? threadIdx.x : 0);
   const MmaTables st = mma_smem_tables(sm, tab);
-  mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, n_units, xs, g * n_units, sm, nt, st,
+  mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, u_lo, u_hi, xs, g * n_units, sm, nt, st,
                   [&](int64_t r, int tt, float s) {
-                    float& o = out[(t0 + tt) * rows + r];
-                    o = acc ? o + s : s;
+                    if (part) {
+                      part[(sp * n + t0 + tt) * rows + r] = s;
+                    } else {
+                      float& o = out[(t0 + tt) * rows + r];
+                      o = acc ? o + s : s;
+                    }
                   });
+}
+
+// out[i] = (acc ? out[i] : 0) + (part[0][i] + part[1][i] + ... ), slices in order, i < total = n * rows.
+__global__ void matmul_slices_sum_kernel(float* __restrict__ out, const float* __restrict__ part, int64_t total,
+                                         int slices, bool acc) {
+  pdl_enter();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = part[i];
+    for (int k = 1; k < slices; ++k) s = __fadd_rn(s, part[k * total + i]);
+    out[i] = acc ? __fadd_rn(out[i], s) : s;
+  }
+}
+
+// K slices of a tensor-core matmul: 1 while the (row block x token block) grid
+// already gives every SM two blocks; else enough slices of whole staged chunks
+// (k_mma_uc units) to get there, at most 16. A small-batch matmul (a batched
+// decode step: 2..32 tokens) has few row blocks of 256 and each warp walks its
+// rows' units one at a time, so without slices most SMs idle and the rest are
+// latency-bound.
+int64_t mma_slice_units(int64_t blocks, int64_t n_units, int64_t sms) {
+  const int64_t chunks = (n_units + k_mma_uc - 1) / k_mma_uc;
+  if (blocks >= 2 * sms || chunks < 2) return n_units;
+  const int64_t slices = std::min<int64_t>({(2 * sms + blocks - 1) / blocks, chunks, 16});
+  return (chunks + slices - 1) / slices * k_mma_uc;
 }
 
 template <GgmlType T, int BN>
 void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
-                       int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out, bool acc) {
-  DSV4_ASSERT((n + BN - 1) / BN <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
+                       int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out, bool acc,
+                       int64_t slice_units, float* part) {
+  const int64_t token_blocks = (n + BN - 1) / BN, slices = (n_units + slice_units - 1) / slice_units;
+  DSV4_ASSERT(token_blocks * slices <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
   allow_smem(matmul_mma_kernel<T, BN>, sizeof(MmaSmem<BN>));
   launch_kernel(matmul_mma_kernel<T, BN>,
-                dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups), ceil_div(n, BN)), 256,
-                sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc,
-                ctx.tables);
+                dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups),
+                     static_cast<unsigned>(token_blocks * slices)),
+                256, sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc,
+                slices > 1 ? slice_units : n_units, slices > 1 ? part : nullptr, ctx.tables);
+  if (slices > 1) {
+    CUDA_CHECK_LAUNCH();
+    const int64_t total = n * rows;
+    launch_kernel(matmul_slices_sum_kernel, static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536)), 256,
+                  0, ctx.stream, out, part, total, static_cast<int>(slices), acc);
+  }
 }
 
 template <GgmlType T>
@@ -351,20 +401,36 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
       if constexpr (mma_tile_type<T>()) {
         // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
         // The tile walks units of 32 elements (F16: four of its 8-element decode units).
+        // Batches of <= 32: the one token block that holds them all (each weight read once), the SMs filled by
+        // K slices (mma_slice_units). Larger ones: 32 tokens per block, unless that leaves SMs idle (16, 8).
         const int64_t units = x_stride / 32, n_units32 = cols / 32;
         DSV4_ASSERT(x_stride % 32 == 0, "matmul: input width %lld", static_cast<long long>(x_stride));
-        void* buf = ctx.scratch->get(mma_split_bytes(n, units), ctx.stream);
-        const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, n, units, buf);
-        CUDA_CHECK_LAUNCH();
         const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
         const int64_t row_blocks = static_cast<int64_t>(ceil_div(rows_per_group, k_mma_rows)) * groups;
+        const int bn = n <= 8                                ? 8
+                       : n <= 16                             ? 16
+                       : n <= 32                             ? 32
+                       : row_blocks * ceil_div(n, 32) >= sms ? 32
+                       : row_blocks * ceil_div(n, 16) >= sms ? 16
+                                                             : 8;
+        const int64_t slice_units = mma_slice_units(row_blocks * ceil_div(n, bn), n_units32, sms);
+        const int64_t slices = (n_units32 + slice_units - 1) / slice_units;
+        const size_t split_bytes = (mma_split_bytes(n, units) + 15) / 16 * 16;
+        const size_t part_bytes = slices > 1 ? static_cast<size_t>(slices * n * rows) * sizeof(float) : 0;
+        auto* buf = static_cast<uint8_t*>(ctx.scratch->get(split_bytes + part_bytes, ctx.stream));
+        const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, n, units, buf);
+        CUDA_CHECK_LAUNCH();
+        float* part = reinterpret_cast<float*>(buf + split_bytes);
         const size_t rb = op.w.row_bytes();
-        if (n > 16 && row_blocks * ceil_div(n, 32) >= sms)
-          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate);
-        else if (n > 8 && row_blocks * ceil_div(n, 16) >= sms)
-          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate);
+        if (bn == 32)
+          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
+                                   slice_units, part);
+        else if (bn == 16)
+          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
+                                   slice_units, part);
         else
-          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate);
+          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
+                                  slice_units, part);
       }
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",

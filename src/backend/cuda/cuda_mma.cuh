@@ -535,18 +535,19 @@ __device__ __forceinline__ MmaTables mma_smem_tables(MmaSmem<BN>& sm, const Quan
 }
 
 // Computes the tile and calls store(r, tt, value) for every row r in
-// [r_blk, min(r_blk + 256, r_end)) and token tt < nt. w: row 0 of the weight
-// matrix (row r at r * row_bytes), n_units per row; token tt's x is split row
-// sm.xrow[tt] of xs, units [u_off, u_off + n_units) (u_off: the group of a
-// grouped matmul). The block copies the split x of k_mma_uc units of its tokens
+// [r_blk, min(r_blk + 256, r_end)) and token tt < nt: the sum over the row's
+// units [u_lo, u_hi) (all of them: 0, n_units; a slice of a split-K launch).
+// w: row 0 of the weight matrix (row r at r * row_bytes); token tt's x is
+// split row sm.xrow[tt] of xs, units [u_off + u_lo, u_off + u_hi) (u_off: the
+// group of a grouped matmul). The block copies the split x of k_mma_uc units of its tokens
 // into shared memory with cp.async, one chunk ahead of the MMAs (two buffers, a
 // barrier per chunk); each warp streams its own 32 rows' codes from global
 // memory, the next unit's raw bytes loaded before this unit's MMAs. Every
 // thread of the block must call it (blockDim.x == 256).
 template <GgmlType T, int BN, class Store>
 __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_blk, int64_t r_end,
-                                         int64_t n_units, const MmaX& xs, int64_t u_off, MmaSmem<BN>& sm, int nt,
-                                         const MmaTables& tab, Store store) {
+                                         int64_t u_lo, int64_t u_hi, const MmaX& xs, int64_t u_off, MmaSmem<BN>& sm,
+                                         int nt, const MmaTables& tab, Store store) {
   static_assert(mma_tile_type<T>(), "MMA tile: block-quantised types and F16 only");
   using C = MmaCodes<T>;
   constexpr int NJ = BN / 8;  // n8 tiles
@@ -555,12 +556,12 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
   const int g = lane >> 2, t = lane & 3;
   const bool live = r_blk + 32 * warp < r_end;  // dead warps still copy and meet the barriers
 
-  // Copies chunk c (units [c * uc, +uc) of every live token) into buffer c & 1.
-  const int64_t n_chunks = (n_units + k_mma_uc - 1) / k_mma_uc;
+  // Copies chunk c (units [u_lo + c * uc, +uc) of every live token) into buffer c & 1.
+  const int64_t n_chunks = (u_hi - u_lo + k_mma_uc - 1) / k_mma_uc;
   auto issue = [&](int64_t c) {
     const int b = static_cast<int>(c & 1);
-    const int64_t u0 = c * k_mma_uc;
-    const int nu = static_cast<int>(n_units - u0 < k_mma_uc ? n_units - u0 : k_mma_uc);
+    const int64_t u0 = u_lo + c * k_mma_uc;
+    const int nu = static_cast<int>(u_hi - u0 < k_mma_uc ? u_hi - u0 : k_mma_uc);
     for (int i = threadIdx.x; i < nt * k_mma_uc * 9; i += 256) {
       const int n = i / (k_mma_uc * 9), rest = i % (k_mma_uc * 9), uu = rest / 9, k = rest % 9;
       if (uu >= nu) continue;
@@ -594,7 +595,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) C::load(rp[mt][h], 0, t, raw[mt][h]);
+      for (int h = 0; h < 2; ++h) C::load(rp[mt][h], u_lo, t, raw[mt][h]);
   }
 
   issue(0);
@@ -607,8 +608,8 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
     }
     __syncthreads();  // chunk c visible to every warp
     const int b = static_cast<int>(c & 1);
-    const int64_t u0 = c * k_mma_uc;
-    const int nu = static_cast<int>(n_units - u0 < k_mma_uc ? n_units - u0 : k_mma_uc);
+    const int64_t u0 = u_lo + c * k_mma_uc;
+    const int nu = static_cast<int>(u_hi - u0 < k_mma_uc ? u_hi - u0 : k_mma_uc);
     if (live) {
       for (int uu = 0; uu < nu; ++uu) {
         const int64_t u = u0 + uu;
@@ -618,7 +619,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) C::decode(raw[mt][h], u, t, a[mt][h], sc[mt][h], mn[mt][h], tab);
-        if (u + 1 < n_units) {
+        if (u + 1 < u_hi) {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll

@@ -431,7 +431,7 @@ __global__ void __launch_bounds__(256, 2)
   }
   const MmaTables st = mma_smem_tables(sm, tab);
   const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
-  mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, n_units, xs, 0, sm, td.z, st,
+  mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, 0, n_units, xs, 0, sm, td.z, st,
                   [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
