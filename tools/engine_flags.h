@@ -82,6 +82,20 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->type_name("auto|on|off|N")
       ->default_str("auto")
       ->group(group);
+  cmd->add_option("--expert-group-min", s->expert_group_min,
+                  "Routed experts of batches of at least N tokens grouped by expert (each expert's weights read once "
+                  "per tile); smaller batches run the per-assignment matvec")
+      ->type_name("N")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            int64_t n = 0;
+            return CLI::detail::lexical_cast(v, n) && n >= 1 && n <= 1000000
+                       ? std::string()
+                       : "want a whole number from 1 to 1000000, got " + v;
+          },
+          ""))
+      ->capture_default_str()
+      ->group(group);
   cmd->add_flag_callback(
          "--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
       ->group(group);

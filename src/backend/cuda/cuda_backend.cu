@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
       side_scratch_.set_evictable(gemm_cache_.get());
     }
     ctx_.expert_gemm_min = ctx_.tensor_cores && expert_wgmma_available() ? opts_.expert_gemm_min : 0;
+    ctx_.expert_group_min = opts_.expert_group_min;
     // Branches on a second stream (branch_begin), unless turned off.
     branches_ = opts_.branches;
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.

@@ -101,6 +101,8 @@ struct CudaContext {
   // kernel here, or CudaBackendOptions::expert_gemm "off"); 1: every expert
   // ("on", tests).
   int expert_gemm_min = 0;
+  // Routed experts of batches of >= expert_group_min tokens grouped by expert (CudaOptions::expert_group_min).
+  int64_t expert_group_min = 65;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

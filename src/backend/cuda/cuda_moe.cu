@@ -18,7 +18,7 @@
 //   3. mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a   (weight before the down projection)
 //   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
-//   Steps 1, 2, 4, decode (n < k_group_min_tokens): the matvec of cuda_matmul.cu
+//   Steps 1, 2, 4, decode (n < CudaContext::expert_group_min, 65 by default): the matvec of cuda_matmul.cu
 //   per assignment (4 expert rows per warp, or 2 gate + 2 up in the pair; staged wide
 //   loads for Q8_0/Q2_K/IQ2_XXS, grid (assignments, row blocks)); when gate
 //   and up share a layout, steps 1-3 are one kernel: each warp dots 2 gate
@@ -28,7 +28,7 @@
 //   16 rows at a time are multiplied by integer MMAs (cuda_expert_imma.cuh):
 //   within f32 rounding of the CPU like the tensor-core tiles, not bitwise
 //   equal to the float matvec.
-//   Prefill (n >= k_group_min_tokens): grouped by expert. moe_plan_kernel (one
+//   Prefill (n >= expert_group_min): grouped by expert. moe_plan_kernel (one
 //   block, a stable counting sort over 16 warps) lists the assignments sorted by (expert,
 //   assignment) and cuts each expert's run into tiles of <= 16 when gate, up
 //   and down all run on tensor cores (32 for batches of >= 32 assignments per
@@ -66,8 +66,7 @@ namespace {
 
 constexpr int k_route_threads = 256;
 constexpr int k_max_route_k = 64;
-constexpr int k_route_lane_experts = 8;     // E <= 256: the selection runs in one warp
-constexpr int64_t k_group_min_tokens = 16;  // prefill batches from this size group assignments by expert
+constexpr int k_route_lane_experts = 8;  // E <= 256: the selection runs in one warp
 
 __device__ __forceinline__ float softplus_dev(float z) {
   if (z > 20.0f) return z;
@@ -718,7 +717,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   if (n == 0) return;
   const int64_t n_assign = n * k;
   const int64_t E = op.gate.ne[2];
-  const bool grouped = n >= k_group_min_tokens && k > 0;
+  const bool grouped = n >= ctx.expert_group_min && k > 0;
   // Assignments per tile when all three matrices run on tensor cores: 16, or 32
   // once the batch averages >= 32 per expert (each decoded weight unit then
   // serves twice the tokens; smaller batches would leave 32-tiles mostly empty);

@@ -89,6 +89,8 @@ Status CudaOptions::check() const {
     return make_error("--cublas: empty (want auto, off or the path of libcublas)");
   if (expert_gemm_min < 0 || expert_gemm_min > 1000000)
     return make_error("--expert-gemm %d: want 0 (off) to 1000000 assignments", expert_gemm_min);
+  if (expert_group_min < 1 || expert_group_min > 1000000)
+    return make_error("--expert-group-min %lld: want 1 to 1000000 tokens", static_cast<long long>(expert_group_min));
   if (dup_ops >> static_cast<unsigned>(CudaDupOp::COUNT)) return make_error("--dup-ops: unknown op bits 0x%x", dup_ops);
   return {};
 }
@@ -105,6 +107,7 @@ std::string CudaOptions::describe() const {
   if (branches != d.branches) add("branches=off");
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
+  if (expert_group_min != d.expert_group_min) add("expert_group_min=" + std::to_string(expert_group_min));
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
   if (dup_ops != 0) {
     std::string names;

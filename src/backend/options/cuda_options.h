@@ -43,6 +43,9 @@ enum class CudaDupOp : unsigned {
 // The grouped expert GEMM's default threshold: experts with at least this
 // many assignments in a prefill batch (measured: backend/cuda/cuda_expert_gemm.cuh).
 inline constexpr int k_expert_gemm_auto_min = 64;
+// Batches of at least this many tokens group the routed experts by expert
+// (CudaOptions::expert_group_min; measured: PERFORMANCE.md, serving several agents).
+inline constexpr int64_t k_expert_group_auto_min = 65;
 
 struct CudaOptions {
   // Batched matmuls (prefill, grouped experts) of block-quantised weights on
@@ -68,6 +71,12 @@ struct CudaOptions {
   // and devices, tensor cores only), the others on the tile. 0: never; 1:
   // every expert.
   int expert_gemm_min = k_expert_gemm_auto_min;
+  // Routed experts of batches of at least this many tokens are grouped by
+  // expert (each expert's weights read once per tile of its assignments);
+  // smaller batches (decode steps, batched decode steps of a few sessions) run
+  // the per-assignment matvec, which reads an expert once per assignment but
+  // streams at the copy rate. 1: always grouped.
+  int64_t expert_group_min = k_expert_group_auto_min;
   // Keep the cuBLAS matmuls' split weights across calls (cuda_gemm.cuh,
   // GemmWeightCache: 6 bytes per dense weight) while at least
   // gemm_cache_reserve bytes of device memory stay free; false: split every
