@@ -2,6 +2,7 @@
 // batch, D = n_embd, H = heads, hd = head_dim, hc = mHC streams.
 #include "model/forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -633,41 +634,88 @@ Status Model::step(std::span<const StepItem> items) {
   if (total > options_.max_batch)
     return make_error("step: %lld tokens exceed the batch of %d", static_cast<long long>(total), options_.max_batch);
 
+  // A batched decode step runs its items in uid order (the rows of a recording are fixed).
+  std::vector<size_t> order(items.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  const bool decode = std::all_of(items.begin(), items.end(), [](const StepItem& it) { return it.n == 1; });
+  if (decode)
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return items[a].state->uid < items[b].state->uid; });
+
   Scratch& s = *sc_;
   std::vector<Segment> segs;
   std::vector<int32_t> pos, ids;
+  std::vector<bool> want;
+  std::vector<uint64_t> key;
   pos.reserve(static_cast<size_t>(total));
   ids.reserve(static_cast<size_t>(total));
-  for (const StepItem& it : items) {
+  for (size_t k : order) {
+    const StepItem& it = items[k];
     segs.push_back(Segment{it.state, static_cast<int64_t>(pos.size()), it.n});
     for (int64_t i = 0; i < it.n; ++i) pos.push_back(static_cast<int32_t>(it.p0 + i));
     ids.insert(ids.end(), it.ids, it.ids + it.n);
+    want.push_back(it.logits != nullptr);
+    key.push_back(it.state->uid * 2 + (it.logits ? 1 : 0));
   }
   backend_.write(s.pos, pos.data(), pos.size() * 4);
   backend_.write(s.ids, ids.data(), ids.size() * 4);
-  const Tensor state = layer_ops(segs, total);
 
-  // The head over the last row of every item that wants logits, moved to
-  // rows [0, cnt) of the final state first (in order: the k-th item's last
-  // row is at or after row k, so no row is overwritten before it is moved).
-  const int64_t D = spec_.n_embd, hc = spec_.hc_count;
-  std::vector<size_t> want;
-  for (size_t k = 0; k < items.size(); ++k)
-    if (items[k].logits) want.push_back(k);
-  if (want.empty()) return {};
-  const int64_t cnt = static_cast<int64_t>(want.size());
-  const Tensor flat = state.reshape(D * hc, total);
-  for (int64_t j = 0; j < cnt; ++j) {
-    const Segment& g = segs[want[static_cast<size_t>(j)]];
-    const int64_t last = g.row0 + g.n - 1;
-    if (last != j) backend_.copy(flat.rows(j, 1), flat.rows(last, 1));
+  // A batched decode step is the same op sequence on the same tensors while
+  // its sessions stay the same (positions and ids are read on the device):
+  // recorded on its second occurrence (the first sizes every buffer), replayed after.
+  bool done = false;
+  if (decode && items.size() <= k_batch_graph_rows) {
+    ++batch_clock_;
+    auto it =
+        std::find_if(batch_graphs_.begin(), batch_graphs_.end(), [&](const BatchGraph& g) { return g.key == key; });
+    if (it != batch_graphs_.end()) {
+      done = backend_.replay(it->id);
+      if (done) {
+        it->used = batch_clock_;
+      } else {  // stale (memory moved since the recording), or the backend wants eager ops now
+        backend_.drop_replay(it->id);
+        batch_graphs_.erase(it);
+      }
+    }
+    if (!done && batch_seen_ == key && backend_.capture_begin()) {
+      step_ops(segs, total, want);
+      BatchGraph g{key, backend_.capture_end(), batch_clock_};
+      done = backend_.replay(g.id);
+      DSV4_ASSERT(done, "a batched decode step recorded just now cannot be replayed");
+      if (batch_graphs_.size() >= k_batch_graphs) {
+        auto lru = std::min_element(batch_graphs_.begin(), batch_graphs_.end(),
+                                    [](const BatchGraph& a, const BatchGraph& b) { return a.used < b.used; });
+        backend_.drop_replay(lru->id);
+        batch_graphs_.erase(lru);
+      }
+      batch_graphs_.push_back(std::move(g));
+    }
+    batch_seen_ = std::move(key);
   }
-  const int64_t first = 0;
-  head_ops(flat.rows(first, cnt).reshape(D, hc, cnt), cnt);
+  if (!done) step_ops(segs, total, want);
+
   const size_t V = spec_.n_vocab;
-  for (size_t j = 0; j < want.size(); ++j)
-    backend_.read(s.logits.rows(static_cast<int64_t>(j), 1), items[want[j]].logits, V * sizeof(float));
+  int64_t j = 0;
+  for (size_t k : order)
+    if (items[k].logits) backend_.read(s.logits.rows(j++, 1), items[k].logits, V * sizeof(float));
   return {};
+}
+
+void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::vector<bool>& want) {
+  const Tensor state = layer_ops(segs, total);
+  // The head over the last row of every segment that wants logits, moved to
+  // rows [0, cnt) of the final state first (in order: the j-th such segment's
+  // last row is at or after row j, so no row is overwritten before it is moved).
+  const int64_t D = spec_.n_embd, hc = spec_.hc_count;
+  const Tensor flat = state.reshape(D * hc, total);
+  int64_t cnt = 0;
+  for (size_t k = 0; k < segs.size(); ++k) {
+    if (!want[k]) continue;
+    const int64_t last = segs[k].row0 + segs[k].n - 1;
+    if (last != cnt) backend_.copy(flat.rows(cnt, 1), flat.rows(last, 1));
+    ++cnt;
+  }
+  if (cnt > 0) head_ops(flat.rows(0, cnt).reshape(D, hc, cnt), cnt);
 }
 
 Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) {

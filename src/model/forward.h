@@ -94,7 +94,10 @@ class Model {
   // routed experts run once over all rows; the ops on a sequence's state (KV
   // ring, compressors, indexer, attention) run per item on its rows. A row's
   // result does not depend on the other rows, so each item gets what
-  // forward() alone gives it (bitwise on the CPU backend).
+  // forward() alone gives it (bitwise on the CPU backend). A step of
+  // single-token items (a batched decode step) runs in the order of the
+  // states' uids whatever the items' order, and is recorded and replayed like
+  // forward()'s single-token step (see batch_graphs_).
   Status step(std::span<const StepItem> items);
 
   // MTP draft (model-spec.md §8, the DeepSeek-V3 pairing): the final mHC state of the last
@@ -139,6 +142,10 @@ class Model {
   Tensor layer_ops(std::span<const Segment> segs, int64_t n);
   // hc_head -> RMSNorm -> logits of `cnt` rows of final state into s.logits.
   void head_ops(const Tensor& state_rows, int64_t cnt);
+  // The ops of a step (positions and ids already written): the layers over
+  // every segment, then the head over the last row of each segment k with
+  // want[k], into logits rows 0, 1, ... in segment order.
+  void step_ops(std::span<const Segment> segs, int64_t total, const std::vector<bool>& want);
   LayerState alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor);
 
   Backend& backend_;
@@ -160,6 +167,20 @@ class Model {
   };
   StepKey step_seen_, step_key_;
   uint64_t step_graph_ = 0;
+  // Recorded batched decode steps, by key (per item in uid order: uid * 2 +
+  // wants logits): recorded on the second consecutive step with one key,
+  // replayed while it recurs; the least recently used goes beyond
+  // k_batch_graphs. Steps of up to k_batch_graph_rows items.
+  static constexpr size_t k_batch_graphs = 8;
+  static constexpr size_t k_batch_graph_rows = 64;
+  struct BatchGraph {
+    std::vector<uint64_t> key;
+    uint64_t id = 0;
+    uint64_t used = 0;  // batch_clock_ at the last replay
+  };
+  std::vector<BatchGraph> batch_graphs_;
+  std::vector<uint64_t> batch_seen_;
+  uint64_t batch_clock_ = 0;
   uint64_t next_state_uid_ = 0;
 };
 

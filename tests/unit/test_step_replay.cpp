@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -257,4 +258,61 @@ TEST(StepReplay, DecodeWithBranchesEqualsPrefill) {
   EXPECT_EQ(be.branches_begun(), be.branches_joined());
   EXPECT_GE(be.replays(), 1);
   m.free_state(r);
+}
+
+// Batched decode steps (Model::step of single-token items) are recorded per set
+// of sessions and replayed whatever order the items come in; a session leaving
+// or joining changes the set (another recording), a prompt chunk in the step
+// runs eagerly. Every item's logits equal its sequence's prefill bit for bit.
+TEST(StepReplay, BatchedDecodeStepsReplayPerSessionSetInAnyItemOrder) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  RecordingBackend be(make_cpu_backend(2));
+  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  Model& m = **model;
+  const int64_t V = m.spec().n_vocab;
+  constexpr size_t S = 3, N = 40, P = 5;  // sessions; tokens each; session 2's prompt, fed as one chunk
+  std::vector<std::vector<int32_t>> t(S);
+  std::vector<std::vector<float>> want(S, std::vector<float>(N * V));
+  {
+    KvState r = m.new_state(256);
+    for (size_t k = 0; k < S; ++k) {
+      t[k] = tokens(N, m.spec().n_vocab, static_cast<uint32_t>(20 + k));
+      m.reset_state(r);
+      ASSERT_TRUE(m.forward(r, t[k].data(), N, 0, want[k].data(), true).has_value());
+    }
+    m.free_state(r);
+  }
+  std::vector<KvState> st;
+  for (size_t k = 0; k < S; ++k) st.push_back(m.new_state(256));
+  std::vector<size_t> at(S, 0);
+  std::vector<std::vector<float>> lg(S, std::vector<float>(V));
+  std::mt19937 rng(3);
+  const int captures0 = be.captures(), replays0 = be.replays();
+  for (size_t step = 0; step < 30; ++step) {
+    // Sessions 0 and 1 decode throughout; session 2 joins at step 10 with its
+    // prompt chunk, decodes until step 20, then leaves.
+    std::vector<size_t> in = {0, 1};
+    if (step >= 10 && step < 20) in.push_back(2);
+    std::shuffle(in.begin(), in.end(), rng);
+    std::vector<StepItem> items;
+    for (size_t k : in) {
+      const int64_t n = (k == 2 && step == 10) ? static_cast<int64_t>(P) : 1;
+      items.push_back(StepItem{&st[k], t[k].data() + at[k], n, static_cast<int64_t>(at[k]), lg[k].data()});
+    }
+    ASSERT_TRUE(m.step(items).has_value()) << "step " << step;
+    for (const StepItem& it : items) {
+      const size_t k = static_cast<size_t>(&*it.state - st.data());
+      at[k] += static_cast<size_t>(it.n);
+      ASSERT_EQ(0, std::memcmp(lg[k].data(), want[k].data() + (at[k] - 1) * V, V * sizeof(float)))
+          << "step " << step << ", session " << k << ", position " << at[k] - 1;
+    }
+  }
+  // Set {0,1}: eager at step 0, recorded at step 1, replayed at 1-9 and again at 20-29 (kept while set
+  // {0,1,2} ran); step 10 carries a prompt chunk (eager); set {0,1,2}: eager at 11, recorded and
+  // replayed at 12, replayed at 13-19. 2 recordings, 9 + 8 + 10 replays.
+  EXPECT_EQ(be.captures() - captures0, 2);
+  EXPECT_EQ(be.replays() - replays0, 9 + 8 + 10);
+  for (KvState& s : st) m.free_state(s);
 }

@@ -250,6 +250,7 @@ class CudaBackend final : public Backend {
     DSV4_ASSERT(!capturing_, "capture_begin while recording");
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
+    ctx_.capturing = true;
     return true;
   }
   uint64_t capture_end() override {
@@ -257,6 +258,7 @@ class CudaBackend final : public Backend {
     DSV4_ASSERT(capturing_, "capture_end without capture_begin");
     DSV4_ASSERT(!in_branch_ && !branch_open_, "capture_end with a branch not joined");
     capturing_ = false;
+    ctx_.capturing = false;
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     Recording r;

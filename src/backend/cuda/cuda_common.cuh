@@ -94,6 +94,8 @@ struct CudaContext {
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.
   Blas* blas = nullptr;
   int64_t gemm_min_tokens = 128;
+  // A graph is being recorded (Backend::capture_begin): matmuls stay off cuBLAS (its weight cache allocates).
+  bool capturing = false;
   // The split weights of the cuBLAS matmuls kept across calls; nullptr: split per call.
   GemmWeightCache* gemm_cache = nullptr;
   // Prefill experts with >= expert_gemm_min assignments in a batch on the

@@ -300,8 +300,8 @@ namespace {
 bool gemm_applies(const CudaContext& ctx, GgmlType type, int64_t rows, int64_t cols, int groups, int64_t n) {
   bool typed = false;
   dispatch_weight_type(type, [&](auto tag) { typed = gemm_type<decltype(tag)::value>(); });
-  return typed && ctx.blas && ctx.tensor_cores && n >= ctx.gemm_min_tokens && n >= 2 && cols % 32 == 0 &&
-         rows <= INT_MAX && n <= 65535 && 3 * cols * groups <= INT_MAX &&
+  return typed && ctx.blas && ctx.tensor_cores && !ctx.capturing && n >= ctx.gemm_min_tokens && n >= 2 &&
+         cols % 32 == 0 && rows <= INT_MAX && n <= 65535 && 3 * cols * groups <= INT_MAX &&
          GemmScratch(rows, cols, groups, n).bytes <= k_gemm_max_scratch;
 }
 
