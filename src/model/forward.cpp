@@ -357,18 +357,23 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
                      .rope_rows_per_token = 1});                    // + RoPE
   if (ref && state_of(segs.front()).ring.type != GgmlType::KV_FP8)  // one row type for every state
     backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
-  for (const Segment& g : segs) backend_.store_rows({state_of(g).ring, kv.rows(g.row0, g.n), elems(pos, g.row0, g.n)});
+  // The per-sequence ops run over all segments at once (Backend::*_seqs; one op per segment).
+  std::vector<StoreRowsOp> stores;
+  for (const Segment& g : segs) stores.push_back({state_of(g).ring, kv.rows(g.row0, g.n), elems(pos, g.row0, g.n)});
+  backend_.store_rows_seqs(stores);
 
   Tensor sel;
   if (compressor) {
     // Compressor (§5.5): rows completed inside this batch become visible to later tokens.
+    std::vector<CompressOp> comps;
     for (const Segment& g : segs) {
       LayerState& S = state_of(g);
-      backend_.compress(compress_op(S.comp, S.comp_a, S.comp_g, ckv.rows(g.row0, g.n), cg.rows(g.row0, g.n),
-                                    L[LT::ATTN_COMPRESSOR_APE], L[LT::ATTN_COMPRESSOR_NORM], elems(pos, g.row0, g.n),
-                                    static_cast<int>(ratio), rope, ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE,
-                                    static_cast<int>(P.nope_dim()), ref));
+      comps.push_back(compress_op(S.comp, S.comp_a, S.comp_g, ckv.rows(g.row0, g.n), cg.rows(g.row0, g.n),
+                                  L[LT::ATTN_COMPRESSOR_APE], L[LT::ATTN_COMPRESSOR_NORM], elems(pos, g.row0, g.n),
+                                  static_cast<int>(ratio), rope, ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE,
+                                  static_cast<int>(P.nope_dim()), ref));
     }
+    backend_.compress_seqs(comps);
 
     if (indexer) {
       // Lightning indexer (§5.6).
@@ -385,29 +390,36 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
       for (const Segment& g : segs) max_rows = std::max(max_rows, state_of(g).idx.n_rows());
       ensure_scores(max_rows);
       sel = s.sel.rows(0, n);
+      comps.clear();
+      std::vector<IndexerScoresOp> scores;
+      std::vector<TopKOp> topks;
       for (const Segment& g : segs) {
         LayerState& S = state_of(g);
         const Tensor gpos = elems(pos, g.row0, g.n);
-        backend_.compress(compress_op(S.idx, S.idx_a, S.idx_g, ikv.rows(g.row0, g.n), ig.rows(g.row0, g.n),
-                                      L[LT::INDEXER_COMPRESSOR_APE], L[LT::INDEXER_COMPRESSOR_NORM], gpos, 4, rope,
-                                      ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
+        comps.push_back(compress_op(S.idx, S.idx_a, S.idx_g, ikv.rows(g.row0, g.n), ig.rows(g.row0, g.n),
+                                    L[LT::INDEXER_COMPRESSOR_APE], L[LT::INDEXER_COMPRESSOR_NORM], gpos, 4, rope,
+                                    ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
         const int64_t rows = S.idx.n_rows();
-        // [g.n, rows] at the start of the larger scratch: the segments run one after the other.
-        Tensor scores = make_tensor(s.scores.data, GgmlType::F32, rows, g.n);
-        backend_.indexer_scores({.scores = scores,
-                                 .q = iq.reshape(dI * HI, n).rows(g.row0, g.n).reshape(dI, HI, g.n),
-                                 .w = iw.rows(g.row0, g.n),
-                                 .rows = S.idx,
-                                 .pos = gpos,
-                                 .ratio = 4,
-                                 .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
-        backend_.topk({.sel = sel.rows(g.row0, g.n), .scores = scores, .pos = gpos, .ratio = 4});
+        // [g.n, rows] from row g.row0 of the [max_batch, max_rows] scratch: disjoint per segment.
+        Tensor sc = make_tensor(static_cast<float*>(s.scores.data) + g.row0 * max_rows, GgmlType::F32, rows, g.n);
+        scores.push_back({.scores = sc,
+                          .q = iq.reshape(dI * HI, n).rows(g.row0, g.n).reshape(dI, HI, g.n),
+                          .w = iw.rows(g.row0, g.n),
+                          .rows = S.idx,
+                          .pos = gpos,
+                          .ratio = 4,
+                          .inputs_bf16 = ref});  // ref: q and rows went through the FP4 simulation
+        topks.push_back({.sel = sel.rows(g.row0, g.n), .scores = sc, .pos = gpos, .ratio = 4});
       }
+      backend_.compress_seqs(comps);
+      backend_.indexer_scores_seqs(scores);
+      backend_.topk_seqs(topks);
     }
   }
 
   // Attention over window + compressed rows (§5.7), inverse RoPE, grouped output projection (§5.8).
   Tensor o = s.o.reshape(hd, H, options_.max_batch).rows(0, H * n).reshape(hd, H, n);
+  std::vector<AttentionOp> atts;
   for (const Segment& g : segs) {
     LayerState& S = state_of(g);
     AttentionOp a;
@@ -422,8 +434,9 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
     a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
     a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
-    backend_.attention(a);
+    atts.push_back(a);
   }
+  backend_.attention_seqs(atts);
   backend_.rope({.x = o, .pos = pos, .rope = rope, .inverse = true});
   Tensor la = s.la.rows(0, n);
   backend_.matmul(

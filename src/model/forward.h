@@ -92,7 +92,8 @@ class Model {
   // Several sequences in one forward pass: their tokens are the rows of one
   // batch (Σ n <= max_batch; each state at most once). The dense ops and the
   // routed experts run once over all rows; the ops on a sequence's state (KV
-  // ring, compressors, indexer, attention) run per item on its rows. A row's
+  // ring, compressors, indexer, attention) run per item on its rows, issued
+  // as one Backend::*_seqs call over all items (CUDA: one launch). A row's
   // result does not depend on the other rows, so each item gets what
   // forward() alone gives it (bitwise on the CPU backend). A step of
   // single-token items (a batched decode step) runs in the order of the

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -372,6 +373,28 @@ class Backend {
   virtual void indexer_scores(const IndexerScoresOp& op) = 0;
   virtual void topk(const TopKOp& op) = 0;
   virtual void attention(const AttentionOp& op) = 0;
+  // The per-sequence ops of several sequences in one step (Model::step). Op k
+  // reads and writes its own sequence's state; the ops' per-token tensors
+  // (rows, kv, gate, q, w, out, pos, sel) are consecutive row ranges of one
+  // batch, in op order (op k + 1's rows follow op k's); indexer scores and
+  // top-k each have their own scores. Same results as one call per op (the
+  // defaults); a backend may launch the ops of single-token sequences (a
+  // batched decode step) together.
+  virtual void store_rows_seqs(std::span<const StoreRowsOp> ops) {
+    for (const StoreRowsOp& op : ops) store_rows(op);
+  }
+  virtual void compress_seqs(std::span<const CompressOp> ops) {
+    for (const CompressOp& op : ops) compress(op);
+  }
+  virtual void indexer_scores_seqs(std::span<const IndexerScoresOp> ops) {
+    for (const IndexerScoresOp& op : ops) indexer_scores(op);
+  }
+  virtual void topk_seqs(std::span<const TopKOp> ops) {
+    for (const TopKOp& op : ops) topk(op);
+  }
+  virtual void attention_seqs(std::span<const AttentionOp> ops) {
+    for (const AttentionOp& op : ops) attention(op);
+  }
   virtual void moe_route(const MoeRouteOp& op) = 0;
   virtual void moe_experts(const MoeExpertsOp& op) = 0;
   virtual void swiglu(const SwigluOp& op) = 0;

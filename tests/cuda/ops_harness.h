@@ -200,6 +200,7 @@ void cases_matmul(Harness& h);
 void cases_compress(Harness& h);
 void cases_indexer(Harness& h);
 void cases_attention(Harness& h);
+void cases_seqs(Harness& h);
 void cases_moe(Harness& h);
 
 }  // namespace dsv4::cudatest

@@ -352,14 +352,9 @@ int main(int argc, char** argv) {
     const char* name;
     void (*fn)(Harness&);
   };
-  const Group groups[] = {{"memory", cases_memory},
-                          {"dense", cases_dense},
-                          {"mhc", cases_mhc},
-                          {"matmul", cases_matmul},
-                          {"compress", cases_compress},
-                          {"indexer", cases_indexer},
-                          {"attention", cases_attention},
-                          {"moe", cases_moe}};
+  const Group groups[] = {{"memory", cases_memory},       {"dense", cases_dense},       {"mhc", cases_mhc},
+                          {"matmul", cases_matmul},       {"compress", cases_compress}, {"indexer", cases_indexer},
+                          {"attention", cases_attention}, {"seqs", cases_seqs},         {"moe", cases_moe}};
   for (const Group& g : groups) {
     const auto t0 = std::chrono::steady_clock::now();
     g.fn(h);

@@ -19,7 +19,10 @@
 // kernel 2 (grid (tokens, H), 128 threads) merges the splits in split order:
 // M = max m_s, o = sum_s e^(m_s-M) acc_s, den = e^(sink-M) + sum_s e^(m_s-M) l_s.
 // The split geometry depends only on the token's own key count, never on the
-// batch, so batched and single-token results are bitwise equal. Shared memory: q of the group
+// batch, so batched and single-token results are bitwise equal. Each token of
+// a launch reads its keys through its own AttKeySource (a by-value table,
+// cuda_seqs.cuh), so the single-token sequences of a batched decode step
+// share the launch pair (launch_attention_seqs). Shared memory: q of the group
 // [HG][d], a key tile [8][d], logits [HG][8]. Keys are walked in tiles of 8:
 //   1. warp w fetches key k0 + w (unpacked to f32) into the tile and computes
 //      its HG logits (lane-strided partial dots + warp sums); missing or
@@ -36,16 +39,17 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_seqs.cuh"
 
 namespace dsv4::cuda {
 
 namespace {
 
 constexpr int k_att_warps = 8;
-constexpr int k_att_tile = k_att_warps;  // keys per tile, one per warp
-constexpr int k_att_max_epl = 32;        // accumulator floats per lane
-constexpr int k_att_splits = 16;         // key splits per (token, head group)
-constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the scratch)
+constexpr int k_att_tile = k_att_warps;        // keys per tile, one per warp
+constexpr int k_att_max_epl = 32;              // accumulator floats per lane
+constexpr int k_att_splits = 16;               // key splits per (token, head group)
+constexpr int k_att_tok_group = k_seq_tokens;  // tokens per launch pair (bounds the scratch; one key source each)
 
 // Partial attention of one key split. Outputs (token t of the group, head h, split s):
 // part_ml[((t*H + h)*S + s)*2 + {0,1}] = {m, l}; part_acc[((t*H + h)*S + s)*d + e].
@@ -54,8 +58,8 @@ constexpr int k_att_tok_group = 32;      // tokens per launch pair (bounds the s
 // warp interleaves (a run-time HG serialised them: 8 x 5 dependent shuffles).
 template <int HG>
 __global__ void __launch_bounds__(256)
-    attention_split_kernel(float* part_acc, float* part_ml, const float* q, AttKeySource src, const int32_t* pos, int H,
-                           int64_t d, float scale) {
+    attention_split_kernel(float* part_acc, float* part_ml, const float* q, SeqTable<AttKeySource> srcs,
+                           const int32_t* pos, int H, int64_t d, float scale) {
   pdl_enter();
   extern __shared__ float sm[];
   float* qs = sm;                   // [HG][d]
@@ -65,6 +69,7 @@ __global__ void __launch_bounds__(256)
   const float neg_inf = -__int_as_float(0x7f800000);
   const int64_t t = blockIdx.x;
   const int h0 = blockIdx.y * HG;
+  const AttKeySource& src = srcs.at[t];  // sel: this token's row
   const AttQueryKeys qk = att_query_keys(src, pos[t]);
   const int64_t n_keys = qk.n_keys();
   const int S = static_cast<int>(gridDim.z), split = static_cast<int>(blockIdx.z);
@@ -89,7 +94,7 @@ __global__ void __launch_bounds__(256)
     // 1. Key k0 + warp into the tile, and its logits for the group's heads.
     const int64_t i = k0 + warp;
     GgmlType key_type = src.ring_type;
-    const uint8_t* key = i < k_end ? att_key_row(src, qk, t, i, d, key_type) : nullptr;
+    const uint8_t* key = i < k_end ? att_key_row(src, qk, 0, i, d, key_type) : nullptr;
     float* kr = ks + warp * d;
     if (key) {
       warp_load_kv_row(kr, key, d, key_type);
@@ -233,7 +238,10 @@ void launch_attention_combine(const CudaContext& ctx, float* out, const float* p
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
+namespace {
+
+// The checks of launch_attention; returns the heads per block HG of the FFMA kernel.
+int attention_check(const AttentionOp& op) {
   const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
   const int64_t cap_w = op.ring.n_rows();
   DSV4_ASSERT(cap_w >= op.window, "attention: ring smaller than the window");
@@ -244,11 +252,6 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
   if (op.comp) check_kv_rows(op.comp, "attention");
   DSV4_ASSERT(op.sinks.ne[0] >= H, "attention: %lld sinks for %lld heads", static_cast<long long>(op.sinks.ne[0]),
               static_cast<long long>(H));
-  if (n == 0) return;
-  if (attention_uses_mma(ctx, op)) {
-    launch_attention_mma(ctx, op);
-    return;
-  }
   int HG = 8;
   while (H % HG != 0) HG /= 2;
   const int wph = k_att_warps / HG;
@@ -257,34 +260,84 @@ void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
               32 * k_att_max_epl * wph);
   DSV4_ASSERT(n <= 0x7fffffff && H / HG <= 65535, "attention: %lld tokens x %lld heads too many",
               static_cast<long long>(n), static_cast<long long>(H));
+  return HG;
+}
+
+// Split + combine for nt <= k_att_tok_group tokens: q/out rows and positions
+// from q, out, pos; token j's keys from srcs.at[j]; `like` gives the shapes,
+// sinks and scale.
+void attention_group(const CudaContext& ctx, const AttentionOp& like, int HG, const float* q, float* out,
+                     const int32_t* pos, const SeqTable<AttKeySource>& srcs, int64_t nt) {
+  const int64_t d = like.q.ne[0], H = like.q.ne[1];
   const size_t smem =
       (static_cast<size_t>(HG) * d + static_cast<size_t>(k_att_tile) * d + static_cast<size_t>(HG) * k_att_tile) *
       sizeof(float);
   const int S = k_att_splits;
-  const int64_t tg = std::min<int64_t>(n, k_att_tok_group);
-  const size_t acc_floats = static_cast<size_t>(tg) * H * S * d, ml_floats = static_cast<size_t>(tg) * H * S * 2;
+  const size_t acc_floats = static_cast<size_t>(nt) * H * S * d, ml_floats = static_cast<size_t>(nt) * H * S * 2;
   float* part_acc = static_cast<float*>(ctx.scratch->get((acc_floats + ml_floats) * sizeof(float), ctx.stream));
   float* part_ml = part_acc + acc_floats;
-  for (int64_t t0 = 0; t0 < n; t0 += tg) {
-    const int64_t nt = std::min(tg, n - t0);
-    auto split = [&](auto kernel) {
-      allow_smem(kernel, smem);
-      launch_kernel(kernel, dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)),
-                    256, smem, ctx.stream, part_acc, part_ml, op.q.f32() + t0 * H * d, att_key_source(op, t0),
-                    op.pos.i32() + t0, static_cast<int>(H), d, op.scale);
-    };
-    if (HG == 8)
-      split(attention_split_kernel<8>);
-    else if (HG == 4)
-      split(attention_split_kernel<4>);
-    else if (HG == 2)
-      split(attention_split_kernel<2>);
-    else
-      split(attention_split_kernel<1>);
-    CUDA_CHECK_LAUNCH();
-    launch_attention_combine(ctx, op.out.f32() + t0 * H * d, part_acc, part_ml, op.sinks.f32(), nt, static_cast<int>(H),
-                             S, d);
+  auto split = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    launch_kernel(kernel, dim3(static_cast<unsigned>(nt), static_cast<unsigned>(H / HG), static_cast<unsigned>(S)), 256,
+                  smem, ctx.stream, part_acc, part_ml, q, srcs, pos, static_cast<int>(H), d, like.scale);
+  };
+  if (HG == 8)
+    split(attention_split_kernel<8>);
+  else if (HG == 4)
+    split(attention_split_kernel<4>);
+  else if (HG == 2)
+    split(attention_split_kernel<2>);
+  else
+    split(attention_split_kernel<1>);
+  CUDA_CHECK_LAUNCH();
+  launch_attention_combine(ctx, out, part_acc, part_ml, like.sinks.f32(), nt, static_cast<int>(H), S, d);
+}
+
+}  // namespace
+
+void launch_attention(const CudaContext& ctx, const AttentionOp& op) {
+  const int HG = attention_check(op);
+  const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
+  if (n == 0) return;
+  if (attention_uses_mma(ctx, op)) {
+    launch_attention_mma(ctx, op);
+    return;
   }
+  for (int64_t t0 = 0; t0 < n; t0 += k_att_tok_group) {
+    const int64_t nt = std::min<int64_t>(k_att_tok_group, n - t0);
+    SeqTable<AttKeySource> srcs{};
+    for (int64_t j = 0; j < nt; ++j) srcs.at[j] = att_key_source(op, t0 + j);
+    attention_group(ctx, op, HG, op.q.f32() + t0 * H * d, op.out.f32() + t0 * H * d, op.pos.i32() + t0, srcs, nt);
+  }
+}
+
+void launch_attention_seqs(const CudaContext& ctx, std::span<const AttentionOp> ops) {
+  // A run shares one kernel (tensor cores or FFMA) and, for the tensor-core kernel's staging, the row formats.
+  auto fits = [&](const AttentionOp& op, const AttentionOp& first, size_t k) {
+    return op.q.ne[2] == 1 && op.q.ne[0] == first.q.ne[0] && op.q.ne[1] == first.q.ne[1] &&
+           op.sinks.data == first.sinks.data && op.scale == first.scale &&
+           attention_uses_mma(ctx, op) == attention_uses_mma(ctx, first) && op.ring.type == first.ring.type &&
+           static_cast<bool>(op.comp) == static_cast<bool>(first.comp) &&
+           (!op.comp || op.comp.type == first.comp.type) &&
+           rows_follow(first.q, op.q, k, first.q.row_bytes() * static_cast<size_t>(first.q.ne[1])) &&
+           rows_follow(first.out, op.out, k, first.out.row_bytes() * static_cast<size_t>(first.out.ne[1])) &&
+           rows_follow(first.pos, op.pos, k, sizeof(int32_t));
+  };
+  auto batch = [&](std::span<const AttentionOp> run) {
+    const AttentionOp& first = run.front();
+    SeqTable<AttKeySource> srcs{};
+    int HG = 0;
+    for (size_t j = 0; j < run.size(); ++j) {
+      HG = attention_check(run[j]);
+      srcs.at[j] = att_key_source(run[j], 0);
+    }
+    const int64_t n = static_cast<int64_t>(run.size());
+    if (attention_uses_mma(ctx, first))
+      launch_attention_mma_tokens(ctx, first, srcs, true, first.q.f32(), first.out.f32(), first.pos.i32(), n);
+    else
+      attention_group(ctx, first, HG, first.q.f32(), first.out.f32(), first.pos.i32(), srcs, n);
+  };
+  seq_runs(ops, fits, batch, [&](const AttentionOp& op) { launch_attention(ctx, op); });
 }
 
 }  // namespace dsv4::cuda

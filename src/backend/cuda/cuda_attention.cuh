@@ -3,12 +3,17 @@
 // over keys, any batch; cuda_attention_mma.cu: tensor cores, prefill batches).
 #pragma once
 
+#include <span>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kv_rows.cuh"
+#include "backend/cuda/cuda_seqs.cuh"
 
 namespace dsv4::cuda {
 
 void launch_attention(const CudaContext& ctx, const AttentionOp& op);
+// The ops of single-token sequences in one launch pair (cuda_seqs.cuh), the others one by one.
+void launch_attention_seqs(const CudaContext& ctx, std::span<const AttentionOp> ops);
 
 // True when launch_attention runs `op` (n tokens) on the tensor-core kernel.
 bool attention_uses_mma(const CudaContext& ctx, const AttentionOp& op);
@@ -32,6 +37,14 @@ struct AttKeySource {
   int64_t n_sel;
   int window, ratio;
 };
+
+// The tensor-core kernel over n tokens: q/out rows and positions from q, out,
+// pos; the keys of every token from srcs.at[0] (its sel row = the token's
+// index), or with per_token (n <= k_seq_tokens, each token a decode token of
+// its own sequence) token j's from srcs.at[j] (sel row 0 of it). `like` gives
+// the shapes, row formats, sinks and scale.
+void launch_attention_mma_tokens(const CudaContext& ctx, const AttentionOp& like, const SeqTable<AttKeySource>& srcs,
+                                 bool per_token, const float* q, float* out, const int32_t* pos, int64_t n);
 
 inline AttKeySource att_key_source(const AttentionOp& op, int64_t t0) {
   const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;

@@ -27,7 +27,9 @@
 // head width D a template argument. Prefill batches (n >= 8): S = 1, a block
 // walks all keys of its token and writes o. Smaller batches (decode): S = 16
 // key splits with the FFMA kernel's split geometry, each writing its running
-// max, denominator and unnormalised O for launch_attention_combine. Per tile of
+// max, denominator and unnormalised O for launch_attention_combine; so do the
+// single-token sequences of a batched decode step launched together (one
+// key source per token, launch_attention_mma_tokens with per_token). Per tile of
 // 32 keys:
 //   1. this tile's raw rows (fetched by cp.async during the previous tile into
 //      a staging buffer: warp w fetches keys 4w..4w+3, 8 lanes per key, their
@@ -62,6 +64,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_attention.cuh"
+#include "backend/cuda/cuda_seqs.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 namespace dsv4::cuda {
@@ -163,8 +166,8 @@ __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* s
 // layout attention_combine merges (cuda_attention.cu).
 template <int MT, int D>
 __global__ void __launch_bounds__(k_am_threads)
-    attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q, AttKeySource src,
-                         const int32_t* pos, const float* sinks, int H, float scale, int stage_ld) {
+    attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q, SeqTable<AttKeySource> srcs,
+                         bool per_token, const int32_t* pos, const float* sinks, int H, float scale, int stage_ld) {
   pdl_enter();
   constexpr int d = D;
   constexpr int HB = 16 * MT;                  // heads per block
@@ -187,6 +190,9 @@ __global__ void __launch_bounds__(k_am_threads)
   const float neg_inf = -__int_as_float(0x7f800000);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
   const int64_t t = blockIdx.x;
+  // The token's keys: one source for the batch (its sel row t) or one per token (sel row 0 of its own).
+  const AttKeySource& src = srcs.at[per_token ? t : 0];
+  const int64_t ts = per_token ? 0 : t;
   const int h0 = static_cast<int>(blockIdx.y) * HB;
   const AttQueryKeys qk = att_query_keys(src, pos[t]);
   const int64_t n_keys = qk.n_keys();
@@ -200,7 +206,7 @@ __global__ void __launch_bounds__(k_am_threads)
   // holds the row index of key w*KPW + j of the next tile to fetch, read one tile ahead of its use.
   auto key_index = [&](int64_t tile) -> int64_t {
     const int64_t i = k_begin + tile * k_am_keys + warp * KPW + lane;
-    return lane < KPW && i < k_end ? att_key_index(src, qk, t, i) : -1;
+    return lane < KPW && i < k_end ? att_key_index(src, qk, ts, i) : -1;
   };
   auto fetch = [&](int64_t tile, int64_t idx_lanes) {
     const int kk = lane >> 3, j = warp * KPW + kk;
@@ -451,14 +457,23 @@ bool attention_uses_mma(const CudaContext& ctx, const AttentionOp& op) {
 }
 
 void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
-  const int64_t d = op.q.ne[0], H = op.q.ne[1], n = op.q.ne[2];
+  SeqTable<AttKeySource> srcs{};
+  srcs.at[0] = att_key_source(op, 0);
+  launch_attention_mma_tokens(ctx, op, srcs, false, op.q.f32(), op.out.f32(), op.pos.i32(), op.q.ne[2]);
+}
+
+void launch_attention_mma_tokens(const CudaContext& ctx, const AttentionOp& like, const SeqTable<AttKeySource>& srcs,
+                                 bool per_token, const float* q, float* out, const int32_t* pos, int64_t n) {
+  const int64_t d = like.q.ne[0], H = like.q.ne[1];
+  // Small batches (decode) and tokens of their own sequences split each token's keys over k_am_splits
+  // blocks and merge the partial states (the split geometry of a decode token, whatever the batch).
+  const int S = per_token || n < k_am_min_tokens ? k_am_splits : 1;
   DSV4_ASSERT(n <= 0x7fffffff && H <= 65535 * 16, "attention: %lld tokens x %lld heads too many",
               static_cast<long long>(n), static_cast<long long>(H));
+  DSV4_ASSERT(!per_token || n <= k_seq_tokens, "attention: %lld key sources", static_cast<long long>(n));
   // Staging row stride: the larger of the two row formats (multiples of 16 bytes).
-  const int64_t stage_ld = std::max<int64_t>(op.ring.row_bytes(), op.comp ? op.comp.row_bytes() : 0);
+  const int64_t stage_ld = std::max<int64_t>(like.ring.row_bytes(), like.comp ? like.comp.row_bytes() : 0);
   DSV4_ASSERT(stage_ld % 16 == 0, "attention: KV rows of %lld bytes", static_cast<long long>(stage_ld));
-  // Small batches (decode) split each token's keys over k_am_splits blocks and merge the partial states.
-  const int S = n < k_am_min_tokens ? k_am_splits : 1;
   float *part_acc = nullptr, *part_ml = nullptr;
   if (S > 1) {
     const size_t acc_floats = static_cast<size_t>(n) * H * S * d, ml_floats = static_cast<size_t>(n) * H * S * 2;
@@ -469,8 +484,8 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
     const size_t smem = am_smem_bytes(MT, d, stage_ld);
     allow_smem(kernel, smem);
     launch_kernel(kernel, dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads,
-                  smem, ctx.stream, op.out.f32(), part_acc, part_ml, op.q.f32(), att_key_source(op, 0), op.pos.i32(),
-                  op.sinks.f32(), static_cast<int>(H), op.scale, static_cast<int>(stage_ld));
+                  smem, ctx.stream, out, part_acc, part_ml, q, srcs, per_token, pos, like.sinks.f32(),
+                  static_cast<int>(H), like.scale, static_cast<int>(stage_ld));
     CUDA_CHECK_LAUNCH();
   };
   auto by_width = [&](auto mt) {
@@ -488,8 +503,7 @@ void launch_attention_mma(const CudaContext& ctx, const AttentionOp& op) {
     by_width(std::integral_constant<int, 2>{});
   else
     by_width(std::integral_constant<int, 1>{});
-  if (S > 1)
-    launch_attention_combine(ctx, op.out.f32(), part_acc, part_ml, op.sinks.f32(), n, static_cast<int>(H), S, d);
+  if (S > 1) launch_attention_combine(ctx, out, part_acc, part_ml, like.sinks.f32(), n, static_cast<int>(H), S, d);
 }
 
 }  // namespace dsv4::cuda

@@ -497,6 +497,37 @@ class CudaBackend final : public Backend {
     launch_attention(ctx_, op);
     if (opts_.dup(CudaDupOp::ATTENTION) && op.out.data != op.q.data) launch_attention(ctx_, op);  // --dup-ops
   }
+  void store_rows_seqs(std::span<const StoreRowsOp> ops) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());
+    launch_store_rows_seqs(ctx_, ops);
+    if (opts_.dup(CudaDupOp::STORE_ROWS)) launch_store_rows_seqs(ctx_, ops);  // --dup-ops
+  }
+  void compress_seqs(std::span<const CompressOp> ops) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("compress") : std::string());
+    launch_compress_seqs(ctx_, ops);
+  }
+  void indexer_scores_seqs(std::span<const IndexerScoresOp> ops) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("indexer_scores") : std::string());
+    launch_indexer_scores_seqs(ctx_, ops);
+    if (opts_.dup(CudaDupOp::INDEXER_SCORES)) launch_indexer_scores_seqs(ctx_, ops);  // --dup-ops
+  }
+  void topk_seqs(std::span<const TopKOp> ops) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("topk") : std::string());
+    launch_topk_seqs(ctx_, ops);
+    if (opts_.dup(CudaDupOp::TOPK)) launch_topk_seqs(ctx_, ops);  // --dup-ops
+  }
+  void attention_seqs(std::span<const AttentionOp> ops) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("attention") : std::string());
+    launch_attention_seqs(ctx_, ops);
+    const bool in_place =
+        std::any_of(ops.begin(), ops.end(), [](const AttentionOp& op) { return op.out.data == op.q.data; });
+    if (opts_.dup(CudaDupOp::ATTENTION) && !in_place) launch_attention_seqs(ctx_, ops);  // --dup-ops
+  }
   void moe_route(const MoeRouteOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_route") : std::string());

@@ -18,7 +18,9 @@
 //      and writes the raw pooled value to scratch row t (the completing token).
 //      (Batches of <= 16 tokens, i.e. decode, take one kernel instead, whose
 //      thread per channel walks the batch in order; for a 2048-token batch
-//      that walk took 3.2 ms per call.)
+//      that walk took 3.2 ms per call. The single-token sequences of a
+//      batched decode step share that kernel and the post-process:
+//      grid y = sequence, its state from a table, launch_compress_seqs.)
 //   3. frontier: one thread per (row < m, column) writes what the sequential
 //      update would leave after the last token (rows that cannot change are
 //      not written: a decode step writes one row).
@@ -31,10 +33,13 @@
 // differ only through exp() and sin/cos rounding.
 //
 // CPU reference: cpu::compress (src/backend/cpu/cpu_attention.cpp).
+#include <algorithm>
+
 #include "backend/cuda/cuda_compress.cuh"
 #include "backend/cuda/cuda_kv_rows.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_rowops.cuh"
+#include "backend/cuda/cuda_seqs.cuh"
 
 namespace dsv4::cuda {
 
@@ -51,20 +56,34 @@ struct ApeView {
   }
 };
 
+// A sequence's compressor state and its tokens [t0, t0 + n) of the launch
+// (CompressOp: state_a, state_g, rows); compress_seq_kernel and
+// compress_post_kernel take one entry per sequence (grid y).
+struct CompressSeq {
+  float* sa;
+  float* sg;
+  void* rows;
+  int64_t cap_rows;
+  int64_t t0, n;
+};
+
 // Small batches (decode): one thread per output channel c walks the batch's
 // tokens in order, updating the frontier columns it owns and pooling each
 // window that completes (one launch; the parallel pool + frontier kernels
 // below give the same bits and win from ~a few windows per batch).
-__global__ void compress_seq_kernel(float* pooled, int64_t cap_rows, int64_t d, float* sa, float* sg, int64_t w, int m,
-                                    bool overlap, const float* kv, const float* gate, ApeView ape, const int32_t* pos,
-                                    int64_t n) {
+__global__ void compress_seq_kernel(SeqTable<CompressSeq> tab, float* pooled, int64_t d, int64_t w, int m, bool overlap,
+                                    const float* kv, const float* gate, ApeView ape, const int32_t* pos) {
   pdl_enter();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= d) return;
+  const CompressSeq& seq = tab.at[blockIdx.y];
+  float* sa = seq.sa;
+  float* sg = seq.sg;
+  const int64_t cap_rows = seq.cap_rows;
   const float neg_inf = -__int_as_float(0x7f800000);
   const int64_t prev = overlap ? m : 0;  // first row of the "current" window
   const int64_t R = overlap ? 2 * m : m;
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = seq.t0; t < seq.t0 + seq.n; ++t) {
     const int32_t p = pos[t];
     const int64_t slot = prev + p % m;
     const float* a = kv + t * w;
@@ -213,17 +232,21 @@ __global__ void compress_state_kernel(float* sa, float* sg, int64_t w, int m, bo
   }
 }
 
-__global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, int64_t d, const int32_t* pos, int m,
-                                     const float* norm_w, float eps, RopeTable rt, KvQuantSim sim, int n_quant,
-                                     bool round_bf16) {
+// Grid (tokens, sequences): block (i, j) post-processes token t0 + i of sequence j.
+__global__ void compress_post_kernel(SeqTable<CompressSeq> tab, GgmlType type, float* pooled, int64_t d,
+                                     const int32_t* pos, int m, const float* norm_w, float eps, RopeTable rt,
+                                     KvQuantSim sim, int n_quant, bool round_bf16) {
   pdl_enter();
   __shared__ double red[33];
-  const int32_t p = pos[blockIdx.x];
-  DEVICE_CHECK(p == pos[0] + static_cast<int32_t>(
-                                 blockIdx.x));  // consecutive positions (the pool and state kernels assume them)
-  if ((p + 1) % m != 0) return;                 // uniform over the block
+  const CompressSeq& seq = tab.at[blockIdx.y];
+  if (blockIdx.x >= seq.n) return;
+  const int64_t t = seq.t0 + blockIdx.x;
+  const int32_t p = pos[t];
+  DEVICE_CHECK(p == pos[seq.t0] + static_cast<int32_t>(
+                                      blockIdx.x));  // consecutive positions (the pool and state kernels assume them)
+  if ((p + 1) % m != 0) return;                      // uniform over the block
   const int64_t k = p / m;
-  float* row = pooled + static_cast<int64_t>(blockIdx.x) * d;
+  float* row = pooled + t * d;
   if (round_bf16)
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) row[i] = bf16_round_dev(row[i]);
   __syncthreads();
@@ -232,22 +255,37 @@ __global__ void compress_post_kernel(void* rows, GgmlType type, float* pooled, i
   block_rope_row(row, d, rt, static_cast<int32_t>(k * m), false);
   __syncthreads();
   block_quant_sim_row(row, d, sim, n_quant);  // ends with a barrier
-  block_store_kv_row(kv_row_ptr(rows, type, d, k), row, d, type);
+  block_store_kv_row(kv_row_ptr(seq.rows, type, d, k), row, d, type);
 }
 
 // Batches up to this size take compress_seq_kernel.
 constexpr int64_t k_compress_seq_max = 16;
 
-void launch_compress_post(const CudaContext& ctx, const CompressOp& op, float* pooled, const RopeTable& rt, int64_t n) {
-  launch_kernel(compress_post_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.rows.data, op.rows.type, pooled,
-                op.norm_w.ne[0], op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps, rt, op.sim, op.n_quant,
-                op.round_pooled_bf16);
+// Sequences' entries for the kernels above: ops (each of <= max_n tokens) whose
+// kv/gate/pos rows are consecutive, entry j's tokens from the sum of the earlier ops' counts.
+SeqTable<CompressSeq> compress_table(std::span<const CompressOp> ops) {
+  SeqTable<CompressSeq> tab{};
+  int64_t t0 = 0;
+  for (size_t j = 0; j < ops.size(); ++j) {
+    const CompressOp& op = ops[j];
+    const int64_t n = op.kv.n_rows();
+    tab.at[j] = {op.state_a.f32(), op.state_g.f32(), op.rows.data, op.rows.n_rows(), t0, n};
+    t0 += n;
+  }
+  return tab;
+}
+
+void launch_compress_post(const CudaContext& ctx, const CompressOp& op, const SeqTable<CompressSeq>& tab, float* pooled,
+                          const RopeTable& rt, int64_t max_n, size_t seqs) {
+  launch_kernel(compress_post_kernel, dim3(static_cast<unsigned>(max_n), static_cast<unsigned>(seqs)), 128, 0,
+                ctx.stream, tab, op.rows.type, pooled, op.norm_w.ne[0], op.pos.i32(), op.ratio, op.norm_w.f32(), op.eps,
+                rt, op.sim, op.n_quant, op.round_pooled_bf16);
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-void launch_compress(const CudaContext& ctx, const CompressOp& op) {
+// The checks of launch_compress; returns the APE view (decoded into scratch
+// after `pooled_floats` floats when not F32/F16) and sets *pooled.
+ApeView compress_prepare(const CudaContext& ctx, const CompressOp& op, int64_t pooled_floats, float** pooled) {
   const int m = op.ratio;
   const int64_t d = op.norm_w.ne[0];
   const int64_t w = op.kv.ne[0];
@@ -262,31 +300,60 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   DSV4_ASSERT(op.gate.ne[0] == w && op.gate.n_rows() == n && op.rows.ne[0] == d, "compress: projection/row shapes");
   DSV4_ASSERT(op.sim != KvQuantSim::HADAMARD_FP4 || (d & (d - 1)) == 0,
               "compress: Hadamard needs a power-of-two width");
-  if (n == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff, "compress: batch too large");
-  const RopeTable rt = make_rope_table(op.rope);
-  DSV4_ASSERT(rt.n_rot <= d, "compress: n_rot > row width");
   check_kv_rows(op.rows, "compress");
   // Scratch: the raw pooled rows [n, d] (row t: the window token t completes),
   // then, for APE types other than F32/F16, the APE rows [m, w] as f32.
   const bool ape_direct = op.ape.type == GgmlType::F32 || op.ape.type == GgmlType::F16;
   const size_t ape_floats = ape_direct ? 0 : static_cast<size_t>(m) * static_cast<size_t>(w);
-  auto* pooled =
-      static_cast<float*>(ctx.scratch->get((static_cast<size_t>(n * d) + ape_floats) * sizeof(float), ctx.stream));
+  *pooled = static_cast<float*>(
+      ctx.scratch->get((static_cast<size_t>(pooled_floats) + ape_floats) * sizeof(float), ctx.stream));
   ApeView ape{op.ape.data, op.ape.type == GgmlType::F16};
   if (!ape_direct) {
-    float* ape_f32 = pooled + n * d;
+    float* ape_f32 = *pooled + pooled_floats;
     launch_dequantize_rows(ctx, op.ape, ape_f32);
     ape = ApeView{ape_f32, false};
   }
+  return ape;
+}
+
+// Sequences of <= k_compress_seq_max tokens each, consecutive rows, shared
+// weights and shapes: compress_seq_kernel + compress_post_kernel over all.
+void launch_compress_small(const CudaContext& ctx, std::span<const CompressOp> ops) {
+  const CompressOp& op = ops.front();
+  int64_t total = 0, max_n = 0;
+  for (const CompressOp& o : ops) {
+    total += o.kv.n_rows();
+    max_n = std::max(max_n, o.kv.n_rows());
+  }
+  const int64_t d = op.norm_w.ne[0], w = op.kv.ne[0];
+  float* pooled = nullptr;
+  const ApeView ape = compress_prepare(ctx, op, total * d, &pooled);
+  const RopeTable rt = make_rope_table(op.rope);
+  DSV4_ASSERT(rt.n_rot <= d, "compress: n_rot > row width");
+  const SeqTable<CompressSeq> tab = compress_table(ops);
+  launch_kernel(compress_seq_kernel, dim3(ceil_div(d, 128), static_cast<unsigned>(ops.size())), 128, 0, ctx.stream, tab,
+                pooled, d, w, op.ratio, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32());
+  CUDA_CHECK_LAUNCH();
+  launch_compress_post(ctx, op, tab, pooled, rt, max_n, ops.size());
+}
+
+}  // namespace
+
+void launch_compress(const CudaContext& ctx, const CompressOp& op) {
+  const int m = op.ratio;
+  const int64_t d = op.norm_w.ne[0];
+  const int64_t w = op.kv.ne[0];
+  const int64_t n = op.kv.n_rows();
+  if (n == 0) return;
   if (n <= k_compress_seq_max) {
-    launch_kernel(compress_seq_kernel, ceil_div(d, 128), 128, 0, ctx.stream, pooled, op.rows.n_rows(), d,
-                  op.state_a.f32(), op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(),
-                  n);
-    CUDA_CHECK_LAUNCH();
-    launch_compress_post(ctx, op, pooled, rt, n);
+    launch_compress_small(ctx, std::span<const CompressOp>(&op, 1));
     return;
   }
+  float* pooled = nullptr;
+  const ApeView ape = compress_prepare(ctx, op, n * d, &pooled);
+  const RopeTable rt = make_rope_table(op.rope);
+  DSV4_ASSERT(rt.n_rot <= d, "compress: n_rot > row width");
   // Windows completing in the batch: at most n / m + 1.
   const int64_t n_win = n / m + 1;
   DSV4_ASSERT(n_win <= 65535, "compress: batch of %lld tokens too large for ratio %d", static_cast<long long>(n), m);
@@ -297,7 +364,29 @@ void launch_compress(const CudaContext& ctx, const CompressOp& op) {
   launch_kernel(compress_state_kernel, ceil_div(static_cast<int64_t>(m) * w, 256), 256, 0, ctx.stream, op.state_a.f32(),
                 op.state_g.f32(), w, m, op.overlap, op.kv.f32(), op.gate.f32(), ape, op.pos.i32(), n);
   CUDA_CHECK_LAUNCH();
-  launch_compress_post(ctx, op, pooled, rt, n);
+  launch_compress_post(ctx, op, compress_table(std::span<const CompressOp>(&op, 1)), pooled, rt, n, 1);
+}
+
+namespace {
+bool same_rope(const RopeParams& a, const RopeParams& b) {
+  return a.n_rot == b.n_rot && a.theta == b.theta && a.yarn == b.yarn && a.factor == b.factor &&
+         a.orig_ctx == b.orig_ctx && a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow;
+}
+}  // namespace
+
+void launch_compress_seqs(const CudaContext& ctx, std::span<const CompressOp> ops) {
+  auto fits = [](const CompressOp& op, const CompressOp& first, size_t k) {
+    return op.kv.n_rows() == 1 && op.kv.ne[0] == first.kv.ne[0] && op.ratio == first.ratio &&
+           op.overlap == first.overlap && op.ape.data == first.ape.data && op.norm_w.data == first.norm_w.data &&
+           op.rows.type == first.rows.type && op.rows.ne[0] == first.rows.ne[0] && op.sim == first.sim &&
+           op.n_quant == first.n_quant && op.round_pooled_bf16 == first.round_pooled_bf16 && op.eps == first.eps &&
+           same_rope(op.rope, first.rope) && rows_follow(first.kv, op.kv, k, first.kv.row_bytes()) &&
+           rows_follow(first.gate, op.gate, k, first.gate.row_bytes()) &&
+           rows_follow(first.pos, op.pos, k, sizeof(int32_t));
+  };
+  seq_runs(
+      ops, fits, [&](std::span<const CompressOp> run) { launch_compress_small(ctx, run); },
+      [&](const CompressOp& op) { launch_compress(ctx, op); });
 }
 
 }  // namespace dsv4::cuda

@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_kv_rows.cuh"
 #include "backend/cuda/cuda_rowops.cuh"
+#include "backend/cuda/cuda_seqs.cuh"
 
 namespace dsv4::cuda {
 
@@ -223,6 +224,20 @@ __global__ void store_rows_kernel(void* ring, GgmlType type, const float* rows, 
   block_store_kv_row(kv_row_ptr(ring, type, d, slot), rows + t * d, d, type);
 }
 
+// One token per sequence (launch_store_rows_seqs): token t of the launch into
+// the ring of table entry t.
+struct StoreRowsSeq {
+  void* ring;
+  int64_t cap;
+};
+__global__ void store_rows_seqs_kernel(SeqTable<StoreRowsSeq> tab, GgmlType type, const float* rows, const int32_t* pos,
+                                       int64_t d) {
+  pdl_enter();
+  const int64_t t = blockIdx.x;
+  const StoreRowsSeq s = tab.at[t];
+  block_store_kv_row(kv_row_ptr(s.ring, type, d, pos[t] % s.cap), rows + t * d, d, type);
+}
+
 __global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_t n, float c) {
   pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -340,6 +355,24 @@ void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op) {
   launch_kernel(store_rows_kernel, static_cast<unsigned>(n), 128, 0, ctx.stream, op.ring.data, op.ring.type,
                 op.rows.f32(), op.pos.i32(), n, d, cap);
   CUDA_CHECK_LAUNCH();
+}
+
+void launch_store_rows_seqs(const CudaContext& ctx, std::span<const StoreRowsOp> ops) {
+  auto fits = [](const StoreRowsOp& op, const StoreRowsOp& first, size_t k) {
+    return op.rows.n_rows() == 1 && op.rows.ne[0] == first.rows.ne[0] && op.ring.ne[0] == first.ring.ne[0] &&
+           op.ring.type == first.ring.type && rows_follow(first.rows, op.rows, k, first.rows.row_bytes()) &&
+           rows_follow(first.pos, op.pos, k, sizeof(int32_t));
+  };
+  auto batch = [&](std::span<const StoreRowsOp> run) {
+    const StoreRowsOp& first = run.front();
+    check_kv_rows(first.ring, "store_rows");
+    SeqTable<StoreRowsSeq> tab{};
+    for (size_t k = 0; k < run.size(); ++k) tab.at[k] = {run[k].ring.data, run[k].ring.n_rows()};
+    launch_kernel(store_rows_seqs_kernel, static_cast<unsigned>(run.size()), 128, 0, ctx.stream, tab, first.ring.type,
+                  first.rows.f32(), first.pos.i32(), first.rows.ne[0]);
+    CUDA_CHECK_LAUNCH();
+  };
+  seq_runs(ops, fits, batch, [&](const StoreRowsOp& op) { launch_store_rows(ctx, op); });
 }
 
 void launch_swiglu(const CudaContext& ctx, const SwigluOp& op) {

@@ -1,6 +1,8 @@
 // Launchers of the dense element/row kernels (see cuda_dense.cu).
 #pragma once
 
+#include <span>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace dsv4::cuda {
@@ -9,6 +11,8 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op);
 void launch_rope(const CudaContext& ctx, const RopeOp& op);
 void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op);
 void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op);
+// The ops of single-token sequences in one launch (cuda_seqs.cuh), the others one by one.
+void launch_store_rows_seqs(const CudaContext& ctx, std::span<const StoreRowsOp> ops);
 void launch_swiglu(const CudaContext& ctx, const SwigluOp& op);
 void launch_add(const CudaContext& ctx, const AddOp& op);
 void launch_scale(const CudaContext& ctx, const ScaleOp& op);

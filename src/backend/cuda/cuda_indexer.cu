@@ -8,7 +8,9 @@
 //   or compact KV_FP4, unpacked by cuda_kv_rows.cuh) goes to a per-warp shared buffer, lane l computes the full
 //   d_I-long dots of heads l, l+32, ... (sequential fma), relu, weights, then a warp sum. Blocks entirely past
 //   `visible` only write -inf. Batches of >= 8 queries with bf16-exact inputs (reference numerics) run
-//   indexer_scores_mma_kernel instead: the dots as bf16 MMAs (see there).
+//   indexer_scores_mma_kernel instead: the dots as bf16 MMAs (see there). The
+//   single-token sequences of a batched decode step share one launch, each
+//   query with its own rows and scores (IxSeqs; topk likewise, TopkSeqs).
 //   CPU reference: cpu::indexer_scores (cpu_attention.cpp).
 //
 // topk: per query, the min(K, visible) largest scores among rows < visible,
@@ -21,9 +23,12 @@
 //   exclusive scans) takes every key > T and the first `need` keys == T.
 //   Exactly the CPU's selection for any input without NaN.
 //   CPU reference: cpu::topk (cpu_attention.cpp).
+#include <algorithm>
+
 #include "backend/cuda/cuda_indexer.cuh"
 #include "backend/cuda/cuda_kv_rows.cuh"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_seqs.cuh"
 
 namespace dsv4::cuda {
 
@@ -46,12 +51,32 @@ __host__ __device__ constexpr int64_t ix_row_buf_offset(int64_t HI, int64_t dI) 
   return (HI * ix_q_ld(dI) + HI + 3) / 4 * 4;
 }
 
+// Where query t's scores go and which rows it scores: one sequence's for every
+// query (IxOne: scores [n, cap]), or a table entry per query (single-token
+// sequences, launch_indexer_scores_seqs).
+struct IxQuery {
+  float* scores;  // [cap]
+  int64_t cap;
+  const void* rows;  // [cap, dI]
+};
+struct IxOne {
+  float* scores;
+  int64_t cap;
+  const void* rows;
+  __device__ IxQuery at(int64_t t) const { return {scores + t * cap, cap, rows}; }
+};
+struct IxSeqs {
+  SeqTable<IxQuery> tab;
+  __device__ const IxQuery& at(int64_t t) const { return tab.at[t]; }
+};
+
 // dI % 4 == 0 (launcher). A lane's heads l, l + 32 (the next two l + 64, ...)
 // run as two interleaved chains, each the sequential fma over e = 0..dI-1
 // with 16-byte shared loads; acc adds the heads in the order l, l + 32, ...
+template <class Src>
 __global__ void __launch_bounds__(256)
-    indexer_scores_kernel(float* scores, int64_t cap, const float* q, const float* w, const void* rows,
-                          GgmlType rows_type, const int32_t* pos, int ratio, int HI, int dI, int rows_per_warp) {
+    indexer_scores_kernel(Src src, const float* q, const float* w, GgmlType rows_type, const int32_t* pos, int ratio,
+                          int HI, int dI, int rows_per_warp) {
   pdl_enter();
   extern __shared__ __align__(16) float sm[];
   const int qld = static_cast<int>(ix_q_ld(dI));
@@ -62,9 +87,12 @@ __global__ void __launch_bounds__(256)
   const int64_t t = blockIdx.x;
   const int k_ix_rows = k_ix_warps * rows_per_warp;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * k_ix_rows;
+  const IxQuery& iq = src.at(t);
+  const int64_t cap = iq.cap;
+  const void* rows = iq.rows;
   const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), cap);
   const float neg_inf = -__int_as_float(0x7f800000);
-  float* out = scores + t * cap;
+  float* out = iq.scores;
   if (k0 >= visible) {
     for (int64_t i = threadIdx.x; i < k_ix_rows && k0 + i < cap; i += blockDim.x) out[k0 + i] = neg_inf;
     return;
@@ -255,16 +283,33 @@ __device__ int block_exclusive_scan(int v, int* buf, int* total) {
   return offset + incl - v;
 }
 
+// Query t's scores: row t of one [n, cap] (TopkOne) or a table entry per query (TopkSeqs).
+struct TopkQuery {
+  const float* scores;
+  int64_t cap;
+};
+struct TopkOne {
+  const float* scores;
+  int64_t cap;
+  __device__ TopkQuery at(int64_t t) const { return {scores + t * cap, cap}; }
+};
+struct TopkSeqs {
+  SeqTable<TopkQuery> tab;
+  __device__ const TopkQuery& at(int64_t t) const { return tab.at[t]; }
+};
+
+template <class Src>
 __global__ void __launch_bounds__(k_topk_threads)
-    topk_kernel(int32_t* sel, int64_t K, const float* scores, int64_t cap, const int32_t* pos, int ratio) {
+    topk_kernel(int32_t* sel, int64_t K, Src src, const int32_t* pos, int ratio) {
   pdl_enter();
   __shared__ unsigned hist[256];
   __shared__ unsigned s_digit, s_remaining;
   __shared__ int scan_buf[32];
   const int64_t t = blockIdx.x;
-  const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), cap);
+  const TopkQuery tq = src.at(t);
+  const int64_t visible = min(static_cast<int64_t>((pos[t] + 1) / ratio), tq.cap);
   int32_t* out = sel + t * K;
-  const float* s = scores + t * cap;
+  const float* s = tq.scores;
   if (visible <= K) {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[i] = i < visible ? static_cast<int32_t>(i) : -1;
     return;
@@ -376,11 +421,48 @@ void launch_indexer_scores(const CudaContext& ctx, const IndexerScoresOp& op) {
   const size_t smem = static_cast<size_t>(ix_row_buf_offset(HI, dI) + k_ix_warps * dI) * sizeof(float);
   DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory",
               static_cast<long long>(HI), static_cast<long long>(dI));
-  allow_smem(indexer_scores_kernel, smem);
-  launch_kernel(indexer_scores_kernel, dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem, ctx.stream,
-                op.scores.f32(), cap, op.q.f32(), op.w.f32(), op.rows.data, op.rows.type, op.pos.i32(), op.ratio,
-                static_cast<int>(HI), static_cast<int>(dI), rpw);
+  allow_smem(indexer_scores_kernel<IxOne>, smem);
+  launch_kernel(indexer_scores_kernel<IxOne>, dim3(static_cast<unsigned>(n), ceil_div(cap, k_ix_rows)), 256, smem,
+                ctx.stream, IxOne{op.scores.f32(), cap, op.rows.data}, op.q.f32(), op.w.f32(), op.rows.type,
+                op.pos.i32(), op.ratio, static_cast<int>(HI), static_cast<int>(dI), rpw);
   CUDA_CHECK_LAUNCH();
+}
+
+void launch_indexer_scores_seqs(const CudaContext& ctx, std::span<const IndexerScoresOp> ops) {
+  // Single queries on the FFMA kernel (the MMA kernel takes batches of >= k_ixm_min_tokens).
+  auto fits = [](const IndexerScoresOp& op, const IndexerScoresOp& first, size_t k) {
+    return op.q.ne[2] == 1 && op.q.ne[0] == first.q.ne[0] && op.q.ne[1] == first.q.ne[1] &&
+           op.rows.type == first.rows.type && op.ratio == first.ratio && op.scores.ne[0] == op.rows.n_rows() &&
+           op.rows.ne[0] == op.q.ne[0] && op.w.ne[0] == op.q.ne[1] && op.rows.n_rows() > 0 &&
+           rows_follow(first.q, op.q, k, first.q.row_bytes() * static_cast<size_t>(first.q.ne[1])) &&
+           rows_follow(first.w, op.w, k, first.w.row_bytes()) && rows_follow(first.pos, op.pos, k, sizeof(int32_t));
+  };
+  auto batch = [&](std::span<const IndexerScoresOp> run) {
+    const IndexerScoresOp& first = run.front();
+    const int64_t dI = first.q.ne[0], HI = first.q.ne[1];
+    check_kv_rows(first.rows, "indexer_scores");
+    DSV4_ASSERT(first.rows.type != GgmlType::KV_FP8, "indexer_scores: KV_FP8 rows need 16-byte aligned staging");
+    DSV4_ASSERT(dI % 4 == 0, "indexer_scores: index head width %lld is not a multiple of 4",
+                static_cast<long long>(dI));
+    IxSeqs src{};
+    int64_t max_cap = 0;
+    for (size_t j = 0; j < run.size(); ++j) {
+      src.tab.at[j] = {run[j].scores.f32(), run[j].rows.n_rows(), run[j].rows.data};
+      max_cap = std::max(max_cap, run[j].rows.n_rows());
+    }
+    const int rpw = k_ix_rows_per_warp_decode, k_ix_rows = k_ix_warps * rpw;
+    DSV4_ASSERT((max_cap + k_ix_rows - 1) / k_ix_rows <= 65535, "indexer_scores: %lld rows too many",
+                static_cast<long long>(max_cap));
+    const size_t smem = static_cast<size_t>(ix_row_buf_offset(HI, dI) + k_ix_warps * dI) * sizeof(float);
+    DSV4_ASSERT(smem <= 200 * 1024, "indexer_scores: %lld heads x %lld dims exceed shared memory",
+                static_cast<long long>(HI), static_cast<long long>(dI));
+    allow_smem(indexer_scores_kernel<IxSeqs>, smem);
+    launch_kernel(indexer_scores_kernel<IxSeqs>, dim3(static_cast<unsigned>(run.size()), ceil_div(max_cap, k_ix_rows)),
+                  256, smem, ctx.stream, src, first.q.f32(), first.w.f32(), first.rows.type, first.pos.i32(),
+                  first.ratio, static_cast<int>(HI), static_cast<int>(dI), rpw);
+    CUDA_CHECK_LAUNCH();
+  };
+  seq_runs(ops, fits, batch, [&](const IndexerScoresOp& op) { launch_indexer_scores(ctx, op); });
 }
 
 void launch_topk(const CudaContext& ctx, const TopKOp& op) {
@@ -390,9 +472,30 @@ void launch_topk(const CudaContext& ctx, const TopKOp& op) {
   DSV4_ASSERT(cap < 0x7fffffff, "topk: too many rows");
   if (n == 0 || K == 0) return;
   DSV4_ASSERT(n <= 0x7fffffff, "topk: too many queries");
-  launch_kernel(topk_kernel, static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream, op.sel.i32(), K, op.scores.f32(),
-                cap, op.pos.i32(), op.ratio);
+  launch_kernel(topk_kernel<TopkOne>, static_cast<unsigned>(n), k_topk_threads, 0, ctx.stream, op.sel.i32(), K,
+                TopkOne{op.scores.f32(), cap}, op.pos.i32(), op.ratio);
   CUDA_CHECK_LAUNCH();
+}
+
+void launch_topk_seqs(const CudaContext& ctx, std::span<const TopKOp> ops) {
+  auto fits = [](const TopKOp& op, const TopKOp& first, size_t k) {
+    return op.sel.n_rows() == 1 && op.sel.ne[0] == first.sel.ne[0] && op.ratio == first.ratio &&
+           op.scores.n_rows() >= 1 && op.scores.ne[0] < 0x7fffffff &&
+           rows_follow(first.sel, op.sel, k, first.sel.row_bytes()) &&
+           rows_follow(first.pos, op.pos, k, sizeof(int32_t));
+  };
+  auto batch = [&](std::span<const TopKOp> run) {
+    const TopKOp& first = run.front();
+    DSV4_ASSERT(first.ratio >= 1, "topk: ratio %d", first.ratio);
+    const int64_t K = first.sel.ne[0];
+    if (K == 0) return;
+    TopkSeqs src{};
+    for (size_t j = 0; j < run.size(); ++j) src.tab.at[j] = {run[j].scores.f32(), run[j].scores.ne[0]};
+    launch_kernel(topk_kernel<TopkSeqs>, static_cast<unsigned>(run.size()), k_topk_threads, 0, ctx.stream,
+                  first.sel.i32(), K, src, first.pos.i32(), first.ratio);
+    CUDA_CHECK_LAUNCH();
+  };
+  seq_runs(ops, fits, batch, [&](const TopKOp& op) { launch_topk(ctx, op); });
 }
 
 }  // namespace dsv4::cuda
