@@ -9,6 +9,8 @@
 #                  (checked against the CPU), then m64n64 / m64n128 rates with 1 and 3 products per k-step
 #   decode_sync    one op-to-op hand-off: graph kernel boundaries (plain, PDL) vs grid barriers in a
 #                  persistent kernel (cooperative groups, a flag barrier), with and without a 16 KB dependency
+#   host_read      weights left in host memory (a /dev/shm file mapped and registered, cudaMallocHost): copy
+#                  rates over PCIe (whole, 7 MiB expert-sized pieces) and a kernel reading them in place
 #
 #   device tool: command "scripts/gpu.sh micro", carry ["build-device"]
 #   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
@@ -25,7 +27,7 @@ gpu_use_run_libs
 gpu_out_flat
 rc=0
 : >"$LOG/micro.txt"
-for b in mma_sync_rate wgmma_f16 decode_sync; do
+for b in mma_sync_rate wgmma_f16 decode_sync host_read; do
   echo "== $b" >>"$LOG/micro.txt"
   if gpu_exists "$GPU_RUN/bin/$b"; then
     gpu_run --append "$LOG/micro.txt" timeout 120 "$GPU_RUN/bin/$b" ||
