@@ -263,6 +263,12 @@ struct MoeExpertsOp {
   Tensor weights;  // [n, k] f32
   float clamp = 10.0f;
   bool accumulate = false;
+  // Experts partly in host memory (empty: all in gate/up/down as above). slots [E] i32: expert e's
+  // index in gate/up/down, which then hold only the resident experts ([E_dev, ...], E_dev may be 0),
+  // or -1: its rows are expert e of gate_host/up_host/down_host ([E, ...], Backend::map_host_weight:
+  // read in place). The results do not depend on where an expert's bytes are.
+  Tensor slots;
+  Tensor gate_host, up_host, down_host;
 };
 
 // h = silu(min(gate, c)) * clamp(up, -c, c), elementwise (shared expert).
@@ -308,6 +314,13 @@ class Backend {
   virtual void free(Tensor& t) = 0;
   // A weight the backend can read: CPU returns a view of host bytes, CUDA copies them to the device.
   virtual expected<Tensor> upload_weight(const void* host, GgmlType type, const int64_t ne[4]) = 0;
+  // A weight left where it is in host memory that the backend's ops read in place (CPU: a view of the
+  // bytes; CUDA: the pages registered with the driver, read-only, and read over the bus). The bytes must
+  // stay mapped while the backend lives, and no buffer that is written (a read's destination) may share
+  // their pages (a file mapping, or page-aligned memory of its own).
+  virtual expected<Tensor> map_host_weight(const void* host, GgmlType type, const int64_t ne[4]) {
+    return make_tensor(const_cast<void*>(host), type, ne[0], ne[1], ne[2], ne[3]);
+  }
   virtual void write(const Tensor& dst, const void* host, size_t bytes, size_t offset = 0) = 0;
   virtual void read(const Tensor& src, void* host, size_t bytes, size_t offset = 0) = 0;
   // F32 tensors; value 0 also zeroes the compact KV row formats (all-zero bytes read as zeros).

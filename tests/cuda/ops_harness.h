@@ -135,6 +135,11 @@ class Bufs {
     b.read(t, v.data(), v.size() * 4);
     return v;
   }
+  std::vector<uint8_t> get_bytes(const Tensor& t, Backend& b) {
+    std::vector<uint8_t> v(t.n_bytes());
+    b.read(t, v.data(), v.size());
+    return v;
+  }
   std::vector<int32_t> get_i32(const Tensor& t, Backend& b) {
     std::vector<int32_t> v(static_cast<size_t>(t.n_elements()));
     b.read(t, v.data(), v.size() * 4);

@@ -2,10 +2,33 @@
 // expert weight type, accumulate, batch invariance — n >= 16 takes the
 // expert-grouped path: tiles of 16 (32 from 32 assignments per expert on
 // average) on tensor cores when gate, up and down are all block-quantised,
-// else 8 — vs n = 1), tiny and Flash shapes.
+// else 8 — vs n = 1), tiny and Flash shapes; the same experts placed partly
+// (every third) or wholly in host memory (MoeExpertsOp::slots), bitwise the
+// all-resident results on the CPU and on every decode path.
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+
+#include <unistd.h>
+
 #include "ops_harness.h"
 
 namespace dsv4::cudatest {
+
+namespace {
+// Host bytes that the backends read in place (Backend::map_host_weight), in pages of their own (the CUDA
+// backend registers whole pages, read-only: no other buffer may share them) that live as long as the
+// process (registered until the backend ends).
+const uint8_t* keep_host(const std::vector<uint8_t>& bytes) {
+  static std::deque<std::unique_ptr<uint8_t, decltype(&std::free)>> kept;
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t size = (bytes.size() + page - 1) / page * page;
+  kept.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(page, size)), &std::free);
+  std::memcpy(kept.back().get(), bytes.data(), bytes.size());
+  return kept.back().get();
+}
+}  // namespace
 
 void cases_moe(Harness& h) {
   Rng& r = h.rng;
@@ -151,6 +174,54 @@ void cases_moe(Harness& h) {
                      (long long)c.E, (long long)c.F, (long long)c.D, (long long)c.k, (long long)n,
                      c.hot > 0 ? " skewed" : "", accumulate ? " accumulate" : "");
           h.report.nmse("moe_experts", s, b.diff(out), k_thr_f32);
+          if (!accumulate && (!c.flash || c.E <= 4)) {
+            // The same experts placed partly in host memory (MoeExpertsOp::slots): every third expert
+            // resident, the others read in place from registered host memory; or none resident.
+            for (int every : {3, 0}) {
+              std::vector<int32_t> slot(static_cast<size_t>(c.E), -1);
+              int32_t n_dev = 0;
+              for (int64_t ex_i = 0; ex_i < c.E; ++ex_i)
+                if (every > 0 && ex_i % every == 0) slot[static_cast<size_t>(ex_i)] = n_dev++;
+              auto place = [&](const Pair& w, GgmlType type, int64_t rows, int64_t cols, Pair& dev) {
+                const uint8_t* bytes = keep_host(b.get_bytes(w.c, h.cpu));
+                const int64_t ne_host[4] = {cols, rows, c.E, 1};
+                Pair host{*h.cpu.map_host_weight(bytes, type, ne_host), *h.gpu.map_host_weight(bytes, type, ne_host)};
+                dev = n_dev > 0 ? b.alloc(type, Shape(cols, rows, n_dev)) : Pair{};
+                if (n_dev == 0) dev.c.type = dev.g.type = type;
+                const size_t eb = static_cast<size_t>(rows) * ggml_row_bytes(type, static_cast<uint64_t>(cols));
+                for (int64_t ex_i = 0; ex_i < c.E; ++ex_i)
+                  if (slot[static_cast<size_t>(ex_i)] >= 0) {
+                    const size_t at = static_cast<size_t>(slot[static_cast<size_t>(ex_i)]) * eb;
+                    h.cpu.write(dev.c, bytes + ex_i * eb, eb, at);
+                    h.gpu.write(dev.g, bytes + ex_i * eb, eb, at);
+                  }
+                return host;
+              };
+              Pair gd, ud, dd;
+              const Pair gh = place(gate, c.gate_up, c.F, c.D, gd), uh = place(up, c.gate_up, c.F, c.D, ud),
+                         dh = place(down, c.down, c.D, c.F, dd);
+              Pair sl = b.i32(slot, Shape(c.E));
+              Pair placed = b.out(GgmlType::F32, Shape(c.D, n)), placed_cpu = b.out(GgmlType::F32, Shape(c.D, n));
+              MoeExpertsOp o{.x = x.g, .experts = ex.g, .weights = wt.g, .clamp = 10.0f};
+              o.out = placed.g, o.gate = gd.g, o.up = ud.g, o.down = dd.g;
+              o.slots = sl.g, o.gate_host = gh.g, o.up_host = uh.g, o.down_host = dh.g;
+              h.gpu.moe_experts(o);
+              o.out = placed_cpu.c, o.x = x.c, o.experts = ex.c, o.weights = wt.c, o.gate = gd.c, o.up = ud.c;
+              o.down = dd.c, o.slots = sl.c, o.gate_host = gh.c, o.up_host = uh.c, o.down_host = dh.c;
+              h.cpu.moe_experts(o);
+              const std::string sp = s + strfmt(" placed: %d of %lld resident", n_dev, (long long)c.E);
+              h.report.exact("moe_experts placed (cpu) == all resident (cpu)", sp,
+                             diff_f32(b.get_f32(placed_cpu.c, h.cpu), b.get_f32(out.c, h.cpu)));
+              // Bitwise the all-resident run, except where that run took the grouped GEMM (>= 64 assignments
+              // of an expert; with experts in host memory the tiles run instead): then the CPU's tolerance.
+              if (n * c.k < 64)
+                h.report.exact("moe_experts placed == all resident", sp,
+                               diff_f32(b.get_f32(placed.g, h.gpu), b.get_f32(out.g, h.gpu)));
+              else
+                h.report.nmse("moe_experts placed", sp, diff_f32(b.get_f32(placed.g, h.gpu), b.get_f32(out.c, h.cpu)),
+                              k_thr_f32);
+            }
+          }
           if (n > 1 && !accumulate) {
             Pair one = b.out(GgmlType::F32, Shape(c.D, n));
             for (int64_t t = 0; t < n; ++t)

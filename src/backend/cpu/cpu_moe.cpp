@@ -57,9 +57,22 @@ void moe_route(const MoeRouteOp& op) {
 
 void moe_experts(const MoeExpertsOp& op) {
   const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
-  const int64_t F = op.gate.ne[1], E = op.gate.ne[2];
-  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D,
+  const bool placed = static_cast<bool>(op.slots);  // experts partly in the host stacks (MoeExpertsOp::slots)
+  const Tensor& gate = placed ? op.gate_host : op.gate;
+  const int64_t F = gate.ne[1], E = gate.ne[2];
+  DSV4_ASSERT(gate.ne[0] == D && (placed ? op.up_host : op.up).ne[0] == D &&
+                  (placed ? op.down_host : op.down).ne[0] == F && (placed ? op.down_host : op.down).ne[1] == D,
               "moe_experts: shapes");
+  DSV4_ASSERT(!placed || (op.slots.ne[0] == E && op.up_host.ne[2] == E && op.down_host.ne[2] == E),
+              "moe_experts: slots for %lld experts", static_cast<long long>(E));
+  // Row r of expert ex's matrix (rows_per rows per expert): from the resident stack at its slot, or the host stack.
+  auto expert_row = [&](const Tensor& dev, const Tensor& host, int32_t ex, int64_t rows_per, int64_t r, float* dst) {
+    const int32_t slot = placed ? op.slots.i32()[ex] : ex;
+    if (slot >= 0)
+      weight_row(dev, slot * rows_per + r, dst);
+    else
+      weight_row(host, ex * rows_per + r, dst);
+  };
   const float c = op.clamp;
   // Each (token, slot) assignment a = t*k + i gets its own rows mid[a] [F] and
   // ys[a] [D], summed per token in slot order at the end: results do not
@@ -87,8 +100,8 @@ void moe_experts(const MoeExpertsOp& op) {
         for (size_t item = b; item < e; ++item) {
           const int32_t ex = active[item / static_cast<size_t>(F)];
           const int64_t f = static_cast<int64_t>(item % static_cast<size_t>(F));
-          weight_row(op.gate, ex * F + f, wg.data());
-          weight_row(op.up, ex * F + f, wu.data());
+          expert_row(op.gate, op.gate_host, ex, F, f, wg.data());
+          expert_row(op.up, op.up_host, ex, F, f, wu.data());
           for (int64_t a : by_expert[static_cast<size_t>(ex)]) {
             const float* x = op.x.f32() + (a / k) * D;
             const float gt = std::min(dot(wg.data(), x, D), c);
@@ -107,7 +120,7 @@ void moe_experts(const MoeExpertsOp& op) {
         for (size_t item = b; item < e; ++item) {
           const int32_t ex = active[item / static_cast<size_t>(D)];
           const int64_t r = static_cast<int64_t>(item % static_cast<size_t>(D));
-          weight_row(op.down, ex * D + r, wr.data());
+          expert_row(op.down, op.down_host, ex, D, r, wr.data());
           for (int64_t a : by_expert[static_cast<size_t>(ex)])
             ys[static_cast<size_t>(a * D + r)] = dot(wr.data(), mid.data() + a * F, F);
         }

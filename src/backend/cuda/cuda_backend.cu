@@ -19,6 +19,8 @@
 #include <string>
 #include <unordered_map>
 
+#include <unistd.h>
+
 #include "backend/cuda/cuda_attention.cuh"
 #include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -173,6 +175,8 @@ class CudaBackend final : public Backend {
     gemm_cache_.reset();
     for (auto& [p, n] : allocs_) CUDA_CHECK(cudaFree(p));
     allocs_.clear();
+    for (auto& [lo, hi] : host_regs_) CUDA_CHECK(cudaHostUnregister(reinterpret_cast<void*>(lo)));
+    host_regs_.clear();
     for (int i = 0; i < 2; ++i) {
       if (staging_[i]) CUDA_CHECK(cudaFreeHost(staging_[i]));
       if (staged_[i]) CUDA_CHECK(cudaEventDestroy(staged_[i]));
@@ -360,6 +364,46 @@ class CudaBackend final : public Backend {
     stats_.tensors += 1;
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (opts_.upload_progress) opts_.upload_progress(stats_.bytes);
+    return t;
+  }
+
+  // Registers the host pages under the tensor with the driver (mapped, read-only where the device supports it)
+  // and returns their device-usable address. Pages registered before (a neighbouring tensor's boundary page)
+  // are not registered again: only the gaps between earlier ranges are.
+  expected<Tensor> map_host_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
+    use_device();
+    Tensor t = make_tensor(nullptr, type, ne[0], ne[1], ne[2], ne[3]);
+    const size_t bytes = t.n_bytes();
+    if (bytes == 0) return t;
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(host) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(host) + bytes + page - 1) / page * page;
+    int read_only = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_));
+    const unsigned flags = cudaHostRegisterMapped | (read_only ? cudaHostRegisterReadOnly : 0u);
+    auto reg = [&](uintptr_t a, uintptr_t b) -> Status {
+      const cudaError_t e = cudaHostRegister(reinterpret_cast<void*>(a), b - a, flags);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return make_error("cannot register %.3f GiB of host memory for the GPU to read (%s): %s", gib(b - a),
+                          ggml_type_name(type), cudaGetErrorString(e));
+      }
+      host_regs_[a] = b;
+      return {};
+    };
+    uintptr_t cur = lo;
+    auto it = host_regs_.upper_bound(lo);
+    if (it != host_regs_.begin() && std::prev(it)->second > lo) --it;
+    for (; it != host_regs_.end() && it->first < hi; ++it) {
+      if (it->first > cur)
+        if (Status st = reg(cur, it->first); !st) return st.error();
+      cur = std::max(cur, it->second);
+    }
+    if (cur < hi)
+      if (Status st = reg(cur, hi); !st) return st.error();
+    void* dev = nullptr;
+    CUDA_CHECK(cudaHostGetDevicePointer(&dev, const_cast<void*>(host), 0));
+    t.data = dev;
     return t;
   }
 
@@ -677,6 +721,7 @@ class CudaBackend final : public Backend {
   CudaContext ctx_;
   std::mutex mu_;
   std::unordered_map<void*, size_t> allocs_;
+  std::map<uintptr_t, uintptr_t> host_regs_;  // registered host ranges [first, second), disjoint (map_host_weight)
   bool staging_ready_ = false;
   void* staging_[2] = {nullptr, nullptr};
   cudaEvent_t staged_[2] = {nullptr, nullptr};

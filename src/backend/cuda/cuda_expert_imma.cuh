@@ -47,6 +47,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
@@ -248,10 +249,10 @@ struct ImmaBlock<GgmlType::Q2_K> {
 // chunk_bytes. Requires can_stage<T> (rows of whole 1,024-column chunks).
 template <GgmlType T, bool Pair, class Mid>
 __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
-    expert_imma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w,
-                       const uint8_t* __restrict__ w2, size_t row_bytes, int64_t n_chunks, int64_t E,
-                       const int32_t* __restrict__ experts, const float* __restrict__ weights, float clamp,
-                       const XDigits* __restrict__ xdig, int x_div, QuantTables tab) {
+    expert_imma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, ExpertRows w2, size_t row_bytes,
+                       int64_t n_chunks, int64_t E, const int32_t* __restrict__ experts,
+                       const float* __restrict__ weights, float clamp, const XDigits* __restrict__ xdig, int x_div,
+                       QuantTables tab) {
   constexpr int NM = Pair ? 2 : 1;
   constexpr int CB = UnitStaging<T>::chunk_bytes;
   constexpr int BB = CB / 4;  // bytes per 256-weight block
@@ -270,8 +271,8 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
   DEVICE_CHECK(ex >= 0 && ex < E);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * k_imma_rows;
   const uint8_t* base[NM];
-  base[0] = w + static_cast<int64_t>(ex) * R * static_cast<int64_t>(row_bytes);
-  if constexpr (Pair) base[1] = w2 + static_cast<int64_t>(ex) * R * static_cast<int64_t>(row_bytes);
+  base[0] = w.at(ex);
+  if constexpr (Pair) base[1] = w2.at(ex);
   const XDigits* xd = xdig + (a / x_div) * n_chunks * 32;
   Vec* stage = reinterpret_cast<Vec*>(im_smem) + warp * NM * k_imma_rows * SV;
   const auto* sb = reinterpret_cast<const uint8_t*>(stage);

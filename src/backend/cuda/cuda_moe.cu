@@ -54,6 +54,7 @@
 
 #include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_expert_imma.cuh"
+#include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -228,7 +229,7 @@ struct ExpertMid {
 // (IQ2_XXS / Q2_K with tensor cores on take expert_imma_kernel instead.)
 template <GgmlType T, int RW, int S, bool Pair, bool XS>
 __global__ void __launch_bounds__(256)
-    expert_matvec_kernel(float* out, int64_t R, const uint8_t* w, const uint8_t* w2, size_t row_bytes, int64_t n_units,
+    expert_matvec_kernel(float* out, int64_t R, ExpertRows w, ExpertRows w2, size_t row_bytes, int64_t n_units,
                          int64_t E, const int32_t* experts, const float* weights, float clamp, const float* x,
                          int64_t x_stride, int x_div, QuantTables tab) {
   constexpr int NR = Pair ? 2 * RW : RW;
@@ -253,11 +254,13 @@ __global__ void __launch_bounds__(256)
   const int32_t ex = experts[a];
   DEVICE_CHECK(ex >= 0 && ex < E);
   const uint8_t* rp[NR];
+  const uint8_t* we = w.at(ex);
+  const uint8_t* we2 = Pair ? w2.at(ex) : nullptr;
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
-    const int64_t off = (static_cast<int64_t>(ex) * R + r0 + (i < nr ? i : 0)) * static_cast<int64_t>(row_bytes);
-    rp[i] = w + off;
-    if constexpr (Pair) rp[RW + i] = w2 + off;
+    const int64_t off = (r0 + (i < nr ? i : 0)) * static_cast<int64_t>(row_bytes);
+    rp[i] = we + off;
+    if constexpr (Pair) rp[RW + i] = we2 + off;
   }
   float s[NR];
   if constexpr (XS)
@@ -387,8 +390,8 @@ __global__ void __launch_bounds__(k_plan_warps * 32)
 // (expert e); grid (ceil(R / 32), max tiles), blocks past *n_tiles exit.
 template <GgmlType T>
 __global__ void __launch_bounds__(256)
-    expert_tile_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes,
-                       int64_t n_units, int64_t cols, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+    expert_tile_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
+                       int64_t cols, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                        const int32_t* __restrict__ n_tiles, const float* __restrict__ x, int64_t x_stride, int x_div,
                        bool x_vec4, QuantTables tab) {
   pdl_enter();
@@ -404,7 +407,7 @@ __global__ void __launch_bounds__(256)
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
-  const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
+  const uint8_t* we = w.at(td.x);
   const int64_t r_warp = static_cast<int64_t>(blockIdx.x) * k_tile_rows + warp * k_tile_rpw;
   weight_tile<T>(we, row_bytes, r_warp, R, n_units, cols, xrow, td.z, x_vec4, sm, tab,
                  [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
@@ -414,8 +417,8 @@ __global__ void __launch_bounds__(256)
 // grid (ceil(R / 256), max tiles); x split beforehand (split row = a / x_div).
 template <GgmlType T, int BN>
 __global__ void __launch_bounds__(256, 2)
-    expert_mma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes,
-                      int64_t n_units, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+    expert_mma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
+                      const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, MmaX xs, int x_div, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -429,7 +432,7 @@ __global__ void __launch_bounds__(256, 2)
     sm.xrow[threadIdx.x] = a / x_div;
   }
   const MmaTables st = mma_smem_tables(sm, tab);
-  const uint8_t* we = w + static_cast<int64_t>(td.x) * R * row_bytes;
+  const uint8_t* we = w.at(td.x);
   mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, 0, n_units, xs, 0, sm, td.z, st,
                   [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
@@ -461,7 +464,8 @@ unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((
 // shape as w = gate), out = expert_mid(gate, up, weights[a], clamp) instead.
 // digits: scratch for x's split (n_assign / x_div rows of cols / 32 XDigits)
 // when ctx.int_dot, else nullptr.
-void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const Tensor* w2,
+// w: the shape and type of the expert matrix (the host stack when experts are placed); wr/wr2 where the rows are.
+void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertRows* wr2,
                    const int32_t* experts, int64_t n_assign, const float* x, int64_t x_stride, int x_div,
                    const float* weights, float clamp, XDigits* digits) {
   const int64_t cols = w.ne[0], E = w.ne[2];
@@ -474,8 +478,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
                 static_cast<long long>(cols));
     // Several rows per warp (loads in flight, x reused): an expert matrix has >= 2048
     // rows and a decode step 6 assignments, so the grid still covers the SMs.
-    const auto* wp = static_cast<const uint8_t*>(w.data);
-    const auto* wp2 = w2 ? static_cast<const uint8_t*>(w2->data) : nullptr;
+    const ExpertRows wq = wr, wq2 = wr2 ? *wr2 : ExpertRows{};
     // x copied to shared memory unless the copy would be large (no Flash shape).
     const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(cols / U)) * sizeof(float);
     const bool xs = x_bytes <= k_max_x_shared_bytes;
@@ -491,7 +494,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       const size_t stage_bytes = 8 * static_cast<size_t>(stage_bytes_per_warp<T, NR, S>());
       auto launch = [&](auto kernel, size_t smem) {
         allow_smem(kernel, smem, k_block_tables_smem);  // static: the tables
-        launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), cols / U, E, experts,
+        launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wq, wq2, w.row_bytes(), cols / U, E, experts,
                       weights, clamp, x, x_stride, x_div, ctx.tables);
       };
       // Integer MMAs with tensor cores on (agreement to f32 rounding, as the tiles): x split
@@ -510,7 +513,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
           const dim3 grid_i(static_cast<unsigned>(n_assign), ceil_div(R, k_imma_rows));
           auto kernel = expert_imma_kernel<T, Pair, ExpertMid>;
           allow_smem(kernel, smem, sizeof(IdotTables) + sizeof(float) * k_imma_max_warps * 2 * k_imma_rows);
-          launch_kernel(kernel, grid_i, warps * 32, smem, ctx.stream, out, R, wp, wp2, w.row_bytes(), n_chunks, E,
+          launch_kernel(kernel, grid_i, warps * 32, smem, ctx.stream, out, R, wq, wq2, w.row_bytes(), n_chunks, E,
                         experts, weights, clamp, digits, x_div, ctx.tables);
           return;
         }
@@ -524,14 +527,17 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     using no = std::false_type;
     bool staged = false;
     if constexpr (UnitStaging<T>::chunk_bytes > 0) {
-      if (can_stage<T>(wp, w.row_bytes()) && (!wp2 || can_stage<T>(wp2, w.row_bytes()))) {
+      auto stageable = [&](const ExpertRows& e) {
+        return can_stage<T>(e.dev, w.row_bytes()) && can_stage<T>(e.host, w.row_bytes());
+      };
+      if (stageable(wq) && (!wr2 || stageable(wq2))) {
         staged = true;
         // Staging buffers per warp: 4 for rows of more than 2 chunks (of 32
         // units), else 2 (Flash: gate/up 4, down 2). Measured on the
         // H200: a decode step's experts 58.6 us with 2, 58.2 with 4, 64.6 with 1.
         const int64_t chunks = ceil_div(cols / U, 32);
         auto with_pair = [&](auto stages_tag) {
-          if (wp2)
+          if (wr2)
             run(stages_tag, yes{});
           else
             run(stages_tag, no{});
@@ -543,7 +549,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
       }
     }
     if (!staged) {
-      if (wp2)
+      if (wr2)
         run(std::integral_constant<int, 0>{}, yes{});
       else
         run(std::integral_constant<int, 0>{}, no{});
@@ -642,8 +648,8 @@ void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w,
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
-void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const float* x,
-                  int64_t x_rows, int64_t x_stride, int x_div) {
+void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertPlan& p,
+                  const float* x, int64_t x_rows, int64_t x_stride, int x_div) {
   const int64_t cols = w.ne[0];
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
@@ -657,7 +663,7 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
         const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, x_rows, cols / 32, p.split);
         CUDA_CHECK_LAUNCH();
         const dim3 grid(ceil_div(R, k_mma_rows), static_cast<unsigned>(p.max_tiles));
-        const auto* wp = static_cast<const uint8_t*>(w.data);
+        const ExpertRows wp = wr;
         allow_smem(expert_mma_kernel<T, 32>, sizeof(MmaSmem<32>));
         allow_smem(expert_mma_kernel<T, 16>, sizeof(MmaSmem<16>));
         allow_smem(expert_mma_kernel<T, 8>, sizeof(MmaSmem<8>));
@@ -677,8 +683,8 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
     DSV4_ASSERT(p.tile == k_tile_tokens, "moe_experts: FFMA tiles take %d assignments", k_tile_tokens);
     const dim3 grid(ceil_div(R, k_tile_rows), static_cast<unsigned>(p.max_tiles));
     const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && cols % 4 == 0;
-    launch_kernel(expert_tile_kernel<T>, grid, 256, 0, ctx.stream, out, R, static_cast<const uint8_t*>(w.data),
-                  w.row_bytes(), cols / U, cols, p.list, p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4, ctx.tables);
+    launch_kernel(expert_tile_kernel<T>, grid, 256, 0, ctx.stream, out, R, wr, w.row_bytes(), cols / U, cols, p.list,
+                  p.tiles, p.n_tiles, x, x_stride, x_div, x_vec4, ctx.tables);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -705,32 +711,43 @@ void launch_moe_route(const CudaContext& ctx, const MoeRouteOp& op) {
 }
 
 void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
+  // With slots, the host stacks carry every expert's shape and type; the device stacks hold the resident ones.
+  const bool placed = static_cast<bool>(op.slots);
+  const Tensor &gate = placed ? op.gate_host : op.gate, &up = placed ? op.up_host : op.up,
+               &down = placed ? op.down_host : op.down;
   const int64_t D = op.x.ne[0], n = op.x.n_rows(), k = op.experts.ne[0];
-  const int64_t F = op.gate.ne[1];
-  DSV4_ASSERT(op.gate.ne[0] == D && op.up.ne[0] == D && op.down.ne[0] == F && op.down.ne[1] == D,
-              "moe_experts: shapes");
-  DSV4_ASSERT(op.up.ne[1] == F && op.up.ne[2] == op.gate.ne[2] && op.down.ne[2] == op.gate.ne[2],
-              "moe_experts: expert counts");
+  const int64_t F = gate.ne[1];
+  DSV4_ASSERT(gate.ne[0] == D && up.ne[0] == D && down.ne[0] == F && down.ne[1] == D, "moe_experts: shapes");
+  DSV4_ASSERT(up.ne[1] == F && up.ne[2] == gate.ne[2] && down.ne[2] == gate.ne[2], "moe_experts: expert counts");
   DSV4_ASSERT(op.experts.n_rows() == n && op.weights.ne[0] == k && op.out.ne[0] == D && op.out.n_rows() == n,
               "moe_experts: routing/output shapes");
   DSV4_ASSERT(reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0, "moe_experts: x not 16-byte aligned");
+  DSV4_ASSERT(!placed || op.slots.ne[0] == gate.ne[2], "moe_experts: %lld slots for %lld experts",
+              static_cast<long long>(op.slots.ne[0]), static_cast<long long>(gate.ne[2]));
+  DSV4_ASSERT(!placed || !op.gate ||
+                  (op.gate.type == gate.type && op.up.type == up.type && op.down.type == down.type &&
+                   op.gate.row_bytes() == gate.row_bytes() && op.down.row_bytes() == down.row_bytes()),
+              "moe_experts: resident stacks of another layout than the host stacks");
   if (n == 0) return;
+  const ExpertRows wg = expert_rows(op.gate, op.gate_host, op.slots), wu = expert_rows(op.up, op.up_host, op.slots),
+                   wd = expert_rows(op.down, op.down_host, op.slots);
   const int64_t n_assign = n * k;
-  const int64_t E = op.gate.ne[2];
+  const int64_t E = gate.ne[2];
   const bool grouped = n >= ctx.expert_group_min && k > 0;
   // Assignments per tile when all three matrices run on tensor cores: 16, or 32
   // once the batch averages >= 32 per expert (each decoded weight unit then
   // serves twice the tokens; smaller batches would leave 32-tiles mostly empty);
   // else the FFMA tile's 8.
   bool all_mma = ctx.tensor_cores, all_eg = ctx.expert_gemm_min > 0;  // expert_gemm_min: with tensor cores only
-  for (const Tensor* t : {&op.gate, &op.up, &op.down})
+  for (const Tensor* t : {&gate, &up, &down})
     dispatch_weight_type(t->type, [&](auto tag) {
       all_mma = all_mma && mma_type<decltype(tag)::value>();
       all_eg = all_eg && expert_gemm_type<decltype(tag)::value>();
     });
   // Experts of >= big_min assignments in this batch on the grouped GEMM (cuda_expert_gemm.cuh; tiles of
   // k_wg_tokens), the others on the tile; big_min 1 (--expert-gemm on): every expert, and no tile launches.
-  const int big_min = grouped && all_eg && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? ctx.expert_gemm_min : 0;
+  // Not with experts in host memory: prefill would read them through the GEMM's bulk copies (the tile instead).
+  const int big_min = grouped && all_eg && !placed && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? ctx.expert_gemm_min : 0;
   const bool tiles_too = big_min != 1;
   const int tile = all_mma ? (n_assign >= 32 * E ? 32 : 16) : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
@@ -766,32 +783,32 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       if (big_min > 0) {
         const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k));
         expert_gemm(ctx, g, F, op.gate, plan, xs, static_cast<int>(k));
-        expert_gemm(ctx, u, F, op.up, plan, xs, static_cast<int>(k));
+        expert_gemm(ctx, u, F, op.up, plan, xs, static_cast<int>(k));  // (never placed: big_min is 0 then)
       }
       if (tiles_too) {
-        expert_tiles(ctx, g, F, op.gate, plan, op.x.f32(), n, D, static_cast<int>(k));
-        expert_tiles(ctx, u, F, op.up, plan, op.x.f32(), n, D, static_cast<int>(k));
+        expert_tiles(ctx, g, F, gate, wg, plan, op.x.f32(), n, D, static_cast<int>(k));
+        expert_tiles(ctx, u, F, up, wu, plan, op.x.f32(), n, D, static_cast<int>(k));
       }
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
                     op.clamp);
       CUDA_CHECK_LAUNCH();
       if (big_min > 0) expert_gemm(ctx, y, D, op.down, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
-      if (tiles_too) expert_tiles(ctx, y, D, op.down, plan, g, n_assign, F, 1);
+      if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
-      if (op.gate.type == op.up.type && op.gate.row_bytes() == op.up.row_bytes()) {
-        expert_matvec(ctx, g, F, op.gate, &op.up, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp,
+      if (gate.type == up.type && gate.row_bytes() == up.row_bytes()) {
+        expert_matvec(ctx, g, F, gate, wg, &wu, ex, n_assign, op.x.f32(), D, static_cast<int>(k), wts, op.clamp,
                       digits);
       } else {
-        expert_matvec(ctx, g, F, op.gate, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
+        expert_matvec(ctx, g, F, gate, wg, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
                       digits);
-        expert_matvec(ctx, u, F, op.up, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
+        expert_matvec(ctx, u, F, up, wu, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
                       digits);
         launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
                       op.clamp);
         CUDA_CHECK_LAUNCH();
       }
-      expert_matvec(ctx, y, D, op.down, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
+      expert_matvec(ctx, y, D, down, wd, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
     }
   }
   launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, D, static_cast<int>(k), n * D,
