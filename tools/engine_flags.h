@@ -105,6 +105,15 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "dense weight, kept while 16 GiB of GPU memory stay free)")
       ->group(group);
   cmd->add_option_function<std::string>(
+         "--gpu-memory", [s](const std::string& v) { s->gpu_memory = *parse_gpu_memory(v); },
+         "GPU memory the model may take (weights, activations, a session's state); routed experts beyond it stay "
+         "in host memory and are read over the bus (decode slows with the share left there). auto: the free "
+         "memory less a margin, so a model larger than the GPU runs instead of failing")
+      ->check(parsed_by([](const std::string& v) { return parse_gpu_memory(v); }))
+      ->type_name("auto|SIZE")
+      ->default_str("auto")
+      ->group(group);
+  cmd->add_option_function<std::string>(
          "--dup-ops", [s](const std::string& v) { s->dup_ops = *parse_dup_ops(v); },
          "Profiling: launch these ops twice (comma-separated, ops that give the same result when run again: "
          "hc_pre, hc_head, rms_norm, matmul, matmuls, store_rows, indexer_scores, topk, attention, moe_route, "

@@ -62,6 +62,12 @@ std::string EngineOptions::describe() const {
 
 namespace {
 
+// GPU memory a CUDA prefill batch works in beside the model's buffers (attention partials, the routed
+// experts' activations and splits, the matmuls' splits); kept free when weights are placed (--gpu-memory).
+constexpr uint64_t k_cuda_working_bytes = uint64_t{3} << 30;
+
+double gib(uint64_t b) { return static_cast<double>(b) / static_cast<double>(uint64_t{1} << 30); }
+
 // The backend named by --backend: cpu, cuda, or auto (CUDA when this build has
 // it and a usable GPU is present, else CPU). `progress` (may be null) receives the
 // bytes of weights uploaded so far (CUDA copies the weights to the device).
@@ -227,8 +233,25 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   const bool on_cuda = impl->backend->kind() == BackendKind::CUDA;
   mo.max_batch = o.prefill_batch > 0 ? o.prefill_batch : default_prefill_batch(on_cuda);
   impl->opts.prefill_batch = mo.max_batch;
+  if (on_cuda) {
+    // GPU memory for the model (--gpu-memory; auto: the free memory less 1 GiB), beside one session's state at
+    // the default context and the backend's working memory of a prefill batch; routed experts beyond it stay
+    // in host memory (Model::upload). Everything on the GPU when it fits.
+    const CudaOptions defaults;
+    const CudaOptions& cuda = o.cuda ? *o.cuda : defaults;
+    const uint64_t margin = uint64_t{1} << 30;
+    const uint64_t free_b = impl->backend->free_memory().value_or(0);
+    mo.memory_budget = cuda.gpu_memory ? cuda.gpu_memory : (free_b > margin ? free_b - margin : 1);
+    mo.reserve_bytes = kv_state_bytes(spec, mo, !o.mtp_path.empty(), o.ctx) + k_cuda_working_bytes;
+  }
   DSV4_TRY_ASSIGN(impl->model,
                   Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+  if (const WeightPlacement& pl = impl->model->placement(); pl.host_expert_bytes > 0)
+    log_info(
+        "placement: %.2f GiB of dense weights, %.2f GiB of activations and %.2f GiB of routed experts (%u-%u of "
+        "%u per layer) on the GPU; %.2f GiB of routed experts read from host memory (GPU memory budget %.2f GiB)",
+        gib(pl.dense_bytes), gib(pl.scratch_bytes), gib(pl.expert_bytes), pl.min_resident, pl.max_resident, pl.n_expert,
+        gib(pl.host_expert_bytes), gib(mo.memory_budget));
 #ifdef DSV4_HAS_CUDA
   if (impl->backend->kind() == BackendKind::CUDA) {
     const CudaUploadStats up = cuda_upload_stats(*impl->backend);

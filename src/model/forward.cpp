@@ -25,6 +25,8 @@ Tensor elems(const Tensor& t, int64_t i0, int64_t n) {
   return v;
 }
 
+double gib(uint64_t b) { return static_cast<double>(b) / static_cast<double>(uint64_t{1} << 30); }
+
 }  // namespace
 
 struct Model::Scratch {
@@ -43,6 +45,11 @@ struct Model::Scratch {
   Tensor h, hn, logits;             // [n, D], [n, D], [n, V]
   Tensor mtp_e, mtp_y;              // MTP: [1, D], [1, hc, D]
   int64_t score_rows = 0;
+  std::vector<Tensor*> all() {
+    return {&pos,     &ids,  &state, &u,     &xn,   &y,  &ys,  &post,   &comb,   &qa,   &q,      &kv,
+            &o,       &la,   &ckv,   &cgate, &iq,   &iw, &ikv, &igate,  &scores, &sel,  &router, &experts,
+            &weights, &sh_g, &sh_u,  &sh_h,  &sh_y, &h,  &hn,  &logits, &mtp_e,  &mtp_y};
+  }
 };
 
 Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
@@ -50,12 +57,7 @@ Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
 
 Model::~Model() {
   if (step_graph_) backend_.drop_replay(step_graph_);
-  Scratch& s = *sc_;
-  for (Tensor* t : {&s.pos,  &s.ids,   &s.state,  &s.u,   &s.xn,     &s.y,       &s.ys,      &s.post, &s.comb,
-                    &s.qa,   &s.q,     &s.kv,     &s.o,   &s.la,     &s.ckv,     &s.cgate,   &s.iq,   &s.iw,
-                    &s.ikv,  &s.igate, &s.scores, &s.sel, &s.router, &s.experts, &s.weights, &s.sh_g, &s.sh_u,
-                    &s.sh_h, &s.sh_y,  &s.h,      &s.hn,  &s.logits, &s.mtp_e,   &s.mtp_y})
-    backend_.free(*t);
+  for (Tensor* t : sc_->all()) backend_.free(*t);
 }
 
 expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
@@ -64,7 +66,6 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   DSV4_TRY(check_numerics_fit(weights.spec, options.numerics));
   if (backend.kind() == BackendKind::CUDA) DSV4_TRY(check_cuda_fit(weights, mtp, options.numerics));
   std::unique_ptr<Model> m(new Model(backend, weights.spec, options));
-  DSV4_TRY(m->upload(weights, mtp));
   const ModelSpec& S = m->spec_;
   const int64_t n = options.max_batch, D = S.n_embd, hc = S.hc_count, H = S.n_head, hd = S.head_dim;
   const int64_t Fs = static_cast<int64_t>(S.expert_ff) * std::max<uint32_t>(1, S.n_expert_shared);
@@ -103,6 +104,8 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   s.logits = backend.alloc(G::F32, S.n_vocab, n);
   s.mtp_e = backend.alloc(G::F32, D, 1);
   s.mtp_y = backend.alloc(G::F32, D, hc, 1);
+  for (Tensor* t : s.all()) m->placement_.scratch_bytes += t->data ? t->n_bytes() : 0;
+  DSV4_TRY(m->upload(weights, mtp));
   return m;
 }
 
@@ -116,15 +119,106 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
     dst = *t;
     return {};
   };
+  auto routed = [](size_t i) {
+    return i == static_cast<size_t>(LayerTensor::FFN_GATE_EXPS) || i == static_cast<size_t>(LayerTensor::FFN_UP_EXPS) ||
+           i == static_cast<size_t>(LayerTensor::FFN_DOWN_EXPS);
+  };
+  // Placement (ModelOptions::memory_budget): the dense part's bytes, then the routed experts' per layer.
+  WeightPlacement& P = placement_;
+  P.n_expert = spec_.n_expert;
+  uint64_t expert_total = 0, per_expert = 0;  // per_expert: one expert of every matrix, summed over the layers
+  for (const LayerWeights& l : w.layers)
+    for (size_t i = 0; i < l.t.size(); ++i)
+      if (l.t[i] && routed(i)) {
+        expert_total += l.t[i].n_bytes;
+        per_expert += l.t[i].expert_bytes();
+      }
+  P.dense_bytes = w.n_bytes - expert_total;
+  if (mtp) {
+    for (const TensorRef& r : mtp->head) P.dense_bytes += r.n_bytes;
+    for (const TensorRef& r : mtp->block.t) P.dense_bytes += r.n_bytes;
+  }
+  // Experts resident in every layer: all without a budget; else as many as the budget leaves (whole experts of
+  // every layer first, then one more in the first layers while it lasts).
+  const size_t L = w.layers.size();
+  std::vector<uint32_t> resident(L, spec_.n_expert);
+  if (options_.memory_budget > 0 && per_expert > 0) {
+    const uint64_t need = P.dense_bytes + P.scratch_bytes + options_.reserve_bytes;
+    if (options_.memory_budget < need)
+      return make_error(
+          "a GPU memory budget of %.2f GiB is too small for this model: its dense weights (%.2f GiB), activation "
+          "buffers (%.2f GiB) and one session's state with working memory (%.2f GiB) need at least %.2f GiB "
+          "(the routed experts can stay in host memory)",
+          gib(options_.memory_budget), gib(P.dense_bytes), gib(P.scratch_bytes), gib(options_.reserve_bytes),
+          gib(need));
+    uint64_t left = options_.memory_budget - need;
+    const uint64_t whole = std::min<uint64_t>(left / per_expert, spec_.n_expert);
+    left -= whole * per_expert;
+    for (size_t il = 0; il < L; ++il) {
+      resident[il] = static_cast<uint32_t>(whole);
+      const LayerWeights& l = w.layers[il];
+      uint64_t one = 0;
+      for (size_t i = 0; i < l.t.size(); ++i)
+        if (l.t[i] && routed(i)) one += l.t[i].expert_bytes();
+      if (whole < spec_.n_expert && one > 0 && left >= one) {
+        ++resident[il];
+        left -= one;
+      }
+    }
+  }
   for (size_t i = 0; i < global_.size(); ++i) DSV4_TRY(up(w.global[i], global_[i]));
-  layers_.resize(w.layers.size());
-  for (size_t il = 0; il < w.layers.size(); ++il)
-    for (size_t i = 0; i < w.layers[il].t.size(); ++i) DSV4_TRY(up(w.layers[il].t[i], layers_[il].t[i]));
+  layers_.resize(L);
+  P.min_resident = spec_.n_expert;
+  P.max_resident = 0;
+  for (size_t il = 0; il < L; ++il) {
+    const bool placed = resident[il] < spec_.n_expert && w.layers[il][LayerTensor::FFN_GATE_EXPS];
+    for (size_t i = 0; i < w.layers[il].t.size(); ++i)
+      if (!(placed && routed(i))) DSV4_TRY(up(w.layers[il].t[i], layers_[il].t[i]));
+    if (placed) DSV4_TRY(place_experts(w.layers[il], layers_[il], resident[il]));
+    uint64_t layer_experts = 0;
+    for (size_t i = 0; i < w.layers[il].t.size(); ++i)
+      if (w.layers[il].t[i] && routed(i)) layer_experts += w.layers[il].t[i].n_bytes;
+    const uint64_t on = spec_.n_expert ? layer_experts / spec_.n_expert * resident[il] : 0;
+    P.expert_bytes += on;
+    P.host_expert_bytes += layer_experts - on;
+    P.min_resident = std::min(P.min_resident, resident[il]);
+    P.max_resident = std::max(P.max_resident, resident[il]);
+  }
   if (mtp) {
     for (size_t i = 0; i < mtp->head.size(); ++i) DSV4_TRY(up(mtp->head[i], mtp_head_[i]));
     for (size_t i = 0; i < mtp->block.t.size(); ++i) DSV4_TRY(up(mtp->block.t[i], mtp_block_.t[i]));
     has_mtp_ = true;
   }
+  return {};
+}
+
+Status Model::place_experts(const LayerWeights& w, DeviceLayer& dst, uint32_t resident) {
+  const uint32_t E = spec_.n_expert;
+  std::vector<int32_t> slots(E, -1);
+  for (uint32_t e = 0; e < resident; ++e) slots[e] = static_cast<int32_t>(e);
+  for (auto [lt, host] :
+       {std::pair{LayerTensor::FFN_GATE_EXPS, &dst.gate_host}, std::pair{LayerTensor::FFN_UP_EXPS, &dst.up_host},
+        std::pair{LayerTensor::FFN_DOWN_EXPS, &dst.down_host}}) {
+    const TensorRef& r = w[lt];
+    const int64_t ne[4] = {static_cast<int64_t>(r.ne[0]), static_cast<int64_t>(r.ne[1]), static_cast<int64_t>(r.ne[2]),
+                           static_cast<int64_t>(r.ne[3])};
+    // Experts 0 .. resident-1 (contiguous) uploaded like any weight (the backend's own staging: a device copy
+    // never reads the registered pages directly, which a copy spanning two registrations would refuse).
+    Tensor& dev = dst.t[static_cast<size_t>(lt)];
+    if (resident > 0) {
+      const int64_t ne_dev[4] = {ne[0], ne[1], resident, 1};
+      auto d = backend_.upload_weight(r.data, r.type, ne_dev);
+      if (!d) return d.error().with_context(strfmt("uploading %u experts of %s", resident, r.name.c_str()));
+      dev = *d;
+    } else {
+      dev = make_tensor(nullptr, r.type, ne[0], ne[1], 0);
+    }
+    auto h = backend_.map_host_weight(r.data, r.type, ne);
+    if (!h) return h.error().with_context("mapping " + r.name + " for the GPU to read from host memory");
+    *host = *h;
+  }
+  dst.slots = backend_.alloc(GgmlType::I32, E);
+  backend_.write(dst.slots, slots.data(), slots.size() * sizeof(int32_t));
   return {};
 }
 
@@ -492,7 +586,11 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
                         .experts = experts,
                         .weights = weights,
                         .clamp = clamp,
-                        .accumulate = false});
+                        .accumulate = false,
+                        .slots = L.slots,
+                        .gate_host = L.gate_host,
+                        .up_host = L.up_host,
+                        .down_host = L.down_host});
   if (branch) {
     backend_.branch_join();
     return s.sh_y;  // y += W_down h, in hc_post

@@ -46,6 +46,22 @@ struct ModelOptions {
   // Compact KV rows in reference numerics (see LayerState); off = f32 rows, for
   // tests that check the compact state changes nothing.
   bool compact_kv = true;
+  // Backend memory the model may take (weights, its scratch, and reserve_bytes for sessions' states and the
+  // backend's working memory); 0: no limit, every weight on the backend. Within a limit the dense weights go
+  // first and the routed experts fill what is left, evenly over the layers; the others stay in host memory
+  // where the weights are mapped, read in place (Backend::map_host_weight; MoeExpertsOp::slots).
+  uint64_t memory_budget = 0;
+  uint64_t reserve_bytes = 0;
+};
+
+// Where the weights went (Model::placement).
+struct WeightPlacement {
+  uint64_t dense_bytes = 0;                     // every weight but the routed experts, on the backend
+  uint64_t scratch_bytes = 0;                   // the model's activation buffers
+  uint64_t expert_bytes = 0;                    // routed experts on the backend
+  uint64_t host_expert_bytes = 0;               // routed experts read from host memory
+  uint32_t n_expert = 0;                        // per layer
+  uint32_t min_resident = 0, max_resident = 0;  // routed experts on the backend per layer
 };
 
 // Storage types of a state's main KV rows (ring, comp) and indexer rows (see LayerState).
@@ -76,6 +92,7 @@ class Model {
   const ModelOptions& options() const { return options_; }
   Backend& backend() { return backend_; }
   bool has_mtp() const { return has_mtp_; }
+  const WeightPlacement& placement() const { return placement_; }
 
   // A zeroed state for up to ctx tokens (frontiers start empty).
   KvState new_state(uint32_t ctx);
@@ -109,12 +126,16 @@ class Model {
  private:
   struct DeviceLayer {
     std::array<Tensor, static_cast<size_t>(LayerTensor::COUNT)> t;
+    // Routed experts placed partly in host memory (MoeExpertsOp::slots; empty: all in t).
+    Tensor slots, gate_host, up_host, down_host;
     const Tensor& operator[](LayerTensor s) const { return t[static_cast<size_t>(s)]; }
   };
   struct Scratch;
 
   Model(Backend& backend, const ModelSpec& spec, ModelOptions options);
   Status upload(const ModelWeights& w, const MtpWeights* mtp);
+  // Layer il's routed experts: the first `resident` on the backend, the others read from host memory.
+  Status place_experts(const LayerWeights& w, DeviceLayer& dst, uint32_t resident);
   void ensure_scores(int64_t rows);
   RopeParams rope_for_ratio(uint32_t ratio) const;
   CompressOp compress_op(const Tensor& rows, const Tensor& state_a, const Tensor& state_g, const Tensor& kv,
@@ -158,6 +179,7 @@ class Model {
   DeviceLayer mtp_block_;
   std::array<Tensor, static_cast<size_t>(MtpTensor::COUNT)> mtp_head_;
   std::unique_ptr<Scratch> sc_;
+  WeightPlacement placement_;
   // The recorded single-token step (Backend::capture_begin): recorded on the
   // second consecutive single-token batch with the same key (the first one
   // sizes every buffer), replayed while the key stays the same.

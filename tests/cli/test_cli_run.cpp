@@ -360,17 +360,20 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--gemm-min-tokens",
                            "--no-cuda-branches",
                            "--no-pdl",
-                           "--expert-gemm"})
+                           "--expert-gemm",
+                           "--gpu-memory"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
 TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
   Result r = run_dsv4(
-      run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off"));
+      run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off "
+               "--gpu-memory 24G"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos)
       << r.err;
+  EXPECT_NE(r.err.find("gpu_memory=24.00GiB"), std::string::npos) << r.err;
 }
 
 TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
@@ -382,6 +385,8 @@ TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
       {"--expert-gemm 0", "--expert-gemm: want auto, on, off or a whole number from 1 to 1000000, got \"0\""},
       {"--dup-ops matmul,hc_post", "--dup-ops: cannot launch op \"hc_post\" twice"},
       {"--cublas ''", "--cublas: empty (want auto, off or the path of libcublas)"},
+      {"--gpu-memory 12X", "--gpu-memory 12X: want auto or a size such as 24G, 24GiB, 40960M (a plain number: GiB)"},
+      {"--gpu-memory 0.5G", "--gpu-memory 0.5G: at least 1 GiB"},
   };
   for (const auto& [flag, message] : cases) {
     Result r = run_dsv4("run -m /nonexistent.gguf -p hi " + std::string(flag));

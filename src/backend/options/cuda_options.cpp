@@ -47,6 +47,41 @@ Status parse_cublas(std::string_view text, CudaOptions& options) {
   return {};
 }
 
+expected<uint64_t> parse_gpu_memory(std::string_view text) {
+  if (text == "auto") return uint64_t{0};
+  size_t i = 0;
+  double v = 0;
+  bool digits = false, dot = false;
+  double scale = 1;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c >= '0' && c <= '9') {
+      digits = true;
+      if (dot) {
+        scale /= 10;
+        v += (c - '0') * scale;
+      } else {
+        v = v * 10 + (c - '0');
+      }
+    } else if (c == '.' && !dot) {
+      dot = true;
+    } else {
+      break;
+    }
+  }
+  const std::string_view unit = text.substr(i);
+  double mult = 0;
+  if (unit.empty() || unit == "G" || unit == "GiB" || unit == "g") mult = double(uint64_t{1} << 30);
+  if (unit == "M" || unit == "MiB" || unit == "m") mult = double(uint64_t{1} << 20);
+  if (!digits || mult == 0 || v > 1e6)
+    return make_error("--gpu-memory %.*s: want auto or a size such as 24G, 24GiB, 40960M (a plain number: GiB)",
+                      static_cast<int>(text.size()), text.data());
+  const auto bytes = static_cast<uint64_t>(v * mult);
+  if (bytes < (uint64_t{1} << 30))
+    return make_error("--gpu-memory %.*s: at least 1 GiB", static_cast<int>(text.size()), text.data());
+  return bytes;
+}
+
 expected<int> parse_expert_gemm(std::string_view text) {
   if (text == "auto") return k_expert_gemm_auto_min;
   if (text == "on") return 1;
@@ -109,6 +144,7 @@ std::string CudaOptions::describe() const {
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
   if (expert_group_min != d.expert_group_min) add("expert_group_min=" + std::to_string(expert_group_min));
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
+  if (gpu_memory != d.gpu_memory) add(strfmt("gpu_memory=%.2fGiB", static_cast<double>(gpu_memory) / (1u << 30)));
   if (dup_ops != 0) {
     std::string names;
     for (unsigned i = 0; i < static_cast<unsigned>(CudaDupOp::COUNT); ++i)

@@ -82,6 +82,10 @@ struct CudaOptions {
   // gemm_cache_reserve bytes of device memory stay free; false: split every
   // call (the same bits either way).
   bool gemm_weight_cache = true;
+  // GPU memory the model may take (weights, activation buffers, one session's state and working memory);
+  // 0: what the device has free less a margin. Routed experts beyond it stay in host memory, read in place
+  // over the bus (Engine::load; docs/design-notes/expert-offload.md).
+  uint64_t gpu_memory = 0;
   size_t gemm_cache_reserve = size_t{16} << 30;
   // Profiling: these ops (CudaDupOp bits) are launched twice, so a run's
   // slowdown is their marginal cost inside the decode graph and the prefill stream.
@@ -100,6 +104,8 @@ struct CudaOptions {
 //   dup ops      comma-separated names of cuda_dup_op_names()
 Status parse_cublas(std::string_view text, CudaOptions& options);
 expected<int> parse_expert_gemm(std::string_view text);
+//   gpu memory   auto | N[G|GiB|M|MiB] (a plain number: GiB), at least 1 GiB
+expected<uint64_t> parse_gpu_memory(std::string_view text);
 expected<unsigned> parse_dup_ops(std::string_view list);
 const char* cuda_dup_op_name(CudaDupOp op);
 const char* cuda_dup_op_names();  // "hc_pre, hc_head, ..."

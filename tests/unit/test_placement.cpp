@@ -1,0 +1,113 @@
+// Weight placement under a memory budget (ModelOptions::memory_budget): the
+// dense weights and activation buffers first, then as many routed experts per
+// layer as the budget leaves; the others are read from host memory in place
+// (Backend::map_host_weight, MoeExpertsOp::slots). On the CPU backend both
+// kinds of memory are host memory, so this checks the placement arithmetic and
+// that every budget gives the all-resident logits bit for bit (the CUDA op
+// harness checks the device kernels the same way).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/forward.h"
+#include "model/model_file.h"
+#include "synth/synth.h"
+
+using namespace dsv4;
+
+namespace {
+
+struct Tiny {
+  std::string path;
+  std::unique_ptr<ModelFile> mf;
+  Tiny() {
+    path = (std::filesystem::temp_directory_path() / ("dsv4_test_placement_" + std::to_string(::getpid()) + ".gguf"))
+               .string();
+    EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 5), path, 2).has_value());
+    auto m = open_model(path);
+    EXPECT_TRUE(m.has_value());
+    mf = std::move(*m);
+  }
+  ~Tiny() { std::filesystem::remove(path); }
+};
+
+// Logits of a 150-token prefill (every position) then 8 decode steps.
+std::vector<float> run(Model& m) {
+  const int64_t V = m.spec().n_vocab;
+  std::mt19937 g(3);
+  std::vector<int32_t> t(158);
+  for (auto& v : t) v = static_cast<int32_t>(3 + g() % (V - 3));
+  KvState s = m.new_state(512);
+  std::vector<float> out(158 * V);
+  EXPECT_TRUE(m.forward(s, t.data(), 150, 0, out.data(), true).has_value());
+  for (int64_t p = 150; p < 158; ++p) EXPECT_TRUE(m.forward(s, t.data() + p, 1, p, out.data() + p * V, false));
+  m.free_state(s);
+  return out;
+}
+
+}  // namespace
+
+TEST(Placement, EveryBudgetGivesTheAllResidentLogits) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  auto be = make_cpu_backend(2);
+  ModelOptions all;
+  all.max_batch = 64;
+  auto full = Model::create(*be, tiny.mf->weights, nullptr, all);
+  ASSERT_TRUE(full.has_value()) << full.error().message;
+  const WeightPlacement p0 = (*full)->placement();
+  const uint32_t E = p0.n_expert;
+  ASSERT_GT(E, 2u);
+  EXPECT_EQ(p0.host_expert_bytes, 0u);
+  EXPECT_EQ(p0.min_resident, E);
+  EXPECT_GT(p0.dense_bytes, 0u);
+  EXPECT_GT(p0.scratch_bytes, 0u);
+  const std::vector<float> want = run(**full);
+  const uint64_t per_expert = p0.expert_bytes / E;  // one expert of every layer
+  const uint64_t base = p0.dense_bytes + p0.scratch_bytes + 1000;
+  const uint64_t n_layer = tiny.mf->weights.layers.size();
+  struct Case {
+    uint64_t budget;
+    uint32_t min_resident, max_resident;
+  };
+  const uint64_t one_layer = per_expert / n_layer;  // one expert of one layer (the tiny layers are alike)
+  for (const Case& c : {Case{base, 0, 0}, Case{base + 2 * per_expert, 2, 2},
+                        Case{base + 2 * per_expert + one_layer, 2, 3}, Case{base + 100 * per_expert, E, E}}) {
+    ModelOptions o = all;
+    o.memory_budget = c.budget;
+    o.reserve_bytes = 1000;
+    auto m = Model::create(*be, tiny.mf->weights, nullptr, o);
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    const WeightPlacement& p = (*m)->placement();
+    EXPECT_EQ(p.min_resident, c.min_resident) << "budget " << c.budget;
+    EXPECT_EQ(p.max_resident, c.max_resident) << "budget " << c.budget;
+    EXPECT_EQ(p.expert_bytes + p.host_expert_bytes, p0.expert_bytes);
+    EXPECT_LE(p.dense_bytes + p.scratch_bytes + p.expert_bytes + o.reserve_bytes, c.budget);
+    const std::vector<float> got = run(**m);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+        << c.min_resident << "-" << c.max_resident << " of " << E << " experts resident per layer";
+  }
+}
+
+TEST(Placement, ABudgetBelowTheDensePartIsAClearError) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  auto be = make_cpu_backend(2);
+  ModelOptions o;
+  o.max_batch = 64;
+  o.memory_budget = 1 << 20;
+  o.reserve_bytes = 1 << 20;
+  auto m = Model::create(*be, tiny.mf->weights, nullptr, o);
+  ASSERT_FALSE(m.has_value());
+  const std::string& e = m.error().message;
+  EXPECT_NE(e.find("too small"), std::string::npos) << e;
+  EXPECT_NE(e.find("need at least"), std::string::npos) << e;
+  EXPECT_NE(e.find("dense weights"), std::string::npos) << e;
+}
