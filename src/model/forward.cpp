@@ -124,23 +124,24 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
            i == static_cast<size_t>(LayerTensor::FFN_DOWN_EXPS);
   };
   // Placement (ModelOptions::memory_budget): the dense part's bytes, then the routed experts' per layer.
+  // one[il]: one expert of each routed matrix of layer il (an expert's share of the layer's routed bytes).
+  const size_t L = w.layers.size();
   WeightPlacement& P = placement_;
   P.n_expert = spec_.n_expert;
-  uint64_t expert_total = 0, per_expert = 0;  // per_expert: one expert of every matrix, summed over the layers
-  for (const LayerWeights& l : w.layers)
-    for (size_t i = 0; i < l.t.size(); ++i)
-      if (l.t[i] && routed(i)) {
-        expert_total += l.t[i].n_bytes;
-        per_expert += l.t[i].expert_bytes();
-      }
-  P.dense_bytes = w.n_bytes - expert_total;
+  std::vector<uint64_t> one(L, 0);
+  uint64_t per_expert = 0;  // one expert of every layer
+  for (size_t il = 0; il < L; ++il) {
+    for (size_t i = 0; i < w.layers[il].t.size(); ++i)
+      if (w.layers[il].t[i] && routed(i)) one[il] += w.layers[il].t[i].expert_bytes();
+    per_expert += one[il];
+  }
+  P.dense_bytes = w.n_bytes - per_expert * spec_.n_expert;
   if (mtp) {
     for (const TensorRef& r : mtp->head) P.dense_bytes += r.n_bytes;
     for (const TensorRef& r : mtp->block.t) P.dense_bytes += r.n_bytes;
   }
   // Experts resident in every layer: all without a budget; else as many as the budget leaves (whole experts of
   // every layer first, then one more in the first layers while it lasts).
-  const size_t L = w.layers.size();
   std::vector<uint32_t> resident(L, spec_.n_expert);
   if (options_.memory_budget > 0 && per_expert > 0) {
     const uint64_t need = P.dense_bytes + P.scratch_bytes + options_.reserve_bytes;
@@ -156,13 +157,9 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
     left -= whole * per_expert;
     for (size_t il = 0; il < L; ++il) {
       resident[il] = static_cast<uint32_t>(whole);
-      const LayerWeights& l = w.layers[il];
-      uint64_t one = 0;
-      for (size_t i = 0; i < l.t.size(); ++i)
-        if (l.t[i] && routed(i)) one += l.t[i].expert_bytes();
-      if (whole < spec_.n_expert && one > 0 && left >= one) {
+      if (whole < spec_.n_expert && one[il] > 0 && left >= one[il]) {
         ++resident[il];
-        left -= one;
+        left -= one[il];
       }
     }
   }
@@ -175,12 +172,8 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
     for (size_t i = 0; i < w.layers[il].t.size(); ++i)
       if (!(placed && routed(i))) DSV4_TRY(up(w.layers[il].t[i], layers_[il].t[i]));
     if (placed) DSV4_TRY(place_experts(w.layers[il], layers_[il], resident[il]));
-    uint64_t layer_experts = 0;
-    for (size_t i = 0; i < w.layers[il].t.size(); ++i)
-      if (w.layers[il].t[i] && routed(i)) layer_experts += w.layers[il].t[i].n_bytes;
-    const uint64_t on = spec_.n_expert ? layer_experts / spec_.n_expert * resident[il] : 0;
-    P.expert_bytes += on;
-    P.host_expert_bytes += layer_experts - on;
+    P.expert_bytes += one[il] * resident[il];
+    P.host_expert_bytes += one[il] * (spec_.n_expert - resident[il]);
     P.min_resident = std::min(P.min_resident, resident[il]);
     P.max_resident = std::max(P.max_resident, resident[il]);
   }

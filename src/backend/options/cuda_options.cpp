@@ -1,5 +1,6 @@
 #include "backend/options/cuda_options.h"
 
+#include <charconv>
 #include <string>
 
 namespace dsv4 {
@@ -49,26 +50,10 @@ Status parse_cublas(std::string_view text, CudaOptions& options) {
 
 expected<uint64_t> parse_gpu_memory(std::string_view text) {
   if (text == "auto") return uint64_t{0};
-  size_t i = 0;
   double v = 0;
-  bool digits = false, dot = false;
-  double scale = 1;
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c >= '0' && c <= '9') {
-      digits = true;
-      if (dot) {
-        scale /= 10;
-        v += (c - '0') * scale;
-      } else {
-        v = v * 10 + (c - '0');
-      }
-    } else if (c == '.' && !dot) {
-      dot = true;
-    } else {
-      break;
-    }
-  }
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, std::chars_format::fixed);
+  const bool digits = ec == std::errc() && v >= 0;
+  const size_t i = static_cast<size_t>(end - text.data());
   const std::string_view unit = text.substr(i);
   double mult = 0;
   if (unit.empty() || unit == "G" || unit == "GiB" || unit == "g") mult = double(uint64_t{1} << 30);
