@@ -35,7 +35,9 @@ expected<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) 
     ::close(fd);
     return f;
   }
-  void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Shared, read-only: the pages are the page cache's own. A GPU may pin them in place to read routed experts
+  // from host memory (Backend::map_host_weight); a private mapping would make that pin copy every page.
+  void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_SHARED, fd, 0);
   int e = errno;
   ::close(fd);
   if (p == MAP_FAILED) return make_error("cannot mmap '%s': %s", path.c_str(), std::strerror(e));
