@@ -20,7 +20,8 @@ namespace dsv4::tools {
 namespace {
 
 struct BenchArgs {
-  std::string model, prompt_file, csv, synthetic;
+  std::string model, prompt_file, csv, synthetic, expert_stats;
+  double router_skew = 0;  // of --synthetic
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
   uint64_t seed = 1;
@@ -56,6 +57,8 @@ int run_bench(const BenchArgs& a) {
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
+  o.synthetic_router_skew = a.router_skew;
+  o.expert_stats = a.expert_stats;
   // (--concurrency --profile decodes the steps twice, the second time timed op by op)
   const uint32_t decode_room = static_cast<uint32_t>(a.gen_tokens) * (a.concurrency > 1 && a.profile ? 2 : 1);
   // (--mixed-prefill: one decode step per prompt chunk; the smallest default chunk is the CPU's 512 / 4)
@@ -302,6 +305,10 @@ void register_bench(CLI::App& app) {
                   "Instead of -m: generate this `dsv4 synth` preset's weights in memory (the same bytes as the "
                   "file; needs RAM for the whole model)");
   cmd->add_option("--seed", a->seed, "Seed of --synthetic (as dsv4 synth --seed)")->capture_default_str();
+  cmd->add_option("--router-skew", a->router_skew, "Skewed routing of --synthetic (as dsv4 synth --router-skew)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  add_expert_stats_flag(cmd, &a->expert_stats);
   cmd->add_option("--ctx-start", a->ctx_start, "First frontier")->capture_default_str();
   cmd->add_option("--ctx-max", a->ctx_max, "Last frontier (default: --ctx-start)");
   cmd->add_option("--step-mul", a->step_mul, "Next frontier = frontier * F")->capture_default_str();

@@ -17,7 +17,7 @@ namespace dsv4::tools {
 namespace {
 
 struct LogitsArgs {
-  std::string model, tokens, tokens_file, out, positions;
+  std::string model, tokens, tokens_file, out, positions, expert_stats;
   Numerics numerics = Numerics::REFERENCE;
   BackendChoice backend = BackendChoice::AUTO;
   int threads = 0, batch = 0;  // 0: the backend's default
@@ -86,6 +86,7 @@ int run_logits(const LogitsArgs& a) {
   o.numerics = a.numerics;
   o.threads = a.threads;
   o.prefill_batch = a.batch;
+  o.expert_stats = a.expert_stats;
   o.ctx = a.ctx ? a.ctx : static_cast<uint32_t>(std::max<size_t>(ids->size(), 1));
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
@@ -140,6 +141,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--positions", a->positions,
                   "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "
                   "only they run the output head");
+  add_expert_stats_flag(cmd, &a->expert_stats);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_logits(*a)); });
 }

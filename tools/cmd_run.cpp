@@ -53,6 +53,7 @@ struct RunArgs {
   std::string dump_logprobs;
   int logprobs_top_k = 5;
   bool no_color = false;
+  std::string expert_stats;
   CudaOptions cuda;
 };
 
@@ -105,6 +106,7 @@ expected<RunSettings> settings_from(const RunArgs& a) {
   s.engine.ctx = a.ctx;
   s.engine.threads = a.threads;
   s.engine.prefill_batch = a.batch;
+  s.engine.expert_stats = a.expert_stats;
   s.engine.cuda = cuda_options_for(a.cuda);
   s.engine.show_progress = false;  // the engine draws nothing while loading; LoadIndicator does
   s.thinking = a.nothink ? ThinkingLevel::NONE : a.think_max ? ThinkingLevel::MAX : ThinkingLevel::HIGH;
@@ -313,6 +315,7 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--no-color", a->no_color, "No ANSI colours (also when NO_COLOR is set)");
   cmd->footer(std::string("Interactive chat (no prompt, stdin a terminal) ") + repl_help_text());
   add_kv_cache_flags(cmd, &a->cache, /*with_sessions=*/false);
+  add_expert_stats_flag(cmd, &a->expert_stats);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a, prompt_opt] {
     a->prompt_given = prompt_opt->count() > 0;

@@ -252,6 +252,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/runtime/scripted_backend.h)");
+  add_expert_stats_flag(cmd, &a->engine.expert_stats);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_serve(*a)); });
 }

@@ -15,6 +15,7 @@ struct SynthArgs {
   std::string preset;
   std::string out;
   uint64_t seed = 1;
+  double router_skew = 0;
   bool dry_run = false;
   bool list = false;
   bool mtp = false;
@@ -36,6 +37,7 @@ int run_synth(const SynthArgs& a) {
     return 2;
   }
   SynthPlan plan = a.mtp ? synth_mtp_plan(*preset, a.seed) : synth_plan(*preset, a.seed);
+  plan.router_skew = a.router_skew;
   ThreadPool pool(a.threads);
   GgufWriter writer = synth_writer(plan, pool);
   std::printf("preset %s: %s\n", preset->name.c_str(), preset->description.c_str());
@@ -69,6 +71,11 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--preset", args->preset, "tiny | tiny-f32 | flash-q2 | flash-q4 | pro-q2");
   cmd->add_option("-o,--output", args->out, "Output GGUF path (written as PATH.tmp, then renamed)");
   cmd->add_option("--seed", args->seed, "Random seed; the output is deterministic for a seed")->capture_default_str();
+  cmd->add_option("--router-skew", args->router_skew,
+                  "Skewed routing: each layer's router bias favours a random order of its experts (0: uniform; 1: "
+                  "the most-used quarter takes about two thirds of the assignments; see --expert-stats)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "Generator threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--dry-run", args->dry_run, "Print the tensor count and sizes without writing");
   cmd->add_flag("--mtp", args->mtp, "Write the preset's MTP block (for --mtp FILE) instead of the main model");

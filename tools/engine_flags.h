@@ -38,6 +38,14 @@ inline void add_backend_flags(CLI::App* cmd, BackendChoice* backend, Numerics* n
       ->default_str(numerics_name(*numerics));
 }
 
+// --expert-stats FILE (EngineOptions::expert_stats).
+inline void add_expert_stats_flag(CLI::App* cmd, std::string* path) {
+  cmd->add_option("--expert-stats", *path,
+                  "Routing statistics: read at load when FILE exists (with --gpu-memory below the model's size, the "
+                  "most-used routed experts go to the GPU first), counted during the run and merged into FILE at exit")
+      ->type_name("FILE");
+}
+
 inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
   const char* group = "CUDA";
   cmd->add_flag_callback(
@@ -97,6 +105,11 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->capture_default_str()
       ->group(group);
   cmd->add_flag_callback(
+         "--no-expert-gather", [s] { s->expert_gather = false; },
+         "Routed experts in host memory (--gpu-memory) read in place over the bus by the expert kernels instead "
+         "of first gathered into GPU memory by one copy per batch")
+      ->group(group);
+  cmd->add_flag_callback(
          "--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
       ->group(group);
   cmd->add_flag_callback(
@@ -108,7 +121,8 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--gpu-memory", [s](const std::string& v) { s->gpu_memory = *parse_gpu_memory(v); },
          "GPU memory the model may take (weights, activations, a session's state); routed experts beyond it stay "
          "in host memory and are read over the bus (decode slows with the share left there). auto: the free "
-         "memory less a margin, so a model larger than the GPU runs instead of failing")
+         "memory less a margin, so a model larger than the GPU runs instead of failing. A SIZE also turns the "
+         "split-weight cache off (it would sit outside the budget)")
       ->check(parsed_by([](const std::string& v) { return parse_gpu_memory(v); }))
       ->type_name("auto|SIZE")
       ->default_str("auto")

@@ -59,6 +59,12 @@ struct EngineOptions {
   // model file is never on disk). Needs RAM for the whole model.
   std::string synthetic;
   uint64_t synthetic_seed = 1;
+  // With `synthetic`: the router's skew (SynthPlan::router_skew; 0: uniform routing).
+  double synthetic_router_skew = 0;
+  // Routing statistics (--expert-stats FILE): read at load when the file exists (the most-used routed experts
+  // go to the GPU first when not all fit), counted during the run and merged into the file when the engine
+  // is destroyed. "": none.
+  std::string expert_stats;
 
   std::string describe() const;  // one line, printed at start
 };

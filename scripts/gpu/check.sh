@@ -20,6 +20,7 @@
 #   test_cuda_ops_eg  the MoE cases with --expert-gemm on (every prefill expert on the grouped wgmma GEMM of
 #                     cuda_expert_wgmma.cu) and off (every one on the tile of cuda_mma.cuh); the default
 #                     (auto) picks per expert by its assignments in the batch (both kernels in one batch)
+#   test_cuda_ops_nogather  the MoE cases with experts in host memory read in place (--no-expert-gather)
 #   test_cuda_ops_nogc  the matmul cases with --no-gemm-cache (the cuBLAS path splitting its weights every
 #                     call; the default keeps them: GemmWeightCache)
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
@@ -158,6 +159,7 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_ops_tile "$BIN/test_cuda_ops" --no-flash --no-cublas
   run_step test_cuda_ops_eg "$BIN/test_cuda_ops" --filter moe --expert-gemm on  # Flash shapes too (also with --quick)
   run_step test_cuda_ops_noeg "$BIN/test_cuda_ops" --filter moe --expert-gemm off
+  run_step test_cuda_ops_nogather "$BIN/test_cuda_ops" --filter moe_experts --no-flash --no-expert-gather
   run_step test_cuda_ops_nogc "$BIN/test_cuda_ops" --filter matmul --no-gemm-cache
   run_step test_cuda_model "$BIN/test_cuda_model"
   gpu_exists "$BIN/test_cuda_engine" && run_step test_cuda_engine "$BIN/test_cuda_engine"

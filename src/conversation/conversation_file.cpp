@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "conversation/message_json.h"
+#include "core/fd_io.h"
 #include "core/hash.h"
 
 namespace dsv4 {
@@ -121,24 +122,8 @@ expected<SavedConversation> conversation_decode(std::span<const uint8_t> b) {
 }
 
 Status conversation_save_file(const std::string& path, const SavedConversation& c) {
-  if (path.empty()) return make_error("no file name given");
   const std::vector<uint8_t> bytes = conversation_encode(c);
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return make_error("cannot create %s: %s", tmp.c_str(), std::strerror(errno));
-  const size_t wrote = std::fwrite(bytes.data(), 1, bytes.size(), f);
-  const bool flushed = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (wrote != bytes.size() || !flushed || !closed) {
-    std::remove(tmp.c_str());
-    return make_error("writing %s failed (disk full?)", path.c_str());
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return make_error("cannot write %s: %s", path.c_str(), std::strerror(err));
-  }
-  return {};
+  return write_file_atomic(path, bytes.data(), bytes.size());
 }
 
 expected<SavedConversation> conversation_load_file(const std::string& path) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 namespace dsv4 {
 
@@ -58,6 +60,26 @@ int pread_all(int fd, void* p, size_t n, uint64_t offset) {
     offset += static_cast<uint64_t>(r);
   }
   return 0;
+}
+
+Status write_file_atomic(const std::string& path, const void* p, size_t n) {
+  if (path.empty()) return make_error("no file name given");
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return make_error("cannot create %s: %s", tmp.c_str(), std::strerror(errno));
+  const size_t wrote = std::fwrite(p, 1, n, f);
+  const bool flushed = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const bool closed = std::fclose(f) == 0;
+  if (wrote != n || !flushed || !closed) {
+    std::remove(tmp.c_str());
+    return make_error("writing %s failed (disk full?)", path.c_str());
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return make_error("cannot write %s: %s", path.c_str(), std::strerror(err));
+  }
+  return {};
 }
 
 }  // namespace dsv4

@@ -54,10 +54,15 @@ std::string EngineOptions::describe() const {
                                               : strfmt("synthetic:%s (seed %llu)", synthetic.c_str(),
                                                        static_cast<unsigned long long>(synthetic_seed));
   const std::string batch = prefill_batch > 0 ? std::to_string(prefill_batch) : "auto";
+  const std::string skew = !synthetic.empty() && synthetic_router_skew > 0
+                               ? strfmt(" router_skew=%g", synthetic_router_skew)
+                               : std::string();
+  const std::string stats = expert_stats.empty() ? std::string() : " expert_stats=" + expert_stats;
   const std::string switches = cuda ? cuda->describe() : std::string();
-  return strfmt("model=%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s", model.c_str(),
-                mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend_choice_name(backend),
-                numerics_name(numerics), ctx, threads, batch.c_str(), switches.empty() ? "" : " ", switches.c_str());
+  return strfmt("model=%s%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
+                skew.c_str(), mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend_choice_name(backend),
+                numerics_name(numerics), ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ",
+                switches.c_str());
 }
 
 namespace {
@@ -99,7 +104,8 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
 // (the mapping keeps the memory once the descriptor is closed).
 expected<std::unique_ptr<ModelFile>> open_synthetic(const EngineOptions& o) {
   DSV4_TRY_ASSIGN(Preset preset, find_preset(o.synthetic));
-  const SynthPlan plan = synth_plan(preset, o.synthetic_seed);
+  SynthPlan plan = synth_plan(preset, o.synthetic_seed);
+  plan.router_skew = o.synthetic_router_skew;
   std::unique_ptr<Progress> bar;
   const auto t0 = std::chrono::steady_clock::now();
   DSV4_TRY_ASSIGN(int fd, synth_memfd(plan, o.threads, [&](uint64_t done, uint64_t total) {
@@ -132,6 +138,25 @@ struct Engine::Impl {
   std::optional<ModelFileStamp> model_file;
   mutable std::mutex identity_mu;        // guards content_identity
   mutable std::string content_identity;  // "" until the first Engine::content_identity()
+  ExpertStats stats_loaded;              // --expert-stats: the file's counts at load (empty: no file yet)
+  ~Impl() { save_expert_stats(); }
+  // Merges this run's routing counts into the --expert-stats file (a warning when that fails).
+  void save_expert_stats() {
+    if (opts.expert_stats.empty() || !model || model->routing_counts().empty()) return;
+    ExpertStats all = model->routing_counts();
+    const uint64_t counted = all.total();
+    if (counted == 0) return;
+    if (!stats_loaded.empty() && !all.merge(stats_loaded)) return;  // shapes checked at load
+    if (Status st = expert_stats_save(opts.expert_stats, all); !st) {
+      log_warn("routing statistics not saved: %s", st.error().message.c_str());
+      return;
+    }
+    log_info(
+        "routing statistics: %llu expert assignments counted, %llu in all, saved to %s (the most-used "
+        "quarter of each layer's experts took %.0f%%)",
+        static_cast<unsigned long long>(counted), static_cast<unsigned long long>(all.total()),
+        opts.expert_stats.c_str(), 100.0 * all.top_share(0.25));
+  }
 };
 
 struct Session::Impl {
@@ -230,6 +255,20 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
                   }));
   ModelOptions mo;
   mo.numerics = numerics;
+  if (!o.expert_stats.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(o.expert_stats, ec)) {
+      DSV4_TRY_ASSIGN(impl->stats_loaded, expert_stats_load(o.expert_stats));
+      if (impl->stats_loaded.n_layer != spec.n_layer || impl->stats_loaded.n_expert != spec.n_expert)
+        return make_error(
+            "%s holds routing statistics of a model with %u layers x %u routed experts; this one has "
+            "%u x %u (give another --expert-stats file)",
+            o.expert_stats.c_str(), impl->stats_loaded.n_layer, impl->stats_loaded.n_expert, spec.n_layer,
+            spec.n_expert);
+      mo.expert_priority = impl->stats_loaded;
+    }
+    mo.count_routing = true;
+  }
   const bool on_cuda = impl->backend->kind() == BackendKind::CUDA;
   mo.max_batch = o.prefill_batch > 0 ? o.prefill_batch : default_prefill_batch(on_cuda);
   impl->opts.prefill_batch = mo.max_batch;
@@ -249,9 +288,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   if (const WeightPlacement& pl = impl->model->placement(); pl.host_expert_bytes > 0)
     log_info(
         "placement: %.2f GiB of dense weights, %.2f GiB of activations and %.2f GiB of routed experts (%u-%u of "
-        "%u per layer) on the GPU; %.2f GiB of routed experts read from host memory (GPU memory budget %.2f GiB)",
+        "%u per layer, %s) on the GPU; %.2f GiB of routed experts read from host memory, gathered through a "
+        "%.2f GiB stage (GPU memory budget %.2f GiB)",
         gib(pl.dense_bytes), gib(pl.scratch_bytes), gib(pl.expert_bytes), pl.min_resident, pl.max_resident, pl.n_expert,
-        gib(pl.host_expert_bytes), gib(mo.memory_budget));
+        pl.by_usage ? ("the most-used of " + o.expert_stats).c_str() : "spread evenly", gib(pl.host_expert_bytes),
+        gib(pl.stage_bytes), gib(mo.memory_budget));
 #ifdef DSV4_HAS_CUDA
   if (impl->backend->kind() == BackendKind::CUDA) {
     const CudaUploadStats up = cuda_upload_stats(*impl->backend);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/kv_rows.h"
@@ -44,11 +45,14 @@ struct Model::Scratch {
   Tensor sh_y;                      // [1, D]: the shared expert's output when it runs as a branch
   Tensor h, hn, logits;             // [n, D], [n, D], [n, V]
   Tensor mtp_e, mtp_y;              // MTP: [1, D], [1, hc, D]
+  // ModelOptions::count_routing: each layer's expert choices of a batch of n rows, rows [il * n, (il + 1) * n)
+  // of [L * n, k] i32 (room for n = max_batch).
+  Tensor route_log;
   int64_t score_rows = 0;
   std::vector<Tensor*> all() {
-    return {&pos,     &ids,  &state, &u,     &xn,   &y,  &ys,  &post,   &comb,   &qa,   &q,      &kv,
-            &o,       &la,   &ckv,   &cgate, &iq,   &iw, &ikv, &igate,  &scores, &sel,  &router, &experts,
-            &weights, &sh_g, &sh_u,  &sh_h,  &sh_y, &h,  &hn,  &logits, &mtp_e,  &mtp_y};
+    return {&pos,     &ids,  &state, &u,     &xn,   &y,  &ys,  &post,   &comb,   &qa,    &q,        &kv,
+            &o,       &la,   &ckv,   &cgate, &iq,   &iw, &ikv, &igate,  &scores, &sel,   &router,   &experts,
+            &weights, &sh_g, &sh_u,  &sh_h,  &sh_y, &h,  &hn,  &logits, &mtp_e,  &mtp_y, &route_log};
   }
 };
 
@@ -104,6 +108,10 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   s.logits = backend.alloc(G::F32, S.n_vocab, n);
   s.mtp_e = backend.alloc(G::F32, D, 1);
   s.mtp_y = backend.alloc(G::F32, D, hc, 1);
+  if (options.count_routing) {
+    s.route_log = backend.alloc(G::I32, S.n_expert_used, n * S.n_layer);
+    m->routing_ = ExpertStats::zeros(S.n_layer, S.n_expert);
+  }
   for (Tensor* t : s.all()) m->placement_.scratch_bytes += t->data ? t->n_bytes() : 0;
   DSV4_TRY(m->upload(weights, mtp));
   return m;
@@ -140,42 +148,21 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
     for (const TensorRef& r : mtp->head) P.dense_bytes += r.n_bytes;
     for (const TensorRef& r : mtp->block.t) P.dense_bytes += r.n_bytes;
   }
-  // Experts resident in every layer: all without a budget; else as many as the budget leaves (whole experts of
-  // every layer first, then one more in the first layers while it lasts).
-  std::vector<uint32_t> resident(L, spec_.n_expert);
-  if (options_.memory_budget > 0 && per_expert > 0) {
-    const uint64_t need = P.dense_bytes + P.scratch_bytes + options_.reserve_bytes;
-    if (options_.memory_budget < need)
-      return make_error(
-          "a GPU memory budget of %.2f GiB is too small for this model: its dense weights (%.2f GiB), activation "
-          "buffers (%.2f GiB) and one session's state with working memory (%.2f GiB) need at least %.2f GiB "
-          "(the routed experts can stay in host memory)",
-          gib(options_.memory_budget), gib(P.dense_bytes), gib(P.scratch_bytes), gib(options_.reserve_bytes),
-          gib(need));
-    uint64_t left = options_.memory_budget - need;
-    const uint64_t whole = std::min<uint64_t>(left / per_expert, spec_.n_expert);
-    left -= whole * per_expert;
-    for (size_t il = 0; il < L; ++il) {
-      resident[il] = static_cast<uint32_t>(whole);
-      if (whole < spec_.n_expert && one[il] > 0 && left >= one[il]) {
-        ++resident[il];
-        left -= one[il];
-      }
-    }
-  }
+  DSV4_TRY_ASSIGN(const std::vector<std::vector<uint32_t>> resident, choose_resident(one));
   for (size_t i = 0; i < global_.size(); ++i) DSV4_TRY(up(w.global[i], global_[i]));
   layers_.resize(L);
   P.min_resident = spec_.n_expert;
   P.max_resident = 0;
   for (size_t il = 0; il < L; ++il) {
-    const bool placed = resident[il] < spec_.n_expert && w.layers[il][LayerTensor::FFN_GATE_EXPS];
+    const auto n_res = static_cast<uint32_t>(resident[il].size());
+    const bool placed = n_res < spec_.n_expert && w.layers[il][LayerTensor::FFN_GATE_EXPS];
     for (size_t i = 0; i < w.layers[il].t.size(); ++i)
       if (!(placed && routed(i))) DSV4_TRY(up(w.layers[il].t[i], layers_[il].t[i]));
     if (placed) DSV4_TRY(place_experts(w.layers[il], layers_[il], resident[il]));
-    P.expert_bytes += one[il] * resident[il];
-    P.host_expert_bytes += one[il] * (spec_.n_expert - resident[il]);
-    P.min_resident = std::min(P.min_resident, resident[il]);
-    P.max_resident = std::max(P.max_resident, resident[il]);
+    P.expert_bytes += one[il] * n_res;
+    P.host_expert_bytes += one[il] * (spec_.n_expert - n_res);
+    P.min_resident = std::min(P.min_resident, n_res);
+    P.max_resident = std::max(P.max_resident, n_res);
   }
   if (mtp) {
     for (size_t i = 0; i < mtp->head.size(); ++i) DSV4_TRY(up(mtp->head[i], mtp_head_[i]));
@@ -185,24 +172,94 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
   return {};
 }
 
-Status Model::place_experts(const LayerWeights& w, DeviceLayer& dst, uint32_t resident) {
+expected<std::vector<std::vector<uint32_t>>> Model::choose_resident(const std::vector<uint64_t>& one) {
+  const size_t L = one.size();
   const uint32_t E = spec_.n_expert;
+  WeightPlacement& P = placement_;
+  std::vector<std::vector<uint8_t>> on(L, std::vector<uint8_t>(E, 1));  // on[il][e]: expert e of layer il resident
+  uint64_t per_expert = 0, max_one = 0;  // one expert of every layer; the largest one expert of a layer
+  for (uint64_t b : one) {
+    per_expert += b;
+    max_one = std::max(max_one, b);
+  }
+  const uint64_t base = P.dense_bytes + P.scratch_bytes + options_.reserve_bytes;
+  if (options_.memory_budget > 0 && per_expert > 0 && options_.memory_budget < base + per_expert * E) {
+    // Not every expert fits. A prefill batch gathers the host experts it uses into GPU memory (a stage of
+    // min(E, batch x k) experts per matrix, the largest layer's size); then as many experts as the rest holds.
+    P.stage_bytes = max_one * std::min<uint64_t>(E, static_cast<uint64_t>(options_.max_batch) * spec_.n_expert_used);
+    const uint64_t need = base + P.stage_bytes;
+    if (options_.memory_budget < need)
+      return make_error(
+          "a GPU memory budget of %.2f GiB is too small for this model: its dense weights (%.2f GiB), activation "
+          "buffers (%.2f GiB), one session's state with working memory (%.2f GiB) and the stage for routed experts "
+          "read from host memory (%.2f GiB) need at least %.2f GiB",
+          gib(options_.memory_budget), gib(P.dense_bytes), gib(P.scratch_bytes), gib(options_.reserve_bytes),
+          gib(P.stage_bytes), gib(need));
+    uint64_t left = options_.memory_budget - need;
+    for (size_t il = 0; il < L; ++il)
+      if (one[il] > 0) std::fill(on[il].begin(), on[il].end(), 0);
+    // Candidates in order: the most-used first (ExpertStats counts; ties and no statistics: expert index, then
+    // layer, which spreads whole experts evenly over the layers); each taken while the budget holds it.
+    const ExpertStats& pri = options_.expert_priority;
+    if (!pri.empty() && (pri.n_layer != L || pri.n_expert != E))
+      return make_error("routing statistics of %u layers x %u experts do not fit this model (%zu x %u)", pri.n_layer,
+                        pri.n_expert, L, E);
+    P.by_usage = !pri.empty() && pri.total() > 0;
+    std::vector<std::pair<uint32_t, uint32_t>> order;  // (expert, layer)
+    order.reserve(L * E);
+    for (uint32_t e = 0; e < E; ++e)
+      for (uint32_t il = 0; il < L; ++il) order.emplace_back(e, il);
+    if (P.by_usage)
+      std::stable_sort(order.begin(), order.end(), [&](const auto& x, const auto& y) {
+        return pri.at(x.second, x.first) > pri.at(y.second, y.first);
+      });
+    for (const auto& [e, il] : order)
+      if (one[il] > 0 && left >= one[il]) {
+        on[il][e] = 1;
+        left -= one[il];
+      }
+  }
+  std::vector<std::vector<uint32_t>> resident(L);
+  for (size_t il = 0; il < L; ++il)
+    for (uint32_t e = 0; e < E; ++e)
+      if (on[il][e]) resident[il].push_back(e);
+  return resident;
+}
+
+Status Model::place_experts(const LayerWeights& w, DeviceLayer& dst, const std::vector<uint32_t>& resident) {
+  const uint32_t E = spec_.n_expert;
+  const auto n_res = static_cast<int64_t>(resident.size());
   std::vector<int32_t> slots(E, -1);
-  for (uint32_t e = 0; e < resident; ++e) slots[e] = static_cast<int32_t>(e);
+  for (size_t j = 0; j < resident.size(); ++j) slots[resident[j]] = static_cast<int32_t>(j);
+  // Experts 0 .. n-1 are one contiguous range of the file; any other set is copied expert by expert.
+  const bool leading = resident.empty() || resident.back() + 1 == resident.size();
+  std::vector<uint8_t> piece;
   for (auto [lt, host] :
        {std::pair{LayerTensor::FFN_GATE_EXPS, &dst.gate_host}, std::pair{LayerTensor::FFN_UP_EXPS, &dst.up_host},
         std::pair{LayerTensor::FFN_DOWN_EXPS, &dst.down_host}}) {
     const TensorRef& r = w[lt];
     const int64_t ne[4] = {static_cast<int64_t>(r.ne[0]), static_cast<int64_t>(r.ne[1]), static_cast<int64_t>(r.ne[2]),
                            static_cast<int64_t>(r.ne[3])};
-    // Experts 0 .. resident-1 (contiguous) uploaded like any weight (the backend's own staging: a device copy
-    // never reads the registered pages directly, which a copy spanning two registrations would refuse).
+    // The resident experts in slot order. Never a device copy straight from the mapped file: its pages may be
+    // registered for the GPU already (map_host_weight), and a copy spanning two registrations is refused. A
+    // leading range is uploaded like any weight (the backend's own staging); any other set is written from a
+    // plain host buffer, one expert at a time.
     Tensor& dev = dst.t[static_cast<size_t>(lt)];
-    if (resident > 0) {
-      const int64_t ne_dev[4] = {ne[0], ne[1], resident, 1};
+    if (n_res > 0 && leading) {
+      const int64_t ne_dev[4] = {ne[0], ne[1], n_res, 1};
       auto d = backend_.upload_weight(r.data, r.type, ne_dev);
-      if (!d) return d.error().with_context(strfmt("uploading %u experts of %s", resident, r.name.c_str()));
+      if (!d)
+        return d.error().with_context(
+            strfmt("uploading %lld experts of %s", static_cast<long long>(n_res), r.name.c_str()));
       dev = *d;
+    } else if (n_res > 0) {
+      const size_t eb = r.expert_bytes();
+      dev = backend_.alloc(r.type, ne[0], ne[1], n_res);
+      piece.resize(eb);
+      for (size_t j = 0; j < resident.size(); ++j) {
+        std::memcpy(piece.data(), static_cast<const uint8_t*>(r.data) + resident[j] * eb, eb);
+        backend_.write(dev, piece.data(), eb, j * eb);
+      }
     } else {
       dev = make_tensor(nullptr, r.type, ne[0], ne[1], 0);
     }
@@ -213,6 +270,19 @@ Status Model::place_experts(const LayerWeights& w, DeviceLayer& dst, uint32_t re
   dst.slots = backend_.alloc(GgmlType::I32, E);
   backend_.write(dst.slots, slots.data(), slots.size() * sizeof(int32_t));
   return {};
+}
+
+void Model::count_routing(int64_t n) {
+  if (!options_.count_routing || n <= 0) return;
+  const int64_t k = spec_.n_expert_used, L = spec_.n_layer;
+  std::vector<int32_t> ex(static_cast<size_t>(L * n * k));
+  const Tensor log = sc_->route_log.rows(0, L * n);
+  backend_.read(log, ex.data(), log.n_bytes());
+  for (int64_t il = 0; il < L; ++il)
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int32_t e = ex[static_cast<size_t>(il * n * k + i)];
+      if (e >= 0 && static_cast<uint32_t>(e) < spec_.n_expert) ++routing_.at(static_cast<uint32_t>(il), e);
+    }
 }
 
 RopeParams Model::rope_for_ratio(uint32_t ratio) const {
@@ -629,6 +699,7 @@ void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, fl
     step_seen_ = key;
   }
   if (!done) batch_ops(st, n, logits != nullptr, all_logits);
+  count_routing(n);
   if (logits) {
     const int64_t cnt = all_logits ? n : 1;
     Tensor lg = s.logits.rows(0, cnt);
@@ -678,6 +749,8 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
   hc_pre(LT::HC_FFN_FN, LT::HC_FFN_SCALE, LT::HC_FFN_BASE, LT::FFN_NORM);
   const Tensor y2 = ffn_block(L, n, ffn_index, hash);
+  if (options_.count_routing && layer >= 0 && sc_->route_log)
+    backend_.copy(sc_->route_log.rows(layer * n, n), sc_->experts.rows(0, n));
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
 }
 
@@ -797,6 +870,7 @@ Status Model::step(std::span<const StepItem> items) {
     batch_seen_ = std::move(key);
   }
   if (!done) step_ops(segs, total, want);
+  count_routing(total);
 
   const size_t V = spec_.n_vocab;
   int64_t j = 0;

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/numerics.h"
+#include "model/expert_stats.h"
 #include "model/weights.h"
 #include "ops/ops.h"
 
@@ -52,6 +53,12 @@ struct ModelOptions {
   // where the weights are mapped, read in place (Backend::map_host_weight; MoeExpertsOp::slots).
   uint64_t memory_budget = 0;
   uint64_t reserve_bytes = 0;
+  // Routing statistics of earlier runs (model/expert_stats.h; empty: none): within a memory budget the
+  // most-used experts over all layers go to the backend first instead of an even spread.
+  ExpertStats expert_priority;
+  // Count every routed assignment (Model::routing_counts): one small device copy per layer and one read per
+  // forward batch.
+  bool count_routing = false;
 };
 
 // Where the weights went (Model::placement).
@@ -60,8 +67,10 @@ struct WeightPlacement {
   uint64_t scratch_bytes = 0;                   // the model's activation buffers
   uint64_t expert_bytes = 0;                    // routed experts on the backend
   uint64_t host_expert_bytes = 0;               // routed experts read from host memory
+  uint64_t stage_bytes = 0;                     // of the reserve: a prefill batch's experts gathered from host memory
   uint32_t n_expert = 0;                        // per layer
   uint32_t min_resident = 0, max_resident = 0;  // routed experts on the backend per layer
+  bool by_usage = false;                        // chosen by ModelOptions::expert_priority (else the first N)
 };
 
 // Storage types of a state's main KV rows (ring, comp) and indexer rows (see LayerState).
@@ -93,6 +102,8 @@ class Model {
   Backend& backend() { return backend_; }
   bool has_mtp() const { return has_mtp_; }
   const WeightPlacement& placement() const { return placement_; }
+  // Routed assignments counted since load (ModelOptions::count_routing; else empty).
+  const ExpertStats& routing_counts() const { return routing_; }
 
   // A zeroed state for up to ctx tokens (frontiers start empty).
   KvState new_state(uint32_t ctx);
@@ -134,8 +145,12 @@ class Model {
 
   Model(Backend& backend, const ModelSpec& spec, ModelOptions options);
   Status upload(const ModelWeights& w, const MtpWeights* mtp);
-  // Layer il's routed experts: the first `resident` on the backend, the others read from host memory.
-  Status place_experts(const LayerWeights& w, DeviceLayer& dst, uint32_t resident);
+  // Layer il's routed experts: those of `resident` (ascending) on the backend, the others read from host memory.
+  Status place_experts(const LayerWeights& w, DeviceLayer& dst, const std::vector<uint32_t>& resident);
+  // Experts resident per layer (ascending ids) within options_.memory_budget (all without one).
+  expected<std::vector<std::vector<uint32_t>>> choose_resident(const std::vector<uint64_t>& one);
+  // Adds the assignments of the last forward batch of n rows (the route log) to routing_.
+  void count_routing(int64_t n);
   void ensure_scores(int64_t rows);
   RopeParams rope_for_ratio(uint32_t ratio) const;
   CompressOp compress_op(const Tensor& rows, const Tensor& state_a, const Tensor& state_g, const Tensor& kv,
@@ -180,6 +195,7 @@ class Model {
   std::array<Tensor, static_cast<size_t>(MtpTensor::COUNT)> mtp_head_;
   std::unique_ptr<Scratch> sc_;
   WeightPlacement placement_;
+  ExpertStats routing_;
   // The recorded single-token step (Backend::capture_begin): recorded on the
   // second consecutive single-token batch with the same key (the first one
   // sizes every buffer), replayed while the key stays the same.

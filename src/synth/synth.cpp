@@ -182,6 +182,22 @@ float gen_value(Dist d, float rms, synth::BlockRng& r) {
   return 0.0f;
 }
 
+// SynthPlan::router_skew's addition to a layer's exp_probs_b ([E]; empty when none applies).
+std::vector<float> router_skew_bias(const SynthPlan& plan, const SynthTensor& t) {
+  if (plan.router_skew <= 0 || t.spec.scope != TensorScope::LAYER ||
+      t.spec.slot != static_cast<int>(LayerTensor::EXP_PROBS_B))
+    return {};
+  const auto E = static_cast<uint32_t>(t.spec.ne[0]);
+  std::vector<uint32_t> rank(E);
+  for (uint32_t e = 0; e < E; ++e) rank[e] = e;
+  synth::BlockRng rng(plan.seed, synth::name_stream(t.spec.name.c_str()) ^ 0x5eed5eedull, 0);
+  for (uint32_t j = E; j > 1; --j) std::swap(rank[j - 1], rank[rng.below(j)]);
+  std::vector<float> bias(E);
+  for (uint32_t e = 0; e < E; ++e)
+    bias[e] = static_cast<float>(-0.05 * plan.router_skew * std::log1p(static_cast<double>(rank[e])));
+  return bias;
+}
+
 }  // namespace
 
 void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_begin, uint64_t n_rows, uint8_t* dst) {
@@ -214,8 +230,10 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
       for (uint64_t r = 0; r < n_rows; ++r) {
         synth::BlockRng rng(seed, stream, row_begin + r);
         uint8_t* out = dst + r * row_bytes;
+        const std::vector<float> skew = router_skew_bias(plan, t);
         for (uint64_t i = 0; i < ne0; ++i) {
           float v = gen_value(gp.dist, gp.rms, rng);
+          if (!skew.empty()) v += skew[i];
           if (t.type == GgmlType::F32) {
             std::memcpy(out + 4 * i, &v, 4);
           } else {

@@ -39,6 +39,11 @@ struct SynthPlan {
   std::vector<SynthTensor> tensors;
   uint64_t tensor_bytes = 0;  // sum without alignment padding
   bool mtp = false;           // the MTP block file (formats.md §1.8) instead of the main model
+  // Skewed routing (0: uniform): each layer's router bias (exp_probs_b) gets -0.05 * skew * ln(1 + r) for the
+  // expert of rank r in a per-layer random order, so low ranks win the top-k more often. The router's
+  // sigmoid scores spread by ~0.2, so skew 1 gives the most-used quarter of the experts about two thirds of
+  // the assignments (uniform: a quarter); measure it with --expert-stats.
+  double router_skew = 0;
 };
 
 SynthPlan synth_plan(const Preset& preset, uint64_t seed);

@@ -361,7 +361,9 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--no-cuda-branches",
                            "--no-pdl",
                            "--expert-gemm",
-                           "--gpu-memory"})
+                           "--gpu-memory",
+                           "--no-expert-gather",
+                           "--expert-stats"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -369,11 +371,55 @@ TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
   Result r = run_dsv4(
       run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off "
-               "--gpu-memory 24G"));
+               "--gpu-memory 24G --no-expert-gather"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("gpu_memory=24.00GiB"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("expert_gather=off gpu_memory=24.00GiB"), std::string::npos) << r.err;
+}
+
+TEST(CliRun, ExpertStatsAreCountedAndMergedIntoTheFile) {
+  // --expert-stats FILE: written at exit with every routed assignment of the run (tokens x k per layer);
+  // a second run reads it at load and adds its own; a file of another shape or a damaged one is refused.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dsv4_cli_stats_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(path);
+  auto total = [&] {
+    std::ifstream in(path);
+    std::string line;
+    uint64_t sum = 0;
+    for (int i = 0; std::getline(in, line); ++i) {
+      if (i < 2) continue;
+      std::istringstream ls(line);
+      uint64_t v = 0;
+      ls >> v;  // the layer index
+      while (ls >> v) sum += v;
+    }
+    return sum;
+  };
+  Result r = run_dsv4(run_tiny("-p hello -n 4 --ignore-eos --seed 1 --expert-stats " + path));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("routing statistics:"), std::string::npos) << r.err;
+  const uint64_t first = total();
+  EXPECT_GT(first, 0u);
+  r = run_dsv4(run_tiny("-p hello -n 4 --ignore-eos --seed 1 --expert-stats " + path));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(total(), 2 * first);
+  {
+    std::ofstream out(path);
+    out << "dsv4-expert-stats 1\nlayers 1 experts 2\n0 5 6\n";
+  }
+  r = run_dsv4(run_tiny("-p hello -n 2 --expert-stats " + path));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("routing statistics of a model with 1 layers x 2 routed experts"), std::string::npos) << r.err;
+  {
+    std::ofstream out(path);
+    out << "dsv4-expert-stats 1\nlayers 1 experts 2\n0 5\n";
+  }
+  r = run_dsv4(run_tiny("-p hello -n 2 --expert-stats " + path));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("line 3: expected 2 counts, found 1"), std::string::npos) << r.err;
+  std::filesystem::remove(path);
 }
 
 TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {

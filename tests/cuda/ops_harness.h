@@ -41,9 +41,10 @@ struct Harness {
   Backend& gpu;
   Rng rng;
   Report report;
-  bool flash = true;         // include DeepSeek V4 Flash shapes (GBs of weights)
-  std::string filter;        // run only ops whose name contains this
-  bool tensor_cores = true;  // the gpu backend runs batched matmuls on tensor cores
+  bool flash = true;          // include DeepSeek V4 Flash shapes (GBs of weights)
+  std::string filter;         // run only ops whose name contains this
+  bool tensor_cores = true;   // the gpu backend runs batched matmuls on tensor cores
+  bool expert_gather = true;  // host-memory experts gathered into GPU memory first (CudaOptions::expert_gather)
   bool want(const char* op) const { return filter.empty() || std::string(op).find(filter) != std::string::npos; }
 };
 

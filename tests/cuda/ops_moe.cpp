@@ -176,7 +176,8 @@ void cases_moe(Harness& h) {
           h.report.nmse("moe_experts", s, b.diff(out), k_thr_f32);
           if (!accumulate && (!c.flash || c.E <= 4)) {
             // The same experts placed partly in host memory (MoeExpertsOp::slots): every third expert
-            // resident, the others read in place from registered host memory; or none resident.
+            // resident, the others in registered host memory (gathered into GPU memory by the op, or read in
+            // place with --no-expert-gather); or none resident.
             for (int every : {3, 0}) {
               std::vector<int32_t> slot(static_cast<size_t>(c.E), -1);
               int32_t n_dev = 0;
@@ -212,9 +213,10 @@ void cases_moe(Harness& h) {
               const std::string sp = s + strfmt(" placed: %d of %lld resident", n_dev, (long long)c.E);
               h.report.exact("moe_experts placed (cpu) == all resident (cpu)", sp,
                              diff_f32(b.get_f32(placed_cpu.c, h.cpu), b.get_f32(out.c, h.cpu)));
-              // Bitwise the all-resident run, except where that run took the grouped GEMM (>= 64 assignments
-              // of an expert; with experts in host memory the tiles run instead): then the CPU's tolerance.
-              if (n * c.k < 64)
+              // Bitwise the all-resident run: gathered experts run the same kernels on the same bytes. Read in
+              // place, the grouped GEMM (>= 64 assignments of an expert) gives way to the tiles: then the CPU's
+              // tolerance.
+              if (h.expert_gather || n * c.k < 64)
                 h.report.exact("moe_experts placed == all resident", sp,
                                diff_f32(b.get_f32(placed.g, h.gpu), b.get_f32(out.g, h.gpu)));
               else

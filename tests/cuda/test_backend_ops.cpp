@@ -281,18 +281,19 @@ int main(int argc, char** argv) {
   using namespace dsv4::cudatest;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  bool flash = true, tensor_cores = true, cublas = true, int_dot = true, gemm_cache = true;
+  bool flash = true, tensor_cores = true, cublas = true, int_dot = true, gemm_cache = true, gather = true;
   std::string expert_gemm = "auto";
   std::string filter;
   const std::string usage =
       std::string("usage: ") + argv[0] +
       " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-gemm-cache] "
-      "[--expert-gemm auto|on|off|N]\n"
+      "[--expert-gemm auto|on|off|N] [--no-expert-gather]\n"
       "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
       "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
       "  --no-int-dot  decode experts on the float matvec\n"
       "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
-      "                 auto (default: N = 64), on (every expert), off (the tile), or N\n";
+      "                 auto (default: N = 64), on (every expert), off (the tile), or N\n"
+      "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc)
@@ -309,6 +310,8 @@ int main(int argc, char** argv) {
       int_dot = false;
     else if (a == "--no-gemm-cache")
       gemm_cache = false;
+    else if (a == "--no-expert-gather")
+      gather = false;
     else if (a == "--expert-gemm" && i + 1 < argc)
       expert_gemm = argv[++i];
     else if (a == "--help") {
@@ -325,6 +328,7 @@ int main(int argc, char** argv) {
               int_dot ? "" : ", float decode experts (--no-int-dot)");
   if (expert_gemm != "auto") std::printf("test_backend_ops: --expert-gemm %s\n", expert_gemm.c_str());
   if (!gemm_cache) std::printf("test_backend_ops: --no-gemm-cache\n");
+  if (!gather) std::printf("test_backend_ops: --no-expert-gather\n");
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
@@ -334,6 +338,7 @@ int main(int argc, char** argv) {
   gopt.cublas = cublas ? CublasMode::AUTO : CublasMode::OFF;
   gopt.int_dot = int_dot;
   gopt.gemm_weight_cache = gemm_cache;
+  gopt.expert_gather = gather;
   auto eg = parse_expert_gemm(expert_gemm);
   if (!eg) {
     std::fprintf(stderr, "test_backend_ops: --expert-gemm: %s\n", eg.error().message.c_str());
@@ -347,7 +352,7 @@ int main(int argc, char** argv) {
   }
   auto cpu = make_cpu_backend(0);
   std::printf("cpu: %s\ngpu: %s\n", cpu->name().c_str(), (*gpu)->name().c_str());
-  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores};
+  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores, gather};
   struct Group {
     const char* name;
     void (*fn)(Harness&);

@@ -1,6 +1,8 @@
 // Weight placement under a memory budget (ModelOptions::memory_budget): the
-// dense weights and activation buffers first, then as many routed experts per
-// layer as the budget leaves; the others are read from host memory in place
+// dense weights, activation buffers and (when experts stay behind) the stage
+// they are gathered into first, then as many routed experts as the budget
+// leaves — spread evenly over the layers, or the most-used first
+// (ModelOptions::expert_priority); the others stay in host memory
 // (Backend::map_host_weight, MoeExpertsOp::slots). On the CPU backend both
 // kinds of memory are host memory, so this checks the placement arithmetic and
 // that every budget gives the all-resident logits bit for bit (the CUDA op
@@ -37,16 +39,18 @@ struct Tiny {
   ~Tiny() { std::filesystem::remove(path); }
 };
 
-// Logits of a 150-token prefill (every position) then 8 decode steps.
+// Logits of a 150-token prefill (every position) then 64 decode steps (fixed tokens: equal logits at every
+// step also mean an equal greedy continuation).
+constexpr int64_t k_prompt = 150, k_total = 214;
 std::vector<float> run(Model& m) {
   const int64_t V = m.spec().n_vocab;
   std::mt19937 g(3);
-  std::vector<int32_t> t(158);
+  std::vector<int32_t> t(k_total);
   for (auto& v : t) v = static_cast<int32_t>(3 + g() % (V - 3));
   KvState s = m.new_state(512);
-  std::vector<float> out(158 * V);
-  EXPECT_TRUE(m.forward(s, t.data(), 150, 0, out.data(), true).has_value());
-  for (int64_t p = 150; p < 158; ++p) EXPECT_TRUE(m.forward(s, t.data() + p, 1, p, out.data() + p * V, false));
+  std::vector<float> out(k_total * V);
+  EXPECT_TRUE(m.forward(s, t.data(), k_prompt, 0, out.data(), true).has_value());
+  for (int64_t p = k_prompt; p < k_total; ++p) EXPECT_TRUE(m.forward(s, t.data() + p, 1, p, out.data() + p * V, false));
   m.free_state(s);
   return out;
 }
@@ -70,13 +74,16 @@ TEST(Placement, EveryBudgetGivesTheAllResidentLogits) {
   EXPECT_GT(p0.scratch_bytes, 0u);
   const std::vector<float> want = run(**full);
   const uint64_t per_expert = p0.expert_bytes / E;  // one expert of every layer
-  const uint64_t base = p0.dense_bytes + p0.scratch_bytes + 1000;
   const uint64_t n_layer = tiny.mf->weights.layers.size();
+  const uint64_t one_layer = per_expert / n_layer;  // one expert of one layer (the tiny layers are alike)
+  EXPECT_EQ(p0.stage_bytes, 0u);                    // nothing to gather when every expert fits
+  // Offloading reserves the stage a batch gathers its host experts into: min(E, batch x k) of the largest layer's.
+  const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{64} * tiny.mf->spec().n_expert_used);
+  const uint64_t base = p0.dense_bytes + p0.scratch_bytes + 1000 + stage;
   struct Case {
     uint64_t budget;
     uint32_t min_resident, max_resident;
   };
-  const uint64_t one_layer = per_expert / n_layer;  // one expert of one layer (the tiny layers are alike)
   for (const Case& c : {Case{base, 0, 0}, Case{base + 2 * per_expert, 2, 2},
                         Case{base + 2 * per_expert + one_layer, 2, 3}, Case{base + 100 * per_expert, E, E}}) {
     ModelOptions o = all;
@@ -88,7 +95,9 @@ TEST(Placement, EveryBudgetGivesTheAllResidentLogits) {
     EXPECT_EQ(p.min_resident, c.min_resident) << "budget " << c.budget;
     EXPECT_EQ(p.max_resident, c.max_resident) << "budget " << c.budget;
     EXPECT_EQ(p.expert_bytes + p.host_expert_bytes, p0.expert_bytes);
-    EXPECT_LE(p.dense_bytes + p.scratch_bytes + p.expert_bytes + o.reserve_bytes, c.budget);
+    EXPECT_EQ(p.stage_bytes, c.min_resident == E ? 0 : stage);
+    EXPECT_FALSE(p.by_usage);
+    EXPECT_LE(p.dense_bytes + p.scratch_bytes + p.expert_bytes + o.reserve_bytes + p.stage_bytes, c.budget);
     const std::vector<float> got = run(**m);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
@@ -110,4 +119,54 @@ TEST(Placement, ABudgetBelowTheDensePartIsAClearError) {
   EXPECT_NE(e.find("too small"), std::string::npos) << e;
   EXPECT_NE(e.find("need at least"), std::string::npos) << e;
   EXPECT_NE(e.find("dense weights"), std::string::npos) << e;
+}
+
+TEST(Placement, MostUsedExpertsFirstWithRoutingStatistics) {
+  // Statistics that favour one expert per layer (a different one in each) and make layer 0 the busiest: with
+  // room for n_layer + E - 1 experts, each layer keeps its favourite and layer 0 all of its experts. The
+  // logits stay the all-resident ones bit for bit, and counting the routing changes nothing either.
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  auto be = make_cpu_backend(2);
+  ModelOptions all;
+  all.max_batch = 64;
+  all.count_routing = true;
+  auto full = Model::create(*be, tiny.mf->weights, nullptr, all);
+  ASSERT_TRUE(full.has_value()) << full.error().message;
+  const std::vector<float> want = run(**full);
+  const WeightPlacement p0 = (*full)->placement();
+  const uint32_t E = p0.n_expert, L = static_cast<uint32_t>(tiny.mf->weights.layers.size());
+  const ExpertStats& counted = (*full)->routing_counts();
+  ASSERT_EQ(counted.n_layer, L);
+  ASSERT_EQ(counted.n_expert, E);
+  // Every token of the prefill and the decode steps, k experts in every layer.
+  EXPECT_EQ(counted.total(), uint64_t{k_total} * tiny.mf->spec().n_expert_used * L);
+
+  ExpertStats pri = ExpertStats::zeros(L, E);
+  for (uint32_t il = 0; il < L; ++il) pri.at(il, (il * 3 + 1) % E) = 100;
+  for (uint32_t e = 0; e < E; ++e) pri.at(0, e) += 10;
+  const uint64_t per_expert = p0.expert_bytes / E, one_layer = per_expert / L;
+  const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{64} * tiny.mf->spec().n_expert_used);
+  ModelOptions o = all;
+  o.reserve_bytes = 1000;
+  o.memory_budget = p0.dense_bytes + p0.scratch_bytes + o.reserve_bytes + stage + (L + E - 1) * one_layer;
+  o.expert_priority = pri;
+  auto m = Model::create(*be, tiny.mf->weights, nullptr, o);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const WeightPlacement& p = (*m)->placement();
+  EXPECT_TRUE(p.by_usage);
+  EXPECT_EQ(p.min_resident, 1u);
+  EXPECT_EQ(p.max_resident, E);
+  EXPECT_EQ(p.expert_bytes, (L + E - 1) * one_layer);
+  const std::vector<float> got = run(**m);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+  // The same routing, whatever the placement.
+  EXPECT_EQ((*m)->routing_counts().counts, counted.counts);
+
+  // Statistics of another model's shape are refused, naming both shapes.
+  o.expert_priority = ExpertStats::zeros(L + 1, E);
+  auto bad = Model::create(*be, tiny.mf->weights, nullptr, o);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("do not fit this model"), std::string::npos) << bad.error().message;
 }

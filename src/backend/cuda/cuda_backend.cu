@@ -129,7 +129,9 @@ class CudaBackend final : public Backend {
     // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();
     ctx_.gemm_min_tokens = opts_.gemm_min_tokens;
-    if (blas_ && ctx_.tensor_cores && opts_.gemm_weight_cache) {
+    // Not with an explicit --gpu-memory budget: the cache would live outside it (auto budgets leave it the
+    // memory the placement does not take).
+    if (blas_ && ctx_.tensor_cores && opts_.gemm_weight_cache && opts_.gpu_memory == 0) {
       gemm_cache_ = std::make_unique<GemmWeightCache>(opts_.gemm_cache_reserve);
       ctx_.gemm_cache = gemm_cache_.get();
       scratch_.set_evictable(gemm_cache_.get());  // out of memory: the splits go before an allocation fails
@@ -137,6 +139,7 @@ class CudaBackend final : public Backend {
     }
     ctx_.expert_gemm_min = ctx_.tensor_cores && expert_wgmma_available() ? opts_.expert_gemm_min : 0;
     ctx_.expert_group_min = opts_.expert_group_min;
+    ctx_.expert_gather = opts_.expert_gather;
     // Branches on a second stream (branch_begin), unless turned off.
     branches_ = opts_.branches;
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.

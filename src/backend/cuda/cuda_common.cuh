@@ -105,6 +105,9 @@ struct CudaContext {
   int expert_gemm_min = 0;
   // Routed experts of batches of >= expert_group_min tokens grouped by expert (CudaOptions::expert_group_min).
   int64_t expert_group_min = 65;
+  // Routed experts in host memory (MoeExpertsOp::slots) used by an op are first copied into GPU memory by one
+  // wide copy kernel, then read there (CudaOptions::expert_gather); false: the expert kernels read them in place.
+  bool expert_gather = true;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -27,6 +27,7 @@
 
 #include <cuda_fp16.h>
 
+#include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 
@@ -337,6 +338,8 @@ struct ExpertGemmArgs {
 // True when this binary carries the sm_90a kernel and the device runs it
 // (probed once: a CC 9.0 device and the sm_90a image loaded).
 bool expert_wgmma_available();
-void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertGemmArgs& a);
+// w: the experts' shape and type; wr: where each expert's rows are (cuda_expert_rows.cuh).
+void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr,
+                         const ExpertGemmArgs& a);
 
 }  // namespace dsv4::cuda

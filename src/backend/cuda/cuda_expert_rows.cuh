@@ -1,7 +1,9 @@
 // Where a routed expert's rows are (MoeExpertsOp::slots): the expert kernels
 // address expert e through ExpertRows::at(e) — its slot of the device stack
-// when resident, else its place in the host stack, registered host memory
-// that the kernel reads in place over the bus (Backend::map_host_weight).
+// when resident; else, when the op gathered it into GPU memory first
+// (cuda_moe.cu, CudaContext::expert_gather), its place in the gather stage;
+// else its place in the host stack, registered host memory that the kernel
+// reads in place over the bus (Backend::map_host_weight).
 // Without slots every expert is in the device stack at its own index.
 #pragma once
 
@@ -14,12 +16,15 @@ namespace dsv4::cuda {
 struct ExpertRows {
   const uint8_t* dev = nullptr;   // [E_dev] experts of `bytes` each (resident ones)
   const uint8_t* host = nullptr;  // [E] experts (device-usable pointer of registered host memory)
-  const int32_t* slot = nullptr;  // [E]: slot in dev, or -1 (host); null: expert e at dev slot e
-  int64_t bytes = 0;              // one expert: its rows x row bytes
+  // [E]: s >= 0: slot s of dev; -1: in host; s <= -2: slot -2 - s of stage. null: expert e at dev slot e.
+  const int32_t* slot = nullptr;
+  int64_t bytes = 0;               // one expert: its rows x row bytes
+  const uint8_t* stage = nullptr;  // experts gathered from host memory for this op
   __device__ __forceinline__ const uint8_t* at(int32_t e) const {
     if (slot == nullptr) return dev + static_cast<int64_t>(e) * bytes;
     const int32_t s = slot[e];
-    return s >= 0 ? dev + static_cast<int64_t>(s) * bytes : host + static_cast<int64_t>(e) * bytes;
+    if (s >= 0) return dev + static_cast<int64_t>(s) * bytes;
+    return s == -1 ? host + static_cast<int64_t>(e) * bytes : stage + static_cast<int64_t>(-2 - s) * bytes;
   }
 };
 

@@ -275,8 +275,8 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
 // grid (ceil(R / k_eg_rows), plan max tiles); tiles[y] = {expert, first list index, count}.
 template <GgmlType T>
 __global__ void __launch_bounds__(k_wg_threads, 1)
-    expert_wgmma_kernel(float* __restrict__ out, int64_t R, const uint8_t* __restrict__ w, size_t row_bytes,
-                        int64_t n_units, const int32_t* __restrict__ list, const int4* __restrict__ tiles,
+    expert_wgmma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
+                        const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                         const int32_t* __restrict__ n_tiles, const __half* __restrict__ xth,
                         const __half* __restrict__ xtl, const int* __restrict__ tok_exp, int x_div, QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   const int nt = td.z;
   const int64_t cols = n_units * 32;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * k_eg_rows;
-  const uint8_t* we = w + static_cast<int64_t>(td.x) * R * static_cast<int64_t>(row_bytes);
+  const uint8_t* we = w.at(td.x);  // R rows of row_bytes
   const int tid = threadIdx.x;
   for (int i = tid; i < k_wg_tokens; i += blockDim.x) {
     const int64_t a = list[td.y + (i < nt ? i : 0)];
@@ -397,7 +397,8 @@ bool expert_wgmma_available() {
   return on;
 }
 
-void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertGemmArgs& a) {
+void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr,
+                         const ExpertGemmArgs& a) {
   const int64_t cols = w.ne[0];
   DSV4_ASSERT(cols % k_eg_bk == 0, "moe_experts: wgmma grouped GEMM columns");
   dispatch_weight_type(w.type, [&](auto tag) {
@@ -405,9 +406,8 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
     if constexpr (expert_gemm_type<T>()) {
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
-      launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R,
-                    static_cast<const uint8_t*>(w.data), w.row_bytes(), cols / 32, a.list, a.tiles, a.n_tiles, a.xth,
-                    a.xtl, a.e_t, a.x_div, ctx.tables);
+      launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R, wr, w.row_bytes(),
+                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {
       DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));

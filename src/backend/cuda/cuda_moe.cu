@@ -446,6 +446,69 @@ __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weig
     g[i] = expert_mid(g[i], u[i], weights[i / F], c);
 }
 
+// Gathering the host-memory experts an op uses (CudaContext::expert_gather), step 1 (one block):
+// slots2 = slots, except that each expert in host memory (slot -1) that some assignment names gets the next
+// stage slot c (slots2[e] = -2 - c, list[c] = e, in expert order); *count = the number staged.
+__global__ void __launch_bounds__(1024)
+    gather_plan_kernel(const int32_t* __restrict__ slots, int32_t* __restrict__ slots2, int32_t* __restrict__ list,
+                       int32_t* __restrict__ count, const int32_t* __restrict__ ex, int64_t n_assign, int E) {
+  pdl_enter();
+  constexpr int32_t k_used = -3;  // a host expert some assignment names (before it gets its stage slot)
+  for (int e = threadIdx.x; e < E; e += blockDim.x) slots2[e] = slots[e];
+  __syncthreads();
+  for (int64_t a = threadIdx.x; a < n_assign; a += blockDim.x) {
+    const int32_t e = ex[a];
+    if (e >= 0 && e < E && slots2[e] == -1) slots2[e] = k_used;  // racing writers store the same value
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const unsigned lane = threadIdx.x;
+  int32_t c = 0;
+  for (int base = 0; base < E; base += 32) {
+    const int e = base + static_cast<int>(lane);
+    const bool used = e < E && slots2[e] == k_used;
+    const unsigned mask = __ballot_sync(0xffffffffu, used);
+    if (used) {
+      const int32_t s = c + __popc(mask & ((1u << lane) - 1u));
+      slots2[e] = -2 - s;
+      list[s] = e;
+    }
+    c += __popc(mask);
+  }
+  if (lane == 0) *count = c;
+}
+
+// Step 2: stage slot c (blockIdx.y; those past *count leave) gets expert list[c] of each of the three matrices
+// (src[m] + e * bytes[m] -> dst[m] + c * bytes[m]), the grid's x blocks striding over its bytes in 16-byte
+// pieces, four loads in flight per thread (the bus's latency is microseconds). 16-byte aligned bases and sizes.
+struct GatherMats {
+  const uint8_t* src[3];
+  uint8_t* dst[3];
+  int64_t bytes[3];
+};
+__global__ void __launch_bounds__(256)
+    gather_copy_kernel(GatherMats g, const int32_t* __restrict__ list, const int32_t* __restrict__ count) {
+  pdl_enter();
+  const int32_t c = static_cast<int32_t>(blockIdx.y);
+  if (c >= *count) return;
+  const int64_t e = list[c];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int m = 0; m < 3; ++m) {
+    const int64_t n16 = g.bytes[m] / 16;
+    const uint4* src = reinterpret_cast<const uint4*>(g.src[m] + e * g.bytes[m]);
+    uint4* dst = reinterpret_cast<uint4*>(g.dst[m] + c * g.bytes[m]);
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+      const uint4 v0 = src[i], v1 = src[i + stride], v2 = src[i + 2 * stride], v3 = src[i + 3 * stride];
+      dst[i] = v0;
+      dst[i + stride] = v1;
+      dst[i + 2 * stride] = v2;
+      dst[i + 3 * stride] = v3;
+    }
+    for (; i < n16; i += stride) dst[i] = src[i];
+  }
+}
+
 // out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order.
 __global__ void expert_sum_kernel(float* out, const float* y, int64_t D, int k, int64_t total, bool accumulate) {
   pdl_enter();
@@ -528,7 +591,8 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
     bool staged = false;
     if constexpr (UnitStaging<T>::chunk_bytes > 0) {
       auto stageable = [&](const ExpertRows& e) {
-        return can_stage<T>(e.dev, w.row_bytes()) && can_stage<T>(e.host, w.row_bytes());
+        return can_stage<T>(e.dev, w.row_bytes()) && can_stage<T>(e.host, w.row_bytes()) &&
+               can_stage<T>(e.stage, w.row_bytes());
       };
       if (stageable(wq) && (!wr2 || stageable(wq2))) {
         staged = true;
@@ -640,10 +704,10 @@ EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const flo
   CUDA_CHECK_LAUNCH();
   return {xth, xtl, e_t};
 }
-void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, const ExpertPlan& p, const EgSplit& xs,
-                 int x_div) {
+void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertPlan& p,
+                 const EgSplit& xs, int x_div) {
   DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
-  launch_expert_wgmma(ctx, out, R, w,
+  launch_expert_wgmma(ctx, out, R, w, wr,
                       ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div});
 }
 
@@ -729,10 +793,13 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
                    op.gate.row_bytes() == gate.row_bytes() && op.down.row_bytes() == down.row_bytes()),
               "moe_experts: resident stacks of another layout than the host stacks");
   if (n == 0) return;
-  const ExpertRows wg = expert_rows(op.gate, op.gate_host, op.slots), wu = expert_rows(op.up, op.up_host, op.slots),
-                   wd = expert_rows(op.down, op.down_host, op.slots);
+  ExpertRows wg = expert_rows(op.gate, op.gate_host, op.slots), wu = expert_rows(op.up, op.up_host, op.slots),
+             wd = expert_rows(op.down, op.down_host, op.slots);
   const int64_t n_assign = n * k;
   const int64_t E = gate.ne[2];
+  // Host-memory experts gathered into GPU memory first: a stage of min(n_assign, E) experts.
+  const bool gather = placed && ctx.expert_gather && k > 0;
+  const int64_t gather_cap = gather ? std::min(n_assign, E) : 0;
   const bool grouped = n >= ctx.expert_group_min && k > 0;
   // Assignments per tile when all three matrices run on tensor cores: 16, or 32
   // once the batch averages >= 32 per expert (each decoded weight unit then
@@ -746,8 +813,9 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     });
   // Experts of >= big_min assignments in this batch on the grouped GEMM (cuda_expert_gemm.cuh; tiles of
   // k_wg_tokens), the others on the tile; big_min 1 (--expert-gemm on): every expert, and no tile launches.
-  // Not with experts in host memory: prefill would read them through the GEMM's bulk copies (the tile instead).
-  const int big_min = grouped && all_eg && !placed && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? ctx.expert_gemm_min : 0;
+  // Not with experts read in place from host memory: the GEMM's bulk copies would (the tile instead).
+  const int big_min =
+      grouped && all_eg && (!placed || gather) && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? ctx.expert_gemm_min : 0;
   const bool tiles_too = big_min != 1;
   const int tile = all_mma ? (n_assign >= 32 * E ? 32 : 16) : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
@@ -762,8 +830,43 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t eg_rows = big_min > 0 ? eg_tiled_rows(n_assign, plan_max_big(n_assign, E, big_min)) : 0;
   const size_t eg_pad =
       (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
-  const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + static_cast<size_t>(digit_units) * sizeof(XDigits);
+  const size_t digit_pad = (static_cast<size_t>(digit_units) * sizeof(XDigits) + 15) / 16 * 16;
+  // Gather: slots2 [E], list [E], count; then the three matrices' stages of gather_cap experts each.
+  const size_t gather_idx_pad = gather ? (static_cast<size_t>(2 * E + 1) * sizeof(int32_t) + 255) / 256 * 256 : 0;
+  const int64_t mat_bytes[3] = {wg.bytes, wu.bytes, wd.bytes};
+  size_t gather_pad = gather_idx_pad;
+  for (int64_t b : mat_bytes) gather_pad += gather ? (static_cast<size_t>(gather_cap * b) + 255) / 256 * 256 : 0;
+  const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + digit_pad + gather_pad;
   auto* g8 = static_cast<uint8_t*>(ctx.scratch->get(bytes, ctx.stream));
+  if (gather) {
+    uint8_t* gp = g8 + act_pad + plan_pad + split_pad + eg_pad + digit_pad;
+    auto* slots2 = reinterpret_cast<int32_t*>(gp);
+    int32_t* list = slots2 + E;
+    int32_t* count = list + E;
+    launch_kernel(gather_plan_kernel, 1, 1024, 0, ctx.stream, op.slots.i32(), slots2, list, count, op.experts.i32(),
+                  n_assign, static_cast<int>(E));
+    CUDA_CHECK_LAUNCH();
+    GatherMats gm{};
+    uint8_t* stage = gp + gather_idx_pad;
+    ExpertRows* rows[3] = {&wg, &wu, &wd};
+    for (int m = 0; m < 3; ++m) {
+      DSV4_ASSERT(reinterpret_cast<uintptr_t>(rows[m]->host) % 16 == 0 && mat_bytes[m] % 16 == 0,
+                  "moe_experts: host experts of %lld bytes at a pointer not 16-byte aligned",
+                  static_cast<long long>(mat_bytes[m]));
+      gm.src[m] = rows[m]->host;
+      gm.dst[m] = stage;
+      gm.bytes[m] = mat_bytes[m];
+      rows[m]->slot = slots2;
+      rows[m]->stage = stage;
+      stage += (static_cast<size_t>(gather_cap * mat_bytes[m]) + 255) / 256 * 256;
+    }
+    // About four blocks per SM over the stage slots in use (an upper bound: count is on the device).
+    const unsigned per_expert = static_cast<unsigned>(
+        std::clamp<int64_t>((4 * std::max(ctx.sm_count, 1) + gather_cap - 1) / gather_cap, 1, 64));
+    launch_kernel(gather_copy_kernel, dim3(per_expert, static_cast<unsigned>(gather_cap)), 256, 0, ctx.stream, gm, list,
+                  count);
+    CUDA_CHECK_LAUNCH();
+  }
   float* g = reinterpret_cast<float*>(g8);
   XDigits* digits =
       digit_units > 0 ? reinterpret_cast<XDigits*>(g8 + act_pad + plan_pad + split_pad + eg_pad) : nullptr;
@@ -782,8 +885,8 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       plan.eg_cols = std::max(D, F);
       if (big_min > 0) {
         const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k));
-        expert_gemm(ctx, g, F, op.gate, plan, xs, static_cast<int>(k));
-        expert_gemm(ctx, u, F, op.up, plan, xs, static_cast<int>(k));  // (never placed: big_min is 0 then)
+        expert_gemm(ctx, g, F, gate, wg, plan, xs, static_cast<int>(k));
+        expert_gemm(ctx, u, F, up, wu, plan, xs, static_cast<int>(k));
       }
       if (tiles_too) {
         expert_tiles(ctx, g, F, gate, wg, plan, op.x.f32(), n, D, static_cast<int>(k));
@@ -792,7 +895,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
                     op.clamp);
       CUDA_CHECK_LAUNCH();
-      if (big_min > 0) expert_gemm(ctx, y, D, op.down, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
+      if (big_min > 0) expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
       if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.

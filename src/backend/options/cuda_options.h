@@ -77,13 +77,18 @@ struct CudaOptions {
   // the per-assignment matvec, which reads an expert once per assignment but
   // streams at the copy rate. 1: always grouped.
   int64_t expert_group_min = k_expert_group_auto_min;
+  // Routed experts in host memory that a batch uses are first gathered into GPU memory by one wide copy, then
+  // read there (each crosses the bus once per batch; prefill then runs the grouped GEMM); false: the expert
+  // kernels read them in place over the bus (once per assignment or tile).
+  bool expert_gather = true;
   // Keep the cuBLAS matmuls' split weights across calls (cuda_gemm.cuh,
   // GemmWeightCache: 6 bytes per dense weight) while at least
   // gemm_cache_reserve bytes of device memory stay free; false: split every
   // call (the same bits either way).
   bool gemm_weight_cache = true;
   // GPU memory the model may take (weights, activation buffers, one session's state and working memory);
-  // 0: what the device has free less a margin. Routed experts beyond it stay in host memory, read in place
+  // 0: what the device has free less a margin. An explicit size also turns gemm_weight_cache off (the cache
+  // would sit outside the budget). Routed experts beyond it stay in host memory, read in place
   // over the bus (Engine::load; docs/design-notes/expert-offload.md).
   uint64_t gpu_memory = 0;
   size_t gemm_cache_reserve = size_t{16} << 30;
