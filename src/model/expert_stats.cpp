@@ -108,6 +108,11 @@ expected<ExpertStats> expert_stats_decode(std::string_view text) {
   if (layers == 0 || layers > k_max_layers || experts == 0 || experts > k_max_experts)
     return make_error("line 2: %llu layers x %llu experts is out of range", static_cast<unsigned long long>(layers),
                       static_cast<unsigned long long>(experts));
+  // Every count takes at least one character: a shorter rest cannot hold them (and nothing is allocated
+  // for counts that are not there).
+  if (layers * experts > text.size())
+    return make_error("line 2: %llu layers x %llu experts, but the file is too short to hold their counts",
+                      static_cast<unsigned long long>(layers), static_cast<unsigned long long>(experts));
   ExpertStats s = ExpertStats::zeros(static_cast<uint32_t>(layers), static_cast<uint32_t>(experts));
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     const int ln = static_cast<int>(l) + 3;
