@@ -226,11 +226,11 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
 
   switch (t.type) {
     case GgmlType::F32:
-    case GgmlType::F16:
+    case GgmlType::F16: {
+      const std::vector<float> skew = router_skew_bias(plan, t);  // once per call, not per row
       for (uint64_t r = 0; r < n_rows; ++r) {
         synth::BlockRng rng(seed, stream, row_begin + r);
         uint8_t* out = dst + r * row_bytes;
-        const std::vector<float> skew = router_skew_bias(plan, t);
         for (uint64_t i = 0; i < ne0; ++i) {
           float v = gen_value(gp.dist, gp.rms, rng);
           if (!skew.empty()) v += skew[i];
@@ -243,6 +243,7 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
         }
       }
       return;
+    }
     default: break;
   }
 
