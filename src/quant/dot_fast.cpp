@@ -1,0 +1,175 @@
+// AVX2 kernels of vec_dot_q for IQ2_XXS, Q2_K and Q4_K weights against Q8_K
+// activations (dot_fast.h: bit-identical to the reference in dot.cpp).
+//
+// Per 256-weight block the reference forms exact integer sums and then one
+// float update of the running sum; these kernels form the same integers with
+// 32 int8 lanes:
+//   _mm256_maddubs_epi16(u, s): u8 x s8 products summed in pairs into int16
+//     (saturating; every use below stays far inside int16:
+//      IQ2_XXS |y| <= 128 times grid magnitude <= 43: pair <= 11,008;
+//      Q2_K quant <= 3: pair <= 768; Q4_K nibble <= 15: pair <= 3,840),
+//   _mm256_madd_epi16(p, c): int16 pairs times int16 scale into int32,
+// and fold the int32 lanes at the end of the block (integer addition is
+// associative, so the order does not matter). The float part is the
+// reference's expression, evaluated in the reference's order; this file is
+// built with -ffp-contract=off and the AVX2 target does not include FMA.
+#include "quant/dot_fast.h"
+
+#include <cstring>
+
+#include "core/float_conv.h"
+#include "quant/block_decode.h"
+#include "quant/iq2_tables.h"
+#include "quant/quant.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DSV4_DOT_FAST_X86 1
+#endif
+
+namespace dsv4::quant {
+
+namespace {
+
+#ifdef DSV4_DOT_FAST_X86
+
+#define DSV4_AVX2 __attribute__((target("avx2")))
+
+DSV4_AVX2 inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+DSV4_AVX2 inline uint64_t load_u64(const void* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// IQ2_XXS: group ib's 32 weights are ±grid bytes (4 grid entries of 8 magnitudes, 4 sign patterns);
+// sg * y = |y| * (sg * sign(y)), so maddubs gets the unsigned |y| (128 for -128) and the signed sg.
+DSV4_AVX2 float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* a, int64_t nb) {
+  const uint64_t* grid = iq2xxs_grid();
+  const int8_t* masks = detail::iq2xxs_sign_mask();  // 8 bytes (0 or -1) per sign index
+  const __m256i ones = _mm256_set1_epi16(1);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K& y = a[b];
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < k_qk_k / 32; ++ib) {
+      uint32_t wa, wb;
+      detail::iq2_xxs_group_words(w[b], ib, wa, wb);
+      const __m256i g =
+          _mm256_set_epi64x(static_cast<int64_t>(grid[wa >> 24]), static_cast<int64_t>(grid[(wa >> 16) & 0xFF]),
+                            static_cast<int64_t>(grid[(wa >> 8) & 0xFF]), static_cast<int64_t>(grid[wa & 0xFF]));
+      const __m256i m = _mm256_set_epi64x(static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 21) & 127))),
+                                          static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 14) & 127))),
+                                          static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 7) & 127))),
+                                          static_cast<int64_t>(load_u64(masks + 8 * (wb & 127))));
+      const __m256i sg = _mm256_sub_epi8(_mm256_xor_si256(g, m), m);  // g or -g
+      const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * ib));
+      const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(yv), _mm256_sign_epi8(sg, yv));
+      const __m256i p32 = _mm256_madd_epi16(p16, ones);
+      acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p32, _mm256_set1_epi32(2 * static_cast<int32_t>(wb >> 28) + 1)));
+    }
+    const int32_t bsum = hsum_i32(acc);
+    sum += f16_to_f32(w[b].d) * y.d * static_cast<float>(bsum);
+  }
+  return 0.125f * sum;
+}
+
+// Q2_K: 2-bit quants of 16-weight groups with 4-bit scales (low nibble) and mins (high nibble).
+DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
+  const __m256i three = _mm256_set1_epi8(3);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ2_K& x = w[b];
+    const BlockQ8_K& y = a[b];
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+    const int32_t isum_min = hsum_i32(_mm256_madd_epi16(mins, bsums));
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
+      for (int s = 0; s < 4; ++s) {
+        const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), three);
+        const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 128 * h + 32 * s));
+        const __m256i p16 = _mm256_maddubs_epi16(q2, yv);
+        const int g = 8 * h + 2 * s;  // bytes 0-15 of the chunk: group g; 16-31: group g + 1
+        const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(x.scales[g] & 0x0F)),
+                                                _mm_set1_epi16(static_cast<int16_t>(x.scales[g + 1] & 0x0F)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale));
+      }
+    }
+    const int32_t isum = hsum_i32(acc);
+    const float dall = y.d * f16_to_f32(x.d);
+    const float dmin = y.d * f16_to_f32(x.dmin);
+    sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
+  }
+  return sum;
+}
+
+// Q4_K: 4-bit quants, chunk c's 32 bytes carry sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles).
+DSV4_AVX2 float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* a, int64_t nb) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& x = w[b];
+    const BlockQ8_K& y = a[b];
+    __m256i acc = _mm256_setzero_si256();
+    int32_t isum_min = 0;
+    for (int c = 0; c < 4; ++c) {
+      int sc0, m0, sc1, m1;
+      detail::q4_k_scale_min(x.scales, 2 * c, sc0, m0);
+      detail::q4_k_scale_min(x.scales, 2 * c + 1, sc1, m1);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * c));
+      const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * c)));
+      const __m256i phi =
+          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * c + 32)));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc0))));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc1))));
+      isum_min += m0 * (y.bsums[4 * c] + y.bsums[4 * c + 1]) + m1 * (y.bsums[4 * c + 2] + y.bsums[4 * c + 3]);
+    }
+    const int32_t isum = hsum_i32(acc);
+    const float dall = y.d * f16_to_f32(x.d);
+    const float dmin = y.d * f16_to_f32(x.dmin);
+    sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
+  }
+  return sum;
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") != 0;
+  return has;
+}
+
+#else
+bool cpu_has_avx2() { return false; }
+#endif
+
+bool g_simd = true;
+
+}  // namespace
+
+float vec_dot_q_fast(GgmlType t, const void* w, const void* act, int64_t n) {
+#ifdef DSV4_DOT_FAST_X86
+  if (g_simd && cpu_has_avx2() && n % k_qk_k == 0) {
+    const auto* y = static_cast<const BlockQ8_K*>(act);
+    const int64_t nb = n / k_qk_k;
+    if (t == GgmlType::IQ2_XXS) return dot_iq2_xxs_avx2(static_cast<const BlockIQ2_XXS*>(w), y, nb);
+    if (t == GgmlType::Q2_K) return dot_q2_k_avx2(static_cast<const BlockQ2_K*>(w), y, nb);
+    if (t == GgmlType::Q4_K) return dot_q4_k_avx2(static_cast<const BlockQ4_K*>(w), y, nb);
+  }
+#endif
+  return vec_dot_q(t, w, act, n);
+}
+
+const char* dot_fast_isa() { return cpu_has_avx2() ? "avx2" : "scalar"; }
+
+void set_dot_fast_simd(bool on) { g_simd = on; }
+
+}  // namespace dsv4::quant
