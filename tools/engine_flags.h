@@ -128,6 +128,15 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->default_str("auto")
       ->group(group);
   cmd->add_option_function<std::string>(
+         "--cpu-experts", [s](const std::string& v) { s->cpu_experts = *parse_cpu_experts(v); },
+         "Decode steps with routed experts in host memory (--gpu-memory): the CPU computes this share of the host "
+         "experts a step uses (all cores but one, or --threads; SIMD integer dots) while the GPU gathers the "
+         "others over the bus. auto: the CPU's measured rate over the CPU's plus the bus's; off: all gathered")
+      ->check(parsed_by([](const std::string& v) { return parse_cpu_experts(v); }))
+      ->type_name("auto|off|SHARE")
+      ->default_str("auto")
+      ->group(group);
+  cmd->add_option_function<std::string>(
          "--dup-ops", [s](const std::string& v) { s->dup_ops = *parse_dup_ops(v); },
          "Profiling: launch these ops twice (comma-separated, ops that give the same result when run again: "
          "hc_pre, hc_head, rms_norm, matmul, matmuls, store_rows, indexer_scores, topk, attention, moe_route, "

@@ -83,6 +83,7 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
   if (o.backend == BackendChoice::CUDA || (o.backend == BackendChoice::AUTO && cuda_device_present())) {
     CudaBackendOptions co;
     static_cast<CudaOptions&>(co) = cuda;
+    if (co.cpu_expert_threads == 0 && o.threads > 0) co.cpu_expert_threads = o.threads;  // --threads
     co.upload_progress = progress;
     auto be = make_cuda_backend(0, co);
     if (be) return std::move(*be);

@@ -363,6 +363,7 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--expert-gemm",
                            "--gpu-memory",
                            "--no-expert-gather",
+                           "--cpu-experts",
                            "--expert-stats"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
@@ -371,11 +372,11 @@ TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
   Result r = run_dsv4(
       run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off "
-               "--gpu-memory 24G --no-expert-gather"));
+               "--gpu-memory 24G --no-expert-gather --cpu-experts 0.25"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("expert_gather=off gpu_memory=24.00GiB"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("expert_gather=off gpu_memory=24.00GiB cpu_experts=0.25"), std::string::npos) << r.err;
 }
 
 TEST(CliRun, ExpertStatsAreCountedAndMergedIntoTheFile) {
@@ -433,6 +434,8 @@ TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
       {"--cublas ''", "--cublas: empty (want auto, off or the path of libcublas)"},
       {"--gpu-memory 12X", "--gpu-memory 12X: want auto or a size such as 24G, 24GiB, 40960M (a plain number: GiB)"},
       {"--gpu-memory 0.5G", "--gpu-memory 0.5G: at least 1 GiB"},
+      {"--cpu-experts 1.5", "--cpu-experts 1.5: want auto, off or a share from 0 to 1 (such as 0.4)"},
+      {"--cpu-experts half", "--cpu-experts half: want auto, off or a share from 0 to 1 (such as 0.4)"},
   };
   for (const auto& [flag, message] : cases) {
     Result r = run_dsv4("run -m /nonexistent.gguf -p hi " + std::string(flag));

@@ -284,16 +284,18 @@ int main(int argc, char** argv) {
   bool flash = true, tensor_cores = true, cublas = true, int_dot = true, gemm_cache = true, gather = true;
   std::string expert_gemm = "auto";
   std::string filter;
+  float cpu_experts = 0.0f;
   const std::string usage =
       std::string("usage: ") + argv[0] +
       " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-gemm-cache] "
-      "[--expert-gemm auto|on|off|N] [--no-expert-gather]\n"
+      "[--expert-gemm auto|on|off|N] [--no-expert-gather] [--cpu-experts SHARE]\n"
       "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
       "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
       "  --no-int-dot  decode experts on the float matvec\n"
       "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
       "                 auto (default: N = 64), on (every expert), off (the tile), or N\n"
-      "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n";
+      "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n"
+      "  --cpu-experts S  decode batches leave this share of their host experts to the CPU (default 0: none)\n";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc)
@@ -312,6 +314,8 @@ int main(int argc, char** argv) {
       gemm_cache = false;
     else if (a == "--no-expert-gather")
       gather = false;
+    else if (a == "--cpu-experts" && i + 1 < argc)
+      cpu_experts = std::strtof(argv[++i], nullptr);
     else if (a == "--expert-gemm" && i + 1 < argc)
       expert_gemm = argv[++i];
     else if (a == "--help") {
@@ -329,6 +333,7 @@ int main(int argc, char** argv) {
   if (expert_gemm != "auto") std::printf("test_backend_ops: --expert-gemm %s\n", expert_gemm.c_str());
   if (!gemm_cache) std::printf("test_backend_ops: --no-gemm-cache\n");
   if (!gather) std::printf("test_backend_ops: --no-expert-gather\n");
+  if (cpu_experts != 0.0f) std::printf("test_backend_ops: --cpu-experts %.2f\n", static_cast<double>(cpu_experts));
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
@@ -339,6 +344,7 @@ int main(int argc, char** argv) {
   gopt.int_dot = int_dot;
   gopt.gemm_weight_cache = gemm_cache;
   gopt.expert_gather = gather;
+  gopt.cpu_experts = cpu_experts;
   auto eg = parse_expert_gemm(expert_gemm);
   if (!eg) {
     std::fprintf(stderr, "test_backend_ops: --expert-gemm: %s\n", eg.error().message.c_str());
@@ -352,7 +358,7 @@ int main(int argc, char** argv) {
   }
   auto cpu = make_cpu_backend(0);
   std::printf("cpu: %s\ngpu: %s\n", cpu->name().c_str(), (*gpu)->name().c_str());
-  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores, gather};
+  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores, gather, cpu_experts};
   struct Group {
     const char* name;
     void (*fn)(Harness&);

@@ -244,6 +244,12 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   auto nolib = Engine::load(o);
   ASSERT_FALSE(nolib.has_value());
   EXPECT_NE(nolib.error().message.find("--cublas"), std::string::npos) << nolib.error().message;
+  CudaOptions bad_share;
+  bad_share.cpu_experts = 2.0f;
+  o.cuda = std::make_shared<const CudaOptions>(bad_share);
+  auto share = Engine::load(o);
+  ASSERT_FALSE(share.has_value());
+  EXPECT_NE(share.error().message.find("--cpu-experts 2"), std::string::npos) << share.error().message;
   CudaOptions valid;
   valid.cublas = CublasMode::OFF;
   valid.pdl = false;

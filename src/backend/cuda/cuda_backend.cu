@@ -27,12 +27,14 @@
 #include "backend/cuda/cuda_compress.cuh"
 #include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
+#include "backend/cuda/cuda_host_experts.cuh"
 #include "backend/cuda/cuda_indexer.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_mhc.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "quant/dot_fast.h"
 #include "quant/quant.h"
 
 namespace dsv4 {
@@ -173,6 +175,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    host_runner_.reset();
     scratch_.set_evictable(nullptr);
     side_scratch_.set_evictable(nullptr);
     gemm_cache_.reset();
@@ -407,6 +410,18 @@ class CudaBackend final : public Backend {
     void* dev = nullptr;
     CUDA_CHECK(cudaHostGetDevicePointer(&dev, const_cast<void*>(host), 0));
     t.data = dev;
+    // Host experts: the CPU computes a share of each decode step's experts from the same bytes.
+    if (opts_.cpu_experts != 0.0f && opts_.expert_gather) {
+      if (!host_runner_) {
+        host_runner_ = std::make_unique<HostExpertRunner>(opts_.cpu_expert_threads, opts_.cpu_experts);
+        ctx_.host_experts = host_runner_.get();
+        log_info(
+            "cuda: host experts: %d CPU threads (%s dots) compute a share of each decode step's experts in "
+            "host memory",
+            host_runner_->threads(), quant::dot_fast_isa());
+      }
+      host_runner_->add_range(dev, host, bytes);
+    }
     return t;
   }
 
@@ -724,7 +739,8 @@ class CudaBackend final : public Backend {
   CudaContext ctx_;
   std::mutex mu_;
   std::unordered_map<void*, size_t> allocs_;
-  std::map<uintptr_t, uintptr_t> host_regs_;  // registered host ranges [first, second), disjoint (map_host_weight)
+  std::map<uintptr_t, uintptr_t> host_regs_;       // registered host ranges [first, second), disjoint (map_host_weight)
+  std::unique_ptr<HostExpertRunner> host_runner_;  // with host experts (map_host_weight) unless --cpu-experts off
   bool staging_ready_ = false;
   void* staging_[2] = {nullptr, nullptr};
   cudaEvent_t staged_[2] = {nullptr, nullptr};

@@ -75,7 +75,8 @@ class DeviceScratch {
   uint64_t generation_ = 0;
 };
 
-class Blas;  // cuda_blas.h
+class Blas;              // cuda_blas.h
+class HostExpertRunner;  // cuda_host_experts.cuh
 
 // Everything a launcher needs besides the op itself.
 struct CudaContext {
@@ -108,6 +109,10 @@ struct CudaContext {
   // Routed experts in host memory (MoeExpertsOp::slots) used by an op are first copied into GPU memory by one
   // wide copy kernel, then read there (CudaOptions::expert_gather); false: the expert kernels read them in place.
   bool expert_gather = true;
+  // With expert_gather, ops of at most host_max_tokens tokens (decode steps) leave a share of their host
+  // experts to the CPU (cuda_host_experts.cuh); nullptr: off (CudaOptions::cpu_experts, or no host experts).
+  HostExpertRunner* host_experts = nullptr;
+  int64_t host_max_tokens = 16;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -268,8 +268,12 @@ __global__ void __launch_bounds__(k_imma_max_warps * 32, Pair ? 3 : 2)
   __syncthreads();
   const int64_t a = blockIdx.x;
   const int32_t ex = experts[a];
-  DEVICE_CHECK(ex >= 0 && ex < E);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * k_imma_rows;
+  if (ex < 0) {  // an assignment the host computes (ex = -1 - e, cuda_host_experts.cuh): zeros here
+    if (threadIdx.x < k_imma_rows && r0 + threadIdx.x < R) out[a * R + r0 + threadIdx.x] = 0.0f;
+    return;
+  }
+  DEVICE_CHECK(ex < E);
   const uint8_t* base[NM];
   base[0] = w.at(ex);
   if constexpr (Pair) base[1] = w2.at(ex);

@@ -54,6 +54,7 @@
 
 #include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_expert_imma.cuh"
+#include "backend/cuda/cuda_host_experts.cuh"
 #include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
@@ -246,13 +247,17 @@ __global__ void __launch_bounds__(256)
   const float* xr = x + (a / x_div) * x_stride;
   QuantTables tb = tab;
   auto prologue = [&] { matvec_block_prologue<T, XS>(reinterpret_cast<float*>(ex_smem), xr, n_units, tab, tb); };
-  if (r0 >= R) {  // whole warps; they still join the prologue
+  const int32_t ex = experts[a];
+  // Whole warps past the rows, or an assignment the host computes (ex = -1 - e, cuda_host_experts.cuh: its
+  // rows are zeros here); they still join the prologue.
+  if (r0 >= R || ex < 0) {
     prologue();
+    if (r0 < R && lane == 0)
+      for (int i = 0; i < RW && r0 + i < R; ++i) out[a * R + r0 + i] = 0.0f;
     return;
   }
   const int nr = static_cast<int>(R - r0 < RW ? R - r0 : RW);
-  const int32_t ex = experts[a];
-  DEVICE_CHECK(ex >= 0 && ex < E);
+  DEVICE_CHECK(ex < E);
   const uint8_t* rp[NR];
   const uint8_t* we = w.at(ex);
   const uint8_t* we2 = Pair ? w2.at(ex) : nullptr;
@@ -447,13 +452,17 @@ __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weig
 }
 
 // Gathering the host-memory experts an op uses (CudaContext::expert_gather), step 1 (one block):
-// slots2 = slots, except that each expert in host memory (slot -1) that some assignment names gets the next
-// stage slot c (slots2[e] = -2 - c, list[c] = e, in expert order); *count = the number staged.
+// slots2 = slots, except that each expert in host memory (slot -1) that some assignment names is either the
+// host's or gets the next stage slot c (slots2[e] = -2 - c, list[c] = e, in expert order); *count = the number
+// staged. With ex2 (the host computes a share of them, cuda_host_experts.cuh): of the u used host experts the
+// first round(share * u) in expert order are the host's, and ex2[a] = ex[a], or -1 - ex[a] when the host's.
 __global__ void __launch_bounds__(1024)
     gather_plan_kernel(const int32_t* __restrict__ slots, int32_t* __restrict__ slots2, int32_t* __restrict__ list,
-                       int32_t* __restrict__ count, const int32_t* __restrict__ ex, int64_t n_assign, int E) {
+                       int32_t* __restrict__ count, const int32_t* __restrict__ ex, int64_t n_assign, int E,
+                       int32_t* __restrict__ ex2, float share) {
   pdl_enter();
-  constexpr int32_t k_used = -3;  // a host expert some assignment names (before it gets its stage slot)
+  constexpr int32_t k_used = -3;         // a host expert some assignment names (before it gets its stage slot)
+  constexpr int32_t k_host = INT32_MIN;  // ... that the host computes
   for (int e = threadIdx.x; e < E; e += blockDim.x) slots2[e] = slots[e];
   __syncthreads();
   for (int64_t a = threadIdx.x; a < n_assign; a += blockDim.x) {
@@ -461,21 +470,41 @@ __global__ void __launch_bounds__(1024)
     if (e >= 0 && e < E && slots2[e] == -1) slots2[e] = k_used;  // racing writers store the same value
   }
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const unsigned lane = threadIdx.x;
-  int32_t c = 0;
-  for (int base = 0; base < E; base += 32) {
-    const int e = base + static_cast<int>(lane);
-    const bool used = e < E && slots2[e] == k_used;
-    const unsigned mask = __ballot_sync(0xffffffffu, used);
-    if (used) {
-      const int32_t s = c + __popc(mask & ((1u << lane) - 1u));
-      slots2[e] = -2 - s;
-      list[s] = e;
+  if (threadIdx.x < 32) {
+    const unsigned lane = threadIdx.x;
+    int32_t host = 0;
+    if (ex2) {
+      int32_t used = 0;
+      for (int base = 0; base < E; base += 32) {
+        const int e = base + static_cast<int>(lane);
+        used += __popc(__ballot_sync(0xffffffffu, e < E && slots2[e] == k_used));
+      }
+      host = static_cast<int32_t>(fminf(rintf(share * static_cast<float>(used)), static_cast<float>(used)));
     }
-    c += __popc(mask);
+    int32_t c = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + static_cast<int>(lane);
+      const bool used = e < E && slots2[e] == k_used;
+      const unsigned mask = __ballot_sync(0xffffffffu, used);
+      if (used) {
+        const int32_t r = c + __popc(mask & ((1u << lane) - 1u));  // rank among the used host experts
+        if (r < host) {
+          slots2[e] = k_host;
+        } else {
+          slots2[e] = -2 - (r - host);
+          list[r - host] = e;
+        }
+      }
+      c += __popc(mask);
+    }
+    if (lane == 0) *count = c - host;
   }
-  if (lane == 0) *count = c;
+  if (!ex2) return;
+  __syncthreads();
+  for (int64_t a = threadIdx.x; a < n_assign; a += blockDim.x) {
+    const int32_t e = ex[a];
+    ex2[a] = e >= 0 && e < E && slots2[e] == k_host ? -1 - e : e;
+  }
 }
 
 // Step 2: stage slot c (blockIdx.y; those past *count leave) gets expert list[c] of each of the three matrices
@@ -509,14 +538,19 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order.
-__global__ void expert_sum_kernel(float* out, const float* y, int64_t D, int k, int64_t total, bool accumulate) {
+// out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order. With y2 (the host's rows,
+// cuda_host_experts.cuh) each term is y + y2, one of which is zero: the same sum as one buffer.
+__global__ void expert_sum_kernel(float* out, const float* y, const float* y2, int64_t D, int k, int64_t total,
+                                  bool accumulate) {
   pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / D, d = i % D;
     float s = accumulate ? out[i] : 0.0f;
-    for (int j = 0; j < k; ++j) s = __fadd_rn(s, y[(t * k + j) * D + d]);
+    for (int j = 0; j < k; ++j) {
+      const int64_t at = (t * k + j) * D + d;
+      s = __fadd_rn(s, y2 ? __fadd_rn(y[at], y2[at]) : y[at]);
+    }
     out[i] = s;
   }
 }
@@ -831,21 +865,50 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const size_t eg_pad =
       (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
   const size_t digit_pad = (static_cast<size_t>(digit_units) * sizeof(XDigits) + 15) / 16 * 16;
-  // Gather: slots2 [E], list [E], count; then the three matrices' stages of gather_cap experts each.
-  const size_t gather_idx_pad = gather ? (static_cast<size_t>(2 * E + 1) * sizeof(int32_t) + 255) / 256 * 256 : 0;
+  // Decode steps may leave a share of their host experts to the CPU (cuda_host_experts.cuh): the host's rows
+  // of y (host_y, [n_assign, D]) come back in mapped host memory.
+  HostExpertTask host_task;
+  const bool host_possible = gather && !grouped && ctx.host_experts && n <= ctx.host_max_tokens;
+  if (host_possible) {
+    auto mat = [&](const Tensor& t, const ExpertRows& r, int64_t rows, int64_t cols) {
+      return HostExpertMatrix{t.type, ctx.host_experts->host_of(r.host), rows, cols, r.bytes, E};
+    };
+    host_task.gate = mat(gate, wg, F, D);
+    host_task.up = mat(up, wu, F, D);
+    host_task.down = mat(down, wd, D, F);
+    host_task.n_tokens = n;
+    host_task.k = k;
+    host_task.clamp = op.clamp;
+  }
+  // Gather: slots2 [E], list [E], count, ex2 [n_assign]; then the three matrices' stages of gather_cap experts each.
+  const size_t gather_idx_pad =
+      gather ? (static_cast<size_t>(2 * E + 1 + n_assign) * sizeof(int32_t) + 255) / 256 * 256 : 0;
   const int64_t mat_bytes[3] = {wg.bytes, wu.bytes, wd.bytes};
   size_t gather_pad = gather_idx_pad;
   for (int64_t b : mat_bytes) gather_pad += gather ? (static_cast<size_t>(gather_cap * b) + 255) / 256 * 256 : 0;
   const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + digit_pad + gather_pad;
   auto* g8 = static_cast<uint8_t*>(ctx.scratch->get(bytes, ctx.stream));
+  const float* host_y = nullptr;           // the host's rows of y; nullptr: no host share in this op
+  const int32_t* ex_k = op.experts.i32();  // the expert ids the kernels see (ex2 with a host share)
   if (gather) {
     uint8_t* gp = g8 + act_pad + plan_pad + split_pad + eg_pad + digit_pad;
     auto* slots2 = reinterpret_cast<int32_t*>(gp);
     int32_t* list = slots2 + E;
     int32_t* count = list + E;
+    int32_t* ex2 = count + 1;
+    float share = 0.0f;
+    if (host_possible) {
+      const int64_t probe = std::min<int64_t>(gather_cap, 6);  // experts' bytes the bus calibration copies
+      share = ctx.host_experts->share_for(ctx, host_task, wg.host, gp + gather_idx_pad,
+                                          static_cast<size_t>(probe * wg.bytes));
+    }
     launch_kernel(gather_plan_kernel, 1, 1024, 0, ctx.stream, op.slots.i32(), slots2, list, count, op.experts.i32(),
-                  n_assign, static_cast<int>(E));
+                  n_assign, static_cast<int>(E), share > 0.0f ? ex2 : nullptr, share);
     CUDA_CHECK_LAUNCH();
+    if (share > 0.0f) {
+      host_y = ctx.host_experts->launch(ctx, host_task, op.x.f32(), ex2, op.weights.f32());
+      ex_k = ex2;
+    }
     GatherMats gm{};
     uint8_t* stage = gp + gather_idx_pad;
     ExpertRows* rows[3] = {&wg, &wu, &wd};
@@ -873,7 +936,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   float* u = g + n_assign * F;
   float* y = u + n_assign * F;
   if (k > 0) {
-    const int32_t* ex = op.experts.i32();
+    const int32_t* ex = ex_k;
     const float* wts = op.weights.f32();
     if (grouped) {
       ExpertPlan plan = make_plan(ctx, g8 + act_pad, ex, n_assign, E, tile, big_min);
@@ -914,8 +977,9 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       expert_matvec(ctx, y, D, down, wd, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
     }
   }
-  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, D, static_cast<int>(k), n * D,
-                op.accumulate);
+  if (host_y) ctx.host_experts->join(ctx);
+  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, host_y, D,
+                static_cast<int>(k), n * D, op.accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

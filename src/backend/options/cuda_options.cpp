@@ -67,6 +67,17 @@ expected<uint64_t> parse_gpu_memory(std::string_view text) {
   return bytes;
 }
 
+expected<float> parse_cpu_experts(std::string_view text) {
+  if (text == "auto") return -1.0f;
+  if (text == "off") return 0.0f;
+  double v = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, std::chars_format::fixed);
+  if (ec != std::errc() || end != text.data() + text.size() || !(v >= 0.0 && v <= 1.0))
+    return make_error("--cpu-experts %.*s: want auto, off or a share from 0 to 1 (such as 0.4)",
+                      static_cast<int>(text.size()), text.data());
+  return static_cast<float>(v);
+}
+
 expected<int> parse_expert_gemm(std::string_view text) {
   if (text == "auto") return k_expert_gemm_auto_min;
   if (text == "on") return 1;
@@ -112,6 +123,10 @@ Status CudaOptions::check() const {
   if (expert_group_min < 1 || expert_group_min > 1000000)
     return make_error("--expert-group-min %lld: want 1 to 1000000 tokens", static_cast<long long>(expert_group_min));
   if (dup_ops >> static_cast<unsigned>(CudaDupOp::COUNT)) return make_error("--dup-ops: unknown op bits 0x%x", dup_ops);
+  if (!(cpu_experts < 0.0f || (cpu_experts >= 0.0f && cpu_experts <= 1.0f)))
+    return make_error("--cpu-experts %g: want auto, off or a share from 0 to 1", static_cast<double>(cpu_experts));
+  if (cpu_expert_threads < 0 || cpu_expert_threads > 4096)
+    return make_error("cpu expert threads %d: want 0 (every core but one) to 4096", cpu_expert_threads);
   return {};
 }
 
@@ -131,6 +146,10 @@ std::string CudaOptions::describe() const {
   if (expert_gather != d.expert_gather) add("expert_gather=off");
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
   if (gpu_memory != d.gpu_memory) add(strfmt("gpu_memory=%.2fGiB", static_cast<double>(gpu_memory) / (1u << 30)));
+  if (cpu_experts != d.cpu_experts)
+    add(cpu_experts == 0.0f ? std::string("cpu_experts=off")
+                            : strfmt("cpu_experts=%.2f", static_cast<double>(cpu_experts)));
+  if (cpu_expert_threads != d.cpu_expert_threads) add(strfmt("cpu_expert_threads=%d", cpu_expert_threads));
   if (dup_ops != 0) {
     std::string names;
     for (unsigned i = 0; i < static_cast<unsigned>(CudaDupOp::COUNT); ++i)

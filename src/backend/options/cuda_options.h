@@ -91,6 +91,13 @@ struct CudaOptions {
   // would sit outside the budget). Routed experts beyond it stay in host memory, read in place
   // over the bus (Engine::load; docs/design-notes/expert-offload.md).
   uint64_t gpu_memory = 0;
+  // Decode steps (at most 16 tokens) with routed experts in host memory: the host CPU computes this share of
+  // the host experts a step uses (from the same bytes, at the same time as the GPU gathers the others;
+  // backend/host, docs/design-notes/expert-offload.md). < 0: auto (measured at the first decode step:
+  // the CPU's rate over the CPU's plus the bus's); 0: off (every host expert gathered); 1: all on the CPU.
+  float cpu_experts = -1.0f;
+  // Threads of the host experts; 0: every core but one.
+  int cpu_expert_threads = 0;
   size_t gemm_cache_reserve = size_t{16} << 30;
   // Profiling: these ops (CudaDupOp bits) are launched twice, so a run's
   // slowdown is their marginal cost inside the decode graph and the prefill stream.
@@ -111,6 +118,8 @@ Status parse_cublas(std::string_view text, CudaOptions& options);
 expected<int> parse_expert_gemm(std::string_view text);
 //   gpu memory   auto | N[G|GiB|M|MiB] (a plain number: GiB), at least 1 GiB
 expected<uint64_t> parse_gpu_memory(std::string_view text);
+//   cpu experts  auto | off | SHARE (0 .. 1; 0 = off)
+expected<float> parse_cpu_experts(std::string_view text);
 expected<unsigned> parse_dup_ops(std::string_view list);
 const char* cuda_dup_op_name(CudaDupOp op);
 const char* cuda_dup_op_names();  // "hc_pre, hc_head, ..."
