@@ -5,8 +5,9 @@
 #
 #   build-device/dsv4-device.tar.xz   bin/ and lib/ (about 12 MiB packed):
 #       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_memory, test_cuda_golden,
+#             test_cuda_offload,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
-#             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16, decode_sync and host_read of bench/micro/,
+#             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16, decode_sync, host_read and host_contention of bench/micro/,
 #             optional like dsv4; scripts/gpu.sh micro runs them)
 #             (stripped; CUDA runtime linked statically, compressed fatbins). dsv4 is
 #             optional: if it does not build, the payload goes without it (warning)
@@ -50,7 +51,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 echo "gpu-build-carry: configuring $TREE (Release, CUDA arch $ARCH)"
 cmake -S . -B "$TREE" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DDSV4_BUILD_TESTS=ON >/dev/null
-ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine test_cuda_memory test_cuda_golden bench_cuda_ops
+ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine test_cuda_memory test_cuda_golden test_cuda_offload bench_cuda_ops
 # The CLI is optional: a build break elsewhere in the tree must not block the kernel tests.
 with_cli=1
 ninja -C "$TREE" -j"$(nproc)" dsv4 || {
@@ -60,7 +61,7 @@ ninja -C "$TREE" -j"$(nproc)" dsv4 || {
 
 # The GPU micro-benchmarks (bench/micro/) are optional too.
 with_micro=1
-ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync host_read || {
+ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync host_read host_contention || {
   with_micro=0
   echo "gpu-build-carry: WARNING: the micro-benchmarks did not build; the payload goes without them" >&2
 }
@@ -69,9 +70,9 @@ STAGE="$TREE/device-payload"
 rm -rf "$STAGE" "$PAYLOAD"
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$PAYLOAD"
 cp "$TREE/tests/cuda/test_cuda_decode" "$TREE/tests/cuda/test_cuda_ops" "$TREE/tests/cuda/test_cuda_model" \
-  "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_memory" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
+  "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_memory" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/test_cuda_offload" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
 [ "$with_cli" -eq 1 ] && cp "$TREE/tools/dsv4" "$STAGE/bin/"
-[ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$TREE/bench/decode_sync" "$TREE/bench/host_read" "$STAGE/bin/"
+[ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$TREE/bench/decode_sync" "$TREE/bench/host_read" "$TREE/bench/host_contention" "$STAGE/bin/"
 strip "$STAGE"/bin/*
 
 for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |

@@ -21,11 +21,15 @@
 #                     cuda_expert_wgmma.cu) and off (every one on the tile of cuda_mma.cuh); the default
 #                     (auto) picks per expert by its assignments in the batch (both kernels in one batch)
 #   test_cuda_ops_nogather  the MoE cases with experts in host memory read in place (--no-expert-gather)
+#   test_cuda_ops_cpuexp  the MoE cases with half of a decode batch's host experts computed by the CPU
+#                     (--cpu-experts 0.5: 8-bit activations, tolerance k_thr_host_experts)
 #   test_cuda_ops_nogc  the matmul cases with --no-gemm-cache (the cuBLAS path splitting its weights every
 #                     call; the default keeps them: GemmWeightCache)
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
 #                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
+#   test_cuda_offload  tiny model with experts in host memory (gathered: bitwise; a CPU share: NMSE and greedy
+#                     tokens) vs every expert resident
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
 #   test_cuda_memory  out of device memory while the split-weight cache holds some: it is released and the
 #                     allocation succeeds; the matmuls keep their bits
@@ -160,8 +164,10 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_ops_eg "$BIN/test_cuda_ops" --filter moe --expert-gemm on  # Flash shapes too (also with --quick)
   run_step test_cuda_ops_noeg "$BIN/test_cuda_ops" --filter moe --expert-gemm off
   run_step test_cuda_ops_nogather "$BIN/test_cuda_ops" --filter moe_experts --no-flash --no-expert-gather
+  run_step test_cuda_ops_cpuexp "$BIN/test_cuda_ops" --filter moe_experts --no-flash --cpu-experts 0.5
   run_step test_cuda_ops_nogc "$BIN/test_cuda_ops" --filter matmul --no-gemm-cache
   run_step test_cuda_model "$BIN/test_cuda_model"
+  gpu_exists "$BIN/test_cuda_offload" && run_step test_cuda_offload "$BIN/test_cuda_offload"
   gpu_exists "$BIN/test_cuda_engine" && run_step test_cuda_engine "$BIN/test_cuda_engine"
   gpu_exists "$BIN/test_cuda_memory" && run_step test_cuda_memory "$BIN/test_cuda_memory"
   gpu_exists "$BIN/test_cuda_golden" && run_step test_cuda_golden "$BIN/test_cuda_golden" --data tests/fixtures/golden/flash_tiny

@@ -11,6 +11,8 @@
 #                  persistent kernel (cooperative groups, a flag barrier), with and without a 16 KB dependency
 #   host_read      weights left in host memory (a /dev/shm file mapped and registered, cudaMallocHost): copy
 #                  rates over PCIe (whole, 7 MiB expert-sized pieces) and a kernel reading them in place
+#   host_contention  the CPU computing q2 experts (backend/host) while a kernel reads other host memory in
+#                  place: each rate alone and together
 #
 #   device tool: command "scripts/gpu.sh micro", carry ["build-device"]
 #   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
@@ -27,7 +29,7 @@ gpu_use_run_libs
 gpu_out_flat
 rc=0
 : >"$LOG/micro.txt"
-for b in mma_sync_rate wgmma_f16 decode_sync host_read; do
+for b in mma_sync_rate wgmma_f16 decode_sync host_read host_contention; do
   echo "== $b" >>"$LOG/micro.txt"
   if gpu_exists "$GPU_RUN/bin/$b"; then
     gpu_run --append "$LOG/micro.txt" timeout 120 "$GPU_RUN/bin/$b" ||

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh offload [--dry-run]
 # Summary: dsv4 bench of the full-size synthetic Flash with routed experts in host memory (--gpu-memory budgets, uniform and skewed routing), table last
-# Environment: BUDGETS ("24G 48G 80G"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
+# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off auto"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("auto"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
 #
 # Issue #35 measured: how fast a GPU smaller than the model runs it, mimicked
 # on the H200 with --gpu-memory budgets (`dsv4 bench --ctx-start $CTX
@@ -9,13 +9,16 @@
 # batch, then greedy decode; the cuBLAS split-weight cache off, as a smaller
 # GPU would not have room for it):
 #   full         the whole model on the GPU (the reference)
-#   uniform-B    a synth file of the preset in /dev/shm (skipped if present; the
+#   uniform-B-C  a synth file of the preset in /dev/shm (skipped if present; the
 #                synthetic router spreads tokens evenly, the worst case for
-#                placement), each budget B of $BUDGETS
+#                placement), each budget B of $BUDGETS with each --cpu-experts C
+#                of $CPU_EXPERTS (off: every host expert gathered over the bus;
+#                auto: the CPU computes the measured share, logged and listed)
 #   skew-B-even  with SKEW > 0: `--synthetic --router-skew $SKEW` (generated in
 #                memory after the file is removed: RAM holds one copy), each
 #                budget of $SKEW_BUDGETS with the experts spread evenly, while
-#                --expert-stats counts the routing into stats.txt
+#                --expert-stats counts the routing into stats.txt (--cpu-experts
+#                $SKEW_CPU_EXPERTS)
 #   skew-B-used  the same with the most-used experts placed first (stats.txt)
 # Logs in ./out (OUT set: packed into $OUT/offload-logs.tgz, with offload.csv and
 # offload-summary.txt beside it).
@@ -27,6 +30,8 @@ gpu_args "" "$@"
 BUDGETS=${BUDGETS:-"24G 48G 80G"}
 SKEW=${SKEW:-1}
 SKEW_BUDGETS=${SKEW_BUDGETS:-"24G 48G 80G"}
+CPU_EXPERTS=${CPU_EXPERTS:-"off auto"}
+SKEW_CPU_EXPERTS=${SKEW_CPU_EXPERTS:-auto}
 CTX=${CTX:-4096}
 GEN=${GEN:-32}
 PRESET=${PRESET:-flash-q2}
@@ -35,6 +40,9 @@ gpu_need_uint CTX GEN KEEP
 [[ $SKEW =~ ^[0-9]+(\.[0-9]+)?$ ]] || gpu_die "SKEW=$SKEW is not a number"
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
 for b in $BUDGETS $SKEW_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
+for c in $CPU_EXPERTS $SKEW_CPU_EXPERTS; do
+  [[ $c =~ ^(off|auto|0(\.[0-9]+)?|1(\.0+)?)$ ]] || gpu_die "--cpu-experts $c: want off, auto or a share from 0 to 1"
+done
 gpu_probe
 gpu_use_run_libs
 gpu_binaries dsv4
@@ -44,44 +52,49 @@ gpu_out_keep offload.csv offload.csv
 gpu_out_keep summary.txt offload-summary.txt
 MODEL=/dev/shm/$PRESET.gguf
 common=(--backend cuda --ctx-start "$CTX" --gen-tokens "$GEN" --no-gemm-weight-cache)
-# One bench run: name, budget ("" = none), routing, placement, then the model and extra flags. Appends a row to
-# offload.csv: the placement line of the log and the bench CSV's row.
+# One bench run: name, budget ("" = none), routing, placement, --cpu-experts, then the model and extra flags.
+# Appends a row to offload.csv: the placement line of the log, the CPU's share and the bench CSV's row.
 run_one() {
-  local name=$1 budget=$2 routing=$3 placement=$4
-  shift 4
+  local name=$1 budget=$2 routing=$3 placement=$4 cpu=$5
+  shift 5
   local args=("$@" "${common[@]}" --csv "$LOG/$name.csv")
-  [ -n "$budget" ] && args+=(--gpu-memory "$budget")
+  [ -n "$budget" ] && args+=(--gpu-memory "$budget" --cpu-experts "$cpu")
   gpu_run --log "$LOG/$name.log" "$DSV4" bench "${args[@]}"
   gpu_dry_run && return 0
   if [ "$GPU_RC" -ne 0 ]; then
     echo "gpu.sh offload: $name failed ($name.log)" >&2
     return 0
   fi
-  local resident host row
+  local resident host row share
   resident=$(sed -n 's/.*routed experts (\([0-9]*-[0-9]*\) of 256 per layer.*/\1/p' "$LOG/$name.log" | head -1)
+  share=$(sed -n 's/.*the CPU takes \([0-9]*%\) of the host experts.*/\1/p' "$LOG/$name.log" | head -1)
+  [ -z "$share" ] && [ -n "$budget" ] && [ "$cpu" != off ] && share=$cpu
+  [ -z "$budget" ] || [ "$cpu" = off ] && share=0
   host=$(sed -n 's/.*; \([0-9.]*\) GiB of routed experts read from host memory.*/\1/p' "$LOG/$name.log" | head -1)
   row=$(tail -1 "$LOG/$name.csv" | cut -d, -f3,5)
-  echo "${budget:-none},$routing,$placement,${resident:-256-256},${host:-0},$row" >>"$LOG/offload.csv"
+  echo "${budget:-none},$routing,$placement,${resident:-256-256},${host:-0},${share:-0},$row" >>"$LOG/offload.csv"
 }
-echo "gpu_memory,routing,placement,experts_resident_per_layer,host_gib,prefill_tps,decode_tps" >"$LOG/offload.csv"
+echo "gpu_memory,routing,placement,experts_resident_per_layer,host_gib,cpu_share,prefill_tps,decode_tps" >"$LOG/offload.csv"
 if [ ! -f "$MODEL" ]; then
   gpu_run --log "$LOG/synth.log" "$DSV4" synth --preset "$PRESET" -o "$MODEL" || gpu_die "synth failed (synth.log)"
 fi
-run_one full "" uniform all -m "$MODEL"
-for b in $BUDGETS; do run_one "uniform-$b" "$b" uniform even -m "$MODEL"; done
+run_one full "" uniform all off -m "$MODEL"
+for b in $BUDGETS; do
+  for c in $CPU_EXPERTS; do run_one "uniform-$b-$c" "$b" uniform even "$c" -m "$MODEL"; done
+done
 [ "$KEEP" -ne 1 ] && ! gpu_dry_run && rm -f "$MODEL"
 if [ "$SKEW" != 0 ]; then
   for b in $SKEW_BUDGETS; do
     rm -f "$LOG/stats.txt"
     skew=(--synthetic "$PRESET" --router-skew "$SKEW" --expert-stats "$LOG/stats.txt")
-    run_one "skew-$b-even" "$b" "skew $SKEW" even "${skew[@]}"
-    run_one "skew-$b-used" "$b" "skew $SKEW" most-used "${skew[@]}"
+    run_one "skew-$b-even" "$b" "skew $SKEW" even "$SKEW_CPU_EXPERTS" "${skew[@]}"
+    run_one "skew-$b-used" "$b" "skew $SKEW" most-used "$SKEW_CPU_EXPERTS" "${skew[@]}"
   done
 fi
 gpu_dry_run && exit 0
 {
   gpu_heading offload "$(gpu_device_name)"
   grep -m1 "routing statistics" "$LOG"/skew-*-even.log 2>/dev/null | sed 's/.*(the most-used/skewed routing: the most-used/; s/)$//' | head -1
-  awk -F, '{printf "%-10s %-9s %-9s %-16s %-8s %-11s %s\n", $1, $2, $3, $4, $5, $6, $7}' "$LOG/offload.csv"
+  awk -F, '{printf "%-10s %-9s %-9s %-16s %-8s %-9s %-11s %s\n", $1, $2, $3, $4, $5, $6, $7, $8}' "$LOG/offload.csv"
 } | tee "$LOG/summary.txt"
 exit 0
