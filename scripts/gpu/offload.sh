@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh offload [--dry-run]
 # Summary: dsv4 bench of the full-size synthetic Flash with routed experts in host memory (--gpu-memory budgets, uniform and skewed routing), table last
-# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off auto"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("auto"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
+# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
 #
 # Issue #35 measured: how fast a GPU smaller than the model runs it, mimicked
 # on the H200 with --gpu-memory budgets (`dsv4 bench --ctx-start $CTX
@@ -12,8 +12,9 @@
 #   uniform-B-C  a synth file of the preset in /dev/shm (skipped if present; the
 #                synthetic router spreads tokens evenly, the worst case for
 #                placement), each budget B of $BUDGETS with each --cpu-experts C
-#                of $CPU_EXPERTS (off: every host expert gathered over the bus;
-#                auto: the CPU computes the measured share, logged and listed)
+#                of $CPU_EXPERTS (off, the default: every host expert gathered
+#                over the bus; auto or a SHARE such as 0.15: the CPU computes
+#                that share of each decode step's host experts, listed)
 #   skew-B-even  with SKEW > 0: `--synthetic --router-skew $SKEW` (generated in
 #                memory after the file is removed: RAM holds one copy), each
 #                budget of $SKEW_BUDGETS with the experts spread evenly, while
@@ -30,8 +31,8 @@ gpu_args "" "$@"
 BUDGETS=${BUDGETS:-"24G 48G 80G"}
 SKEW=${SKEW:-1}
 SKEW_BUDGETS=${SKEW_BUDGETS:-"24G 48G 80G"}
-CPU_EXPERTS=${CPU_EXPERTS:-"off auto"}
-SKEW_CPU_EXPERTS=${SKEW_CPU_EXPERTS:-auto}
+CPU_EXPERTS=${CPU_EXPERTS:-off}
+SKEW_CPU_EXPERTS=${SKEW_CPU_EXPERTS:-off}
 CTX=${CTX:-4096}
 GEN=${GEN:-32}
 PRESET=${PRESET:-flash-q2}

@@ -147,8 +147,8 @@ std::string CudaOptions::describe() const {
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
   if (gpu_memory != d.gpu_memory) add(strfmt("gpu_memory=%.2fGiB", static_cast<double>(gpu_memory) / (1u << 30)));
   if (cpu_experts != d.cpu_experts)
-    add(cpu_experts == 0.0f ? std::string("cpu_experts=off")
-                            : strfmt("cpu_experts=%.2f", static_cast<double>(cpu_experts)));
+    add(cpu_experts < 0.0f ? std::string("cpu_experts=auto")
+                           : strfmt("cpu_experts=%.2f", static_cast<double>(cpu_experts)));
   if (cpu_expert_threads != d.cpu_expert_threads) add(strfmt("cpu_expert_threads=%d", cpu_expert_threads));
   if (dup_ops != 0) {
     std::string names;

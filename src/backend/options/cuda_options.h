@@ -93,9 +93,10 @@ struct CudaOptions {
   uint64_t gpu_memory = 0;
   // Decode steps (at most 16 tokens) with routed experts in host memory: the host CPU computes this share of
   // the host experts a step uses (from the same bytes, at the same time as the GPU gathers the others;
-  // backend/host, docs/design-notes/expert-offload.md). < 0: auto (measured at the first decode step:
-  // the CPU's rate over the CPU's plus the bus's); 0: off (every host expert gathered); 1: all on the CPU.
-  float cpu_experts = -1.0f;
+  // backend/host, docs/design-notes/expert-offload.md). 0: off, the default (every host expert gathered: on
+  // the 16-core H200 machine the CPU's share gained at most 14% and often lost, see PERFORMANCE.md); < 0: auto
+  // (measured at the first decode step: the CPU's rate over the CPU's plus the bus's); 1: all on the CPU.
+  float cpu_experts = 0.0f;
   // Threads of the host experts; 0: every core but one.
   int cpu_expert_threads = 0;
   size_t gemm_cache_reserve = size_t{16} << 30;
