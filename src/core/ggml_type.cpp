@@ -40,7 +40,7 @@ constexpr GgmlTypeInfo k_types[] = {
     {GgmlType::BF16, "BF16", 1, 2, true},
     {GgmlType::TQ1_0, "TQ1_0", 256, 54, false},
     {GgmlType::TQ2_0, "TQ2_0", 256, 66, false},
-    {GgmlType::MXFP4, "MXFP4", 32, 17, false},
+    {GgmlType::MXFP4, "MXFP4", 32, 17, true},
 };
 // Internal KV row formats (kv_rows.h). KV_FP8's size depends on the row
 // width, not on a block: block_bytes 0 marks it (ggml_row_bytes knows it).

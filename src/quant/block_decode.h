@@ -75,6 +75,14 @@ inline void iq2_xxs_group_words(const BlockIQ2_XXS& b, int ib, uint32_t& wa, uin
   std::memcpy(&wb, p + 4, 4);
 }
 
+// ---- MXFP4 (E2M1 codes, E8M0 scale; ds4-variants-mtp-dspark.md §1.1) ------
+// Code c: bit 3 the sign, bits 0-2 the magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+// twice the signed value is an integer (k_mxfp4_x2), so w = (0.5 * x2[c]) * scale
+// is exact in f32 (every product is a small integer times a power of two).
+inline constexpr int8_t k_mxfp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 127): the exponent field e (e = 0: the subnormal 2^-127; e = 255: +inf).
+inline float mxfp4_scale(uint8_t e) { return f32_from_bits(e == 0 ? 0x00400000u : static_cast<uint32_t>(e) << 23); }
+
 // ---- decoders: one block -> natural-order f32 ------------------------------
 
 // binary16 -> f32, bit-identical to core's f16_to_f32 for all 65536 inputs (the
@@ -142,6 +150,15 @@ inline void decode_q4_k(const BlockQ4_K& b, float* __restrict out) {
     float* o = out + 64 * c;
     for (int l = 0; l < 32; ++l) o[l] = d0 * static_cast<float>(q[l] & 0x0F) - mm0;
     for (int l = 0; l < 32; ++l) o[32 + l] = d1 * static_cast<float>(q[l] >> 4) - mm1;
+  }
+}
+
+// MXFP4: w[j] = (0.5 * x2[low nibble of qs[j]]) * scale, w[j + 16] the same with the high nibble.  out[32]
+inline void decode_mxfp4(const BlockMXFP4& b, float* __restrict out) {
+  const float s = mxfp4_scale(b.e);
+  for (int j = 0; j < k_qk_mxfp4 / 2; ++j) {
+    out[j] = (0.5f * static_cast<float>(k_mxfp4_x2[b.qs[j] & 0x0F])) * s;
+    out[j + k_qk_mxfp4 / 2] = (0.5f * static_cast<float>(k_mxfp4_x2[b.qs[j] >> 4])) * s;
   }
 }
 

@@ -12,7 +12,7 @@ namespace dsv4::quant {
 
 bool is_weight_type(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q8_0 ||
-         t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::IQ2_XXS;
+         t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::IQ2_XXS || t == GgmlType::MXFP4;
 }
 
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
@@ -35,6 +35,12 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
     DSV4_ASSERT(n % k_qk8_0 == 0, "Q8_0 row length %lld", static_cast<long long>(n));
     const auto* b = static_cast<const BlockQ8_0*>(src);
     for (int64_t i = 0; i < n / k_qk8_0; ++i) detail::decode_q8_0(b[i], dst + i * k_qk8_0);
+    return;
+  }
+  if (t == GgmlType::MXFP4) {
+    DSV4_ASSERT(n % k_qk_mxfp4 == 0, "MXFP4 row length %lld", static_cast<long long>(n));
+    const auto* b = static_cast<const BlockMXFP4*>(src);
+    for (int64_t i = 0; i < n / k_qk_mxfp4; ++i) detail::decode_mxfp4(b[i], dst + i * k_qk_mxfp4);
     return;
   }
   DSV4_ASSERT(n % k_qk_k == 0, "%s row length %lld", ggml_type_name(t), static_cast<long long>(n));

@@ -10,6 +10,7 @@
 //      Q2_K  x Q8_K : Σ_b (y.d*fp16(d))*Σ_g sc_g*Σ_{i∈g} q*y.qs - (y.d*fp16(dmin))*Σ_g m_g*bsums[g]
 //      Q4_K  x Q8_K : same with 8 sub-blocks of 32 (mins use bsums[2j] + bsums[2j+1])
 //      IQ2_XXS x Q8_K: 0.125 * Σ_b (fp16(d)*y.d) * Σ_ib (2*ls+1) * Σ grid*sign*y.qs
+//      MXFP4 x Q8_0F: Σ_b ((0.5*2^(e-127))*dx) * Σ_i x2[code_i]*qx_i (x2: twice the E2M1 value, an integer)
 //    Float weight types take f32 activations and fall back to vec_dot_f32.
 #include <cmath>
 #include <cstring>
@@ -57,6 +58,20 @@ float dot_q8_0_q8_0f(const BlockQ8_0* w, const BlockQ8_0F* a, int64_t nb) {
     int32_t isum = 0;
     for (int i = 0; i < k_qk8_0; ++i) isum += static_cast<int32_t>(w[b].qs[i]) * a[b].qs[i];
     sum += f16_to_f32(w[b].d) * a[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// MXFP4 weights x Q8_0F activations (block j: element j is the low nibble of qs[j], element j + 16 the high).
+float dot_mxfp4_q8_0f(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;  // |isum| <= 32 * 12 * 128
+    for (int j = 0; j < k_qk_mxfp4 / 2; ++j) {
+      isum += detail::k_mxfp4_x2[w[b].qs[j] & 0x0F] * static_cast<int32_t>(a[b].qs[j]);
+      isum += detail::k_mxfp4_x2[w[b].qs[j] >> 4] * static_cast<int32_t>(a[b].qs[j + k_qk_mxfp4 / 2]);
+    }
+    sum += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
   }
   return sum;
 }
@@ -169,6 +184,16 @@ float vec_dot_f32(GgmlType t, const void* w, const float* x, int64_t n) {
     }
     return acc.total();
   }
+  if (t == GgmlType::MXFP4) {
+    DSV4_ASSERT(n % k_qk_mxfp4 == 0, "MXFP4 row length %lld", static_cast<long long>(n));
+    const auto* b = static_cast<const BlockMXFP4*>(w);
+    float buf[k_qk_mxfp4];
+    for (int64_t i = 0; i < n / k_qk_mxfp4; ++i) {
+      detail::decode_mxfp4(b[i], buf);
+      acc.add(buf, x + i * k_qk_mxfp4, k_qk_mxfp4);
+    }
+    return acc.total();
+  }
   DSV4_ASSERT(n % k_qk_k == 0, "%s row length %lld", ggml_type_name(t), static_cast<long long>(n));
   const int64_t nb = n / k_qk_k;
   float buf[k_qk_k];
@@ -203,7 +228,7 @@ float vec_dot_f32(GgmlType t, const void* w, const float* x, int64_t n) {
 
 GgmlType act_type(GgmlType t) {
   if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) return GgmlType::F32;
-  if (t == GgmlType::Q8_0) return GgmlType::Q8_0;
+  if (t == GgmlType::Q8_0 || t == GgmlType::MXFP4) return GgmlType::Q8_0;
   if (t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::IQ2_XXS) return GgmlType::Q8_K;
   DSV4_ASSERT(false, "act_type: %s is not a weight type", ggml_type_name(t));
   DSV4_UNREACHABLE();
@@ -238,6 +263,10 @@ float vec_dot_q(GgmlType t, const void* w, const void* act, int64_t n) {
   if (t == GgmlType::Q8_0) {
     DSV4_ASSERT(n % k_qk8_0 == 0, "Q8_0 row length %lld", static_cast<long long>(n));
     return dot_q8_0_q8_0f(static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0F*>(act), n / k_qk8_0);
+  }
+  if (t == GgmlType::MXFP4) {
+    DSV4_ASSERT(n % k_qk_mxfp4 == 0, "MXFP4 row length %lld", static_cast<long long>(n));
+    return dot_mxfp4_q8_0f(static_cast<const BlockMXFP4*>(w), static_cast<const BlockQ8_0F*>(act), n / k_qk_mxfp4);
   }
   DSV4_ASSERT(n % k_qk_k == 0, "%s row length %lld", ggml_type_name(t), static_cast<long long>(n));
   const auto* y = static_cast<const BlockQ8_K*>(act);

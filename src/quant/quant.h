@@ -1,17 +1,18 @@
 // Quantised block formats (formats.md §2): layouts, dequantisation, reference
 // dot products and quantisers for the weight types dsv4 computes with.
 //
-// Weight types: F32, F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS (and I32 for the
-// hash-routing table, which is never dotted).
+// Weight types: F32, F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS, MXFP4 (and I32 for
+// the hash-routing table, which is never dotted).
 //
 // Two dot-product families:
 //  * vec_dot_f32(type, w, x, n): weight row (any weight type) against an f32
 //    activation row, f32 accumulation of dequantised weights. This is the exact
 //    reference the CPU backend and the CUDA kernels are tested against.
 //  * vec_dot_q(type, w, a, n): weight row against a quantised activation row in
-//    the activation format act_type(type) (Q8_0 with an f32 scale for Q8_0
-//    weights; Q8_K for Q2_K/Q4_K/IQ2_XXS; f32 for float weights), integer inner
-//    products as ds4's CPU path computes them.
+//    the activation format act_type(type) (Q8_0 with an f32 scale for Q8_0 and
+//    MXFP4 weights; Q8_K for Q2_K/Q4_K/IQ2_XXS; f32 for float weights), integer
+//    inner products as ds4's CPU path computes them (MXFP4: as its CUDA decode
+//    path does, Q8_1 there; ds4's CPU has no MXFP4 integer dot).
 // All lengths `n` are element counts and must be multiples of the block size.
 #pragma once
 
@@ -24,6 +25,7 @@ namespace dsv4::quant {
 
 constexpr int k_qk8_0 = 32;
 constexpr int k_qk_k = 256;
+constexpr int k_qk_mxfp4 = 32;
 
 #pragma pack(push, 1)
 struct BlockQ8_0 {  // 34 bytes
@@ -46,6 +48,10 @@ struct BlockIQ2_XXS {  // 66 bytes
   uint16_t d;
   uint16_t qs[k_qk_k / 8];  // 8 groups x (two LE u32: 4 grid indices | 4x7-bit sign indices + 4-bit scale)
 };
+struct BlockMXFP4 {            // 17 bytes (GGUF type 39; ds4-variants-mtp-dspark.md §1.1)
+  uint8_t e;                   // E8M0 scale 2^(e - 127) (e = 0: 2^-127; e = 255: +inf, as ds4 reads it)
+  uint8_t qs[k_qk_mxfp4 / 2];  // E2M1 codes: low nibble of qs[j] = element j, high nibble = element j + 16
+};
 // Activation blocks (never stored in files).
 struct BlockQ8_0F {  // Q8_0 activation with an f32 scale (ds4 CPU convention), 36 bytes
   float d;
@@ -62,6 +68,7 @@ static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockIQ2_XXS) == 66);
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ8_0F) == 36);
 static_assert(sizeof(BlockQ8_K) == 292);
 
@@ -87,7 +94,7 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n, const floa
 float vec_dot_f32(GgmlType t, const void* w, const float* x, int64_t n);
 
 // Activation format for the quantised dot of weight type t.
-GgmlType act_type(GgmlType t);  // Q8_0 -> Q8_0 (stored as BlockQ8_0F), K/IQ types -> Q8_K, floats -> F32
+GgmlType act_type(GgmlType t);  // Q8_0, MXFP4 -> Q8_0 (stored as BlockQ8_0F), K/IQ types -> Q8_K, floats -> F32
 size_t act_row_bytes(GgmlType t, int64_t n);
 void quantize_act(GgmlType t, const float* x, void* act, int64_t n);
 float vec_dot_q(GgmlType t, const void* w, const void* act, int64_t n);

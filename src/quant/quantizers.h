@@ -9,6 +9,7 @@
 namespace dsv4::quant::detail {
 
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
+void quantize_row_mxfp4(const float* x, BlockMXFP4* y, int64_t n);
 void quantize_row_q2_k(const float* x, BlockQ2_K* y, int64_t n, const float* importance);
 void quantize_row_q4_k(const float* x, BlockQ4_K* y, int64_t n, const float* importance);
 void quantize_row_iq2_xxs(const float* x, BlockIQ2_XXS* y, int64_t n, const float* importance);

@@ -154,6 +154,7 @@ TEST(HostExperts, MatchesTheReferenceMoeWithinTheActivationQuantisation) {
   };
   for (const Case& c : {Case{GgmlType::IQ2_XXS, GgmlType::Q2_K, 8, 512, 1024, 3, 4},
                         Case{GgmlType::Q4_K, GgmlType::Q4_K, 6, 256, 512, 2, 1},
+                        Case{GgmlType::MXFP4, GgmlType::MXFP4, 4, 256, 512, 2, 2},
                         Case{GgmlType::Q8_0, GgmlType::F16, 4, 64, 128, 2, 3}}) {
     Experts ex(g, c.gu, c.dn, c.E, c.F, c.D);
     const int64_t na = c.n * c.k;

@@ -21,9 +21,10 @@ using namespace dsv4::quant;
 
 namespace {
 
-constexpr GgmlType k_weight_types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,   GgmlType::Q8_0,
-                                       GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS};
-constexpr GgmlType k_quant_types[] = {GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS};
+constexpr GgmlType k_weight_types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,    GgmlType::Q8_0,
+                                       GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS, GgmlType::MXFP4};
+constexpr GgmlType k_quant_types[] = {GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS,
+                                      GgmlType::MXFP4};
 
 std::vector<float> gaussian(Rng& rng, int64_t n, float sigma = 1.0f) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -61,6 +62,8 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t n, Rng& rng) {
       reinterpret_cast<BlockQ4_K*>(q.data())[i].dmin = scale();
     } else if (t == GgmlType::IQ2_XXS) {
       reinterpret_cast<BlockIQ2_XXS*>(q.data())[i].d = scale();
+    } else if (t == GgmlType::MXFP4) {
+      reinterpret_cast<BlockMXFP4*>(q.data())[i].e = static_cast<uint8_t>(118 + rng.next_u32() % 16);
     }
   }
   return q;
@@ -156,6 +159,9 @@ TEST(QuantTypes, SupportedSetAndActivationFormats) {
   EXPECT_EQ(act_type(GgmlType::Q2_K), GgmlType::Q8_K);
   EXPECT_EQ(act_type(GgmlType::Q4_K), GgmlType::Q8_K);
   EXPECT_EQ(act_type(GgmlType::IQ2_XXS), GgmlType::Q8_K);
+  EXPECT_EQ(act_type(GgmlType::MXFP4), GgmlType::Q8_0);
+  EXPECT_EQ(act_row_bytes(GgmlType::MXFP4, 4096), 128u * 36u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::MXFP4, 4096), 128u * 17u);
   EXPECT_EQ(act_row_bytes(GgmlType::BF16, 10), 40u);
   EXPECT_EQ(act_row_bytes(GgmlType::Q8_0, 4096), 128u * 36u);
   EXPECT_EQ(act_row_bytes(GgmlType::IQ2_XXS, 4096), 16u * 292u);
@@ -302,6 +308,65 @@ TEST(HandBuilt, IQ2_XXS) {
 // Activation quantisers
 // ---------------------------------------------------------------------------
 
+TEST(HandBuilt, MXFP4) {
+  // ds4's own check (tests/test_mxfp4_dot.c): e = 127, every byte 0xF6: elements 0..15 are code 6 (+4),
+  // elements 16..31 code 15 (-6); dotted with ones: 16 * 4 - 16 * 6 = -32.
+  BlockMXFP4 blk{};
+  blk.e = 127;
+  std::memset(blk.qs, 0xF6, sizeof blk.qs);
+  std::vector<float> want(32);
+  for (int i = 0; i < 32; ++i) want[i] = i < 16 ? 4.0f : -6.0f;
+  EXPECT_EQ(dequantize(GgmlType::MXFP4, &blk, 32), want);
+  std::vector<float> ones(32, 1.0f);
+  EXPECT_EQ(vec_dot_f32(GgmlType::MXFP4, &blk, ones.data(), 32), -32.0f);
+  // Every code at scales 2^0, 2^3, 2^-127 (e = 0, subnormal) and +inf (e = 255: ds4's reading; zero codes NaN).
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int e : {127, 130, 0, 255}) {
+    for (int c = 0; c < 16; ++c) {
+      BlockMXFP4 b{};
+      b.e = static_cast<uint8_t>(e);
+      b.qs[3] = static_cast<uint8_t>(c);       // element 3
+      b.qs[5] = static_cast<uint8_t>(c << 4);  // element 21
+      const std::vector<float> y = dequantize(GgmlType::MXFP4, &b, 32);
+      const float m = (c & 8 ? -1.0f : 1.0f) * mag[c & 7];
+      const float want_v = e == 255 ? m * INFINITY : m * std::ldexp(1.0f, e - 127);
+      for (int i : {3, 21}) {
+        if (std::isnan(want_v))
+          EXPECT_TRUE(std::isnan(y[static_cast<size_t>(i)])) << "e=" << e << " code " << c;
+        else
+          EXPECT_EQ(y[static_cast<size_t>(i)], want_v) << "e=" << e << " code " << c << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(MXFP4Quantize, ScaleCodesAndTies) {
+  // amax 6 -> scale 2^0 (e = 127); the ties 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 go to the even codes
+  // 0, 1, 1, 2, 2, 4, 4; values on the grid come back exactly; signs kept; -0 and 0 give code 0.
+  std::vector<float> x(32, 0.0f);
+  const float ties[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const float tie_want[7] = {0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f};
+  const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int i = 0; i < 7; ++i) x[static_cast<size_t>(i)] = ties[i];
+  for (int i = 0; i < 8; ++i) x[static_cast<size_t>(8 + i)] = -grid[i];
+  x[16] = -0.0f;
+  x[17] = 6.0f;
+  std::vector<uint8_t> q = quantize(GgmlType::MXFP4, x);
+  EXPECT_EQ(reinterpret_cast<const BlockMXFP4*>(q.data())->e, 127);
+  const std::vector<float> y = dequantize(GgmlType::MXFP4, q.data(), 32);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(y[static_cast<size_t>(i)], tie_want[i]) << "tie " << ties[i];
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(y[static_cast<size_t>(8 + i)], -grid[i]) << "grid " << grid[i];
+  EXPECT_EQ(f32_bits(y[16]), f32_bits(0.0f));
+  EXPECT_EQ(y[17], 6.0f);
+  // Scale: the smallest power of two that keeps max|x| / scale <= 6 (amax 6.5 -> 2; amax 3 -> 0.5).
+  for (auto [amax, e] : {std::pair{6.5f, 128}, std::pair{3.0f, 126}, std::pair{6.0f * 0x1p-20f, 107}}) {
+    std::vector<float> v(32, 0.0f);
+    v[9] = -amax;
+    std::vector<uint8_t> qq = quantize(GgmlType::MXFP4, v);
+    EXPECT_EQ(reinterpret_cast<const BlockMXFP4*>(qq.data())->e, e) << amax;
+  }
+}
+
 TEST(ActQuant, Q8_KLiteral) {
   // max |x| is x[0] = -2 (sign kept): iscale = -127/-2 = 63.5, d = 1/63.5.
   // x = 1 -> 63.5 -> 64 (ties to even); x = 0.5 -> 31.75 -> 32; x = -0.25 -> -15.875 -> -16.
@@ -435,7 +500,7 @@ TEST(VecDot, QMatchesDequantizedWeightsTimesDequantizedActivations) {
 // ---------------------------------------------------------------------------
 //
 // Relative RMSE ||x - x̂|| / ||x|| on N(0,1) rows (16 rows of 4096). Measured with
-// this implementation (seed 21): Q8_0 0.0054; Q4_K 0.0718; Q2_K 0.286; IQ2_XXS 0.334.
+// this implementation (seed 21): Q8_0 0.0054; Q4_K 0.0718; Q2_K 0.286; IQ2_XXS 0.334; MXFP4 0.116.
 // Where those sit:
 //  * Rate-distortion bound for a Gaussian, D(R) = σ²·2^(-2R), i.e. relative RMSE
 //    >= 2^(-bpw): Q8_0 (8.5 bpw) 0.0028, Q4_K (4.5) 0.044, Q2_K (2.625) 0.162,
@@ -455,10 +520,9 @@ struct RmseBound {
   double with_importance;  // unweighted error of a quantisation steered by importance
 };
 constexpr RmseBound k_rmse_bounds[] = {
-    {GgmlType::Q8_0, 0.0060, 0.0060},
-    {GgmlType::Q4_K, 0.080, 0.082},
-    {GgmlType::Q2_K, 0.315, 0.318},
-    {GgmlType::IQ2_XXS, 0.365, 0.420},
+    {GgmlType::Q8_0, 0.0060, 0.0060},  {GgmlType::Q4_K, 0.080, 0.082},  {GgmlType::Q2_K, 0.315, 0.318},
+    {GgmlType::IQ2_XXS, 0.365, 0.420}, {GgmlType::MXFP4, 0.128, 0.128},  // measured 0.1158: E2M1 codes under a
+                                                                         // power-of-two scale per 32
 };
 constexpr double k_max_rel_rmse_iq2_xxs = 0.365;
 
