@@ -22,6 +22,7 @@ void register_parse(CLI::App& app);
 void register_run(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_pull(CLI::App& app);
 
 // argv as strings, with ds4's `dsv4 run -sys TEXT` spelled `--system TEXT`
 // (CLI11 accepts only one-letter short options); see cmd_run.cpp.

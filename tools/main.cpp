@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   dsv4::tools::register_run(app);
   dsv4::tools::register_tokenize(app);
   dsv4::tools::register_serve(app);
+  dsv4::tools::register_pull(app);
   try {
     const std::vector<std::string> args = dsv4::tools::normalize_args(argc, argv);
     std::vector<const char*> arg_ptrs;

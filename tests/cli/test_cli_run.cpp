@@ -8,16 +8,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <thread>
+
+#include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/utf8.h"
+#include "pull/published.h"
 
 namespace {
 
@@ -553,4 +558,41 @@ TEST(CliRun, ThinkingBudgetEndsTheReasoning) {
   Result bad = run_dsv4(run_tiny("-p hello --thinking-budget 3 --nothink"));
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.err.find("--thinking-budget needs a thinking mode"), std::string::npos) << bad.err;
+}
+
+TEST(CliPull, DownloadsChecksAndListsPublishedFiles) {
+  // A local server in place of the published repository: q2's name serves the tiny model, mxfp4's some bytes
+  // that are not a GGUF.
+  const std::string model = slurp(tiny());
+  httplib::Server server;
+  server.Get("/" + std::string(dsv4::find_published("q2")->file), [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(model, "application/octet-stream");
+  });
+  server.Get("/" + std::string(dsv4::find_published("mxfp4")->file),
+             [](const httplib::Request&, httplib::Response& res) { res.set_content("not a model", "text/plain"); });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread t([&] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::string dir = scratch() + "/pulled";
+  const std::string base = " --base-url http://127.0.0.1:" + std::to_string(port) + "/ -o " + dir;
+  std::filesystem::create_directories(dir);
+  Result r = run_dsv4("pull q2" + base);
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string path = dir + "/" + dsv4::find_published("q2")->file;
+  EXPECT_EQ(slurp(path), model);
+  r = run_dsv4("pull q2" + base);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("is already here"), std::string::npos) << r.out;
+  r = run_dsv4("pull mxfp4" + base);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("is not a valid GGUF"), std::string::npos) << r.err;
+  r = run_dsv4("pull q5" + base);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("unknown file \"q5\" (published: q2, q2-q4"), std::string::npos) << r.err;
+  r = run_dsv4("pull --list");
+  EXPECT_EQ(r.status, 0);
+  for (const dsv4::PublishedFile& f : dsv4::published_files()) EXPECT_NE(r.out.find(f.file), std::string::npos);
+  server.stop();
+  t.join();
 }
