@@ -40,6 +40,7 @@ struct RunArgs {
   uint32_t ctx = 32768;
   std::string prompt, prompt_file, system;
   bool prompt_given = false;  // -p was used (possibly with an empty text)
+  bool raw_prompt = false;
   bool nothink = false, think = false, think_max = false;
   float temp = 1.0f, top_p = 1.0f, min_p = 0.05f;
   int top_k = 0;
@@ -93,6 +94,15 @@ Status validate(const RunArgs& a) {
   for (const auto& s : a.stop)
     if (s.empty()) return make_error("--stop needs a non-empty string");
   if (a.prompt_given && !a.prompt_file.empty()) return make_error("give either -p or --prompt-file, not both");
+  if (a.raw_prompt) {
+    if (!a.prompt_given && a.prompt_file.empty())
+      return make_error("--raw-prompt needs -p TEXT or --prompt-file FILE (the model continues that text)");
+    if (!a.system.empty()) return make_error("--raw-prompt sends the text as it is: no --system");
+    if (a.think || a.think_max || a.thinking_budget >= 0)
+      return make_error(
+          "--raw-prompt has no chat template, so no thinking mode (--think, --think-max, "
+          "--thinking-budget)");
+  }
   return {};
 }
 
@@ -109,7 +119,8 @@ expected<RunSettings> settings_from(const RunArgs& a) {
   s.engine.expert_stats = a.expert_stats;
   s.engine.cuda = cuda_options_for(a.cuda);
   s.engine.show_progress = false;  // the engine draws nothing while loading; LoadIndicator does
-  s.thinking = a.nothink ? ThinkingLevel::NONE : a.think_max ? ThinkingLevel::MAX : ThinkingLevel::HIGH;
+  s.thinking = a.nothink || a.raw_prompt ? ThinkingLevel::NONE : a.think_max ? ThinkingLevel::MAX : ThinkingLevel::HIGH;
+  s.raw_prompt = a.raw_prompt;
   s.system = a.system;
   s.sampling = recommended_sampling(s.thinking);
   s.sampling.temperature = a.temp;
@@ -273,6 +284,9 @@ void register_run(CLI::App& app) {
                   "Read the user message from a file (- = stdin; trailing newlines dropped)")
       ->type_name("FILE");
   cmd->add_option("--system", a->system, "System prompt (default: none; -sys works too)");
+  cmd->add_flag("--raw-prompt", a->raw_prompt,
+                "One-shot without the chat template: the model continues the text of -p / --prompt-file as it is "
+                "(special tokens spelled in it count as such)");
   auto* nothink = cmd->add_flag("--nothink", a->nothink, "Chat mode: answer directly, no reasoning");
   auto* think = cmd->add_flag("--think", a->think, "Thinking mode: reasoning, then the answer (the default)");
   auto* think_max = cmd->add_flag("--think-max", a->think_max,
@@ -297,7 +311,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--thinking-budget", a->thinking_budget,
                   "Reasoning tokens after which the model is made to answer (</think> is forced; -1 = no budget)")
       ->capture_default_str();
-  cmd->add_option("--ctx", a->ctx, "Context size in tokens (prompt + history + reply)")->capture_default_str();
+  cmd->add_option("-c,--ctx", a->ctx, "Context size in tokens (prompt + history + reply)")->capture_default_str();
   cmd->add_option("--stop", a->stop, "Stop when this text is generated (repeatable)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past the end-of-sentence token (benchmarks, tests)");
   add_backend_flags(cmd, &a->backend, &a->numerics);

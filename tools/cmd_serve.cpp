@@ -188,7 +188,7 @@ void register_serve(CLI::App& app) {
                                      "Anthropic (messages) APIs with streaming and tool calls");
   cmd->add_option("-m,--model", a->engine.model_path, "Model GGUF")->required();
   cmd->add_option("--mtp", a->engine.mtp_path, "MTP block GGUF (optional)");
-  cmd->add_option("--ctx", a->engine.ctx, "Context of each live session in tokens (prompt + reply)")
+  cmd->add_option("-c,--ctx", a->engine.ctx, "Context of each live session in tokens (prompt + reply)")
       ->capture_default_str();
   add_backend_flags(cmd, &a->engine.backend, &a->engine.numerics);
   cmd->add_option("-t,--threads", a->engine.threads, "CPU threads (0 = all cores)")->capture_default_str();

@@ -56,6 +56,7 @@ std::string RunSettings::describe() const {
                  ? ""
                  : strfmt(" dump_logprobs=%s (top %d)", dump_logprobs.c_str(), logprobs_top_k).c_str()) +
          (thinking_budget >= 0 ? strfmt(" thinking_budget=%d", thinking_budget) : std::string()) +
+         (raw_prompt ? std::string(" raw_prompt=yes") : std::string()) +
          (cache.disk_dir.empty() ? std::string() : " " + cache.describe());
 }
 
@@ -79,23 +80,28 @@ expected<GenerateResult> ChatSession::reply(const std::string& user_text, ReplyP
   ChatMessage user;
   user.role = ChatRole::USER;
   user.content = ChatContent::from_text(user_text);
-  std::vector<ChatMessage> conversation = messages_;
-  conversation.push_back(user);
-  // No context check here: the job reports a prompt that does not fit, with its length.
-  auto prompt = runtime_->prepare(std::move(conversation), render_options_for(thinking_), /*check_context=*/false);
-  if (!prompt) return make_error("%s", prompt.error().message.c_str());
-
   runtime::JobInput in;
-  in.prompt = std::move(prompt->tokens);
-  in.rendered = std::move(prompt->rendered);
-  in.hidden_reasoning = prompt->hidden_reasoning;
+  if (settings_->raw_prompt) {
+    // The text as the model's input, special tokens spelled in it included (as /v1/completions reads a prompt).
+    in.prompt = runtime_->tokenizer().encode_with_specials(user_text, runtime_->context_size());
+    if (in.prompt.empty()) return make_error("--raw-prompt: the prompt is empty");
+  } else {
+    std::vector<ChatMessage> conversation = messages_;
+    conversation.push_back(user);
+    // No context check here: the job reports a prompt that does not fit, with its length.
+    auto prompt = runtime_->prepare(std::move(conversation), render_options_for(thinking_), /*check_context=*/false);
+    if (!prompt) return make_error("%s", prompt.error().message.c_str());
+    in.prompt = std::move(prompt->tokens);
+    in.rendered = std::move(prompt->rendered);
+    in.hidden_reasoning = prompt->hidden_reasoning;
+  }
   GenerateOptions& o = in.options;
   o.sampling = settings_->sampling;
   // A different (but reproducible) random stream for every turn.
   o.sampling.seed = settings_->sampling.seed + turns_;
   o.max_tokens = settings_->max_tokens;
   o.stop = settings_->stop;
-  o.parse_chat = true;
+  o.parse_chat = !settings_->raw_prompt;  // raw: plain text, no DSML/thinking parsing
   o.thinking = parse_mode_for(thinking_);
   o.logprobs = settings_->dump_logprobs.empty() ? -1 : settings_->logprobs_top_k;
   o.ignore_eos = settings_->ignore_eos;
@@ -120,7 +126,7 @@ expected<GenerateResult> ChatSession::reply(const std::string& user_text, ReplyP
   ++turns_;
   if (outcome.error) return make_error("%s", outcome.error->message.c_str());
   GenerateResult r = outcome.result;
-  if (r.finish != FinishReason::CANCELLED) {
+  if (r.finish != FinishReason::CANCELLED && !settings_->raw_prompt) {
     messages_.push_back(std::move(user));
     messages_.push_back(assistant_message_from(r.message));
   }

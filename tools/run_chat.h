@@ -28,6 +28,7 @@ struct RunSettings {
   EngineOptions engine;
   ThinkingLevel thinking = ThinkingLevel::HIGH;
   std::string system;             // system prompt ("" = none)
+  bool raw_prompt = false;        // the prompt is the text itself (no chat template): the model continues it
   SamplingParams sampling;        // seed already resolved
   int max_tokens = 0;             // per reply; 0 = until EOS or the context is full
   int thinking_budget = -1;       // reasoning tokens after which </think> is forced (-1: none)

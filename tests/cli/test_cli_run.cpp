@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -595,4 +596,32 @@ TEST(CliPull, DownloadsChecksAndListsPublishedFiles) {
   for (const dsv4::PublishedFile& f : dsv4::published_files()) EXPECT_NE(r.out.find(f.file), std::string::npos);
   server.stop();
   t.join();
+}
+
+TEST(CliRun, RawPromptContinuesTheTextWithoutTheTemplate) {
+  // The prompt is exactly the tokenizer's tokens of the text ("hello world": as many as dsv4 tokenize lists),
+  // where the chat template would add its markers; -c is --ctx.
+  Result t = run_dsv4("tokenize -m " + tiny() + " 'hello world'");
+  ASSERT_EQ(t.status, 0) << t.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(t.out, m, std::regex(R"((\d+) tokens: )"))) << t.out;  // the summary line
+  const int n_tokens = std::stoi(m[1]);
+  ASSERT_GT(n_tokens, 0);
+  Result r = run_dsv4(run_tiny("--raw-prompt -p 'hello world' -n 4 --ignore-eos --seed 3 -c 300"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(stats_of(r.err).prompt, n_tokens) << r.err;
+  EXPECT_EQ(stats_of(r.err).generated, 4) << r.err;
+  EXPECT_NE(r.err.find("ctx=300"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("raw_prompt=yes"), std::string::npos) << r.err;
+  Result chat = run_dsv4(run_tiny("-p 'hello world' -n 4 --ignore-eos --seed 3 --nothink"));
+  ASSERT_EQ(chat.status, 0) << chat.err;
+  EXPECT_GT(stats_of(chat.err).prompt, n_tokens) << chat.err;
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--raw-prompt -n 2", "--raw-prompt needs -p TEXT or --prompt-file FILE"},
+           {"--raw-prompt -p hi --system be-brief", "no --system"},
+           {"--raw-prompt -p hi --think", "no thinking mode"}}) {
+    Result e = run_dsv4(run_tiny(flags));
+    EXPECT_NE(e.status, 0) << flags;
+    EXPECT_NE(e.err.find(message), std::string::npos) << flags << "\n" << e.err;
+  }
 }
