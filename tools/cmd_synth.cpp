@@ -24,7 +24,7 @@ struct SynthArgs {
 
 int run_synth(const SynthArgs& a) {
   if (a.list) {
-    for (const auto& p : synth_presets()) std::printf("%-10s %s\n", p.name.c_str(), p.description.c_str());
+    for (const auto& p : synth_presets()) std::printf("%-12s %s\n", p.name.c_str(), p.description.c_str());
     return 0;
   }
   if (a.preset.empty()) {
@@ -68,7 +68,7 @@ int run_synth(const SynthArgs& a) {
 void register_synth(CLI::App& app) {
   auto args = std::make_shared<SynthArgs>();
   CLI::App* cmd = app.add_subcommand("synth", "Write a random-weight DeepSeek V4 model (any preset) as a GGUF file");
-  cmd->add_option("--preset", args->preset, "tiny | tiny-f32 | flash-q2 | flash-q4 | pro-q2");
+  cmd->add_option("--preset", args->preset, "tiny | tiny-f32 | flash-q2 | flash-q2-q4 | flash-q4 | pro-q2");
   cmd->add_option("-o,--output", args->out, "Output GGUF path (written as PATH.tmp, then renamed)");
   cmd->add_option("--seed", args->seed, "Random seed; the output is deterministic for a seed")->capture_default_str();
   cmd->add_option("--router-skew", args->router_skew,

@@ -147,7 +147,7 @@ Status read_rows(const HfCheckpoint& ck, const GgufTensorPlan& plan, uint64_t ro
 
 Status check_recipe_fits(const ModelSpec& spec, QuantRecipe recipe) {
   for (const TensorSpec& t : main_tensor_table(spec)) {
-    const GgmlType type = recipe_type(recipe, t);
+    const GgmlType type = recipe_type(recipe, t, spec.n_layer);
     const uint32_t block = ggml_type_info(type).block_elems;
     if (t.ne[0] % block)
       return make_error(
@@ -203,7 +203,7 @@ expected<ConvertReport> convert_hf(const ConvertOptions& o, const std::function<
     }
     const GgufTensorPlan* p = it->second;
     if (p->ne != t.ne) return make_error("%s: planned shape does not match the tensor table", t.name.c_str());
-    const GgmlType type = recipe_type(o.recipe, t);
+    const GgmlType type = recipe_type(o.recipe, t, spec.n_layer);
     const uint64_t ne0 = t.ne[0];
     const bool is_int = t.cls == TypeClass::I32_TABLE;
     report.n_tensors++;

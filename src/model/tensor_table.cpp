@@ -234,6 +234,7 @@ std::vector<TensorSpec> mtp_tensor_table(const ModelSpec& s) {
 const char* quant_recipe_name(QuantRecipe r) {
   switch (r) {
     case QuantRecipe::Q2: return "q2";
+    case QuantRecipe::Q2_Q4: return "q2-q4";
     case QuantRecipe::Q4: return "q4";
     case QuantRecipe::Q8: return "q8";
     case QuantRecipe::F16: return "f16";
@@ -243,12 +244,13 @@ const char* quant_recipe_name(QuantRecipe r) {
 }
 
 expected<QuantRecipe> quant_recipe_from_name(const std::string& name) {
-  for (QuantRecipe r : {QuantRecipe::Q2, QuantRecipe::Q4, QuantRecipe::Q8, QuantRecipe::F16, QuantRecipe::F32})
+  for (QuantRecipe r :
+       {QuantRecipe::Q2, QuantRecipe::Q2_Q4, QuantRecipe::Q4, QuantRecipe::Q8, QuantRecipe::F16, QuantRecipe::F32})
     if (name == quant_recipe_name(r)) return r;
-  return make_error("unknown quantisation \"%s\" (expected q2, q4, q8, f16 or f32)", name.c_str());
+  return make_error("unknown quantisation \"%s\" (expected q2, q2-q4, q4, q8, f16 or f32)", name.c_str());
 }
 
-GgmlType recipe_type(QuantRecipe r, const TensorSpec& t) {
+GgmlType recipe_type(QuantRecipe r, const TensorSpec& t, uint32_t n_layer) {
   using G = GgmlType;
   switch (t.cls) {
     case TypeClass::F32_VEC: return G::F32;
@@ -260,6 +262,9 @@ GgmlType recipe_type(QuantRecipe r, const TensorSpec& t) {
       bool down = t.cls == TypeClass::EXPERT_DOWN;
       switch (r) {
         case QuantRecipe::Q2: return down ? G::Q2_K : G::IQ2_XXS;
+        case QuantRecipe::Q2_Q4:
+          if (t.layer >= 0 && t.layer + k_q2_q4_tail_layers >= static_cast<int>(n_layer)) return G::Q4_K;
+          return down ? G::Q2_K : G::IQ2_XXS;
         case QuantRecipe::Q4: return G::Q4_K;
         case QuantRecipe::Q8: return G::Q8_0;
         case QuantRecipe::F16: return G::F16;

@@ -96,14 +96,18 @@ std::vector<TensorSpec> mtp_tensor_table(const ModelSpec& spec);
 
 // How weights are quantised when dsv4 writes a model (synth, convert).
 enum class QuantRecipe {
-  Q2,   // published q2: routed gate/up IQ2_XXS, down Q2_K; dense Q8_0; the rest F16/F32
-  Q4,   // published q4: routed experts Q4_K; otherwise as Q2
-  Q8,   // routed experts Q8_0; otherwise as Q2
-  F16,  // every matrix F16
-  F32,  // every matrix F32
+  Q2,     // published q2: routed gate/up IQ2_XXS, down Q2_K; dense Q8_0; the rest F16/F32
+  Q2_Q4,  // published q2-q4: as Q2, with the routed experts of the last k_q2_q4_tail_layers layers Q4_K
+  Q4,     // published q4: routed experts Q4_K; otherwise as Q2
+  Q8,     // routed experts Q8_0; otherwise as Q2
+  F16,    // every matrix F16
+  F32,    // every matrix F32
 };
+// q2-q4: Flash's layers 37-42 (the file splices those layers' routed experts from the q4 file into q2).
+constexpr int k_q2_q4_tail_layers = 6;
 const char* quant_recipe_name(QuantRecipe r);
 expected<QuantRecipe> quant_recipe_from_name(const std::string& name);
-GgmlType recipe_type(QuantRecipe r, const TensorSpec& t);
+// The type recipe r gives tensor t of a model with n_layer layers.
+GgmlType recipe_type(QuantRecipe r, const TensorSpec& t, uint32_t n_layer);
 
 }  // namespace dsv4

@@ -97,8 +97,17 @@ std::string QuantMix::describe() const {
     recipe = ggml_type_name(expert_gate_up);
   else
     recipe = "mixed";
-  return strfmt("%s (experts %s gate/up, %s down; dense %s)%s", recipe.c_str(), ggml_type_name(expert_gate_up),
-                ggml_type_name(expert_down), ggml_type_name(dense), published_layout ? ", published layout" : "");
+  std::string tail;
+  if (tail_layers > 0) {
+    if (recipe == "q2" && tail_gate_up == GgmlType::Q4_K && tail_down == GgmlType::Q4_K) recipe = "q2-q4";
+    tail = tail_gate_up == tail_down
+               ? strfmt("; the last %u layers' experts %s", tail_layers, ggml_type_name(tail_gate_up))
+               : strfmt("; the last %u layers' experts %s gate/up, %s down", tail_layers, ggml_type_name(tail_gate_up),
+                        ggml_type_name(tail_down));
+  }
+  return strfmt("%s (experts %s gate/up, %s down%s; dense %s)%s", recipe.c_str(), ggml_type_name(expert_gate_up),
+                ggml_type_name(expert_down), tail.c_str(), ggml_type_name(dense),
+                published_layout ? ", published layout" : "");
 }
 
 int QuantMix::routed_bits() const {
@@ -154,12 +163,25 @@ expected<ModelWeights> bind_weights(const GgufFile& f, const ModelSpec& spec) {
   w.mix.expert_gate_up = l0[LayerTensor::FFN_GATE_EXPS].type;
   w.mix.expert_down = l0[LayerTensor::FFN_DOWN_EXPS].type;
   w.mix.dense = l0[LayerTensor::ATTN_Q_A].type;
-  // Published layout: every tensor has the q2 (or q4) recipe's type.
-  for (QuantRecipe r : {QuantRecipe::Q2, QuantRecipe::Q4}) {
+  // Routed experts of the last layers in another type than layer 0's (q2-q4: the last 6 in Q4_K).
+  const LayerWeights& last = w.layers.back();
+  if (last[LayerTensor::FFN_GATE_EXPS].type != w.mix.expert_gate_up ||
+      last[LayerTensor::FFN_DOWN_EXPS].type != w.mix.expert_down) {
+    w.mix.tail_gate_up = last[LayerTensor::FFN_GATE_EXPS].type;
+    w.mix.tail_down = last[LayerTensor::FFN_DOWN_EXPS].type;
+    for (size_t l = w.layers.size(); l-- > 0;) {
+      if (w.layers[l][LayerTensor::FFN_GATE_EXPS].type != w.mix.tail_gate_up ||
+          w.layers[l][LayerTensor::FFN_DOWN_EXPS].type != w.mix.tail_down)
+        break;
+      ++w.mix.tail_layers;
+    }
+  }
+  // Published layout: every tensor has the q2, q2-q4 or q4 recipe's type.
+  for (QuantRecipe r : {QuantRecipe::Q2, QuantRecipe::Q2_Q4, QuantRecipe::Q4}) {
     bool all = true;
     for (const auto& s : table) {
       const GgufTensorInfo* t = f.find_tensor(s.name);
-      if (t && t->type != recipe_type(r, s)) {
+      if (t && t->type != recipe_type(r, s, spec.n_layer)) {
         all = false;
         break;
       }

@@ -54,9 +54,12 @@ struct QuantMix {
   GgmlType expert_gate_up = GgmlType::F32;
   GgmlType expert_down = GgmlType::F32;
   GgmlType dense = GgmlType::F32;  // attn_q_a of layer 0 as a representative
-  bool published_layout = false;   // exactly the published q2 or q4 recipe
-  std::string describe() const;    // "q2 (IQ2_XXS gate/up, Q2_K down, Q8_0 dense) — published layout"
-  int routed_bits() const;         // 2 or 4 (ds4 KV-cache convention), 8/16/32 otherwise
+  // The last tail_layers layers' routed experts in other types (0: every layer as layer 0; q2-q4: 6, Q4_K).
+  uint32_t tail_layers = 0;
+  GgmlType tail_gate_up = GgmlType::F32, tail_down = GgmlType::F32;
+  bool published_layout = false;  // exactly the published q2, q2-q4 or q4 recipe
+  std::string describe() const;   // "q2 (IQ2_XXS gate/up, Q2_K down, Q8_0 dense) — published layout"
+  int routed_bits() const;        // 2 or 4 (ds4 KV-cache convention), 8/16/32 otherwise
 };
 
 struct ModelWeights {

@@ -49,6 +49,8 @@ std::vector<Preset> synth_presets() {
       {"tiny", "every layer kind at test size (6 layers, 256 wide), q2 quant mix", tiny_spec(), QuantRecipe::Q2},
       {"tiny-f32", "the tiny shape with every matrix in F32", tiny_spec(), QuantRecipe::F32},
       {"flash-q2", "DeepSeek V4 Flash, published q2 layout (80.76 GiB)", ModelSpec::flash(), QuantRecipe::Q2},
+      {"flash-q2-q4", "DeepSeek V4 Flash, published q2-q4 layout (layers 37-42's experts Q4_K; 90.9 GiB)",
+       ModelSpec::flash(), QuantRecipe::Q2_Q4},
       {"flash-q4", "DeepSeek V4 Flash, published q4 layout (153.3 GiB)", ModelSpec::flash(), QuantRecipe::Q4},
       {"pro-q2", "DeepSeek V4 Pro shapes, q2 quant mix", ModelSpec::pro(), QuantRecipe::Q2},
   };
@@ -68,7 +70,7 @@ SynthPlan synth_plan(const Preset& preset, uint64_t seed) {
   plan.preset = preset;
   plan.seed = seed;
   for (auto& spec : main_tensor_table(preset.spec)) {
-    GgmlType type = recipe_type(preset.recipe, spec);
+    GgmlType type = recipe_type(preset.recipe, spec, preset.spec.n_layer);
     uint64_t bytes = ggml_type_bytes(type, spec.n_elements());
     plan.tensor_bytes += bytes;
     plan.tensors.push_back({std::move(spec), type, bytes});
@@ -82,7 +84,7 @@ SynthPlan synth_mtp_plan(const Preset& preset, uint64_t seed) {
   plan.seed = seed;
   plan.mtp = true;
   for (auto& spec : mtp_tensor_table(preset.spec)) {
-    GgmlType type = recipe_type(preset.recipe, spec);
+    GgmlType type = recipe_type(preset.recipe, spec, preset.spec.n_layer);
     uint64_t bytes = ggml_type_bytes(type, spec.n_elements());
     plan.tensor_bytes += bytes;
     plan.tensors.push_back({std::move(spec), type, bytes});

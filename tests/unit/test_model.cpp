@@ -268,6 +268,20 @@ TEST(TensorTable, PublishedQ2AndQ4Layouts) {
   SynthPlan q4 = synth_plan(*find_preset("flash-q4"), 1);
   EXPECT_EQ(q4.tensors.size(), 1328u);
   EXPECT_EQ(q4.tensor_bytes, 164628167004ull);
+  // q2-q4: q2 with layers 37-42's routed experts (18 tensors) in Q4_K: 97.59e9 tensor bytes.
+  SynthPlan q24 = synth_plan(*find_preset("flash-q2-q4"), 1);
+  std::map<GgmlType, int> c24;
+  for (const auto& t : q24.tensors) c24[t.type]++;
+  EXPECT_EQ(q24.tensors.size(), 1328u);
+  EXPECT_EQ(c24[GgmlType::IQ2_XXS], 74);
+  EXPECT_EQ(c24[GgmlType::Q2_K], 37);
+  EXPECT_EQ(c24[GgmlType::Q4_K], 18);
+  EXPECT_EQ(q24.tensor_bytes, 97586411868ull);
+  std::map<std::string, GgmlType> t24;
+  for (const auto& t : q24.tensors) t24[t.spec.name] = t.type;
+  EXPECT_EQ(t24["blk.36.ffn_up_exps.weight"], GgmlType::IQ2_XXS);
+  EXPECT_EQ(t24["blk.37.ffn_up_exps.weight"], GgmlType::Q4_K);
+  EXPECT_EQ(t24["blk.42.ffn_down_exps.weight"], GgmlType::Q4_K);
   // Per-expert geometry (formats.md §1.7).
   for (const auto& t : q2.tensors) {
     if (t.spec.name == "blk.5.ffn_gate_exps.weight") {
@@ -341,6 +355,28 @@ TEST(Weights, SynthTinyLoads) {
   EXPECT_TRUE(w.layers[0][LayerTensor::FFN_GATE_TID2EID]);
   EXPECT_TRUE(w.layers[3][LayerTensor::EXP_PROBS_B]);
   EXPECT_EQ(w.n_bytes, plan.tensor_bytes);
+  std::filesystem::remove(path);
+}
+
+TEST(Weights, AQ2Q4MixLoadsAndIsNamed) {
+  // The tiny shape with 8 layers and the q2-q4 recipe: layers 2-7's routed experts Q4_K, 0-1 q2.
+  Preset p = *find_preset("tiny");
+  p.spec.n_layer = 8;
+  p.spec.compress_ratios = {0, 0, 4, 128, 4, 128, 4, 128, 0};
+  p.spec.swiglu_clamp.assign(9, 10.0f);
+  p.recipe = QuantRecipe::Q2_Q4;
+  const std::string path = temp_path("tiny-q2-q4.gguf");
+  ASSERT_TRUE(synth_write(synth_plan(p, 3), path, 2).has_value());
+  auto m = open_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const QuantMix& mix = (*m)->weights.mix;
+  EXPECT_EQ(mix.expert_gate_up, GgmlType::IQ2_XXS);
+  EXPECT_EQ(mix.tail_layers, 6u);
+  EXPECT_EQ(mix.tail_gate_up, GgmlType::Q4_K);
+  EXPECT_TRUE(mix.published_layout);
+  EXPECT_EQ(
+      mix.describe(),
+      "q2-q4 (experts IQ2_XXS gate/up, Q2_K down; the last 6 layers' experts Q4_K; dense Q8_0), published layout");
   std::filesystem::remove(path);
 }
 
