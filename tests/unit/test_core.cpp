@@ -1,13 +1,19 @@
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "core/error.h"
 #include "core/float_conv.h"
 #include "core/ggml_type.h"
 #include "core/hash.h"
+#include "core/host_memory.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "core/utf8.h"
@@ -169,4 +175,40 @@ TEST(GgmlType, Table) {
   EXPECT_EQ(ggml_type_from_name("iq2_xxs"), GgmlType::IQ2_XXS);
   EXPECT_EQ(ggml_row_bytes(GgmlType::IQ2_XXS, 4096), 1056u);
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q2_K, 2048), 672u);
+}
+
+TEST(HostMemory, MemAvailableFromMeminfo) {
+  const std::string path = (std::filesystem::temp_directory_path() / "dsv4_test_meminfo").string();
+  {
+    std::ofstream f(path);
+    f << "MemTotal:       131072000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\nBuffers: 0 kB\n";
+  }
+  auto a = mem_available(path);
+  ASSERT_TRUE(a.has_value()) << a.error().message;
+  EXPECT_EQ(*a, 2048u * 1024u);
+  {
+    std::ofstream f(path);
+    f << "MemTotal: 1 kB\n";
+  }
+  EXPECT_FALSE(mem_available(path).has_value());
+  std::filesystem::remove(path);
+  EXPECT_FALSE(mem_available(path).has_value());
+  EXPECT_TRUE(mem_available().has_value());  // this machine's
+}
+
+TEST(HostMemory, ResidentBytesAndPinnableChecks) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto* p = static_cast<uint8_t*>(mmap(nullptr, 16 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_EQ(resident_bytes(p, 16 * page), 0u);
+  for (size_t i : {0, 3, 4, 9, 15}) p[i * page + 7] = 1;  // 5 pages touched
+  EXPECT_EQ(resident_bytes(p, 16 * page), 5 * page);
+  EXPECT_EQ(resident_bytes(p + page + 5, 3 * page), 2 * page);  // pages 1..4: 3 and 4 resident
+  // 11 pages not resident: fits in 12 pages of RAM with a 1-page margin, not in 11.
+  EXPECT_TRUE(check_pinnable(p, 16 * page, 12 * page, page, "test experts").has_value());
+  Status st = check_pinnable(p, 16 * page, 11 * page, page, "test experts");
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("test experts"), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find("--gpu-memory"), std::string::npos) << st.error().message;
+  munmap(p, 16 * page);
 }

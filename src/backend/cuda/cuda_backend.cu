@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_mhc.cuh"
 #include "backend/cuda/cuda_moe.cuh"
+#include "core/host_memory.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "quant/dot_fast.h"
@@ -384,6 +385,12 @@ class CudaBackend final : public Backend {
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const uintptr_t lo = reinterpret_cast<uintptr_t>(host) / page * page;
     const uintptr_t hi = (reinterpret_cast<uintptr_t>(host) + bytes + page - 1) / page * page;
+    // Registering pins the pages: RAM for those not resident yet, checked first (a clear error, not the OOM killer).
+    if (auto avail = mem_available())
+      if (Status st = check_pinnable(host, bytes, *avail, uint64_t{1} << 30,
+                                     strfmt("%s weights left in host memory", ggml_type_name(type)));
+          !st)
+        return st.error();
     int read_only = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_));
     const unsigned flags = cudaHostRegisterMapped | (read_only ? cudaHostRegisterReadOnly : 0u);
