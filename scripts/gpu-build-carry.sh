@@ -7,7 +7,8 @@
 #       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_memory, test_cuda_golden,
 #             test_cuda_offload,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
-#             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16, decode_sync, host_read and host_contention of bench/micro/,
+#             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16, decode_sync, host_read and host_contention of bench/micro/
+#             and the CPU's host_experts_bench,
 #             optional like dsv4; scripts/gpu.sh micro runs them)
 #             (stripped; CUDA runtime linked statically, compressed fatbins). dsv4 is
 #             optional: if it does not build, the payload goes without it (warning)
@@ -61,7 +62,7 @@ ninja -C "$TREE" -j"$(nproc)" dsv4 || {
 
 # The GPU micro-benchmarks (bench/micro/) are optional too.
 with_micro=1
-ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync host_read host_contention || {
+ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync host_read host_contention host_experts_bench || {
   with_micro=0
   echo "gpu-build-carry: WARNING: the micro-benchmarks did not build; the payload goes without them" >&2
 }
@@ -72,7 +73,7 @@ mkdir -p "$STAGE/bin" "$STAGE/lib" "$PAYLOAD"
 cp "$TREE/tests/cuda/test_cuda_decode" "$TREE/tests/cuda/test_cuda_ops" "$TREE/tests/cuda/test_cuda_model" \
   "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_memory" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/test_cuda_offload" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
 [ "$with_cli" -eq 1 ] && cp "$TREE/tools/dsv4" "$STAGE/bin/"
-[ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$TREE/bench/decode_sync" "$TREE/bench/host_read" "$TREE/bench/host_contention" "$STAGE/bin/"
+[ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$TREE/bench/decode_sync" "$TREE/bench/host_read" "$TREE/bench/host_contention" "$TREE/bench/host_experts_bench" "$STAGE/bin/"
 strip "$STAGE"/bin/*
 
 for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |

@@ -13,6 +13,7 @@
 #                  rates over PCIe (whole, 7 MiB expert-sized pieces) and a kernel reading them in place
 #   host_contention  the CPU computing q2 experts (backend/host) while a kernel reads other host memory in
 #                  place: each rate alone and together
+#   host_experts_bench  the CPU alone: ms per call for 1, 2, 6 q2 experts with all cores but one
 #
 #   device tool: command "scripts/gpu.sh micro", carry ["build-device"]
 #   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
@@ -29,7 +30,7 @@ gpu_use_run_libs
 gpu_out_flat
 rc=0
 : >"$LOG/micro.txt"
-for b in mma_sync_rate wgmma_f16 decode_sync host_read host_contention; do
+for b in mma_sync_rate wgmma_f16 decode_sync host_read host_contention host_experts_bench; do
   echo "== $b" >>"$LOG/micro.txt"
   if gpu_exists "$GPU_RUN/bin/$b"; then
     gpu_run --append "$LOG/micro.txt" timeout 120 "$GPU_RUN/bin/$b" ||

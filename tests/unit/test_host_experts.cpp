@@ -3,13 +3,18 @@
 // reference MoE within the 8-bit activation quantisation's error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/host/host_experts.h"
+#include "backend/host/spin_team.h"
 #include "core/float_conv.h"
 #include "quant/dot_fast.h"
 #include "quant/quant.h"
@@ -211,4 +216,25 @@ TEST(HostExperts, MismatchedShapesAreRefused) {
   t.down.cols = 32;
   HostExperts h(1);
   EXPECT_DEATH(h.run(t), "do not chain");
+}
+
+TEST(SpinTeam, EveryItemOnceOverManyCallsSpinningAndAfterSleeping) {
+  std::mt19937 g(9);
+  for (int threads : {1, 2, 4, 8}) {
+    SpinTeam team(threads);
+    EXPECT_EQ(team.size(), std::max(threads, 1));
+    std::vector<std::atomic<int>> seen(5000);
+    for (int call = 0; call < 600; ++call) {
+      const size_t n = g() % 5000, grain = 1 + g() % 64;
+      for (size_t i = 0; i < n; ++i) seen[i].store(0);
+      team.run(n, grain, [&](size_t b, size_t e) {
+        ASSERT_LE(e, n);
+        ASSERT_LE(e - b, grain);
+        for (size_t i = b; i < e; ++i) seen[i].fetch_add(1);
+      });
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i].load(), 1) << "item " << i << " of " << n << ", call " << call;
+      // Now and then a pause longer than the spin: the workers sleep and must wake for the next call.
+      if (call % 150 == 149) std::this_thread::sleep_for(SpinTeam::k_spin * 3);
+    }
+  }
 }

@@ -2,8 +2,8 @@
 //
 // Work split: phase 1 over (host assignment, gate/up row) pairs, then the mid
 // vectors are quantised, then phase 2 over (host assignment, down row) pairs;
-// each phase is one ThreadPool::parallel_for over contiguous runs of rows, so
-// a thread streams whole consecutive rows of one expert matrix.
+// each phase is one SpinTeam::run over chunks of consecutive rows, so a thread
+// streams whole consecutive rows of one expert matrix.
 #include "backend/host/host_experts.h"
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/assert.h"
-#include "core/thread_pool.h"
+#include "backend/host/spin_team.h"
 #include "quant/dot_fast.h"
 #include "quant/quant.h"
 
@@ -26,8 +26,8 @@ int default_threads() {
   return std::max(1, cores - 1);
 }
 
-// Rows per parallel_for item run: a few KiB of weights, so a chunk's rows share a thread's prefetch stream.
-constexpr size_t k_min_rows = 16;
+// Rows per chunk: at least 16 (a few KiB of weights streamed by one thread), about 8 chunks per thread.
+size_t chunk_rows(size_t n, int threads) { return std::max<size_t>(16, n / (static_cast<size_t>(threads) * 8)); }
 
 const uint8_t* expert_row(const HostExpertMatrix& m, int32_t e, int64_t r) {
   return m.base + static_cast<int64_t>(e) * m.expert_bytes +
@@ -37,10 +37,10 @@ const uint8_t* expert_row(const HostExpertMatrix& m, int32_t e, int64_t r) {
 }  // namespace
 
 HostExperts::HostExperts(int n_threads)
-    : pool_(std::make_unique<ThreadPool>(n_threads > 0 ? n_threads : default_threads())) {}
+    : team_(std::make_unique<SpinTeam>(n_threads > 0 ? n_threads : default_threads())) {}
 HostExperts::~HostExperts() = default;
 
-int HostExperts::threads() const { return pool_->size(); }
+int HostExperts::threads() const { return team_->size(); }
 
 int64_t HostExperts::run(const HostExpertTask& t) {
   const int64_t D = t.gate.cols, F = t.gate.rows, n_assign = t.n_tokens * t.k;
@@ -96,39 +96,35 @@ int64_t HostExperts::run(const HostExpertTask& t) {
   };
   const float c = t.clamp;
   float* mid = mid_.get();
-  pool_->parallel_for(
-      static_cast<size_t>(n_mine * F),
-      [&](size_t b, size_t e) {
-        for (size_t item = b; item < e; ++item) {
-          const auto j = static_cast<int64_t>(item / static_cast<size_t>(F));
-          const auto f = static_cast<int64_t>(item % static_cast<size_t>(F));
-          const int64_t a = mine[static_cast<size_t>(j)];
-          const int32_t ex = expert_of(a);
-          const int64_t tok = a / t.k;
-          const float g = quant::vec_dot_q_fast(t.gate.type, expert_row(t.gate, ex, f),
-                                                xg + static_cast<size_t>(tok) * xg_stride, D);
-          const float u =
-              quant::vec_dot_q_fast(t.up.type, expert_row(t.up, ex, f), xu + static_cast<size_t>(tok) * xu_stride, D);
-          const float gt = std::min(g, c);
-          const float up = std::clamp(u, -c, c);
-          mid[j * F + f] = gt * (1.0f / (1.0f + std::exp(-gt))) * up * t.weights[a];
-        }
-      },
-      k_min_rows);
+  team_->run(static_cast<size_t>(n_mine * F), chunk_rows(static_cast<size_t>(n_mine * F), team_->size()),
+             [&](size_t b, size_t e) {
+               for (size_t item = b; item < e; ++item) {
+                 const auto j = static_cast<int64_t>(item / static_cast<size_t>(F));
+                 const auto f = static_cast<int64_t>(item % static_cast<size_t>(F));
+                 const int64_t a = mine[static_cast<size_t>(j)];
+                 const int32_t ex = expert_of(a);
+                 const int64_t tok = a / t.k;
+                 const float g = quant::vec_dot_q_fast(t.gate.type, expert_row(t.gate, ex, f),
+                                                       xg + static_cast<size_t>(tok) * xg_stride, D);
+                 const float u = quant::vec_dot_q_fast(t.up.type, expert_row(t.up, ex, f),
+                                                       xu + static_cast<size_t>(tok) * xu_stride, D);
+                 const float gt = std::min(g, c);
+                 const float up = std::clamp(u, -c, c);
+                 mid[j * F + f] = gt * (1.0f / (1.0f + std::exp(-gt))) * up * t.weights[a];
+               }
+             });
   for (int64_t j = 0; j < n_mine; ++j)
     quant::quantize_act(t.down.type, mid + j * F, mq + static_cast<size_t>(j) * mq_stride, F);
-  pool_->parallel_for(
-      static_cast<size_t>(n_mine * D),
-      [&](size_t b, size_t e) {
-        for (size_t item = b; item < e; ++item) {
-          const auto j = static_cast<int64_t>(item / static_cast<size_t>(D));
-          const auto d = static_cast<int64_t>(item % static_cast<size_t>(D));
-          const int64_t a = mine[static_cast<size_t>(j)];
-          t.y[a * D + d] = quant::vec_dot_q_fast(t.down.type, expert_row(t.down, expert_of(a), d),
-                                                 mq + static_cast<size_t>(j) * mq_stride, F);
-        }
-      },
-      k_min_rows);
+  team_->run(static_cast<size_t>(n_mine * D), chunk_rows(static_cast<size_t>(n_mine * D), team_->size()),
+             [&](size_t b, size_t e) {
+               for (size_t item = b; item < e; ++item) {
+                 const auto j = static_cast<int64_t>(item / static_cast<size_t>(D));
+                 const auto d = static_cast<int64_t>(item % static_cast<size_t>(D));
+                 const int64_t a = mine[static_cast<size_t>(j)];
+                 t.y[a * D + d] = quant::vec_dot_q_fast(t.down.type, expert_row(t.down, expert_of(a), d),
+                                                        mq + static_cast<size_t>(j) * mq_stride, F);
+               }
+             });
   return n_mine;
 }
 

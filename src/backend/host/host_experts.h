@@ -23,7 +23,7 @@
 
 namespace dsv4 {
 
-class ThreadPool;
+class SpinTeam;
 
 // One stacked expert matrix in host memory: expert e's `rows` rows of `cols`
 // elements start at base + e * expert_bytes.
@@ -58,7 +58,7 @@ class HostExperts {
   int64_t run(const HostExpertTask& task);
 
  private:
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<SpinTeam> team_;
   std::unique_ptr<uint8_t[]> act_;  // Q8_K rows of x and of mid
   size_t act_bytes_ = 0;
   std::unique_ptr<float[]> mid_;
