@@ -8,7 +8,10 @@ bool type_allowed(TypeClass c, GgmlType t) {
     case TypeClass::F32_VEC: return t == G::F32;
     case TypeClass::I32_TABLE: return t == G::I32;
     case TypeClass::F16_MAT: return t == G::F16 || t == G::F32;
-    case TypeClass::DENSE_MAT: return t == G::Q8_0 || t == G::F16 || t == G::F32;
+    // Every type both backends' matmuls compute with (the op harness tests each), not only the published
+    // Q8_0: files with Q4_K attention projections or shared experts ("AProjQ4", "SExpQ4") load too.
+    case TypeClass::DENSE_MAT:
+      return t == G::Q8_0 || t == G::Q4_K || t == G::Q2_K || t == G::IQ2_XXS || t == G::F16 || t == G::F32;
     case TypeClass::EXPERT_GATE_UP:
       return t == G::IQ2_XXS || t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::F16 || t == G::F32;
     case TypeClass::EXPERT_DOWN: return t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::F16 || t == G::F32;

@@ -11,14 +11,19 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/forward.h"
+#include "gguf/gguf.h"
 #include "model/model_file.h"
+#include "model/tensor_table.h"
+#include "quant/quant.h"
 #include "synth/synth.h"
 
 using namespace dsv4;
@@ -169,4 +174,74 @@ TEST(Placement, MostUsedExpertsFirstWithRoutingStatistics) {
   auto bad = Model::create(*be, tiny.mf->weights, nullptr, o);
   ASSERT_FALSE(bad.has_value());
   EXPECT_NE(bad.error().message.find("do not fit this model"), std::string::npos) << bad.error().message;
+}
+
+// Dense matrices may be any type the backends' matmuls compute with: the tiny model with its DENSE_MAT tensors
+// in Q4_K (those with rows of whole 256-value blocks; the others stay Q8_0) gives, bit for bit, the logits of
+// the same model with those tensors stored as the F32 values they decode to (the CPU dequantises a row and
+// dots it in the same order for every type).
+TEST(WeightTypes, DenseMatricesInQ4KGiveTheirDequantisedLogits) {
+  SynthPlan plan = synth_plan(*find_preset("tiny"), 5);
+  plan.tensor_bytes = 0;
+  for (auto& t : plan.tensors) {
+    if (t.spec.cls == TypeClass::DENSE_MAT && t.spec.ne[0] % 256 == 0) {  // rows of whole Q4_K blocks
+      t.type = GgmlType::Q4_K;
+      t.n_bytes = ggml_type_bytes(t.type, t.spec.n_elements());
+    }
+    plan.tensor_bytes += t.n_bytes;
+  }
+  const std::string base =
+      (std::filesystem::temp_directory_path() / ("dsv4_test_dense_" + std::to_string(::getpid()))).string();
+  const std::string q4 = base + "_q4.gguf", f32 = base + "_f32.gguf";
+  ASSERT_TRUE(synth_write(plan, q4, 2).has_value());
+  // The F32 twin: every KV copied, dense tensors decoded, the others copied as they are.
+  auto src = GgufFile::open(q4);
+  ASSERT_TRUE(src.has_value()) << src.error().message;
+  const GgufFile& g = **src;
+  GgufWriter w;
+  for (const GgufKV& kv : g.kvs()) w.copy_kv(g, kv);
+  std::map<std::string, TypeClass> cls;
+  for (const TensorSpec& s : main_tensor_table(plan.preset.spec)) cls[s.name] = s.cls;
+  int dense = 0;
+  for (const GgufTensorInfo& t : g.tensors()) {
+    const std::vector<uint64_t> ne(t.ne, t.ne + t.n_dims);
+    const uint8_t* data = g.tensor_data(t);
+    const size_t rb = ggml_row_bytes(t.type, t.ne[0]);
+    if (cls[std::string(t.name)] == TypeClass::DENSE_MAT && t.type == GgmlType::Q4_K) {
+      ++dense;
+      const GgmlType from = t.type;
+      const uint64_t cols = t.ne[0];
+      w.add_tensor(std::string(t.name), GgmlType::F32, ne, [=](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
+        for (uint64_t r = 0; r < nr; ++r)
+          quant::dequantize_row(from, data + (r0 + r) * rb, reinterpret_cast<float*>(dst) + r * cols,
+                                static_cast<int64_t>(cols));
+        return {};
+      });
+    } else {
+      w.add_tensor(std::string(t.name), t.type, ne, [=](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
+        std::memcpy(dst, data + r0 * rb, nr * rb);
+        return {};
+      });
+    }
+  }
+  EXPECT_GT(dense, 10);
+  ASSERT_TRUE(w.write(f32).has_value());
+  auto be = make_cpu_backend(2);
+  ModelOptions o;
+  o.max_batch = 64;
+  std::vector<float> logits[2];
+  for (int i = 0; i < 2; ++i) {
+    auto mf = open_model(i == 0 ? q4 : f32);
+    ASSERT_TRUE(mf.has_value()) << mf.error().message;
+    auto m = Model::create(*be, (*mf)->weights, nullptr, o);
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    logits[i] = run(**m);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
+  double mag = 0;
+  for (float v : logits[0]) mag += std::fabs(v);
+  EXPECT_GT(mag, 0.0);
+  std::filesystem::remove(q4);
+  std::filesystem::remove(f32);
 }
