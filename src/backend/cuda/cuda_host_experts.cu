@@ -10,12 +10,9 @@
 #include <exception>
 #include <new>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/host/spin_team.h"
 #include "core/log.h"
 #include "quant/dot_fast.h"
 
@@ -71,14 +68,6 @@ __global__ void host_wait_kernel(const HostMailbox* box, const uint32_t* seq) {
     }
   }
   __threadfence_system();
-}
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
 }
 }  // namespace
 

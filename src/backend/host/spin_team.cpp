@@ -8,15 +8,13 @@
 
 namespace dsv4 {
 
-namespace {
-void relax() {
+void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
 #else
   std::this_thread::yield();
 #endif
 }
-}  // namespace
 
 SpinTeam::SpinTeam(int n_threads) {
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker(); });
@@ -48,7 +46,7 @@ void SpinTeam::worker() {
     const uint64_t g = gen_.load(std::memory_order_acquire);
     if (g == seen || (g & 1u)) {
       if (std::chrono::steady_clock::now() - last < k_spin) {
-        for (int i = 0; i < 32; ++i) relax();
+        for (int i = 0; i < 32; ++i) cpu_relax();
         continue;
       }
       std::unique_lock<std::mutex> lock(mu_);
@@ -81,7 +79,7 @@ void SpinTeam::run(size_t n, size_t grain, const std::function<void(size_t, size
   // Odd: workers stay out. (gen_ here and inside_ in worker(): each side writes one and then reads the other,
   // which needs sequential consistency for one of them to see the other's write.)
   gen_.fetch_add(1, std::memory_order_seq_cst);
-  while (inside_.load(std::memory_order_seq_cst) != 0) relax();
+  while (inside_.load(std::memory_order_seq_cst) != 0) cpu_relax();
   fn_ = &fn;
   n_ = n;
   grain_ = std::max<size_t>(grain, 1);
@@ -93,7 +91,7 @@ void SpinTeam::run(size_t n, size_t grain, const std::function<void(size_t, size
     if (sleepers_ > 0) cv_.notify_all();
   }
   work();
-  while (done_.load(std::memory_order_acquire) != n) relax();
+  while (done_.load(std::memory_order_acquire) != n) cpu_relax();
 }
 
 }  // namespace dsv4

@@ -20,6 +20,10 @@
 
 namespace dsv4 {
 
+// One pause of a spin-wait loop (x86 PAUSE: the core yields pipeline resources to its sibling; elsewhere a
+// thread yield). Also the host experts' mailbox worker's (cuda_host_experts.cu).
+void cpu_relax();
+
 class SpinTeam {
  public:
   // n_threads counts the caller: n_threads - 1 workers (n_threads <= 1: the caller alone).
