@@ -52,7 +52,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 echo "gpu-build-carry: configuring $TREE (Release, CUDA arch $ARCH)"
 cmake -S . -B "$TREE" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DDSV4_BUILD_TESTS=ON >/dev/null
-ninja -C "$TREE" -j"$(nproc)" test_cuda_decode test_cuda_ops test_cuda_model test_cuda_engine test_cuda_memory test_cuda_golden test_cuda_offload bench_cuda_ops
+ninja -C "$TREE" -j"$(nproc)" dsv4_cuda_tests  # every target of tests/cuda (tests/cuda/CMakeLists.txt)
 # The CLI is optional: a build break elsewhere in the tree must not block the kernel tests.
 with_cli=1
 ninja -C "$TREE" -j"$(nproc)" dsv4 || {
@@ -62,7 +62,7 @@ ninja -C "$TREE" -j"$(nproc)" dsv4 || {
 
 # The GPU micro-benchmarks (bench/micro/) are optional too.
 with_micro=1
-ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync host_read host_contention host_experts_bench || {
+ninja -C "$TREE" -j"$(nproc)" dsv4_cuda_micro host_experts_bench || {
   with_micro=0
   echo "gpu-build-carry: WARNING: the micro-benchmarks did not build; the payload goes without them" >&2
 }
@@ -70,8 +70,8 @@ ninja -C "$TREE" -j"$(nproc)" mma_sync_rate wgmma_f16 decode_sync host_read host
 STAGE="$TREE/device-payload"
 rm -rf "$STAGE" "$PAYLOAD"
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$PAYLOAD"
-cp "$TREE/tests/cuda/test_cuda_decode" "$TREE/tests/cuda/test_cuda_ops" "$TREE/tests/cuda/test_cuda_model" \
-  "$TREE/tests/cuda/test_cuda_engine" "$TREE/tests/cuda/test_cuda_memory" "$TREE/tests/cuda/test_cuda_golden" "$TREE/tests/cuda/test_cuda_offload" "$TREE/tests/cuda/bench_cuda_ops" "$STAGE/bin/"
+# Every executable tests/cuda built (the dsv4_cuda_tests target), whatever their number.
+find "$TREE/tests/cuda" -maxdepth 1 -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;
 [ "$with_cli" -eq 1 ] && cp "$TREE/tools/dsv4" "$STAGE/bin/"
 [ "$with_micro" -eq 1 ] && cp "$TREE/bench/mma_sync_rate" "$TREE/bench/wgmma_f16" "$TREE/bench/decode_sync" "$TREE/bench/host_read" "$TREE/bench/host_contention" "$TREE/bench/host_experts_bench" "$STAGE/bin/"
 strip "$STAGE"/bin/*
