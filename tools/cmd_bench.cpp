@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench_speculation.h"
 #include "commands.h"
 #include "engine_flags.h"
 #include "dsv4/engine.h"
@@ -35,6 +36,10 @@ struct BenchArgs {
   // chunks of --mixed-chunk tokens inside the N sessions' decode steps.
   uint32_t mixed_prefill = 0;
   uint32_t mixed_chunk = 0;  // 0: a quarter of the prefill batch (dsv4 serve's --prefill-chunk default)
+  int verify = 0;            // --verify K: speculative decoding's pass costs and cycle (bench_speculation.h)
+  std::string mtp;           // --mtp FILE
+  int draft = -1;            // --draft (draft_for)
+  float draft_margin = 0;
 };
 
 int run_bench(const BenchArgs& a) {
@@ -48,6 +53,10 @@ int run_bench(const BenchArgs& a) {
   if (a.step_incr == 0 && !(a.step_mul > 1.0)) return fail("--step-mul must be > 1 (or use --step-incr)");
   if (a.concurrency < 1 || a.concurrency > 1024) return fail("--concurrency must be between 1 and 1024");
   if (a.mixed_prefill > 0 && a.concurrency < 2) return fail("--mixed-prefill needs --concurrency of at least 2");
+  if (a.verify > 0 && (a.concurrency > 1 || a.profile))
+    return fail("--verify runs alone: no --concurrency or --profile");
+  auto draft = draft_for(a.mtp, a.draft);
+  if (!draft) return fail(draft.error().message);
   EngineOptions o;
   o.model_path = a.model;
   o.synthetic = a.synthetic;
@@ -59,13 +68,14 @@ int run_bench(const BenchArgs& a) {
   o.prefill_batch = a.batch;
   o.synthetic_router_skew = a.router_skew;
   o.expert_stats = a.expert_stats;
+  o.mtp_path = a.mtp;
   // (--concurrency --profile decodes the steps twice, the second time timed op by op)
   const uint32_t decode_room = static_cast<uint32_t>(a.gen_tokens) * (a.concurrency > 1 && a.profile ? 2 : 1);
   // (--mixed-prefill: one decode step per prompt chunk; the smallest default chunk is the CPU's 512 / 4)
   const uint32_t chunk_floor =
       a.mixed_chunk > 0 ? a.mixed_chunk : static_cast<uint32_t>(default_prefill_batch(false) / 4);
   const uint32_t mixed_room = (a.mixed_prefill + chunk_floor - 1) / chunk_floor;
-  o.ctx = ctx_max + decode_room + mixed_room + 1;
+  o.ctx = ctx_max + decode_room + mixed_room + 1 + static_cast<uint32_t>(Session::max_verify());
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
   const EngineInfo& info = (*engine)->info();
@@ -111,7 +121,8 @@ int run_bench(const BenchArgs& a) {
   both("# decode weight bytes per token: %llu\n", static_cast<unsigned long long>(info.decode_bytes_per_token));
   both("# kv state: %s rows, %.0f bytes per context token + %.1f MiB fixed\n", info.kv_rows.c_str(),
        info.kv_bytes_per_token, static_cast<double>((*engine)->session_bytes(1)) / (1 << 20));
-  if (a.concurrency <= 1) both("ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
+  if (a.concurrency <= 1 && a.verify == 0)
+    both("ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
   if (csv) std::fflush(csv);
 
   using clock = std::chrono::steady_clock;
@@ -221,6 +232,16 @@ int run_bench(const BenchArgs& a) {
 
   auto session = (*engine)->new_session(o.ctx);
   if (!session) return fail(session.error().message);
+  if (a.verify > 0) {
+    if (auto st = (*session)->prefill(std::span<const int32_t>(seq.data(), a.ctx_start)); !st)
+      return fail(st.error().message);
+    const SpeculationBench sb{
+        .max_k = a.verify, .gen_tokens = a.gen_tokens, .draft = *draft, .draft_margin = a.draft_margin};
+    const Status st =
+        bench_speculation(**engine, **session, sb, [&](const std::string& line) { both("%s", line.c_str()); });
+    if (csv) std::fclose(csv);
+    return st ? 0 : fail(st.error().message);
+  }
   uint32_t done = 0;
   for (uint32_t frontier = a.ctx_start;;) {
     frontier = std::min(frontier, ctx_max);
@@ -336,6 +357,12 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile,
                 "Time every op of the decode steps, and of one prefill batch, and print per-op tables (stderr)");
+  cmd->add_option("--verify", a->verify,
+                  "Speculative decoding at --ctx-start instead of the sweep: verify passes of 1 + k tokens vs a decode "
+                  "step (k = 1..K), proposals replaying the greedy continuation (k + 1 tokens a pass), the MTP "
+                  "block's acceptance (--mtp), and the speed projected at published acceptance rates")
+      ->type_name("K");
+  add_speculation_flags(cmd, &a->mtp, &a->draft, &a->draft_margin);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_bench(*a)); });
 }

@@ -46,6 +46,34 @@ inline void add_expert_stats_flag(CLI::App* cmd, std::string* path) {
       ->type_name("FILE");
 }
 
+// --mtp FILE and --draft N (speculative decoding; docs/SPECULATIVE.md). *draft stays -1 unless given:
+// draft_for() resolves it.
+inline void add_speculation_flags(CLI::App* cmd, std::string* mtp, int* draft, float* margin) {
+  cmd->add_option("--mtp", *mtp,
+                  "MTP block GGUF: it proposes the next tokens and each forward pass checks them (speculative "
+                  "decoding; output unchanged)")
+      ->type_name("FILE");
+  cmd->add_option("--draft", *draft,
+                  "With --mtp: tokens proposed per forward pass (0: off; default 2); used while one request "
+                  "generates at a time")
+      ->type_name("N");
+  cmd->add_option("--draft-margin", *margin,
+                  "With --mtp: stop proposing at a token whose MTP logit leads the runner-up by less than this "
+                  "(0: propose --draft tokens always)")
+      ->check(CLI::Range(0.0f, 1000.0f))
+      ->capture_default_str();
+}
+inline constexpr int k_default_draft = 2;
+// The --draft in effect: given, or the default with --mtp; an error for proposals without a drafter
+// or past what one pass verifies (Session::max_verify).
+inline expected<int> draft_for(const std::string& mtp, int draft) {
+  if (draft < 0) return mtp.empty() ? 0 : k_default_draft;
+  if (draft > 0 && mtp.empty()) return make_error("--draft needs --mtp FILE (the MTP block proposes the tokens)");
+  const int most = static_cast<int>(Session::max_verify()) - 1;
+  if (draft > most) return make_error("--draft must be between 0 and %d", most);
+  return draft;
+}
+
 inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
   const char* group = "CUDA";
   cmd->add_flag_callback(

@@ -33,6 +33,8 @@ struct RunSettings {
   int max_tokens = 0;             // per reply; 0 = until EOS or the context is full
   int thinking_budget = -1;       // reasoning tokens after which </think> is forced (-1: none)
   runtime::KvCacheOptions cache;  // --kv-disk-dir and friends (one resident session)
+  int draft = 0;                  // proposed tokens per pass (--mtp/--draft; 0: plain decoding)
+  float draft_margin = 0;         // --draft-margin
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::string dump_logprobs;  // --dump-logprobs FILE ("" = off)

@@ -144,8 +144,14 @@ std::string stats_line(const GenerateResult& r, size_t session_tokens, uint32_t 
   std::string decode = !r.tokens.empty() && r.decode_seconds > 0
                            ? strfmt("decode %.1f t/s", static_cast<double>(r.tokens.size()) / r.decode_seconds)
                            : std::string("decode - t/s");
-  return strfmt("[prompt %zu tokens (%zu cached), %s | generated %zu tokens, %s | finish %s | context %zu/%u]",
-                r.prompt_tokens, r.cached_tokens, prefill.c_str(), r.tokens.size(), decode.c_str(),
+  // Speculation: accepted/proposed, and tokens per forward pass (each pass gives one more than it accepts).
+  std::string spec;
+  if (r.spec.passes > 0)
+    spec = strfmt(" | accepted %llu/%llu proposed, %.2f tokens/pass", static_cast<unsigned long long>(r.spec.accepted),
+                  static_cast<unsigned long long>(r.spec.proposed),
+                  static_cast<double>(r.spec.passes + r.spec.accepted) / static_cast<double>(r.spec.passes));
+  return strfmt("[prompt %zu tokens (%zu cached), %s | generated %zu tokens, %s%s | finish %s | context %zu/%u]",
+                r.prompt_tokens, r.cached_tokens, prefill.c_str(), r.tokens.size(), decode.c_str(), spec.c_str(),
                 finish_reason_name(r.finish), session_tokens, ctx);
 }
 

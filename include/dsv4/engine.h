@@ -204,6 +204,22 @@ class Session {
   // MTP draft logits for the token after `next_token` (requires --mtp).
   expected<std::vector<float>> mtp_logits(int32_t next_token);
 
+  // Speculative decoding (docs/SPECULATIVE.md).
+  // Greedy MTP proposals for the k tokens after `next_token` (the token that follows the session's
+  // last one): proposal i is the argmax of the MTP block chained on proposal i - 1. The chain stops
+  // at the first argmax whose lead over the runner-up logit is below `min_margin` (an unsure
+  // proposal costs a verify row and is likely rejected; 0: never). Leaves the session's tokens and
+  // logits as they are. Requires the engine's MTP block (--mtp).
+  expected<std::vector<int32_t>> mtp_draft(int32_t next_token, int k, float min_margin = 0);
+  // Appends `tokens` (1 to max_verify()) in one forward pass and gives `keep` the logits after each
+  // of them ([n][V]); `keep` returns how many of them the session keeps (0..n). The session then
+  // holds exactly those, and the logits after the last kept one, as if only they had been fed
+  // (bitwise on the CPU backend; CUDA within its batched-step tolerance), without running the model
+  // again. Returns the number kept.
+  using KeepFn = std::function<size_t(std::span<const float> all_logits)>;
+  expected<size_t> verify(std::span<const int32_t> tokens, const KeepFn& keep);
+  static size_t max_verify();
+
   struct Impl;
 
  private:

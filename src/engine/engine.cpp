@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -547,6 +548,51 @@ Status Session::load(std::span<const uint8_t> snapshot) {
   s.checkpoints.clear();
   s.checkpoint();
   return {};
+}
+
+size_t Session::max_verify() { return static_cast<size_t>(Model::k_max_verify); }
+
+expected<std::vector<int32_t>> Session::mtp_draft(int32_t next_token, int k, float min_margin) {
+  Impl& s = *impl_;
+  if (s.tokens.empty()) return make_error("MTP needs at least one fed token");
+  if (k < 0) return make_error("mtp_draft: %d proposals", k);
+  std::vector<int32_t> out;
+  std::vector<float> lg(s.n_vocab());
+  int32_t t = next_token;
+  for (int i = 0; i < k; ++i) {
+    // Proposal i sits at position n + i + 1; the MTP step that makes it runs at n - 1 + i.
+    const int64_t p = static_cast<int64_t>(s.tokens.size()) - 1 + i;
+    if (p + 2 >= static_cast<int64_t>(s.state.ctx)) break;
+    DSV4_TRY(s.model().mtp_forward(s.state, t, p, lg.data(), /*chain=*/i > 0));
+    t = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+    if (min_margin > 0) {
+      float second = -std::numeric_limits<float>::infinity();
+      for (size_t v = 0; v < lg.size(); ++v)
+        if (static_cast<int32_t>(v) != t) second = std::max(second, lg[v]);
+      if (lg[static_cast<size_t>(t)] - second < min_margin) break;
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+expected<size_t> Session::verify(std::span<const int32_t> tokens, const KeepFn& keep) {
+  Impl& s = *impl_;
+  DSV4_TRY(s.check_append(tokens));
+  const size_t V = s.n_vocab(), n = tokens.size();
+  std::vector<float> all(n * V);
+  DSV4_TRY(s.model().verify(s.state, tokens.data(), static_cast<int64_t>(n), static_cast<int64_t>(s.tokens.size()),
+                            all.data()));
+  const size_t kept = keep ? keep(std::span<const float>(all)) : n;
+  // Commit whatever `keep` said (clamped): the verified rows must not stay half-applied.
+  const size_t a = std::min(kept, n);
+  DSV4_TRY(s.model().commit(s.state, static_cast<int64_t>(a)));
+  if (a > 0) {
+    s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.begin() + static_cast<long>(a));
+    s.logits.assign(all.begin() + static_cast<long>((a - 1) * V), all.begin() + static_cast<long>(a * V));
+  }
+  if (kept > n) return make_error("verify: keep() returned %zu of %zu tokens", kept, n);
+  return a;
 }
 
 expected<std::vector<float>> Session::mtp_logits(int32_t next_token) {

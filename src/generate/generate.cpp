@@ -26,6 +26,10 @@ class DirectFeed final : public SessionFeed {
   }
   Status decode(Session& s, int32_t token) override { return s.decode(token); }
   Status rewind(Session& s, size_t n) override { return s.rewind(n); }
+  bool can_verify() const override { return true; }
+  expected<size_t> verify(Session& s, std::span<const int32_t> tokens, const Session::KeepFn& keep) override {
+    return s.verify(tokens, keep);
+  }
 };
 
 }  // namespace
@@ -81,18 +85,9 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
 
   const int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(session.ctx());
   r.finish = FinishReason::LENGTH;
-  bool pending = false;  // the last sampled token still has to be fed to the session
-  for (int i = 0; i < max_tokens; ++i) {
-    if (cb.cancelled && cb.cancelled()) {
-      r.finish = FinishReason::CANCELLED;
-      break;
-    }
-    if (pending) {
-      if (session.n_tokens() >= session.ctx()) break;  // context full: "length"
-      DSV4_TRY(feed.decode(session, r.tokens.back()));
-      pending = false;
-    }
-    const auto& logits = session.logits();
+  // Samples the next token from `logits` and reports it; true when generation ends with it.
+  int count = 0;
+  auto emit = [&](std::span<const float> logits) {
     const bool greedy = reply.in_dsml_structure();
     const int32_t t = sampler.sample(logits, r.tokens, greedy);
     if (o.logprobs >= 0) {
@@ -104,20 +99,71 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
       r.logprobs.push_back(std::move(lp));
     }
     r.tokens.push_back(t);
-    pending = true;
+    ++count;
     if (cb.on_token) cb.on_token();
-    if (t == tok.eos()) {
-      if (!o.ignore_eos) {
-        r.finish = FinishReason::STOP;
-        break;
-      }
-      continue;  // ignore_eos: generation goes on; EOS adds no text
+    if (t == tok.eos() && !o.ignore_eos) {
+      r.finish = FinishReason::STOP;
+      return true;
     }
-    if (reply.push(t)) break;
+    // ignore_eos: generation goes on; EOS adds no text
+    if (t != tok.eos() && reply.push(t)) return true;
+    return count >= max_tokens;
+  };
+  const bool speculate = o.draft > 0 && feed.can_verify();
+  const size_t V = session.logits().size();
+  // The last sampled token is not yet in the session: each round feeds it (with proposals for the
+  // tokens after it, checked in the same pass) and samples what follows.
+  bool done = max_tokens <= 0;
+  if (!done && cb.cancelled && cb.cancelled()) {
+    r.finish = FinishReason::CANCELLED;
+    done = true;
+  }
+  if (!done) done = emit(session.logits());
+  while (!done) {
+    if (cb.cancelled && cb.cancelled()) {
+      r.finish = FinishReason::CANCELLED;
+      break;
+    }
+    if (session.n_tokens() >= session.ctx()) break;  // context full: "length"
+    const int32_t last = r.tokens.back();
+    // Proposals: room for them in the context and in max_tokens (each kept one is followed by a sample).
+    const int64_t room =
+        std::min<int64_t>({static_cast<int64_t>(session.ctx()) - static_cast<int64_t>(session.n_tokens()) - 1,
+                           max_tokens - count - 1, static_cast<int64_t>(Session::max_verify()) - 1});
+    const int k = speculate ? static_cast<int>(std::min<int64_t>(o.draft, room)) : 0;
+    std::vector<int32_t> drafts;
+    if (k > 0) {
+      if (o.drafter) {
+        DSV4_TRY_ASSIGN(drafts, o.drafter(session, r.tokens, last, k));
+      } else {
+        DSV4_TRY_ASSIGN(drafts, session.mtp_draft(last, k, o.draft_margin));
+      }
+      if (drafts.size() > static_cast<size_t>(k)) drafts.resize(static_cast<size_t>(k));
+    }
+    if (drafts.empty()) {
+      DSV4_TRY(feed.decode(session, last));
+      done = emit(session.logits());
+      continue;
+    }
+    std::vector<int32_t> rows{last};
+    rows.insert(rows.end(), drafts.begin(), drafts.end());
+    // Row j's logits follow rows[0..j]: sample from them; the walk goes on while the sample is the
+    // proposal that row j + 1 fed. Rows walked = rows kept.
+    auto keep = [&](std::span<const float> all) -> size_t {
+      for (size_t j = 0; j < rows.size(); ++j) {
+        done = emit(all.subspan(j * V, V));
+        if (done || j + 1 == rows.size() || r.tokens.back() != rows[j + 1]) return j + 1;
+      }
+      return rows.size();
+    };
+    DSV4_TRY_ASSIGN(const size_t kept, feed.verify(session, rows, keep));
+    r.spec.passes += 1;
+    r.spec.proposed += drafts.size();
+    r.spec.accepted += kept - 1;
   }
   // Feed the final token so the session ends exactly at the completion (the next
   // request of a conversation starts with it), unless generation was cancelled.
-  if (pending && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx())
+  if (!r.tokens.empty() && r.finish != FinishReason::CANCELLED && session.n_tokens() < session.ctx())
     DSV4_TRY(feed.decode(session, r.tokens.back()));
 
   reply.finish();

@@ -28,6 +28,25 @@ struct GenerateOptions {
   bool stop_at_tool_calls = true;  // end generation when a tool-calls block closes
   int logprobs = -1;               // -1: off; k >= 0: record the chosen token's logprob and k alternatives
   bool ignore_eos = false;         // keep generating past EOS, which adds no text (benchmarks; the server's ignore_eos)
+  // Speculative decoding (docs/SPECULATIVE.md): up to `draft` proposed tokens checked per forward
+  // pass (Session::verify), from `drafter` (none set: the session's MTP block, Session::mtp_draft).
+  // 0: off. Only where the feed can verify (SessionFeed::can_verify). Every token is still sampled
+  // from the model's own logits, in order, with the same sampler calls, so the output is the one
+  // plain decoding gives (same seed, bitwise on the CPU backend); proposals only save passes.
+  int draft = 0;
+  float draft_margin = 0;  // the MTP drafter's min_margin (Session::mtp_draft)
+  // Proposals for the tokens after `next` (the last sampled token, not yet fed); `generated`: every
+  // sampled token so far, `next` last. At most k; fewer (or none) is fine.
+  std::function<expected<std::vector<int32_t>>(Session& session, std::span<const int32_t> generated, int32_t next,
+                                               int k)>
+      drafter;
+};
+
+// Speculation counters of one generate() call.
+struct SpecStats {
+  uint64_t passes = 0;    // verify passes
+  uint64_t proposed = 0;  // tokens proposed
+  uint64_t accepted = 0;  // proposals the model agreed with (each one a forward pass saved)
 };
 
 enum class FinishReason { STOP, LENGTH, TOOL_CALLS, CANCELLED };
@@ -51,6 +70,7 @@ struct GenerateResult {
   size_t cached_tokens = 0;  // prompt tokens reused from the session
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  SpecStats spec;
 };
 
 struct GenerateCallbacks {
@@ -71,6 +91,14 @@ class SessionFeed {
   virtual Status prefill(Session& session, std::span<const int32_t> tokens, const RunHooks& hooks) = 0;
   virtual Status decode(Session& session, int32_t token) = 0;
   virtual Status rewind(Session& session, size_t n_tokens) = 0;
+  // Session::verify, where this feed runs it (the direct one; the step batcher does not).
+  virtual bool can_verify() const { return false; }
+  virtual expected<size_t> verify(Session& session, std::span<const int32_t> tokens, const Session::KeepFn& keep) {
+    (void)session;
+    (void)tokens;
+    (void)keep;
+    return make_error("this feed does not verify proposals");
+  }
 };
 
 // The session alone (one sequence at a time).

@@ -327,7 +327,7 @@ uint64_t kv_state_bytes(const ModelSpec& spec, const ModelOptions& options, bool
     b += (ctx / m + 1) * kv_row + 2 * (c * m) * (c * hd) * 4;
     if (m == 4) b += (ctx / 4 + 1) * idx_row + 2 * 8 * 2 * dI * 4;
   }
-  if (mtp) b += cap_w * kv_row;
+  if (mtp) b += cap_w * kv_row + static_cast<uint64_t>(spec.n_embd) * spec.hc_count * 4;  // ring, mtp_hidden
   return b;
 }
 
@@ -359,7 +359,10 @@ KvState Model::new_state(uint32_t ctx) {
   for (uint32_t il = 0; il < spec_.n_layer; ++il)
     s.layers.push_back(alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true));
   s.last_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
-  if (has_mtp_) s.mtp = alloc_layer_state(0, ctx, s.cap_w, false);
+  if (has_mtp_) {
+    s.mtp = alloc_layer_state(0, ctx, s.cap_w, false);
+    s.mtp_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
+  }
   reset_state(s);
   return s;
 }
@@ -371,6 +374,12 @@ void Model::free_state(KvState& s) {
   for (auto& L : s.layers) free_layer(L);
   free_layer(s.mtp);
   backend_.free(s.last_hidden);
+  backend_.free(s.mtp_hidden);
+  for (SpecLayer& l : s.spec.layers)
+    for (Tensor* t : {&l.snap_a, &l.snap_g, &l.snap_ia, &l.snap_ig, &l.kv, &l.gate, &l.ikv, &l.igate})
+      backend_.free(*t);
+  for (Tensor* t : {&s.spec.snap_hidden, &s.spec.hidden, &s.spec.pos}) backend_.free(*t);
+  s.spec = SpecLog{};
   s.layers.clear();
 }
 
@@ -385,6 +394,8 @@ void Model::reset_state(KvState& s) {
   for (auto& L : s.layers) reset_layer(L);
   reset_layer(s.mtp);
   backend_.fill(s.last_hidden, 0.0f);
+  s.spec.p0 = -1;
+  s.spec.n = 0;
 }
 
 void Model::ensure_scores(int64_t rows) {
@@ -433,6 +444,23 @@ CompressOp Model::compress_op(const Tensor& rows, const Tensor& state_a, const T
   c.n_quant = n_quant;
   c.round_pooled_bf16 = round_pooled_bf16;
   return c;
+}
+
+CompressOp Model::main_compress(const DeviceLayer& L, LayerState& S, uint32_t ratio, const Tensor& kv,
+                                const Tensor& gate, const Tensor& pos) const {
+  using LT = LayerTensor;
+  const bool ref = options_.numerics == Numerics::REFERENCE;
+  return compress_op(S.comp, S.comp_a, S.comp_g, kv, gate, L[LT::ATTN_COMPRESSOR_APE], L[LT::ATTN_COMPRESSOR_NORM], pos,
+                     static_cast<int>(ratio), rope_for_ratio(ratio), ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE,
+                     static_cast<int>(spec_.nope_dim()), ref);
+}
+
+CompressOp Model::indexer_compress(const DeviceLayer& L, LayerState& S, const Tensor& ikv, const Tensor& igate,
+                                   const Tensor& pos) const {
+  using LT = LayerTensor;
+  const bool ref = options_.numerics == Numerics::REFERENCE;
+  return compress_op(S.idx, S.idx_a, S.idx_g, ikv, igate, L[LT::INDEXER_COMPRESSOR_APE], L[LT::INDEXER_COMPRESSOR_NORM],
+                     pos, 4, rope_for_ratio(4), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref);
 }
 
 void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w) {
@@ -523,14 +551,22 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   if (compressor) {
     // Compressor (§5.5): rows completed inside this batch become visible to later tokens.
     std::vector<CompressOp> comps;
-    for (const Segment& g : segs) {
-      LayerState& S = state_of(g);
-      comps.push_back(compress_op(S.comp, S.comp_a, S.comp_g, ckv.rows(g.row0, g.n), cg.rows(g.row0, g.n),
-                                  L[LT::ATTN_COMPRESSOR_APE], L[LT::ATTN_COMPRESSOR_NORM], elems(pos, g.row0, g.n),
-                                  static_cast<int>(ratio), rope, ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE,
-                                  static_cast<int>(P.nope_dim()), ref));
-    }
+    for (const Segment& g : segs)
+      comps.push_back(
+          main_compress(L, state_of(g), ratio, ckv.rows(g.row0, g.n), cg.rows(g.row0, g.n), elems(pos, g.row0, g.n)));
     backend_.compress_seqs(comps);
+    // verify(): the rows' compressor projections, for commit() to feed a kept prefix again.
+    SpecLayer* spec = nullptr;
+    if (spec_target_ && segs.size() == 1 && segs[0].state == spec_target_)
+      spec = &spec_target_->spec.layers[static_cast<size_t>(layer)];
+    if (spec) {
+      backend_.copy(spec->kv.rows(0, n), ckv);
+      backend_.copy(spec->gate.rows(0, n), cg);
+      if (indexer) {
+        backend_.copy(spec->ikv.rows(0, n), ikv);
+        backend_.copy(spec->igate.rows(0, n), ig);
+      }
+    }
 
     if (indexer) {
       // Lightning indexer (§5.6).
@@ -553,9 +589,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
       for (const Segment& g : segs) {
         LayerState& S = state_of(g);
         const Tensor gpos = elems(pos, g.row0, g.n);
-        comps.push_back(compress_op(S.idx, S.idx_a, S.idx_g, ikv.rows(g.row0, g.n), ig.rows(g.row0, g.n),
-                                    L[LT::INDEXER_COMPRESSOR_APE], L[LT::INDEXER_COMPRESSOR_NORM], gpos, 4, rope,
-                                    ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref));
+        comps.push_back(indexer_compress(L, S, ikv.rows(g.row0, g.n), ig.rows(g.row0, g.n), gpos));
         const int64_t rows = S.idx.n_rows();
         // [g.n, rows] from row g.row0 of the [max_batch, max_rows] scratch: disjoint per segment.
         Tensor sc = make_tensor(static_cast<float*>(s.scores.data) + g.row0 * max_rows, GgmlType::F32, rows, g.n);
@@ -766,6 +800,8 @@ Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
   // Each sequence's last token's final state feeds its MTP block.
   for (const Segment& g : segs)
     backend_.copy(g.state->last_hidden, state.reshape(D * hc, n).rows(g.row0 + g.n - 1, 1).reshape(D, hc));
+  if (spec_target_ && segs.size() == 1 && segs[0].state == spec_target_)  // verify(): every row's, for commit()
+    backend_.copy(spec_target_->spec.hidden.reshape(D * hc, Model::k_max_verify).rows(0, n), state.reshape(D * hc, n));
   return state;
 }
 
@@ -896,7 +932,7 @@ void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::ve
   if (cnt > 0) head_ops(flat.rows(0, cnt).reshape(D, hc, cnt), cnt);
 }
 
-Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) {
+Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, bool chain) {
   using MT = MtpTensor;
   using GT = GlobalTensor;
   if (!has_mtp_) return make_error("no MTP block loaded (use --mtp FILE)");
@@ -921,7 +957,7 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   backend_.matmul({s.ys.rows(0, 1), mtp_head_[static_cast<size_t>(MT::E_PROJ)], e});
   Tensor hnorm = s.h.rows(0, 1);
   for (int64_t i = 0; i < hc; ++i) {
-    Tensor xi = st.last_hidden.rows(i, 1);
+    Tensor xi = (chain ? st.mtp_hidden : st.last_hidden).rows(i, 1);
     backend_.rms_norm({.out = hnorm, .x = xi, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
     Tensor yi = state.reshape(D, hc).rows(i, 1);
     backend_.matmul({yi, mtp_head_[static_cast<size_t>(MT::H_PROJ)], hnorm});
@@ -930,6 +966,7 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits) 
   // One block: window-only attention with plain RoPE, top-k MoE with bias.
   const Segment seg{&st, 0, 1};
   block(mtp_block_, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, P.n_layer, false, 1);
+  backend_.copy(st.mtp_hidden, state.reshape(D, hc));  // a chained draft's input
   // Head with the MTP block's own hc_head and norm, the shared output matrix.
   Tensor h = s.h.rows(0, 1), hn = s.hn.rows(0, 1), lg = s.logits.rows(0, 1);
   backend_.hc_head({.h = h,

@@ -32,13 +32,32 @@ struct LayerState {
   Tensor idx_a, idx_g;    // indexer compressor frontier [8, 2*d_I] f32
 };
 
+// What Model::verify keeps so that Model::commit can keep a prefix of the verified rows without running the
+// model again (model/speculate.cpp). Per compressed layer: the compressor frontiers as they were before the
+// rows (snap_*), and the rows' compressor projections (kv, gate: [k_max_verify, w]; ikv, igate: the
+// indexer's). Allocated at a state's first verify.
+struct SpecLayer {
+  Tensor snap_a, snap_g, snap_ia, snap_ig;
+  Tensor kv, gate, ikv, igate;
+};
+struct SpecLog {
+  std::vector<SpecLayer> layers;
+  Tensor snap_hidden;  // [hc, D] last_hidden before the rows
+  Tensor hidden;       // [k_max_verify, hc, D] final state of every verified row
+  Tensor pos;          // [k_max_verify] i32: positions for commit's compressor steps
+  int64_t p0 = -1;     // the open verify: rows at positions p0 .. p0 + n - 1 (p0 < 0: none)
+  int64_t n = 0;
+};
+
 struct KvState {
   uint32_t ctx = 0;    // maximum tokens
   uint32_t cap_w = 0;  // ring rows = window + largest batch
   std::vector<LayerState> layers;
   Tensor last_hidden;  // [hc, D] final mHC state of the last token (MTP input)
   LayerState mtp;      // MTP block's window ring (when the model has an MTP block)
-  uint64_t uid = 0;    // unique per new_state(): names the tensors a recorded decode step uses
+  Tensor mtp_hidden;   // [hc, D] the MTP block's output state of its last draft (the next chained draft's input)
+  SpecLog spec;
+  uint64_t uid = 0;  // unique per new_state(): names the tensors a recorded decode step uses
 };
 
 struct ModelOptions {
@@ -132,7 +151,21 @@ class Model {
   // MTP draft (model-spec.md §8, the DeepSeek-V3 pairing): the final mHC state of the last
   // fed position p with the embedding of `token` (the token at p+1), run at
   // RoPE position p through the MTP block; logits of the token at p+2.
-  Status mtp_forward(KvState& s, int32_t token, int64_t p, float* logits);
+  // `chain`: the mHC state is instead the MTP block's own output of the previous call (a draft of
+  // a draft: p one further, `token` that call's proposal).
+  Status mtp_forward(KvState& s, int32_t token, int64_t p, float* logits, bool chain = false);
+
+  // Speculative decoding (model/speculate.cpp). verify() feeds ids[0..n) at p0.. (the state holds
+  // exactly p0 tokens) as one batch and writes the logits after every row ([n][V]); commit(a) then
+  // keeps the first a rows (0 <= a <= n), as if only they had been fed: the compressor frontiers
+  // go back to their state before the rows and take the kept rows' logged projections again, and
+  // last_hidden becomes the last kept row's. Window-ring, compressed and indexer rows of dropped
+  // positions need no undo: nothing reads a row before its position is fed again, which rewrites it.
+  // The result equals feeding the a rows alone (bitwise on the CPU backend). Every verify is
+  // followed by its commit before the state is used otherwise.
+  static constexpr int64_t k_max_verify = 16;
+  Status verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* all_logits);
+  Status commit(KvState& s, int64_t a);
 
  private:
   struct DeviceLayer {
@@ -156,6 +189,16 @@ class Model {
   CompressOp compress_op(const Tensor& rows, const Tensor& state_a, const Tensor& state_g, const Tensor& kv,
                          const Tensor& gate, const Tensor& ape, const Tensor& norm_w, const Tensor& pos, int ratio,
                          const RopeParams& rope, KvQuantSim sim, int n_quant, bool round_pooled_bf16) const;
+  // A layer's compressor step over rows with projections kv/gate at positions pos: its main KV rows
+  // (ratio > 0), and its indexer rows (ratio 4; projections ikv/igate).
+  CompressOp main_compress(const DeviceLayer& L, LayerState& S, uint32_t ratio, const Tensor& kv, const Tensor& gate,
+                           const Tensor& pos) const;
+  CompressOp indexer_compress(const DeviceLayer& L, LayerState& S, const Tensor& ikv, const Tensor& igate,
+                              const Tensor& pos) const;
+  // Model::verify's tensors of a state (allocated at its first verify), and the copies between
+  // layer il's compressor frontiers and their snapshot (either way).
+  void alloc_spec(KvState& s);
+  void copy_frontiers(KvState& s, size_t il, bool to_snapshot);
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w);
   // The rows [row0, row0 + n) of a batch that belong to one sequence.
@@ -196,6 +239,8 @@ class Model {
   std::unique_ptr<Scratch> sc_;
   WeightPlacement placement_;
   ExpertStats routing_;
+  // During verify(): the state whose rows' compressor projections and final states go to its SpecLog.
+  KvState* spec_target_ = nullptr;
   // The recorded single-token step (Backend::capture_begin): recorded on the
   // second consecutive single-token batch with the same key (the first one
   // sizes every buffer), replayed while the key stays the same.

@@ -13,6 +13,11 @@ struct BatchingOptions {
   // --prefill-chunk: prompt tokens of a step that also decodes other requests
   // (0: a quarter of the step tokens).
   size_t prefill_chunk = 0;
+  // --draft: proposed tokens checked per forward pass by speculative decoding (GenerateOptions::draft;
+  // docs/SPECULATIVE.md); 0: off. Used while requests generate one at a time (parallel 1): the step
+  // batcher does not verify proposals.
+  int draft = 0;
+  float draft_margin = 0;  // --draft-margin (GenerateOptions::draft_margin)
 };
 
 }  // namespace dsv4::runtime

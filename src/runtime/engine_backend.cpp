@@ -384,7 +384,12 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
       return false;
     };
   }
-  auto r = dsv4::generate(s, tokenizer(), prompt, o, inner, feed());
+  GenerateOptions go = o;
+  if (go.draft == 0) {
+    go.draft = batching_.draft;
+    go.draft_margin = batching_.draft_margin;
+  }
+  auto r = dsv4::generate(s, tokenizer(), prompt, go, inner, feed());
   if (r) {
     r->cached_tokens = lcp;
     r->prefill_seconds += pre_seconds;

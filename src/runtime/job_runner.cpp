@@ -93,6 +93,9 @@ JobOutcome run_phases(Backend& backend, JobSlot& job, const JobInput& in, const 
     }
     m.prefill_seconds += r.prefill_seconds;
     m.decode_seconds += r.decode_seconds;
+    m.spec.passes += r.spec.passes;
+    m.spec.proposed += r.spec.proposed;
+    m.spec.accepted += r.spec.accepted;
     append(m.tokens, r.tokens);
     m.text += r.text;
     m.logprobs.insert(m.logprobs.end(), std::make_move_iterator(r.logprobs.begin()),

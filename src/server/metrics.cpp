@@ -89,6 +89,9 @@ void Metrics::job_done(const runtime::JobOutcome& o) {
   const size_t prefilled = r.prompt_tokens > r.cached_tokens ? r.prompt_tokens - r.cached_tokens : 0;
   prefilled_tokens_ += prefilled;
   completion_tokens_ += r.tokens.size();
+  spec_passes_ += r.spec.passes;
+  spec_proposed_ += r.spec.proposed;
+  spec_accepted_ += r.spec.accepted;
   prefill_seconds_ += r.prefill_seconds;
   decode_seconds_ += r.decode_seconds;
   if (r.cached_tokens > 0) ++cache_hits_;
@@ -133,6 +136,12 @@ std::string Metrics::prometheus(const RuntimeStatus& rt, const runtime::CacheRep
   line_d("dsv4_decode_tokens_per_second", last_decode_tps_);
   head("dsv4_cache_hits_total", "counter", "Jobs that reused cached prompt tokens (resident session or disk).");
   line_u("dsv4_cache_hits_total", cache_hits_);
+  head("dsv4_spec_passes_total", "counter", "Speculative verify passes (--draft).");
+  line_u("dsv4_spec_passes_total", spec_passes_);
+  head("dsv4_spec_proposed_tokens_total", "counter", "Tokens proposed to the verify passes.");
+  line_u("dsv4_spec_proposed_tokens_total", spec_proposed_);
+  head("dsv4_spec_accepted_tokens_total", "counter", "Proposed tokens the model agreed with (forward passes saved).");
+  line_u("dsv4_spec_accepted_tokens_total", spec_accepted_);
   head("dsv4_jobs_total", "counter", "Finished generation jobs by result.");
   s += strfmt("dsv4_jobs_total{result=\"ok\"} %llu\n", static_cast<unsigned long long>(jobs_ok_));
   s += strfmt("dsv4_jobs_total{result=\"cancelled\"} %llu\n", static_cast<unsigned long long>(jobs_cancelled_));

@@ -14,6 +14,9 @@
 //   dsv4_prefill_tokens_per_second         gauge    of the last job that prefilled anything
 //   dsv4_decode_tokens_per_second          gauge    of the last job that generated anything
 //   dsv4_cache_hits_total                  counter  jobs that reused cached prompt tokens
+//   dsv4_spec_passes_total                 counter  speculative verify passes (--draft)
+//   dsv4_spec_proposed_tokens_total        counter  tokens proposed to them
+//   dsv4_spec_accepted_tokens_total        counter  proposals the model agreed with (passes saved)
 //   dsv4_jobs_total{result}                counter  finished jobs: ok, cancelled, error
 //   dsv4_queue_depth                       gauge    jobs waiting for a worker
 //   dsv4_jobs_running                      gauge    jobs running (at most --parallel)
@@ -111,6 +114,7 @@ class Metrics {
   double request_seconds_ = 0;
   uint64_t request_count_ = 0;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, prefilled_tokens_ = 0, completion_tokens_ = 0;
+  uint64_t spec_passes_ = 0, spec_proposed_ = 0, spec_accepted_ = 0;
   double prefill_seconds_ = 0, decode_seconds_ = 0;
   double last_prefill_tps_ = 0, last_decode_tps_ = 0;
   uint64_t cache_hits_ = 0;

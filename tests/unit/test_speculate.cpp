@@ -1,0 +1,206 @@
+// Speculative decoding on the synthetic tiny model (CPU backend, bitwise):
+//   - Session::verify keeps any prefix of the verified rows exactly: the logits of every row, the
+//     session's logits after the kept prefix, and everything decoded afterwards equal plain
+//     prefill/decode, whatever the dropped rows held and wherever the rows fall relative to the
+//     compression windows (ratio 4 with overlap, ratio 128) and the 128-token window;
+//   - generate() with proposals (MTP, or a replay of a known continuation) gives the tokens plain
+//     decoding gives, greedy and sampled, and a drafter that is always right gets k + 1 tokens a pass.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "dsv4/engine.h"
+#include "generate/generate.h"
+#include "synth/synth.h"
+#include "../common/token_walk.h"
+
+using namespace dsv4;
+using dsv4::test::bitwise_equal;
+using dsv4::test::tiny_tokens;
+
+namespace {
+
+constexpr size_t V = 512;
+
+struct Fixture {
+  std::string dir, model, mtp;
+  std::unique_ptr<Engine> engine;
+  Fixture() {
+    dir = (std::filesystem::temp_directory_path() / ("dsv4_spec_" + std::to_string(::getpid()))).string();
+    std::filesystem::create_directories(dir);
+    model = dir + "/tiny.gguf";
+    mtp = dir + "/tiny-mtp.gguf";
+    const Preset p = *find_preset("tiny");
+    EXPECT_TRUE(synth_write(synth_plan(p, 31), model, 2).has_value());
+    EXPECT_TRUE(synth_write(synth_mtp_plan(p, 32), mtp, 2).has_value());
+    EngineOptions o;
+    o.model_path = model;
+    o.mtp_path = mtp;
+    o.backend = BackendChoice::CPU;
+    o.ctx = 2048;
+    o.prefill_batch = 64;
+    o.show_progress = false;
+    auto e = Engine::load(o);
+    EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
+    engine = std::move(*e);
+  }
+  ~Fixture() { std::filesystem::remove_all(dir); }
+};
+
+Fixture& fx() {
+  static Fixture f;
+  return f;
+}
+
+std::vector<float> row(const std::vector<float>& all, size_t i) {
+  return {all.begin() + static_cast<long>(i * V), all.begin() + static_cast<long>((i + 1) * V)};
+}
+
+}  // namespace
+
+TEST(Speculate, VerifyKeepsAnyPrefixExactly) {
+  Engine& e = *fx().engine;
+  const auto t = tiny_tokens(700, 17);
+  auto ref = e.new_session();
+  auto want = (*ref)->prefill_all_logits(t);  // want[i]: the logits after t[0..i]
+  ASSERT_TRUE(want.has_value()) << want.error().message;
+
+  auto s = e.new_session();
+  ASSERT_TRUE((*s)->prefill(std::span<const int32_t>(t.data(), 5)).has_value());
+  std::mt19937 rng(7);
+  size_t at = 5, passes = 0, partial = 0;
+  while (at < 600) {
+    const size_t n = std::min<size_t>(1 + rng() % Session::max_verify(), 600 - at);
+    const size_t keep = rng() % (n + 1);
+    // Rows past the kept ones hold other tokens: what they leave behind must not matter.
+    std::vector<int32_t> rows(t.begin() + static_cast<long>(at), t.begin() + static_cast<long>(at + keep));
+    for (size_t j = keep; j < n; ++j) rows.push_back(static_cast<int32_t>(3 + rng() % 509));
+    bool rows_ok = true;
+    auto kept = (*s)->verify(rows, [&](std::span<const float> all) {
+      for (size_t j = 0; j < keep; ++j)
+        rows_ok = rows_ok && std::memcmp(all.data() + j * V, want->data() + (at + j) * V, V * sizeof(float)) == 0;
+      return keep;
+    });
+    ASSERT_TRUE(kept.has_value()) << kept.error().message;
+    ASSERT_EQ(*kept, keep);
+    ASSERT_TRUE(rows_ok) << "verified rows at " << at;
+    at += keep;
+    ASSERT_EQ((*s)->n_tokens(), at);
+    ASSERT_TRUE(bitwise_equal((*s)->logits(), row(*want, at - 1))) << "after keeping " << keep << " of " << n;
+    ++passes;
+    partial += keep < n;
+  }
+  EXPECT_GT(partial, 20u);
+  // Plain decoding from here on (past more ratio-4 and ratio-128 windows) sees exactly the plain state.
+  for (; at < t.size(); ++at) {
+    ASSERT_TRUE((*s)->decode(t[at]).has_value());
+    ASSERT_TRUE(bitwise_equal((*s)->logits(), row(*want, at))) << "decode at " << at << " after " << passes;
+  }
+}
+
+TEST(Speculate, VerifyErrorsLeaveTheSessionAsItWas) {
+  Engine& e = *fx().engine;
+  auto s = e.new_session();
+  const auto t = tiny_tokens(40, 3);
+  ASSERT_TRUE((*s)->prefill(t).has_value());
+  const auto before = (*s)->logits();
+  std::vector<int32_t> too_many(Session::max_verify() + 1, 5);
+  EXPECT_FALSE((*s)->verify(too_many, nullptr).has_value());
+  std::vector<int32_t> bad{5, 100000};
+  EXPECT_FALSE((*s)->verify(bad, nullptr).has_value());
+  EXPECT_EQ((*s)->n_tokens(), 40u);
+  EXPECT_TRUE(bitwise_equal((*s)->logits(), before));
+  // keep() asking for more than it was given: everything is kept, and the call says so.
+  std::vector<int32_t> two{5, 6};
+  auto r = (*s)->verify(two, [](std::span<const float>) { return size_t{3}; });
+  EXPECT_FALSE(r.has_value());
+  EXPECT_EQ((*s)->n_tokens(), 42u);
+  // The session goes on normally.
+  ASSERT_TRUE((*s)->decode(7).has_value());
+}
+
+TEST(Speculate, MtpDraftsAreChainedAndLeaveTheSession) {
+  Engine& e = *fx().engine;
+  auto s = e.new_session();
+  ASSERT_TRUE((*s)->prefill(tiny_tokens(30, 4)).has_value());
+  const auto before = (*s)->logits();
+  auto d = (*s)->mtp_draft(9, 4);
+  ASSERT_TRUE(d.has_value()) << d.error().message;
+  ASSERT_EQ(d->size(), 4u);
+  for (int32_t x : *d) EXPECT_TRUE(x >= 0 && x < static_cast<int32_t>(V));
+  // The first proposal is MTP's argmax for (last state, 9); the same call again gives the same chain.
+  auto lg = (*s)->mtp_logits(9);
+  ASSERT_TRUE(lg.has_value());
+  EXPECT_EQ((*d)[0], static_cast<int32_t>(std::max_element(lg->begin(), lg->end()) - lg->begin()));
+  auto d2 = (*s)->mtp_draft(9, 4);
+  ASSERT_TRUE(d2.has_value());
+  EXPECT_EQ(*d, *d2);
+  EXPECT_EQ((*s)->n_tokens(), 30u);
+  EXPECT_TRUE(bitwise_equal((*s)->logits(), before));
+}
+
+namespace {
+
+GenerateResult gen(int draft, float temperature, int max_tokens, const GenerateOptions* base = nullptr) {
+  Engine& e = *fx().engine;
+  auto s = e.new_session();
+  GenerateOptions o = base ? *base : GenerateOptions{};
+  o.sampling.temperature = temperature;
+  o.sampling.seed = 1234;
+  o.max_tokens = max_tokens;
+  o.ignore_eos = true;
+  o.parse_chat = false;
+  o.draft = draft;
+  const auto p = tiny_tokens(150, 8);
+  auto r = generate(**s, e.tokenizer(), p, o);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
+  EXPECT_EQ((*s)->n_tokens(), p.size() + r->tokens.size());
+  return *r;
+}
+
+}  // namespace
+
+TEST(Speculate, GenerateWithMtpGivesThePlainTokens) {
+  for (float temp : {0.0f, 0.9f}) {
+    const GenerateResult plain = gen(0, temp, 120);
+    EXPECT_EQ(plain.spec.passes, 0u);
+    for (int draft : {1, 3, 7}) {
+      const GenerateResult spec = gen(draft, temp, 120);
+      EXPECT_EQ(spec.tokens, plain.tokens) << "draft " << draft << " temperature " << temp;
+      EXPECT_GT(spec.spec.passes, 0u);
+      EXPECT_LE(spec.spec.accepted, spec.spec.proposed);
+    }
+  }
+}
+
+TEST(Speculate, AlwaysRightProposalsGiveKPlusOneTokensAPass) {
+  // Record the greedy continuation, then propose exactly it: every proposal is accepted, so
+  // each pass yields k + 1 tokens (the last pass may be cut by max_tokens).
+  const GenerateResult plain = gen(0, 0.0f, 121);
+  for (int k : {1, 2, 5}) {
+    GenerateOptions o;
+    o.drafter = [&](Session&, std::span<const int32_t> generated, int32_t, int n) -> expected<std::vector<int32_t>> {
+      std::vector<int32_t> out;
+      for (size_t i = generated.size(); i < plain.tokens.size() && out.size() < static_cast<size_t>(n); ++i)
+        out.push_back(plain.tokens[i]);
+      return out;
+    };
+    const GenerateResult spec = gen(k, 0.0f, 121, &o);
+    EXPECT_EQ(spec.tokens, plain.tokens);
+    EXPECT_EQ(spec.spec.accepted, spec.spec.proposed) << "k " << k;
+    // 121 tokens: the first from the prompt's logits, then 120 over passes of k + 1.
+    EXPECT_EQ(spec.spec.passes, static_cast<uint64_t>((120 + k) / (k + 1))) << "k " << k;
+  }
+  // Proposals that are always wrong cost nothing in output: the same tokens, none accepted.
+  GenerateOptions o;
+  o.drafter = [&](Session&, std::span<const int32_t> generated, int32_t, int n) -> expected<std::vector<int32_t>> {
+    std::vector<int32_t> out;
+    for (size_t i = generated.size(); i < plain.tokens.size() && out.size() < static_cast<size_t>(n); ++i)
+      out.push_back(plain.tokens[i] == 3 ? 4 : 3);
+    return out;
+  };
+  const GenerateResult wrong = gen(3, 0.0f, 121, &o);
+  EXPECT_EQ(wrong.tokens, plain.tokens);
+  EXPECT_EQ(wrong.spec.accepted, 0u);
+}
