@@ -150,9 +150,9 @@ std::string stats_line(const GenerateResult& r, size_t session_tokens, uint32_t 
     spec = strfmt(" | accepted %llu/%llu proposed, %.2f tokens/pass", static_cast<unsigned long long>(r.spec.accepted),
                   static_cast<unsigned long long>(r.spec.proposed),
                   static_cast<double>(r.spec.passes + r.spec.accepted) / static_cast<double>(r.spec.passes));
-  return strfmt("[prompt %zu tokens (%zu cached), %s | generated %zu tokens, %s%s | finish %s | context %zu/%u]",
-                r.prompt_tokens, r.cached_tokens, prefill.c_str(), r.tokens.size(), decode.c_str(), spec.c_str(),
-                finish_reason_name(r.finish), session_tokens, ctx);
+  return strfmt("[prompt %zu tokens (%zu cached), %s | generated %zu tokens, %s | finish %s | context %zu/%u%s]",
+                r.prompt_tokens, r.cached_tokens, prefill.c_str(), r.tokens.size(), decode.c_str(),
+                finish_reason_name(r.finish), session_tokens, ctx, spec.c_str());
 }
 
 void print_reply_report(const GenerateResult& r, size_t session_tokens, uint32_t ctx, bool color) {

@@ -587,6 +587,11 @@ expected<size_t> Session::verify(std::span<const int32_t> tokens, const KeepFn& 
   // Commit whatever `keep` said (clamped): the verified rows must not stay half-applied.
   const size_t a = std::min(kept, n);
   DSV4_TRY(s.model().commit(s.state, static_cast<int64_t>(a)));
+  // The MTP block's window from the kept rows: position p pairs p's state with token p + 1 (the last
+  // kept position's next token is not known yet: the next draft writes that row).
+  if (s.model().has_mtp() && a >= 2)
+    DSV4_TRY(s.model().mtp_fill(s.state, tokens.data() + 1, s.state.spec.hidden, static_cast<int64_t>(a - 1),
+                                static_cast<int64_t>(s.tokens.size())));
   if (a > 0) {
     s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.begin() + static_cast<long>(a));
     s.logits.assign(all.begin() + static_cast<long>((a - 1) * V), all.begin() + static_cast<long>(a * V));

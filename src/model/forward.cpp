@@ -932,6 +932,39 @@ void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::ve
   if (cnt > 0) head_ops(flat.rows(0, cnt).reshape(D, hc, cnt), cnt);
 }
 
+Status Model::mtp_fill(KvState& st, const int32_t* next, const Tensor& hidden, int64_t n, int64_t p0) {
+  using MT = MtpTensor;
+  using GT = GlobalTensor;
+  if (!has_mtp_) return make_error("no MTP block loaded (use --mtp FILE)");
+  const ModelSpec& P = spec_;
+  const int64_t D = P.n_embd, hc = P.hc_count;
+  if (n < 1 || n * hc > options_.max_batch || p0 < 0 || p0 + n > static_cast<int64_t>(st.ctx))
+    return make_error("MTP fill: %lld rows at %lld", static_cast<long long>(n), static_cast<long long>(p0));
+  for (int64_t r = 0; r < n; ++r)
+    if (next[r] < 0 || static_cast<uint32_t>(next[r]) >= P.n_vocab)
+      return make_error("MTP: token %d outside the vocabulary", next[r]);
+  Scratch& s = *sc_;
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) pos[static_cast<size_t>(r)] = static_cast<int32_t>(p0 + r);
+  backend_.write(s.pos, pos.data(), pos.size() * 4);
+  backend_.write(s.ids, next, static_cast<size_t>(n) * 4);
+  const int64_t rows = n * hc;  // every (row, stream) pair
+  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, rows).reshape(D, hc, n);
+  // Y = W_h RMSNorm(X; hnorm) + W_e RMSNorm(embed[next]; enorm), over all n * hc rows (the embedding
+  // repeated per stream, so the sum is row by row).
+  Tensor e = s.u.rows(0, rows), ye = s.ys.rows(0, rows), hn = s.xn.rows(0, rows);
+  backend_.embed({e.reshape(D, hc, n), global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
+  backend_.rms_norm({.out = e, .x = e, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
+  backend_.matmul({ye, mtp_head_[static_cast<size_t>(MT::E_PROJ)], e});
+  const Tensor x = hidden.reshape(D * hc, hidden.n_elements() / (D * hc)).rows(0, n).reshape(D, rows);
+  backend_.rms_norm({.out = hn, .x = x, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
+  backend_.matmul({state.reshape(D, rows), mtp_head_[static_cast<size_t>(MT::H_PROJ)], hn});
+  backend_.add({state.reshape(D, rows), ye});
+  const Segment seg{&st, 0, n};
+  block(mtp_block_, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, P.n_layer, false, n);
+  return {};
+}
+
 Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, bool chain) {
   using MT = MtpTensor;
   using GT = GlobalTensor;

@@ -154,6 +154,12 @@ class Model {
   // `chain`: the mHC state is instead the MTP block's own output of the previous call (a draft of
   // a draft: p one further, `token` that call's proposal).
   Status mtp_forward(KvState& s, int32_t token, int64_t p, float* logits, bool chain = false);
+  // The MTP block's window rows of positions p0 .. p0 + n - 1 as mtp_forward would write them one by
+  // one right after each position was fed: row r pairs the final state hidden[r] ([n, hc, D]) of
+  // position p0 + r with the token that followed it, next[r] (hidden may hold more rows: the first n
+  // are used). One batch; no logits. (After a verify
+  // pass, so later drafts attend to the model's own states of the kept tokens, not to drafts.)
+  Status mtp_fill(KvState& s, const int32_t* next, const Tensor& hidden, int64_t n, int64_t p0);
 
   // Speculative decoding (model/speculate.cpp). verify() feeds ids[0..n) at p0.. (the state holds
   // exactly p0 tokens) as one batch and writes the logits after every row ([n][V]); commit(a) then

@@ -92,7 +92,7 @@ Status Model::commit(KvState& s, int64_t a) {
     return make_error("commit: %lld of %lld verified rows", static_cast<long long>(a), static_cast<long long>(n));
   s.spec.p0 = -1;
   s.spec.n = 0;
-  if (a == n) return {};  // the verify pass's state is the state after all n rows
+  if (a == n) return {};  // the verify pass's state is the state after all n rows (and its last_hidden)
   const int64_t D = spec_.n_embd, hc = spec_.hc_count;
   if (a > 0) {
     std::vector<int32_t> pos(static_cast<size_t>(a));

@@ -101,7 +101,7 @@ struct Stats {
 };
 Stats stats_of(const std::string& err) {
   static const std::regex re(
-      R"(\[prompt (\d+) tokens \((\d+) cached\), prefill [^|]*\| generated (\d+) tokens, decode [^|]*\| finish (\w+) \| context \d+/\d+\])");
+      R"(\[prompt (\d+) tokens \((\d+) cached\), prefill [^|]*\| generated (\d+) tokens, decode [^|]*\| finish (\w+) \| context \d+/\d+[^\]]*\])");
   std::smatch m;
   Stats s;
   if (std::regex_search(err, m, re)) {
@@ -275,6 +275,27 @@ TEST(CliRun, MissingOrWrongModelFiles) {
   EXPECT_NE(no_model.err.find("dsv4 synth --preset tiny"), std::string::npos) << no_model.err;
 }
 
+TEST(CliRun, MtpProposalsLeaveTheReplyAsItIs) {
+  const std::string mtp = scratch() + "/tiny-mtp.gguf";
+  ASSERT_EQ(std::system((std::string(DSV4_EXE) + " synth --preset tiny --mtp -o " + mtp + " >/dev/null 2>&1").c_str()),
+            0);
+  for (const std::string sampling : {"--temp 0", "--temp 0.8 --seed 5"}) {
+    Result plain = run_dsv4(run_tiny("-p 'write a poem' -n 40 --ignore-eos --nothink " + sampling));
+    Result spec =
+        run_dsv4(run_tiny("-p 'write a poem' -n 40 --ignore-eos --nothink --mtp " + mtp + " --draft 3 " + sampling));
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    ASSERT_EQ(spec.status, 0) << spec.err;
+    EXPECT_EQ(spec.out, plain.out) << sampling;
+    EXPECT_EQ(stats_of(spec.err).generated, 40) << spec.err;
+    EXPECT_NE(spec.err.find("proposed tokens per pass"), std::string::npos) << spec.err;
+    EXPECT_TRUE(std::regex_search(spec.err, std::regex(R"(\| accepted \d+/\d+ proposed, [0-9.]+ tokens/pass\])")))
+        << spec.err;
+  }
+  Result big = run_dsv4(run_tiny("-p hi --mtp " + mtp + " --draft 99"));
+  EXPECT_NE(big.status, 0);
+  EXPECT_NE(big.err.find("--draft must be between 0 and 15"), std::string::npos) << big.err;
+}
+
 TEST(CliRun, BadFlagValuesAreRefused) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--temp -1", "--temp"},
@@ -297,6 +318,8 @@ TEST(CliRun, BadFlagValuesAreRefused) {
       {"--gemm-min-tokens 1", "--gemm-min-tokens"},
       {"--expert-gemm fast", "--expert-gemm"},
       {"--expert-gemm 0", "--expert-gemm"},
+      {"--draft 2", "--draft needs --mtp"},
+      {"--draft-margin -1", "--draft-margin"},
   };
   for (const auto& [flags, mention] : cases) {
     Result r = run_dsv4(run_tiny("-p hi " + flags));

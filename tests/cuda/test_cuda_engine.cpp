@@ -8,7 +8,8 @@
 // plus agreement with the CPU engine at the end of a prompt in plain numerics
 // (NMSE <= 1e-7 and the same top-1 unless the CPU's top-2 margin is within 4x
 // the largest logit difference; test_cuda_model compares every position in
-// both numerics); the CUDA switches (all fall-backs; cuBLAS from 2 tokens)
+// both numerics); speculative verify passes keeping any prefix == prefill (bitwise on the FFMA tiles,
+// NMSE <= 1e-7 on the tensor cores); the CUDA switches (all fall-backs; cuBLAS from 2 tokens)
 // against the CPU the same way, and bad switch values as clear load errors; and
 // with the GPU's memory taken, new_session as a clear error.
 //
@@ -245,6 +246,47 @@ int main(int argc, char** argv) {
     }
     check(same, "cuda: decode token by token == prefill_all_logits (bitwise, 200 tokens)");
   }
+
+  // Speculative verify passes keeping any prefix (Session::verify; model/speculate.cpp) == prefill: bitwise on
+  // the FFMA tiles, NMSE <= 1e-7 per row on the tensor cores (plain numerics), across the compression windows,
+  // with other tokens in the dropped rows; then plain decode steps after the last commit.
+  auto verify_walk = [&](Engine& eng, bool exact, const char* name) {
+    auto ref = *eng.new_session();
+    auto want = ref->prefill_all_logits(std::span<const int32_t>(t.data(), 360));
+    auto s = *eng.new_session();
+    bool good = want.has_value() && s->prefill(std::span<const int32_t>(t.data(), 5)).has_value();
+    double worst = 0;
+    auto close = [&](const float* got, size_t pos) {
+      std::vector<float> g(got, got + V),
+          w(want->begin() + static_cast<long>(pos * V), want->begin() + static_cast<long>((pos + 1) * V));
+      if (exact) return bitwise(g, w);
+      const double e = diff_f32(g, w).nmse;
+      worst = std::max(worst, e);
+      return e <= 1e-7;
+    };
+    std::mt19937 r(static_cast<uint32_t>(seed));
+    size_t at = 5, passes = 0;
+    while (good && at < 300) {
+      const size_t n = std::min<size_t>(1 + r() % Session::max_verify(), 300 - at), keep = r() % (n + 1);
+      std::vector<int32_t> rows(t.begin() + static_cast<long>(at), t.begin() + static_cast<long>(at + keep));
+      for (size_t j = keep; j < n; ++j) rows.push_back(static_cast<int32_t>(3 + r() % 509));
+      auto kept = s->verify(rows, [&](std::span<const float> all) {
+        for (size_t j = 0; j < keep; ++j) good = good && close(all.data() + j * V, at + j);
+        return keep;
+      });
+      good = good && kept.has_value() && *kept == keep;
+      at += keep;
+      good = good && (at == 0 || close(s->logits().data(), at - 1));
+      if (!good) std::printf("  %s: first difference at position %zu (pass %zu)\n", name, at, passes);
+      ++passes;
+    }
+    for (; good && at < 360; ++at) good = s->decode(t[at]).has_value() && close(s->logits().data(), at);
+    check(good,
+          exact ? strfmt("cuda, %s: verify passes keeping any prefix == prefill (bitwise, %zu passes)", name, passes)
+                : strfmt("cuda, %s: verify passes keeping any prefix == prefill (NMSE %.1e <= 1e-7)", name, worst));
+  };
+  verify_walk(*cuda, true, "FFMA tiles");
+  if (cuda_plain) verify_walk(*cuda_plain, false, "plain, tensor cores");
 
   // The recorded decode step (a CUDA graph) across session switches and frees:
   // two sessions decode in turns of 5 tokens (each switch re-records), and a

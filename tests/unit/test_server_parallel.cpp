@@ -7,7 +7,8 @@
 // OpenAI n > 1 gives the n seeded single replies as its choices, prefilling
 // the prompt once; parallel
 // requests save their prompts to the disk KV cache and restore them after a
-// restart, with the same replies.
+// restart, with the same replies; with MTP proposals (--mtp, --draft) one request at a time gets the
+// same replies, and /metrics counts the verify passes and accepted proposals.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -36,8 +37,9 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-std::unique_ptr<Engine> load_engine() {
+std::unique_ptr<Engine> load_engine(const std::string& mtp = "") {
   EngineOptions o;
+  o.mtp_path = mtp;
   o.synthetic = "tiny";
   o.synthetic_seed = 3;
   o.backend = BackendChoice::CPU;
@@ -55,7 +57,8 @@ struct Served {
   std::thread thread;
   int port = 0;
 
-  Served(size_t parallel, uint64_t session_memory_mb = 0, const std::string& disk_dir = "") {
+  Served(size_t parallel, uint64_t session_memory_mb = 0, const std::string& disk_dir = "", const std::string& mtp = "",
+         int draft = 0) {
     KvCacheOptions c;
     c.session_memory_mb = session_memory_mb;
     if (!disk_dir.empty()) {
@@ -67,7 +70,8 @@ struct Served {
     BatchingOptions b;
     b.parallel = parallel;
     b.step_tokens = 32;  // prompts take several steps, between the others' decode rows
-    auto eb = EngineBackend::create(load_engine(), 1024, c, b);
+    b.draft = draft;
+    auto eb = EngineBackend::create(load_engine(mtp), 1024, c, b);
     EXPECT_TRUE(eb.has_value()) << (eb ? "" : eb.error().message);
     backend = std::move(*eb);
     ServerOptions o;
@@ -294,4 +298,27 @@ TEST(ServerParallel, ParallelRequestsUseTheDiskCacheEachOnItsOwnSession) {
     EXPECT_EQ(again[i]["choices"][0]["logprobs"].dump(), first[i]["choices"][0]["logprobs"].dump()) << i;
   }
   EXPECT_GE(metric(s.metrics(), "dsv4_kv_disk_hits_total"), n);
+}
+
+TEST(ServerParallel, MtpProposalsGiveTheSameRepliesAndShowInMetrics) {
+  kvtest::TempDir dir("mtp");
+  std::filesystem::create_directories(dir.path);
+  const std::string mtp = dir.file("tiny-mtp.gguf");
+  ASSERT_TRUE(synth_write(synth_mtp_plan(*find_preset("tiny"), 4), mtp, 1).has_value());
+  std::vector<std::string> plain;
+  {
+    Served one(1);
+    for (int i = 0; i < 2; ++i) plain.push_back(one.post(chat(i, 24, false)).dump());
+  }
+  Served s(1, 0, "", mtp, 3);
+  for (int i = 0; i < 2; ++i) {
+    ordered_json r = s.post(chat(i, 24, false));
+    r["id"] = ordered_json::parse(plain[static_cast<size_t>(i)])["id"];
+    r["created"] = ordered_json::parse(plain[static_cast<size_t>(i)])["created"];
+    EXPECT_EQ(r["choices"], ordered_json::parse(plain[static_cast<size_t>(i)])["choices"]) << "request " << i;
+  }
+  const std::string m = s.metrics();
+  EXPECT_GT(metric(m, "dsv4_spec_passes_total"), 0) << m;
+  EXPECT_GT(metric(m, "dsv4_spec_proposed_tokens_total"), 0) << m;
+  EXPECT_GE(metric(m, "dsv4_spec_accepted_tokens_total"), 0) << m;
 }

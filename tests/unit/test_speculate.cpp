@@ -140,6 +140,37 @@ TEST(Speculate, MtpDraftsAreChainedAndLeaveTheSession) {
   EXPECT_TRUE(bitwise_equal((*s)->logits(), before));
 }
 
+TEST(Speculate, KeptRowsFillTheMtpWindowAsDecodingWould) {
+  // A: decode token by token, running MTP after each position with the token that follows (what
+  // the window should hold). B: one verify pass keeping every row. Their next MTP logits agree
+  // bitwise, so the window rows B's pass wrote are A's.
+  Engine& e = *fx().engine;
+  const auto t = tiny_tokens(60, 12);
+  const size_t N = 40, a = 9;
+  auto A = e.new_session();
+  auto B = e.new_session();
+  ASSERT_TRUE((*A)->prefill(std::span<const int32_t>(t.data(), N)).has_value());
+  ASSERT_TRUE((*B)->prefill(std::span<const int32_t>(t.data(), N)).has_value());
+  for (size_t p = N; p < N + a; ++p) {
+    ASSERT_TRUE((*A)->decode(t[p]).has_value());
+    if (p + 1 < N + a) {
+      ASSERT_TRUE((*A)->mtp_logits(t[p + 1]).has_value());
+    }
+  }
+  auto kept = (*B)->verify(std::span<const int32_t>(t.data() + N, a), [](std::span<const float>) { return a; });
+  ASSERT_TRUE(kept.has_value()) << kept.error().message;
+  auto la = (*A)->mtp_logits(t[N + a]);
+  auto lb = (*B)->mtp_logits(t[N + a]);
+  ASSERT_TRUE(la.has_value() && lb.has_value());
+  EXPECT_TRUE(bitwise_equal(*la, *lb));
+  // Without the fill B's window would lack those rows: a session that only prefilled differs.
+  auto C = e.new_session();
+  ASSERT_TRUE((*C)->prefill(std::span<const int32_t>(t.data(), N + a)).has_value());
+  auto lc = (*C)->mtp_logits(t[N + a]);
+  ASSERT_TRUE(lc.has_value());
+  EXPECT_FALSE(bitwise_equal(*la, *lc));
+}
+
 namespace {
 
 GenerateResult gen(int draft, float temperature, int max_tokens, const GenerateOptions* base = nullptr) {
