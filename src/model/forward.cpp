@@ -739,6 +739,21 @@ void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, fl
     Tensor lg = s.logits.rows(0, cnt);
     backend_.read(lg, logits, lg.n_bytes());
   }
+  // A batch of a prompt fills the MTP block's window for its last positions (each paired with the
+  // next token of the batch; the last position's row waits for its next token): the rows a draft
+  // after the prompt attends to. In chunks of what the scratch holds, oldest first: a chunk's
+  // writes to the final state scratch stay below the rows the later chunks read. (A verify pass
+  // fills after its commit instead: Session::verify.)
+  if (has_mtp_ && n >= 2 && !spec_target_) {
+    const int64_t D = spec_.n_embd, hc = spec_.hc_count;
+    const Tensor final_rows = s.state.reshape(D * hc, options_.max_batch).rows(0, n);
+    const int64_t chunk = std::max<int64_t>(1, options_.max_batch / hc);
+    for (int64_t r = std::max<int64_t>(0, n - 1 - spec_.sliding_window); r < n - 1; r += chunk) {
+      const int64_t m = std::min(chunk, n - 1 - r);
+      const Status st_fill = mtp_fill(st, ids + r + 1, final_rows.rows(r, m), m, p0 + r);
+      DSV4_ASSERT(st_fill.has_value(), "MTP fill of a checked batch: %s", st_fill.error().message.c_str());
+    }
+  }
 }
 
 // The ops of one batch of n tokens whose positions and ids are already in
