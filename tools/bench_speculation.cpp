@@ -6,7 +6,7 @@
 //      by generate() with proposals that replay it (always right): tokens per pass must be k + 1,
 //      and the output must equal the recording. (A random-weight model has no real acceptance: this
 //      is the ceiling any drafter can reach.)
-//   3. With --mtp: generate() with the MTP block's proposals (--draft, default 2): acceptance and speed.
+//   3. With --mtp or --dspark: generate() with the drafter's proposals (--draft): acceptance and speed.
 //   4. Projection: with i.i.d. acceptance a per proposal, a pass of k proposals gives
 //      E = (1 - a^(k+1)) / (1 - a) tokens at cost(k), so speed = E / cost(k) x the decode rate; shown
 //      for the published acceptance rates named in the table.
@@ -106,14 +106,14 @@ Status bench_speculation(Engine& engine, Session& session, const SpeculationBenc
   }
 
   // 3. The MTP block's own proposals.
-  if (engine.info().has_mtp && b.draft > 0) {
+  if ((engine.info().has_mtp || engine.info().has_dspark) && b.draft > 0) {
     GenerateOptions so = o;
     so.draft = b.draft;
     so.draft_margin = b.draft_margin;
     DSV4_TRY(session.rewind(frontier));
     DSV4_TRY_ASSIGN(const GenerateResult r, generate(session, tok, prompt, so));
-    out("# MTP proposals (--draft %d, --draft-margin %g), %d tokens\n", b.draft, static_cast<double>(b.draft_margin),
-        gen);
+    out("# %s proposals (--draft %d, --draft-margin %g), %d tokens\n", engine.info().has_dspark ? "DSpark" : "MTP",
+        b.draft, static_cast<double>(b.draft_margin), gen);
     out("draft,passes,proposed,accepted,acceptance,tokens_per_pass,same_output,decode_tps,plain_tps\n");
     out("%d,%llu,%llu,%llu,%.3f,%.3f,%s,%.2f,%.2f\n", b.draft, static_cast<unsigned long long>(r.spec.passes),
         static_cast<unsigned long long>(r.spec.proposed), static_cast<unsigned long long>(r.spec.accepted),

@@ -37,9 +37,7 @@ struct BenchArgs {
   uint32_t mixed_prefill = 0;
   uint32_t mixed_chunk = 0;  // 0: a quarter of the prefill batch (dsv4 serve's --prefill-chunk default)
   int verify = 0;            // --verify K: speculative decoding's pass costs and cycle (bench_speculation.h)
-  std::string mtp;           // --mtp FILE
-  int draft = -1;            // --draft (draft_for)
-  float draft_margin = 0;
+  SpeculationArgs spec;      // --mtp, --dspark, --draft
 };
 
 int run_bench(const BenchArgs& a) {
@@ -55,7 +53,7 @@ int run_bench(const BenchArgs& a) {
   if (a.mixed_prefill > 0 && a.concurrency < 2) return fail("--mixed-prefill needs --concurrency of at least 2");
   if (a.verify > 0 && (a.concurrency > 1 || a.profile))
     return fail("--verify runs alone: no --concurrency or --profile");
-  auto draft = draft_for(a.mtp, a.draft);
+  auto draft = a.spec.draft_in_effect();
   if (!draft) return fail(draft.error().message);
   EngineOptions o;
   o.model_path = a.model;
@@ -68,7 +66,7 @@ int run_bench(const BenchArgs& a) {
   o.prefill_batch = a.batch;
   o.synthetic_router_skew = a.router_skew;
   o.expert_stats = a.expert_stats;
-  o.mtp_path = a.mtp;
+  a.spec.apply(o);
   // (--concurrency --profile decodes the steps twice, the second time timed op by op)
   const uint32_t decode_room = static_cast<uint32_t>(a.gen_tokens) * (a.concurrency > 1 && a.profile ? 2 : 1);
   // (--mixed-prefill: one decode step per prompt chunk; the smallest default chunk is the CPU's 512 / 4)
@@ -236,7 +234,7 @@ int run_bench(const BenchArgs& a) {
     if (auto st = (*session)->prefill(std::span<const int32_t>(seq.data(), a.ctx_start)); !st)
       return fail(st.error().message);
     const SpeculationBench sb{
-        .max_k = a.verify, .gen_tokens = a.gen_tokens, .draft = *draft, .draft_margin = a.draft_margin};
+        .max_k = a.verify, .gen_tokens = a.gen_tokens, .draft = *draft, .draft_margin = a.spec.margin};
     const Status st =
         bench_speculation(**engine, **session, sb, [&](const std::string& line) { both("%s", line.c_str()); });
     if (csv) std::fclose(csv);
@@ -362,7 +360,7 @@ void register_bench(CLI::App& app) {
                   "step (k = 1..K), proposals replaying the greedy continuation (k + 1 tokens a pass), the MTP "
                   "block's acceptance (--mtp), and the speed projected at published acceptance rates")
       ->type_name("K");
-  add_speculation_flags(cmd, &a->mtp, &a->draft, &a->draft_margin);
+  add_speculation_flags(cmd, &a->spec);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_bench(*a)); });
 }

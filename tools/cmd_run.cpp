@@ -33,9 +33,8 @@ namespace {
 
 // The flags as given (CLI11 fills these), before validation.
 struct RunArgs {
-  std::string model, mtp;
-  int draft = -1;  // --draft (draft_for)
-  float draft_margin = 0;
+  std::string model;
+  SpeculationArgs spec;
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
   int threads = 0, batch = 0;  // 0: the backend's default
@@ -112,9 +111,9 @@ expected<RunSettings> settings_from(const RunArgs& a) {
   DSV4_TRY(validate(a));
   RunSettings s;
   s.engine.model_path = a.model;
-  s.engine.mtp_path = a.mtp;
-  DSV4_TRY_ASSIGN(s.draft, draft_for(a.mtp, a.draft));
-  s.draft_margin = a.draft_margin;
+  a.spec.apply(s.engine);
+  DSV4_TRY_ASSIGN(s.draft, a.spec.draft_in_effect());
+  s.draft_margin = a.spec.margin;
   s.engine.backend = a.backend;
   s.engine.numerics = a.numerics;
   s.engine.ctx = a.ctx;
@@ -232,10 +231,13 @@ int run_run(const RunArgs& a) {
     engine = std::move(*loaded);
   }
   const EngineInfo& info = engine->info();
-  std::fprintf(
-      stderr, "%sdsv4 run: loaded %s on %s in %.2f s; %s of weights, %s%s%s\n", err.dim(), info.model_name.c_str(),
-      info.backend.c_str(), info.load_seconds, human_bytes(info.weight_bytes).c_str(), info.quant.c_str(),
-      info.has_mtp ? strfmt("; MTP block loaded: %d proposed tokens per pass", s.draft).c_str() : "", err.reset());
+  std::fprintf(stderr, "%sdsv4 run: loaded %s on %s in %.2f s; %s of weights, %s%s%s\n", err.dim(),
+               info.model_name.c_str(), info.backend.c_str(), info.load_seconds, human_bytes(info.weight_bytes).c_str(),
+               info.quant.c_str(),
+               info.has_dspark ? strfmt("; DSpark drafter loaded: %d proposed tokens per pass", s.draft).c_str()
+               : info.has_mtp  ? strfmt("; MTP block loaded: %d proposed tokens per pass", s.draft).c_str()
+                               : "",
+               err.reset());
   // The serving runtime with one resident session (and the disk cache, when asked for).
   runtime::BatchingOptions batching;
   batching.draft = s.draft;
@@ -326,7 +328,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--batch", a->batch,
                   "Prompt tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();
-  add_speculation_flags(cmd, &a->mtp, &a->draft, &a->draft_margin);
+  add_speculation_flags(cmd, &a->spec);
   cmd->add_option("--dump-logprobs", a->dump_logprobs,
                   "Write the greedy continuation with per-token logprobs and top-K alternatives to this JSON file")
       ->type_name("FILE");

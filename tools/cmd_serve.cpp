@@ -37,7 +37,7 @@ struct ServeArgs {
   CudaOptions cuda;
   size_t max_body_mb = 32;
   std::string script;
-  int draft = -1;  // --draft (draft_for)
+  SpeculationArgs spec;
 };
 
 std::atomic<int> g_signals{0};
@@ -109,9 +109,11 @@ int run_serve(ServeArgs a) {
   if (auto st = check_kv_cache_options(a.cache); !st) return fail(st.error().message);
   if (a.batching.parallel < 1 || a.batching.parallel > 64) return fail("--parallel must be between 1 and 64");
   a.server.parallel = a.batching.parallel;
-  auto draft = draft_for(a.engine.mtp_path, a.draft);
+  auto draft = a.spec.draft_in_effect();
   if (!draft) return fail(draft.error().message);
+  a.spec.apply(a.engine);
   a.batching.draft = *draft;
+  a.batching.draft_margin = a.spec.margin;
   a.server.max_body_bytes = a.max_body_mb << 20;
   if (a.server.model_id.empty()) a.server.model_id = std::filesystem::path(a.engine.model_path).stem().string();
   if (a.server.model_id.empty()) a.server.model_id = "dsv4";
@@ -255,7 +257,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--script", a->script,
                   "Reply from this JSON script instead of running the model (client testing; only the model's "
                   "vocabulary is loaded; see src/runtime/scripted_backend.h)");
-  add_speculation_flags(cmd, &a->engine.mtp_path, &a->draft, &a->batching.draft_margin);
+  add_speculation_flags(cmd, &a->spec);
   add_expert_stats_flag(cmd, &a->engine.expert_stats);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_serve(*a)); });

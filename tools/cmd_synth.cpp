@@ -19,6 +19,7 @@ struct SynthArgs {
   bool dry_run = false;
   bool list = false;
   bool mtp = false;
+  bool dspark = false;
   int threads = 0;
 };
 
@@ -36,7 +37,13 @@ int run_synth(const SynthArgs& a) {
     std::fprintf(stderr, "dsv4 synth: error: %s\n", preset.error().message.c_str());
     return 2;
   }
-  SynthPlan plan = a.mtp ? synth_mtp_plan(*preset, a.seed) : synth_plan(*preset, a.seed);
+  if (a.mtp && a.dspark) {
+    std::fprintf(stderr, "dsv4 synth: error: --mtp and --dspark write different files: give one\n");
+    return 2;
+  }
+  SynthPlan plan = a.mtp      ? synth_mtp_plan(*preset, a.seed)
+                   : a.dspark ? synth_dspark_plan(*preset, a.seed)
+                              : synth_plan(*preset, a.seed);
   plan.router_skew = a.router_skew;
   ThreadPool pool(a.threads);
   GgufWriter writer = synth_writer(plan, pool);
@@ -79,6 +86,9 @@ void register_synth(CLI::App& app) {
   cmd->add_option("-t,--threads", args->threads, "Generator threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--dry-run", args->dry_run, "Print the tensor count and sizes without writing");
   cmd->add_flag("--mtp", args->mtp, "Write the preset's MTP block (for --mtp FILE) instead of the main model");
+  cmd->add_flag("--dspark", args->dspark,
+                "Write the preset's DSpark support file (for --dspark FILE: 3 drafter stages, Markov and confidence "
+                "heads) instead of the main model");
   cmd->add_flag("--list-presets", args->list, "List the presets and exit");
   cmd->callback([args] { set_exit_code(run_synth(*args)); });
 }

@@ -46,32 +46,55 @@ inline void add_expert_stats_flag(CLI::App* cmd, std::string* path) {
       ->type_name("FILE");
 }
 
-// --mtp FILE and --draft N (speculative decoding; docs/SPECULATIVE.md). *draft stays -1 unless given:
-// draft_for() resolves it.
-inline void add_speculation_flags(CLI::App* cmd, std::string* mtp, int* draft, float* margin) {
-  cmd->add_option("--mtp", *mtp,
+// Speculative decoding's flags (docs/SPECULATIVE.md): the drafter (--mtp FILE or --dspark FILE) and
+// how many tokens it proposes per pass. draft stays -1 unless given: draft() resolves it.
+struct SpeculationArgs {
+  std::string mtp, dspark;
+  int draft = -1;
+  float margin = 0;         // --draft-margin (MTP)
+  float confidence = 0.7f;  // --dspark-confidence
+
+  // The --draft in effect: given, or the drafter's default (MTP 2; DSpark 4, its block of 5 less
+  // the model's own next token); an error for proposals without a drafter or past what one pass
+  // verifies (Session::max_verify).
+  expected<int> draft_in_effect() const {
+    const bool any = !mtp.empty() || !dspark.empty();
+    if (draft < 0) return !any ? 0 : dspark.empty() ? 2 : 4;
+    if (draft > 0 && !any)
+      return make_error("--draft needs a drafter: --mtp FILE or --dspark FILE (it proposes the tokens)");
+    const int most = static_cast<int>(Session::max_verify()) - 1;
+    if (draft > most) return make_error("--draft must be between 0 and %d", most);
+    return draft;
+  }
+  void apply(EngineOptions& o) const {
+    o.mtp_path = mtp;
+    o.dspark_path = dspark;
+    o.dspark_confidence = confidence;
+  }
+};
+
+inline void add_speculation_flags(CLI::App* cmd, SpeculationArgs* a) {
+  cmd->add_option("--mtp", a->mtp,
                   "MTP block GGUF: it proposes the next tokens and each forward pass checks them (speculative "
                   "decoding; output unchanged)")
       ->type_name("FILE");
-  cmd->add_option("--draft", *draft,
-                  "With --mtp: tokens proposed per forward pass (0: off; default 2); used while one request "
-                  "generates at a time")
+  cmd->add_option("--dspark", a->dspark,
+                  "DSpark support GGUF (0731 weights): a 3-stage drafter proposing a block of tokens per pass; "
+                  "used instead of --mtp when both are given")
+      ->type_name("FILE");
+  cmd->add_option("--draft", a->draft,
+                  "Tokens proposed per forward pass (0: off; default 2 with --mtp, 4 with --dspark); used while one "
+                  "request generates at a time")
       ->type_name("N");
-  cmd->add_option("--draft-margin", *margin,
+  cmd->add_option("--draft-margin", a->margin,
                   "With --mtp: stop proposing at a token whose MTP logit leads the runner-up by less than this "
                   "(0: propose --draft tokens always)")
       ->check(CLI::Range(0.0f, 1000.0f))
       ->capture_default_str();
-}
-inline constexpr int k_default_draft = 2;
-// The --draft in effect: given, or the default with --mtp; an error for proposals without a drafter
-// or past what one pass verifies (Session::max_verify).
-inline expected<int> draft_for(const std::string& mtp, int draft) {
-  if (draft < 0) return mtp.empty() ? 0 : k_default_draft;
-  if (draft > 0 && mtp.empty()) return make_error("--draft needs --mtp FILE (the MTP block proposes the tokens)");
-  const int most = static_cast<int>(Session::max_verify()) - 1;
-  if (draft > most) return make_error("--draft must be between 0 and %d", most);
-  return draft;
+  cmd->add_option("--dspark-confidence", a->confidence,
+                  "With --dspark: stop proposing at a token whose confidence is below this (0: the whole block)")
+      ->check(CLI::Range(0.0f, 0.999f))
+      ->capture_default_str();
 }
 
 inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {

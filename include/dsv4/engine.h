@@ -40,7 +40,9 @@ expected<BackendChoice> backend_choice_from_name(std::string_view s);
 
 struct EngineOptions {
   std::string model_path;
-  std::string mtp_path;  // optional MTP block GGUF (--mtp)
+  std::string mtp_path;            // optional MTP block GGUF (--mtp)
+  std::string dspark_path;         // optional DSpark support GGUF (--dspark): the drafter Session::draft uses
+  float dspark_confidence = 0.7f;  // --dspark-confidence: DSpark proposals stop below this confidence (0: all)
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
   uint32_t ctx = 32768;  // default context of new sessions
@@ -91,6 +93,8 @@ struct EngineInfo {
   std::string kv_rows;                  // storage of the KV rows: "KV_FP8 + KV_FP4 (compact)" or "F32"
   double kv_bytes_per_token = 0;        // session state growth per context token (average over 1M tokens)
   bool has_mtp = false;
+  bool has_dspark = false;
+  uint32_t dspark_block = 0;  // proposals per DSpark pass (its block size; the first is the model's own next token)
   double load_seconds = 0;
 };
 
@@ -219,6 +223,13 @@ class Session {
   using KeepFn = std::function<size_t(std::span<const float> all_logits)>;
   expected<size_t> verify(std::span<const int32_t> tokens, const KeepFn& keep);
   static size_t max_verify();
+  // Proposals for the k tokens after `next_token` from the engine's drafter: DSpark when loaded
+  // (none when its first proposal is not `next_token`: the rest follow from it), else MTP
+  // (mtp_draft with `mtp_margin`). Leaves the session as it is.
+  expected<std::vector<int32_t>> draft(int32_t next_token, int k, float mtp_margin = 0);
+  // The DSpark drafter's whole block after the session's last token (Model::dspark_draft): the
+  // proposals for the next block_size tokens, cut by the confidence threshold.
+  expected<std::vector<int32_t>> dspark_block();
 
   struct Impl;
 

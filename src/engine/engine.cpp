@@ -25,6 +25,7 @@
 #include "kv/model_identity.h"
 #include "kv/snapshot.h"
 #include "model/model_file.h"
+#include "quant/quant.h"
 #include "synth/synth.h"
 #include "tokenizer/tokenizer.h"
 
@@ -60,10 +61,13 @@ std::string EngineOptions::describe() const {
                                : std::string();
   const std::string stats = expert_stats.empty() ? std::string() : " expert_stats=" + expert_stats;
   const std::string switches = cuda ? cuda->describe() : std::string();
+  const std::string drafters = (mtp_path.empty() ? std::string() : " mtp=" + mtp_path) +
+                               (dspark_path.empty() ? std::string()
+                                                    : strfmt(" dspark=%s dspark_confidence=%g", dspark_path.c_str(),
+                                                             static_cast<double>(dspark_confidence)));
   return strfmt("model=%s%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
-                skew.c_str(), mtp_path.empty() ? "" : (" mtp=" + mtp_path).c_str(), backend_choice_name(backend),
-                numerics_name(numerics), ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ",
-                switches.c_str());
+                skew.c_str(), drafters.c_str(), backend_choice_name(backend), numerics_name(numerics), ctx, threads,
+                batch.c_str(), stats.c_str(), switches.empty() ? "" : " ", switches.c_str());
 }
 
 namespace {
@@ -133,6 +137,8 @@ struct Engine::Impl {
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<GgufFile> mtp_file;
   MtpWeights mtp;
+  std::unique_ptr<GgufFile> dspark_file;
+  DSparkWeights dspark;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
@@ -240,6 +246,13 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     DSV4_TRY_ASSIGN(impl->mtp_file, GgufFile::open(o.mtp_path));
     DSV4_TRY_ASSIGN(impl->mtp, bind_mtp_weights(*impl->mtp_file, spec));
   }
+  if (!o.dspark_path.empty()) {
+    if (!(o.dspark_confidence >= 0 && o.dspark_confidence < 1))
+      return make_error("the DSpark confidence threshold %g is not in [0, 1)",
+                        static_cast<double>(o.dspark_confidence));
+    DSV4_TRY_ASSIGN(impl->dspark_file, GgufFile::open(o.dspark_path));
+    DSV4_TRY_ASSIGN(impl->dspark, bind_dspark_weights(*impl->dspark_file, spec));
+  }
   auto tok = Tokenizer::from_gguf(*impl->file->gguf);
   if (!tok) return tok.error().with_context("loading the tokenizer of " + o.model_path);
   impl->tokenizer = std::move(*tok);
@@ -248,6 +261,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   uint64_t upload_total = impl->file->weights.n_bytes;
   for (const TensorRef& r : impl->mtp.head) upload_total += r.n_bytes;
   for (const TensorRef& r : impl->mtp.block.t) upload_total += r.n_bytes;
+  uint64_t dspark_bytes = 0;
+  for (const TensorRef& r : impl->dspark.head) dspark_bytes += r.n_bytes;
+  for (const LayerWeights& l : impl->dspark.stages)
+    for (const TensorRef& r : l.t) dspark_bytes += r.n_bytes;
+  upload_total += dspark_bytes;
   // The hook lives as long as the backend: it owns its state.
   auto upload_bar = std::make_shared<std::unique_ptr<Progress>>();
   DSV4_TRY_ASSIGN(impl->backend, make_backend(o, [upload_bar, upload_total, show = o.show_progress](uint64_t done) {
@@ -283,10 +301,24 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     const uint64_t margin = uint64_t{1} << 30;
     const uint64_t free_b = impl->backend->free_memory().value_or(0);
     mo.memory_budget = cuda.gpu_memory ? cuda.gpu_memory : (free_b > margin ? free_b - margin : 1);
-    mo.reserve_bytes = kv_state_bytes(spec, mo, !o.mtp_path.empty(), o.ctx) + k_cuda_working_bytes;
+    mo.reserve_bytes = kv_state_bytes(spec, mo, !o.mtp_path.empty(), o.ctx) + k_cuda_working_bytes + dspark_bytes;
   }
   DSV4_TRY_ASSIGN(impl->model,
                   Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+  if (impl->dspark_file) {
+    // The drafter's host reads (Model::DSparkHost): Markov rows dequantised from the mapped file as
+    // needed, the confidence projection once.
+    Model::DSparkHost host;
+    const TensorRef w1 = impl->dspark[DSparkTensor::MARKOV_W1];
+    host.markov_row = [w1](int32_t token, float* out) {
+      quant::dequantize_row(w1.type, w1.row(static_cast<uint64_t>(token)), out, static_cast<int64_t>(w1.ne[0]));
+    };
+    const TensorRef& conf = impl->dspark[DSparkTensor::CONFIDENCE];
+    host.confidence.resize(conf.ne[0]);
+    quant::dequantize_row(conf.type, conf.data, host.confidence.data(), static_cast<int64_t>(conf.ne[0]));
+    if (Status st = impl->model->attach_dspark(impl->dspark, std::move(host)); !st)
+      return st.error().with_context("loading " + o.dspark_path);
+  }
   if (const WeightPlacement& pl = impl->model->placement(); pl.host_expert_bytes > 0)
     log_info(
         "placement: %.2f GiB of dense weights, %.2f GiB of activations and %.2f GiB of routed experts (%u-%u of "
@@ -357,6 +389,8 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     info.decode_bytes_per_token = b;
   }
   info.has_mtp = impl->model->has_mtp();
+  info.has_dspark = impl->model->has_dspark();
+  info.dspark_block = info.has_dspark ? impl->model->dspark_meta().block_size : 0;
   info.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.ctx == 0 || o.ctx > info.max_ctx)
     return make_error("context %u out of range [1, %u] for this model", o.ctx, info.max_ctx);
@@ -598,6 +632,25 @@ expected<size_t> Session::verify(std::span<const int32_t> tokens, const KeepFn& 
   }
   if (kept > n) return make_error("verify: keep() returned %zu of %zu tokens", kept, n);
   return a;
+}
+
+expected<std::vector<int32_t>> Session::draft(int32_t next_token, int k, float mtp_margin) {
+  Impl& s = *impl_;
+  if (!s.model().has_dspark()) return mtp_draft(next_token, k, mtp_margin);
+  if (k <= 0) return std::vector<int32_t>{};
+  DSV4_TRY_ASSIGN(std::vector<int32_t> d, dspark_block());
+  // d[0] stands for next_token's position: the rest are proposals after it only if it agrees.
+  if (d.empty() || d[0] != next_token) return std::vector<int32_t>{};
+  d.erase(d.begin());
+  if (d.size() > static_cast<size_t>(k)) d.resize(static_cast<size_t>(k));
+  return d;
+}
+
+expected<std::vector<int32_t>> Session::dspark_block() {
+  Impl& s = *impl_;
+  if (s.tokens.empty()) return make_error("DSpark needs at least one fed token");
+  return s.model().dspark_draft(s.state, s.tokens.back(), static_cast<int64_t>(s.tokens.size()) - 1,
+                                s.eng->opts.dspark_confidence);
 }
 
 expected<std::vector<float>> Session::mtp_logits(int32_t next_token) {

@@ -113,6 +113,10 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
   const size_t V = session.logits().size();
   // The last sampled token is not yet in the session: each round feeds it (with proposals for the
   // tokens after it, checked in the same pass) and samples what follows.
+  // After a round without proposals the next 3 rounds skip the drafter (its pass is wasted while it
+  // keeps missing; ds4-variants-mtp-dspark.md §4.5's no-draft pause).
+  constexpr int k_no_draft_pause = 3;
+  int pause = 0;
   bool done = max_tokens <= 0;
   if (!done && cb.cancelled && cb.cancelled()) {
     r.finish = FinishReason::CANCELLED;
@@ -130,15 +134,20 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
     const int64_t room =
         std::min<int64_t>({static_cast<int64_t>(session.ctx()) - static_cast<int64_t>(session.n_tokens()) - 1,
                            max_tokens - count - 1, static_cast<int64_t>(Session::max_verify()) - 1});
-    const int k = speculate ? static_cast<int>(std::min<int64_t>(o.draft, room)) : 0;
+    int k = speculate ? static_cast<int>(std::min<int64_t>(o.draft, room)) : 0;
+    if (k > 0 && pause > 0) {
+      --pause;
+      k = 0;
+    }
     std::vector<int32_t> drafts;
     if (k > 0) {
       if (o.drafter) {
         DSV4_TRY_ASSIGN(drafts, o.drafter(session, r.tokens, last, k));
       } else {
-        DSV4_TRY_ASSIGN(drafts, session.mtp_draft(last, k, o.draft_margin));
+        DSV4_TRY_ASSIGN(drafts, session.draft(last, k, o.draft_margin));
       }
       if (drafts.size() > static_cast<size_t>(k)) drafts.resize(static_cast<size_t>(k));
+      if (drafts.empty()) pause = k_no_draft_pause;
     }
     if (drafts.empty()) {
       DSV4_TRY(feed.decode(session, last));

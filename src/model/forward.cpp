@@ -1,6 +1,7 @@
 // The forward pass over the op list. Shapes in comments use n = tokens of the
 // batch, D = n_embd, H = heads, hd = head_dim, hc = mHC streams.
 #include "model/forward.h"
+#include "model/scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -30,38 +31,13 @@ double gib(uint64_t b) { return static_cast<double>(b) / static_cast<double>(uin
 
 }  // namespace
 
-struct Model::Scratch {
-  Tensor pos, ids;                  // [n] i32
-  Tensor state;                     // [n, hc, D]
-  Tensor u, xn, y, ys;              // [n, D]
-  Tensor post, comb;                // [n, hc], [n, hc, hc]
-  Tensor qa, q, kv, o, la;          // [n, q_lora], [n, H*hd], [n, hd], [n, H*hd], [n, G*o_lora]
-  Tensor ckv, cgate;                // [n, 2*hd]
-  Tensor iq, iw, ikv, igate;        // [n, H_I*d_I], [n, H_I], [n, 2*d_I] x2
-  Tensor scores;                    // [n, rows] (grown on demand)
-  Tensor sel;                       // [n, K_I] i32
-  Tensor router, experts, weights;  // [n, E] f32, [n, k] i32, [n, k] f32
-  Tensor sh_g, sh_u, sh_h;          // [n, F*shared]
-  Tensor sh_y;                      // [1, D]: the shared expert's output when it runs as a branch
-  Tensor h, hn, logits;             // [n, D], [n, D], [n, V]
-  Tensor mtp_e, mtp_y;              // MTP: [1, D], [1, hc, D]
-  // ModelOptions::count_routing: each layer's expert choices of a batch of n rows, rows [il * n, (il + 1) * n)
-  // of [L * n, k] i32 (room for n = max_batch).
-  Tensor route_log;
-  int64_t score_rows = 0;
-  std::vector<Tensor*> all() {
-    return {&pos,     &ids,  &state, &u,     &xn,   &y,  &ys,  &post,   &comb,   &qa,    &q,        &kv,
-            &o,       &la,   &ckv,   &cgate, &iq,   &iw, &ikv, &igate,  &scores, &sel,   &router,   &experts,
-            &weights, &sh_g, &sh_u,  &sh_h,  &sh_y, &h,  &hn,  &logits, &mtp_e,  &mtp_y, &route_log};
-  }
-};
-
 Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
     : backend_(backend), spec_(spec), options_(options), sc_(std::make_unique<Scratch>()) {}
 
 Model::~Model() {
   if (step_graph_) backend_.drop_replay(step_graph_);
   for (Tensor* t : sc_->all()) backend_.free(*t);
+  for (Tensor* t : {&dspark_x_, &dspark_pos_, &dspark_state_, &dspark_logit_}) backend_.free(*t);
 }
 
 expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
@@ -363,6 +339,13 @@ KvState Model::new_state(uint32_t ctx) {
     s.mtp = alloc_layer_state(0, ctx, s.cap_w, false);
     s.mtp_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
   }
+  if (has_dspark_) {
+    s.dspark_feat =
+        backend_.alloc(GgmlType::F32, spec_.n_embd, static_cast<int64_t>(dspark_meta_.target_layers.size()));
+    // One drafting block: the target row and block_size draft rows.
+    for (uint32_t st = 0; st < dspark_meta_.stage_count; ++st)
+      s.dspark.push_back(alloc_layer_state(0, ctx, dspark_meta_.block_size + 1, false));
+  }
   reset_state(s);
   return s;
 }
@@ -375,10 +358,14 @@ void Model::free_state(KvState& s) {
   free_layer(s.mtp);
   backend_.free(s.last_hidden);
   backend_.free(s.mtp_hidden);
+  backend_.free(s.dspark_feat);
+  for (auto& L : s.dspark) free_layer(L);
+  s.dspark.clear();
   for (SpecLayer& l : s.spec.layers)
     for (Tensor* t : {&l.snap_a, &l.snap_g, &l.snap_ia, &l.snap_ig, &l.kv, &l.gate, &l.ikv, &l.igate})
       backend_.free(*t);
-  for (Tensor* t : {&s.spec.snap_hidden, &s.spec.hidden, &s.spec.pos}) backend_.free(*t);
+  for (Tensor* t : {&s.spec.snap_hidden, &s.spec.hidden, &s.spec.pos, &s.spec.snap_feat, &s.spec.feat})
+    backend_.free(*t);
   s.spec = SpecLog{};
   s.layers.clear();
 }
@@ -393,6 +380,8 @@ void Model::reset_state(KvState& s) {
   };
   for (auto& L : s.layers) reset_layer(L);
   reset_layer(s.mtp);
+  for (auto& L : s.dspark) reset_layer(L);
+  if (s.dspark_feat) backend_.fill(s.dspark_feat, 0.0f);
   backend_.fill(s.last_hidden, 0.0f);
   s.spec.p0 = -1;
   s.spec.n = 0;
@@ -488,12 +477,18 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   const bool ref = options_.numerics == Numerics::REFERENCE;
   const int64_t H = P.n_head, hd = P.head_dim;
   const RopeParams rope = rope_for_ratio(ratio);
-  const bool mtp_block = layer < 0;
+  const bool mtp_block = layer < 0;  // the MTP block or a DSpark stage: window only
+  const int dspark_stage = layer <= -2 ? -2 - layer : -1;
   auto state_of = [&](const Segment& g) -> LayerState& {
+    if (dspark_stage >= 0) return g.state->dspark[static_cast<size_t>(dspark_stage)];
     return mtp_block ? g.state->mtp : g.state->layers[static_cast<size_t>(layer)];
   };
   Tensor pos = s.pos.head(n);
   Tensor xn = s.xn.rows(0, n);
+  // A DSpark block's n rows go to ring slots 0..n-1 and every row sees all of them (dspark_pos_ holds
+  // 0..n-1, then n-1 n times); RoPE still uses the rows' own positions (pos).
+  const Tensor store_pos = dspark_stage >= 0 ? dspark_pos_.head(n) : pos;
+  const Tensor mask_pos = dspark_stage >= 0 ? elems(dspark_pos_, n, n) : pos;
 
   // Every projection of xn first (wq_a, wkv, the compressors' kv and gate, the
   // indexer's head weights): MatmulsOp per weight type, one kernel each for a
@@ -544,7 +539,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
     backend_.quant_sim({kv, KvQuantSim::FP8_BF16, static_cast<int>(P.nope_dim())});
   // The per-sequence ops run over all segments at once (Backend::*_seqs; one op per segment).
   std::vector<StoreRowsOp> stores;
-  for (const Segment& g : segs) stores.push_back({state_of(g).ring, kv.rows(g.row0, g.n), elems(pos, g.row0, g.n)});
+  for (const Segment& g : segs)
+    stores.push_back({state_of(g).ring, kv.rows(g.row0, g.n), elems(store_pos, g.row0, g.n)});
   backend_.store_rows_seqs(stores);
 
   Tensor sel;
@@ -620,8 +616,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
     a.comp = mtp_block ? Tensor{} : S.comp;
     a.sel = sel ? sel.rows(g.row0, g.n) : Tensor{};
     a.sinks = L[LT::ATTN_SINKS];
-    a.pos = elems(pos, g.row0, g.n);
-    a.window = static_cast<int>(P.sliding_window);
+    a.pos = elems(mask_pos, g.row0, g.n);
+    a.window = dspark_stage >= 0 ? static_cast<int>(n) : static_cast<int>(P.sliding_window);
     a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
     a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
@@ -801,6 +797,16 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
   if (options_.count_routing && layer >= 0 && sc_->route_log)
     backend_.copy(sc_->route_log.rows(layer * n, n), sc_->experts.rows(0, n));
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref, .y2 = y2});
+  // DSpark target features: the layer's output state averaged over the streams, of each sequence's
+  // last row (and, in verify(), of every row, for commit()).
+  if (const int j = has_dspark_ && layer >= 0 ? dspark_target(static_cast<uint32_t>(layer)) : -1; j >= 0) {
+    const int64_t T = static_cast<int64_t>(dspark_meta_.target_layers.size());
+    for (const Segment& g : segs) {
+      average_streams(state, g.row0 + g.n - 1, g.state->dspark_feat.rows(j, 1));
+      if (spec_target_ && g.state == spec_target_)
+        for (int64_t r = 0; r < g.n; ++r) average_streams(state, g.row0 + r, g.state->spec.feat.rows(r * T + j, 1));
+    }
+  }
 }
 
 Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {

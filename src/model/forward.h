@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -44,6 +45,8 @@ struct SpecLog {
   std::vector<SpecLayer> layers;
   Tensor snap_hidden;  // [hc, D] last_hidden before the rows
   Tensor hidden;       // [k_max_verify, hc, D] final state of every verified row
+  Tensor snap_feat;    // [T, D] dspark_feat before the rows (with a DSpark drafter)
+  Tensor feat;         // [k_max_verify, T, D] every verified row's target features
   Tensor pos;          // [k_max_verify] i32: positions for commit's compressor steps
   int64_t p0 = -1;     // the open verify: rows at positions p0 .. p0 + n - 1 (p0 < 0: none)
   int64_t n = 0;
@@ -56,6 +59,11 @@ struct KvState {
   Tensor last_hidden;  // [hc, D] final mHC state of the last token (MTP input)
   LayerState mtp;      // MTP block's window ring (when the model has an MTP block)
   Tensor mtp_hidden;   // [hc, D] the MTP block's output state of its last draft (the next chained draft's input)
+  // DSpark (model/dspark.cpp): the last token's target features, the output state of each target
+  // layer averaged over the hc streams ([T, D], T target layers), and each stage's KV rows of the
+  // current drafting block (window-only rings).
+  Tensor dspark_feat;
+  std::vector<LayerState> dspark;
   SpecLog spec;
   uint64_t uid = 0;  // unique per new_state(): names the tensors a recorded decode step uses
 };
@@ -170,6 +178,23 @@ class Model {
   // The result equals feeding the a rows alone (bitwise on the CPU backend). Every verify is
   // followed by its commit before the state is used otherwise.
   static constexpr int64_t k_max_verify = 16;
+
+  // DSpark drafting (model/dspark.cpp; ds4-variants-mtp-dspark.md §4). attach_dspark uploads a
+  // support file's weights; states made afterwards carry what it needs. dspark_draft runs one
+  // drafting pass after the state's last token t_L (at position L = tokens - 1): proposals for the
+  // tokens at L + 1 .. L + block_size (the first duplicates the model's own next token), cut at the
+  // first whose confidence sigmoid is below `confidence` (0: all).
+  // What the drafter reads on the host: row `token` of the Markov table W1 as R floats, and the
+  // confidence projection as D + R floats (the engine dequantises them; the model layer reads no
+  // quantised bytes itself).
+  struct DSparkHost {
+    std::function<void(int32_t token, float* out)> markov_row;
+    std::vector<float> confidence;
+  };
+  Status attach_dspark(const DSparkWeights& d, DSparkHost host);
+  bool has_dspark() const { return has_dspark_; }
+  const DSparkMeta& dspark_meta() const { return dspark_meta_; }
+  expected<std::vector<int32_t>> dspark_draft(KvState& s, int32_t t_last, int64_t L, float confidence);
   Status verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* all_logits);
   Status commit(KvState& s, int64_t a);
 
@@ -212,7 +237,8 @@ class Model {
     KvState* state = nullptr;
     int64_t row0 = 0, n = 0;
   };
-  // `layer`: the state's layer index, or -1 for the MTP block's window.
+  // `layer`: the state's layer index, -1 for the MTP block's window, -2 - S for DSpark stage S (its
+  // block's rows attend to each other, non-causally: model/dspark.cpp).
   void attention_block(const DeviceLayer& L, std::span<const Segment> segs, int layer, uint32_t ratio, int64_t n);
   // One block over the rows of `segs` (model-spec.md §4): mHC around attention and the FFN. `layer` as for
   // attention_block; `ffn_index` picks the SwiGLU clamp; `hash`: the router is the token-id table.
@@ -238,10 +264,22 @@ class Model {
   ModelSpec spec_;
   ModelOptions options_;
   bool has_mtp_ = false;
+  bool has_dspark_ = false;
   std::array<Tensor, static_cast<size_t>(GlobalTensor::COUNT)> global_;
   std::vector<DeviceLayer> layers_;
   DeviceLayer mtp_block_;
   std::array<Tensor, static_cast<size_t>(MtpTensor::COUNT)> mtp_head_;
+  // DSpark: stage blocks, head tensors, the host bytes of the Markov table and the confidence head
+  // (read row by row on the host), and the drafting pass's own tensors.
+  DSparkMeta dspark_meta_;
+  std::vector<DeviceLayer> dspark_stages_;
+  std::array<Tensor, static_cast<size_t>(DSparkTensor::COUNT)> dspark_head_;
+  DSparkHost dspark_host_;
+  Tensor dspark_x_, dspark_pos_, dspark_state_, dspark_logit_;  // [D], [2 * rows] i32, [R], [V]
+  // Layer il's index in the DSpark target layers, or -1.
+  int dspark_target(uint32_t il) const;
+  // The target features of rows of `state` ([n, hc, D]): row r's hc streams averaged into dst row j.
+  void average_streams(const Tensor& state, int64_t r, const Tensor& dst_row);
   std::unique_ptr<Scratch> sc_;
   WeightPlacement placement_;
   ExpertStats routing_;

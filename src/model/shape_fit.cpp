@@ -33,6 +33,7 @@ const TensorRef* find_ref(const TensorSpec& t, const ModelWeights& w, const MtpW
     case TensorScope::LAYER: return &w.layers[static_cast<size_t>(t.layer)].t[static_cast<size_t>(t.slot)];
     case TensorScope::MTP_HEAD: return mtp ? &mtp->head[static_cast<size_t>(t.slot)] : nullptr;
     case TensorScope::MTP_LAYER: return mtp ? &mtp->block.t[static_cast<size_t>(t.slot)] : nullptr;
+    case TensorScope::DSPARK_HEAD: return nullptr;  // not in the main or MTP tables
   }
   return nullptr;
 }

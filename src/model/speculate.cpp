@@ -48,6 +48,10 @@ void Model::alloc_spec(KvState& s) {
   s.spec.snap_hidden = backend_.alloc(G::F32, D, hc);
   s.spec.hidden = backend_.alloc(G::F32, D, hc, k);
   s.spec.pos = backend_.alloc(G::I32, k);
+  if (s.dspark_feat) {
+    s.spec.snap_feat = backend_.alloc(G::F32, s.dspark_feat.ne[0], s.dspark_feat.ne[1]);
+    s.spec.feat = backend_.alloc(G::F32, s.dspark_feat.ne[0], s.dspark_feat.ne[1] * k);
+  }
 }
 
 void Model::copy_frontiers(KvState& s, size_t il, bool to_snapshot) {
@@ -76,6 +80,7 @@ Status Model::verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, floa
   // The frontiers and last_hidden as they are before the rows (commit's starting point).
   for (size_t il = 0; il < s.layers.size(); ++il) copy_frontiers(s, il, /*to_snapshot=*/true);
   backend_.copy(s.spec.snap_hidden, s.last_hidden);
+  if (s.dspark_feat) backend_.copy(s.spec.snap_feat, s.dspark_feat);
   spec_target_ = &s;
   Status st = forward(s, ids, n, p0, all_logits, /*all_logits=*/true);
   spec_target_ = nullptr;
@@ -114,6 +119,13 @@ Status Model::commit(KvState& s, int64_t a) {
     backend_.copy(s.last_hidden, s.spec.snap_hidden);
   else
     backend_.copy(s.last_hidden, s.spec.hidden.reshape(D * hc, k_max_verify).rows(a - 1, 1).reshape(D, hc));
+  if (s.dspark_feat) {
+    const int64_t T = s.dspark_feat.ne[1];
+    if (a == 0)
+      backend_.copy(s.dspark_feat, s.spec.snap_feat);
+    else
+      backend_.copy(s.dspark_feat, s.spec.feat.rows((a - 1) * T, T));
+  }
   return {};
 }
 

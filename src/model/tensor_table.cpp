@@ -234,6 +234,32 @@ std::vector<TensorSpec> mtp_tensor_table(const ModelSpec& s) {
   return out;
 }
 
+std::vector<TensorSpec> dspark_tensor_table(const ModelSpec& s, const DSparkMeta& m) {
+  std::vector<TensorSpec> out;
+  const uint64_t D = s.n_embd, hc = s.hc_count, V = s.n_vocab, R = m.markov_rank;
+  const uint64_t n_target = m.target_layers.size();
+  const std::string last = "mtp." + std::to_string(m.stage_count - 1) + ".";
+  auto head = [&](DSparkTensor slot, const std::string& name, std::vector<uint64_t> ne, TypeClass cls) {
+    out.push_back({name, std::move(ne), cls, TensorScope::DSPARK_HEAD, -1, static_cast<int>(slot), true});
+  };
+  for (uint32_t st = 0; st < m.stage_count; ++st) {
+    const std::string prefix = "mtp." + std::to_string(st) + ".";
+    if (st == 0) {
+      head(DSparkTensor::MAIN_PROJ, prefix + "main_proj.weight", {n_target * D, D}, TypeClass::DENSE_MAT);
+      head(DSparkTensor::MAIN_NORM, prefix + "main_norm.weight", {D}, TypeClass::F32_VEC);
+    }
+    add_block(out, s, prefix, static_cast<int>(st), 0, false, true);
+  }
+  head(DSparkTensor::NORM, last + "norm.weight", {D}, TypeClass::F32_VEC);
+  head(DSparkTensor::HC_HEAD_BASE, last + "hc_head_base.weight", {hc}, TypeClass::F32_VEC);
+  head(DSparkTensor::HC_HEAD_FN, last + "hc_head_fn.weight", {hc * D, hc}, TypeClass::F16_MAT);
+  head(DSparkTensor::HC_HEAD_SCALE, last + "hc_head_scale.weight", {1}, TypeClass::F32_VEC);
+  head(DSparkTensor::MARKOV_W1, last + "markov_head.markov_w1.weight", {R, V}, TypeClass::DENSE_MAT);
+  head(DSparkTensor::MARKOV_W2, last + "markov_head.markov_w2.weight", {R, V}, TypeClass::DENSE_MAT);
+  head(DSparkTensor::CONFIDENCE, last + "confidence_head.proj.weight", {D + R, 1}, TypeClass::DENSE_MAT);
+  return out;
+}
+
 const char* quant_recipe_name(QuantRecipe r) {
   switch (r) {
     case QuantRecipe::Q2: return "q2";

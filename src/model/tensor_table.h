@@ -75,7 +75,32 @@ enum class LayerTensor {
 
 enum class MtpTensor { HC_HEAD_BASE, HC_HEAD_FN, HC_HEAD_SCALE, E_PROJ, H_PROJ, ENORM, HNORM, NORM, COUNT };
 
-enum class TensorScope { GLOBAL, LAYER, MTP_HEAD, MTP_LAYER };
+// The DSpark drafter's tensors beside its stages' blocks (ds4-variants-mtp-dspark.md §4.1): stage 0's
+// main_proj/main_norm, the final stage's head, Markov correction and confidence head.
+enum class DSparkTensor {
+  MAIN_PROJ,
+  MAIN_NORM,
+  NORM,
+  HC_HEAD_BASE,
+  HC_HEAD_FN,
+  HC_HEAD_SCALE,
+  MARKOV_W1,
+  MARKOV_W2,
+  CONFIDENCE,
+  COUNT
+};
+
+// What a DSpark support file's metadata says (dspark.*; §4.1).
+struct DSparkMeta {
+  uint32_t block_size = 5;             // proposals per pass
+  uint32_t markov_rank = 256;          // width of the Markov state
+  uint32_t noise_token_id = 128799;    // the token of the block's draft rows after the first
+  std::vector<uint32_t> target_layers  // main layers whose output states feed main_proj
+      {40, 41, 42};
+  uint32_t stage_count = 3;
+};
+
+enum class TensorScope { GLOBAL, LAYER, MTP_HEAD, MTP_LAYER, DSPARK_HEAD };
 
 struct TensorSpec {
   std::string name;          // full GGUF name, e.g. "blk.3.attn_q_a.weight"
@@ -93,6 +118,9 @@ struct TensorSpec {
 std::vector<TensorSpec> main_tensor_table(const ModelSpec& spec);
 // The MTP block's tensors (prefix "mtp.0.").
 std::vector<TensorSpec> mtp_tensor_table(const ModelSpec& spec);
+// A DSpark support file's tensors: stage S's block under "mtp.S." (scope MTP_LAYER, layer S), and
+// the DSparkTensor ones (scope DSPARK_HEAD).
+std::vector<TensorSpec> dspark_tensor_table(const ModelSpec& spec, const DSparkMeta& meta);
 
 // How weights are quantised when dsv4 writes a model (synth, convert).
 enum class QuantRecipe {

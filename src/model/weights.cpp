@@ -197,6 +197,8 @@ expected<ModelWeights> bind_weights(const GgufFile& f, const ModelSpec& spec) {
 }
 
 expected<MtpWeights> bind_mtp_weights(const GgufFile& f, const ModelSpec& spec) {
+  if (auto arch = f.get_string("general.architecture"); arch && *arch == "deepseek4-dspark")
+    return make_error("%s is a DSpark support file, not an MTP block: load it with --dspark", f.path().c_str());
   MtpWeights m;
   std::vector<std::string> errors;
   bind_table(f, mtp_tensor_table(spec), errors, [&](const TensorSpec& s, TensorRef ref) {
@@ -209,6 +211,90 @@ expected<MtpWeights> bind_mtp_weights(const GgufFile& f, const ModelSpec& spec) 
   if (!st) errors.push_back(st.error().message);
   DSV4_TRY(report(errors, f.path().c_str()));
   return m;
+}
+
+}  // namespace dsv4
+
+namespace dsv4 {
+
+namespace {
+
+// The first of the spellings ds4 accepts for a DSpark key (ds4-variants-mtp-dspark.md §4.1).
+const GgufKV* find_dspark_kv(const GgufFile& f, const char* key) {
+  for (const std::string& k :
+       {std::string("dspark.") + key, std::string("deepseek4.dspark.") + key, std::string("deepseek4.dspark_") + key})
+    if (const GgufKV* kv = f.find(k)) return kv;
+  return nullptr;
+}
+
+expected<uint32_t> dspark_u32(const GgufFile& f, const char* key) {
+  const GgufKV* kv = find_dspark_kv(f, key);
+  if (!kv) return make_error("metadata key dspark.%s is missing", key);
+  const GgufScalar v = GgufFile::scalar(*kv);
+  if (!v.is_integer() || v.i < 0 || v.u > UINT32_MAX) return make_error("metadata dspark.%s is not a count", key);
+  return static_cast<uint32_t>(v.u);
+}
+
+}  // namespace
+
+expected<DSparkMeta> read_dspark_meta(const GgufFile& f, const ModelSpec& spec) {
+  auto arch = f.get_string("general.architecture");
+  if (!arch || *arch != "deepseek4-dspark")
+    return make_error("%s is not a DSpark support file (general.architecture is %s, not deepseek4-dspark)",
+                      f.path().c_str(), arch ? std::string(*arch).c_str() : "missing");
+  DSparkMeta m;
+  auto fail = [&](const Error& e) { return e.with_context(f.path()); };
+  auto u32 = [&](const char* key, uint32_t& out) -> Status {
+    auto v = dspark_u32(f, key);
+    if (!v) return fail(v.error());
+    out = *v;
+    return {};
+  };
+  DSV4_TRY(u32("block_size", m.block_size));
+  DSV4_TRY(u32("markov_rank", m.markov_rank));
+  DSV4_TRY(u32("noise_token_id", m.noise_token_id));
+  DSV4_TRY(u32("stage_count", m.stage_count));
+  const GgufKV* layers = find_dspark_kv(f, "target_layer_ids");
+  if (!layers) return fail(Error{"metadata key dspark.target_layer_ids is missing"});
+  DSV4_TRY_ASSIGN(std::vector<GgufScalar> ids, GgufFile::array(*layers));
+  m.target_layers.clear();
+  for (const GgufScalar& v : ids) {
+    if (!v.is_integer() || v.i < 0 || v.u >= spec.n_layer)
+      return fail(Error{strfmt("dspark.target_layer_ids: %lld is not a layer of the model (0..%u)",
+                               static_cast<long long>(v.i), spec.n_layer - 1)});
+    if (!m.target_layers.empty() && v.u <= m.target_layers.back())
+      return fail(Error{"dspark.target_layer_ids must be strictly increasing"});
+    m.target_layers.push_back(static_cast<uint32_t>(v.u));
+  }
+  if (m.target_layers.empty()) return fail(Error{"dspark.target_layer_ids is empty"});
+  if (m.block_size < 1 || m.block_size > 16)
+    return fail(Error{strfmt("dspark.block_size %u is not in 1..16", m.block_size)});
+  if (m.markov_rank == 0) return fail(Error{"dspark.markov_rank is 0"});
+  if (m.noise_token_id >= spec.n_vocab)
+    return fail(
+        Error{strfmt("dspark.noise_token_id %u is outside the vocabulary (%u)", m.noise_token_id, spec.n_vocab)});
+  if (m.stage_count < 1 || m.stage_count > 8)
+    return fail(Error{strfmt("dspark.stage_count %u is not in 1..8", m.stage_count)});
+  return m;
+}
+
+expected<DSparkWeights> bind_dspark_weights(const GgufFile& f, const ModelSpec& spec) {
+  DSparkWeights d;
+  DSV4_TRY_ASSIGN(d.meta, read_dspark_meta(f, spec));
+  d.stages.resize(d.meta.stage_count);
+  std::vector<std::string> errors;
+  bind_table(f, dspark_tensor_table(spec, d.meta), errors, [&](const TensorSpec& s, TensorRef ref) {
+    if (s.scope == TensorScope::DSPARK_HEAD)
+      d.head[static_cast<size_t>(s.slot)] = std::move(ref);
+    else
+      d.stages[static_cast<size_t>(s.layer)].t[static_cast<size_t>(s.slot)] = std::move(ref);
+  });
+  for (uint32_t st = 0; st < d.meta.stage_count; ++st) {
+    auto pairing = check_expert_pairing(d.stages[st], ("mtp." + std::to_string(st)).c_str());
+    if (!pairing) errors.push_back(pairing.error().message);
+  }
+  DSV4_TRY(report(errors, f.path().c_str()));
+  return d;
 }
 
 }  // namespace dsv4

@@ -49,6 +49,14 @@ struct MtpWeights {
   const TensorRef& operator[](MtpTensor s) const { return head[static_cast<size_t>(s)]; }
 };
 
+// A DSpark support file (ds4-variants-mtp-dspark.md §4): its stages' blocks, head tensors and metadata.
+struct DSparkWeights {
+  DSparkMeta meta;
+  std::vector<LayerWeights> stages;
+  std::array<TensorRef, static_cast<size_t>(DSparkTensor::COUNT)> head;
+  const TensorRef& operator[](DSparkTensor s) const { return head[static_cast<size_t>(s)]; }
+};
+
 // How the routed experts (and the rest) are stored, for messages and KV-cache headers.
 struct QuantMix {
   GgmlType expert_gate_up = GgmlType::F32;
@@ -80,5 +88,9 @@ std::string check_tensor(const TensorSpec& spec, const GgufTensorInfo& t);
 expected<ModelWeights> bind_weights(const GgufFile& f, const ModelSpec& spec);
 // Binds the MTP block from its own GGUF (formats.md §1.8; no metadata read).
 expected<MtpWeights> bind_mtp_weights(const GgufFile& f, const ModelSpec& spec);
+// Reads and checks a DSpark support file's metadata (dspark.*, also spelt deepseek4.dspark.* and
+// deepseek4.dspark_*) against the main model, then binds its tensors.
+expected<DSparkMeta> read_dspark_meta(const GgufFile& f, const ModelSpec& spec);
+expected<DSparkWeights> bind_dspark_weights(const GgufFile& f, const ModelSpec& spec);
 
 }  // namespace dsv4

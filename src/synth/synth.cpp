@@ -92,6 +92,28 @@ SynthPlan synth_mtp_plan(const Preset& preset, uint64_t seed) {
   return plan;
 }
 
+SynthPlan synth_dspark_plan(const Preset& preset, uint64_t seed) {
+  SynthPlan plan;
+  plan.preset = preset;
+  plan.seed = seed;
+  plan.dspark = true;
+  const ModelSpec& s = preset.spec;
+  DSparkMeta& m = plan.dspark_meta;
+  m.markov_rank = s.n_embd >= 4096 ? 256 : 32;
+  m.noise_token_id = s.n_vocab > 128799 ? 128799 : s.n_vocab - 1;
+  m.target_layers.clear();
+  for (uint32_t l = s.n_layer >= 3 ? s.n_layer - 3 : 0; l < s.n_layer; ++l) m.target_layers.push_back(l);
+  const QuantRecipe recipe =
+      preset.recipe == QuantRecipe::F16 || preset.recipe == QuantRecipe::F32 ? preset.recipe : QuantRecipe::Q2;
+  for (auto& spec : dspark_tensor_table(s, m)) {
+    const GgmlType type = recipe_type(recipe, spec, s.n_layer);
+    const uint64_t bytes = ggml_type_bytes(type, spec.n_elements());
+    plan.tensor_bytes += bytes;
+    plan.tensors.push_back({std::move(spec), type, bytes});
+  }
+  return plan;
+}
+
 namespace {
 
 enum class Dist { NORMAL, NEAR_ONE, UNIFORM_SCALE, HASH_TABLE };
@@ -115,6 +137,21 @@ GenParams gen_params(const TensorSpec& t) {
       case GlobalTensor::OUTPUT_HC_FN:
       case GlobalTensor::OUTPUT: return p;
       case GlobalTensor::COUNT: break;
+    }
+    return p;
+  }
+  if (t.scope == TensorScope::DSPARK_HEAD) {
+    switch (static_cast<DSparkTensor>(t.slot)) {
+      case DSparkTensor::HC_HEAD_BASE: return {Dist::NORMAL, 0.5f};
+      case DSparkTensor::HC_HEAD_SCALE: return {Dist::UNIFORM_SCALE, 0};
+      case DSparkTensor::MAIN_NORM:
+      case DSparkTensor::NORM: return {Dist::NEAR_ONE, 0};
+      case DSparkTensor::MAIN_PROJ:
+      case DSparkTensor::HC_HEAD_FN:
+      case DSparkTensor::MARKOV_W1:
+      case DSparkTensor::MARKOV_W2:
+      case DSparkTensor::CONFIDENCE: return p;
+      case DSparkTensor::COUNT: break;
     }
     return p;
   }
@@ -281,7 +318,19 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
 GgufWriter synth_writer(const SynthPlan& plan, ThreadPool& pool) {
   const ModelSpec& spec = plan.preset.spec;
   GgufWriter w;
-  if (plan.mtp) {
+  if (plan.dspark) {
+    const DSparkMeta& m = plan.dspark_meta;
+    w.set_string("general.architecture", "deepseek4-dspark");
+    w.set_string("general.name", spec.name + " DSpark support (synthetic, " + plan.preset.name + ")");
+    w.set_u32("general.alignment", 32);
+    w.set_u32("dspark.block_size", m.block_size);
+    w.set_u32("dspark.markov_rank", m.markov_rank);
+    w.set_u32("dspark.noise_token_id", m.noise_token_id);
+    w.set_array_u32("dspark.target_layer_ids", m.target_layers);
+    w.set_u32("dspark.stage_count", m.stage_count);
+    w.set_u32("dspark.n_layers", m.stage_count);
+    w.set_u64("dsv4.synth.seed", plan.seed);
+  } else if (plan.mtp) {
     w.set_string("general.architecture", "deepseek4");
     w.set_string("general.name", spec.name + " MTP block (synthetic, " + plan.preset.name + ")");
     w.set_u64("dsv4.synth.seed", plan.seed);

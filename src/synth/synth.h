@@ -39,6 +39,8 @@ struct SynthPlan {
   std::vector<SynthTensor> tensors;
   uint64_t tensor_bytes = 0;  // sum without alignment padding
   bool mtp = false;           // the MTP block file (formats.md §1.8) instead of the main model
+  bool dspark = false;        // the DSpark support file (dspark_meta) instead of the main model
+  DSparkMeta dspark_meta;
   // Skewed routing (0: uniform): each layer's router bias (exp_probs_b) gets -0.05 * skew * ln(1 + r) for the
   // expert of rank r in a per-layer random order, so low ranks win the top-k more often. The router's
   // sigmoid scores spread by ~0.2, so skew 1 gives the most-used quarter of the experts about two thirds of
@@ -49,6 +51,11 @@ struct SynthPlan {
 SynthPlan synth_plan(const Preset& preset, uint64_t seed);
 // The MTP block of a preset (tensors prefixed "mtp.0."), written as its own GGUF.
 SynthPlan synth_mtp_plan(const Preset& preset, uint64_t seed);
+// The DSpark support file of a preset (ds4-variants-mtp-dspark.md §4.1): three stages, target layers
+// the last three, block size 5, Markov rank 256 (32 below 4096 embedding dims), the noise token
+// 128799 (the vocabulary's last ordinary token for smaller vocabularies); routed experts q2 as
+// published (F16/F32 presets: their recipe).
+SynthPlan synth_dspark_plan(const Preset& preset, uint64_t seed);
 
 // Writes rows [row_begin, row_begin + n_rows) of tensor `t` (deterministic in
 // (seed, tensor name, row/block index); thread-safe).

@@ -318,7 +318,7 @@ TEST(CliRun, BadFlagValuesAreRefused) {
       {"--gemm-min-tokens 1", "--gemm-min-tokens"},
       {"--expert-gemm fast", "--expert-gemm"},
       {"--expert-gemm 0", "--expert-gemm"},
-      {"--draft 2", "--draft needs --mtp"},
+      {"--draft 2", "--draft needs a drafter"},
       {"--draft-margin -1", "--draft-margin"},
   };
   for (const auto& [flags, mention] : cases) {

@@ -3,8 +3,11 @@
 //     session's logits after the kept prefix, and everything decoded afterwards equal plain
 //     prefill/decode, whatever the dropped rows held and wherever the rows fall relative to the
 //     compression windows (ratio 4 with overlap, ratio 128) and the 128-token window;
-//   - generate() with proposals (MTP, or a replay of a known continuation) gives the tokens plain
-//     decoding gives, greedy and sampled, and a drafter that is always right gets k + 1 tokens a pass.
+//   - generate() with proposals (MTP, DSpark, or a replay of a known continuation) gives the tokens
+//     plain decoding gives, greedy and sampled, and a drafter that is always right gets k + 1 tokens
+//     a pass;
+//   - the DSpark drafter: deterministic, its target features follow verify/commit exactly, and
+//     support files with bad metadata or of the wrong kind are clear load errors.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -24,8 +27,8 @@ namespace {
 constexpr size_t V = 512;
 
 struct Fixture {
-  std::string dir, model, mtp;
-  std::unique_ptr<Engine> engine;
+  std::string dir, model, mtp, dspark;
+  std::unique_ptr<Engine> engine, dspark_engine;  // the second drafts with DSpark (confidence 0: whole blocks)
   Fixture() {
     dir = (std::filesystem::temp_directory_path() / ("dsv4_spec_" + std::to_string(::getpid()))).string();
     std::filesystem::create_directories(dir);
@@ -34,6 +37,8 @@ struct Fixture {
     const Preset p = *find_preset("tiny");
     EXPECT_TRUE(synth_write(synth_plan(p, 31), model, 2).has_value());
     EXPECT_TRUE(synth_write(synth_mtp_plan(p, 32), mtp, 2).has_value());
+    dspark = dir + "/tiny-dspark.gguf";
+    EXPECT_TRUE(synth_write(synth_dspark_plan(p, 33), dspark, 2).has_value());
     EngineOptions o;
     o.model_path = model;
     o.mtp_path = mtp;
@@ -44,6 +49,12 @@ struct Fixture {
     auto e = Engine::load(o);
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     engine = std::move(*e);
+    o.mtp_path.clear();
+    o.dspark_path = dspark;
+    o.dspark_confidence = 0;
+    auto d = Engine::load(o);
+    EXPECT_TRUE(d.has_value()) << (d ? "" : d.error().message);
+    dspark_engine = std::move(*d);
   }
   ~Fixture() { std::filesystem::remove_all(dir); }
 };
@@ -248,4 +259,104 @@ TEST(Speculate, AlwaysRightProposalsGiveKPlusOneTokensAPass) {
   const GenerateResult wrong = gen(3, 0.0f, 121, &o);
   EXPECT_EQ(wrong.tokens, plain.tokens);
   EXPECT_EQ(wrong.spec.accepted, 0u);
+}
+
+TEST(Speculate, DSparkBlocksAreDeterministicAndLeaveTheSession) {
+  Engine& e = *fx().dspark_engine;
+  ASSERT_TRUE(e.info().has_dspark);
+  EXPECT_EQ(e.info().dspark_block, 5u);
+  auto s = e.new_session();
+  ASSERT_TRUE((*s)->prefill(tiny_tokens(50, 6)).has_value());
+  const auto before = (*s)->logits();
+  auto a = (*s)->dspark_block();
+  ASSERT_TRUE(a.has_value()) << a.error().message;
+  EXPECT_EQ(a->size(), 5u);  // confidence 0: the whole block
+  for (int32_t x : *a) EXPECT_TRUE(x >= 0 && x < static_cast<int32_t>(V));
+  auto b = (*s)->dspark_block();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ((*s)->n_tokens(), 50u);
+  EXPECT_TRUE(bitwise_equal((*s)->logits(), before));
+  // draft(): the block's first proposal stands for the next token; the rest only follow an agreeing one.
+  auto agree = (*s)->draft((*a)[0], 3);
+  ASSERT_TRUE(agree.has_value());
+  EXPECT_EQ(*agree, std::vector<int32_t>(a->begin() + 1, a->begin() + 4));
+  auto disagree = (*s)->draft((*a)[0] == 7 ? 8 : 7, 3);
+  ASSERT_TRUE(disagree.has_value());
+  EXPECT_TRUE(disagree->empty());
+}
+
+TEST(Speculate, DSparkTargetFeaturesFollowVerifyAndCommit) {
+  // The drafter reads the target layers' states of the last token: after a verify pass keeping a of
+  // n rows they are those of plain decoding to the same token (a block depends on them bitwise).
+  Engine& e = *fx().dspark_engine;
+  const auto t = tiny_tokens(80, 14);
+  const size_t N = 30;
+  for (const auto& [n, keep] : std::vector<std::pair<size_t, size_t>>{{6, 6}, {6, 2}, {5, 0}, {9, 1}}) {
+    auto plain = e.new_session();
+    ASSERT_TRUE((*plain)->prefill(std::span<const int32_t>(t.data(), N + keep)).has_value());
+    auto spec = e.new_session();
+    ASSERT_TRUE((*spec)->prefill(std::span<const int32_t>(t.data(), N)).has_value());
+    std::vector<int32_t> rows(t.begin() + static_cast<long>(N), t.begin() + static_cast<long>(N + keep));
+    while (rows.size() < n) rows.push_back(300);
+    auto kept = (*spec)->verify(rows, [&](std::span<const float>) { return keep; });
+    ASSERT_TRUE(kept.has_value()) << kept.error().message;
+    auto want = (*plain)->dspark_block();
+    auto got = (*spec)->dspark_block();
+    ASSERT_TRUE(want.has_value() && got.has_value());
+    EXPECT_EQ(*got, *want) << "kept " << keep << " of " << n;
+  }
+}
+
+TEST(Speculate, GenerateWithDSparkGivesThePlainTokens) {
+  Engine& e = *fx().dspark_engine;
+  const auto p = tiny_tokens(150, 8);
+  for (float temp : {0.0f, 0.9f}) {
+    GenerateOptions o;
+    o.sampling.temperature = temp;
+    o.sampling.seed = 1234;
+    o.max_tokens = 80;
+    o.ignore_eos = true;
+    o.parse_chat = false;
+    auto s1 = e.new_session();
+    auto plain = generate(**s1, e.tokenizer(), p, o);
+    o.draft = 4;  // Session::draft: DSpark on this engine
+    auto s2 = e.new_session();
+    auto spec = generate(**s2, e.tokenizer(), p, o);
+    ASSERT_TRUE(plain.has_value() && spec.has_value());
+    EXPECT_EQ(spec->tokens, plain->tokens) << "temperature " << temp;
+  }
+}
+
+TEST(Speculate, BadDSparkFilesAreClearLoadErrors) {
+  const Preset p = *find_preset("tiny");
+  auto load = [&](const std::string& dspark, const std::string& mtp = "") {
+    EngineOptions o;
+    o.model_path = fx().model;
+    o.dspark_path = dspark;
+    o.mtp_path = mtp;
+    o.backend = BackendChoice::CPU;
+    o.ctx = 256;
+    o.show_progress = false;
+    auto e = Engine::load(o);
+    return e ? std::string() : e.error().message;
+  };
+  EXPECT_NE(load(fx().mtp).find("not a DSpark support file"), std::string::npos) << load(fx().mtp);
+  EXPECT_NE(load("", fx().dspark).find("load it with --dspark"), std::string::npos) << load("", fx().dspark);
+  const std::string bad = fx().dir + "/bad-dspark.gguf";
+  auto with_meta = [&](auto change) {
+    SynthPlan plan = synth_dspark_plan(p, 5);
+    change(plan.dspark_meta);
+    EXPECT_TRUE(synth_write(plan, bad, 1).has_value());
+    return load(bad);
+  };
+  std::string m = with_meta([](DSparkMeta& d) { d.target_layers = {4, 3, 5}; });
+  EXPECT_NE(m.find("strictly increasing"), std::string::npos) << m;
+  m = with_meta([](DSparkMeta& d) { d.target_layers = {3, 4, 9}; });
+  EXPECT_NE(m.find("not a layer of the model"), std::string::npos) << m;
+  m = with_meta([](DSparkMeta& d) { d.noise_token_id = 100000; });
+  EXPECT_NE(m.find("outside the vocabulary"), std::string::npos) << m;
+  m = with_meta([](DSparkMeta& d) { d.block_size = 0; });
+  EXPECT_NE(m.find("block_size"), std::string::npos) << m;
+  EXPECT_EQ(load(fx().dspark), "");
 }
