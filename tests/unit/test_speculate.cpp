@@ -292,7 +292,8 @@ TEST(Speculate, DSparkTargetFeaturesFollowVerifyAndCommit) {
   Engine& e = *fx().dspark_engine;
   const auto t = tiny_tokens(80, 14);
   const size_t N = 30;
-  for (const auto& [n, keep] : std::vector<std::pair<size_t, size_t>>{{6, 6}, {6, 2}, {5, 0}, {9, 1}}) {
+  for (const auto& [n, k] : std::vector<std::pair<size_t, size_t>>{{6, 6}, {6, 2}, {5, 0}, {9, 1}}) {
+    const size_t keep = k;  // (a structured binding cannot be captured before C++20 compilers caught up)
     auto plain = e.new_session();
     ASSERT_TRUE((*plain)->prefill(std::span<const int32_t>(t.data(), N + keep)).has_value());
     auto spec = e.new_session();
