@@ -12,17 +12,20 @@ bool type_allowed(TypeClass c, GgmlType t) {
     // Q8_0: files with Q4_K attention projections or shared experts ("AProjQ4", "SExpQ4") load too.
     case TypeClass::DENSE_MAT:
       return t == G::Q8_0 || t == G::Q4_K || t == G::Q2_K || t == G::IQ2_XXS || t == G::F16 || t == G::F32;
+    // MXFP4: the CPU backend computes with it; the CUDA backend refuses it at load (check_cuda_fit).
     case TypeClass::EXPERT_GATE_UP:
-      return t == G::IQ2_XXS || t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::F16 || t == G::F32;
-    case TypeClass::EXPERT_DOWN: return t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::F16 || t == G::F32;
+      return t == G::IQ2_XXS || t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::MXFP4 || t == G::F16 ||
+             t == G::F32;
+    case TypeClass::EXPERT_DOWN:
+      return t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::MXFP4 || t == G::F16 || t == G::F32;
   }
   return false;
 }
 
 std::string allowed_types(TypeClass c) {
   std::string s;
-  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32,
-                     GgmlType::I32}) {
+  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4, GgmlType::F16,
+                     GgmlType::F32, GgmlType::I32}) {
     if (!type_allowed(c, t)) continue;
     if (!s.empty()) s += ", ";
     s += ggml_type_name(t);
@@ -266,6 +269,7 @@ const char* quant_recipe_name(QuantRecipe r) {
     case QuantRecipe::Q2_Q4: return "q2-q4";
     case QuantRecipe::Q4: return "q4";
     case QuantRecipe::Q8: return "q8";
+    case QuantRecipe::MXFP4: return "mxfp4";
     case QuantRecipe::F16: return "f16";
     case QuantRecipe::F32: return "f32";
   }
@@ -273,10 +277,10 @@ const char* quant_recipe_name(QuantRecipe r) {
 }
 
 expected<QuantRecipe> quant_recipe_from_name(const std::string& name) {
-  for (QuantRecipe r :
-       {QuantRecipe::Q2, QuantRecipe::Q2_Q4, QuantRecipe::Q4, QuantRecipe::Q8, QuantRecipe::F16, QuantRecipe::F32})
+  for (QuantRecipe r : {QuantRecipe::Q2, QuantRecipe::Q2_Q4, QuantRecipe::Q4, QuantRecipe::Q8, QuantRecipe::MXFP4,
+                        QuantRecipe::F16, QuantRecipe::F32})
     if (name == quant_recipe_name(r)) return r;
-  return make_error("unknown quantisation \"%s\" (expected q2, q2-q4, q4, q8, f16 or f32)", name.c_str());
+  return make_error("unknown quantisation \"%s\" (expected q2, q2-q4, q4, q8, mxfp4, f16 or f32)", name.c_str());
 }
 
 GgmlType recipe_type(QuantRecipe r, const TensorSpec& t, uint32_t n_layer) {
@@ -296,6 +300,7 @@ GgmlType recipe_type(QuantRecipe r, const TensorSpec& t, uint32_t n_layer) {
           return down ? G::Q2_K : G::IQ2_XXS;
         case QuantRecipe::Q4: return G::Q4_K;
         case QuantRecipe::Q8: return G::Q8_0;
+        case QuantRecipe::MXFP4: return G::MXFP4;
         case QuantRecipe::F16: return G::F16;
         case QuantRecipe::F32: return G::F32;
       }

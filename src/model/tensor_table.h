@@ -128,6 +128,7 @@ enum class QuantRecipe {
   Q2_Q4,  // published q2-q4: as Q2, with the routed experts of the last k_q2_q4_tail_layers layers Q4_K
   Q4,     // published q4: routed experts Q4_K; otherwise as Q2
   Q8,     // routed experts Q8_0; otherwise as Q2
+  MXFP4,  // published mxfp4 ("MXFP4Experts"): routed experts MXFP4; otherwise as Q2
   F16,    // every matrix F16
   F32,    // every matrix F32
 };

@@ -79,11 +79,6 @@ std::string check_tensor(const TensorSpec& spec, const GgufTensorInfo& t) {
   if (trim(actual) != trim(spec.ne))
     return strfmt("tensor %s: expected shape %s, found %s", spec.name.c_str(), dims_string(spec.ne).c_str(),
                   dims_string(actual).c_str());
-  if (t.type == GgmlType::MXFP4 && !type_allowed(spec.cls, t.type))
-    return strfmt(
-        "tensor %s: type MXFP4 (the published MXFP4Experts file) is not supported yet: dsv4 decodes it "
-        "on the CPU but has no GPU kernels for it; use the q2, q2-q4 or q4 file (dsv4 pull --list)",
-        spec.name.c_str());
   if (!type_allowed(spec.cls, t.type))
     return strfmt("tensor %s: type %s is not allowed (allowed: %s)", spec.name.c_str(), ggml_type_name(t.type),
                   allowed_types(spec.cls).c_str());
@@ -98,6 +93,8 @@ std::string QuantMix::describe() const {
     recipe = "q4";
   else if (expert_gate_up == GgmlType::Q8_0 && expert_down == GgmlType::Q8_0)
     recipe = "q8";
+  else if (expert_gate_up == GgmlType::MXFP4 && expert_down == GgmlType::MXFP4)
+    recipe = "mxfp4";
   else if (expert_gate_up == expert_down)
     recipe = ggml_type_name(expert_gate_up);
   else
@@ -120,6 +117,7 @@ int QuantMix::routed_bits() const {
     case GgmlType::IQ2_XXS:
     case GgmlType::Q2_K: return 2;
     case GgmlType::Q4_K: return 4;
+    case GgmlType::MXFP4: return 2;  // as ds4 records it (its routed-bits helper knows only Q4_K as 4)
     case GgmlType::Q8_0: return 8;
     case GgmlType::F16: return 16;
     default: return 32;
@@ -182,7 +180,7 @@ expected<ModelWeights> bind_weights(const GgufFile& f, const ModelSpec& spec) {
     }
   }
   // Published layout: every tensor has the q2, q2-q4 or q4 recipe's type.
-  for (QuantRecipe r : {QuantRecipe::Q2, QuantRecipe::Q2_Q4, QuantRecipe::Q4}) {
+  for (QuantRecipe r : {QuantRecipe::Q2, QuantRecipe::Q2_Q4, QuantRecipe::Q4, QuantRecipe::MXFP4}) {
     bool all = true;
     for (const auto& s : table) {
       const GgufTensorInfo* t = f.find_tensor(s.name);

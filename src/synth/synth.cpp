@@ -52,6 +52,9 @@ std::vector<Preset> synth_presets() {
       {"flash-q2-q4", "DeepSeek V4 Flash, published q2-q4 layout (layers 37-42's experts Q4_K; 90.9 GiB)",
        ModelSpec::flash(), QuantRecipe::Q2_Q4},
       {"flash-q4", "DeepSeek V4 Flash, published q4 layout (153.3 GiB)", ModelSpec::flash(), QuantRecipe::Q4},
+      {"flash-mxfp4", "DeepSeek V4 Flash, published mxfp4 layout (routed experts MXFP4; 145.3 GiB)", ModelSpec::flash(),
+       QuantRecipe::MXFP4},
+      {"tiny-mxfp4", "the tiny shape with the mxfp4 quant mix (routed experts MXFP4)", tiny_spec(), QuantRecipe::MXFP4},
       {"pro-q2", "DeepSeek V4 Pro shapes, q2 quant mix", ModelSpec::pro(), QuantRecipe::Q2},
   };
 }
@@ -295,8 +298,12 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
     case GgmlType::Q2_K: per_d = synth::k_q2_k_rms_per_d; break;
     case GgmlType::Q4_K: per_d = synth::k_q4_k_rms_per_d; break;
     case GgmlType::IQ2_XXS: per_d = synth::k_iq2_xxs_rms_per_d; break;
+    case GgmlType::MXFP4: break;
     default: DSV4_ASSERT(false, "synth: no generator for %s", info.name);
   }
+  // MXFP4's power-of-two scale nearest the target RMS.
+  const uint8_t mx_e =
+      static_cast<uint8_t>(std::clamp(127 + std::lround(std::log2(gp.rms / synth::k_mxfp4_rms_per_scale)), 1L, 254L));
   const uint16_t d_bits = f32_to_f16(gp.rms / per_d);
   const uint16_t dmin_bits = f32_to_f16(8.0f * gp.rms / per_d);
   for (uint64_t r = 0; r < n_rows; ++r) {
@@ -309,6 +316,7 @@ void synth_fill_rows(const SynthPlan& plan, const SynthTensor& t, uint64_t row_b
         case GgmlType::Q2_K: synth::gen_q2_k(rng, d_bits, out); break;
         case GgmlType::Q4_K: synth::gen_q4_k(rng, d_bits, dmin_bits, out); break;
         case GgmlType::IQ2_XXS: synth::gen_iq2_xxs(rng, d_bits, out); break;
+        case GgmlType::MXFP4: synth::gen_mxfp4(rng, mx_e, out); break;
         default: DSV4_UNREACHABLE();
       }
     }

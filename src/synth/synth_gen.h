@@ -55,6 +55,17 @@ DSV4_HD void gen_q8_0(BlockRng& r, uint16_t d_bits, uint8_t* out /*34 bytes*/) {
   }
 }
 
+// MXFP4: the scale byte e (2^(e-127)) as given, 32 uniform random E2M1 codes. The 16 codes' squared
+// magnitudes {0, .25, 1, 2.25, 4, 9, 16, 36} (twice) average 8.5625, so RMS = 2.926 * 2^(e-127).
+DSV4_HD void gen_mxfp4(BlockRng& r, uint8_t e, uint8_t* out /*17 bytes*/) {
+  out[0] = e;
+  const uint64_t a = r.next(), b = r.next();
+  for (int j = 0; j < 8; ++j) {
+    out[1 + j] = static_cast<uint8_t>(a >> (8 * j));
+    out[9 + j] = static_cast<uint8_t>(b >> (8 * j));
+  }
+}
+
 // Q2_K: per 16-sub-block scale code sc in [4, 10] and min code m = round(1.5 sc)
 // with dmin = d, so w = d*sc*(q - 1.5) (+/- rounding): zero mean, RMS ≈ d*sc*1.118;
 // E[sc^2] = 53 gives RMS ≈ 8.14 d, so d = rms / 8.14.
@@ -124,5 +135,6 @@ constexpr float k_q8_0_rms_per_d = 73.3235f;  // 127 / sqrt(3)
 constexpr float k_q2_k_rms_per_d = 8.14f;
 constexpr float k_q4_k_rms_per_d = 141.0f;
 constexpr float k_iq2_xxs_rms_per_d = 60.3f;
+constexpr float k_mxfp4_rms_per_scale = 2.926f;  // RMS / 2^(e-127)
 
 }  // namespace dsv4::synth

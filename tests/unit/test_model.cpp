@@ -401,16 +401,14 @@ TEST(Weights, MismatchesNameTensorExpectedAndActual) {
   // Wrong type.
   e = bind_error(mutate([&](auto& v) { find(v, "blk.1.attn_norm.weight").type = GgmlType::F16; }));
   EXPECT_NE(e.find("tensor blk.1.attn_norm.weight: type F16 is not allowed (allowed: F32)"), std::string::npos) << e;
-  // MXFP4 experts (the published MXFP4 file): named, with the files that do load.
-  e = bind_error(mutate([&](auto& v) {
-    find(v, "blk.3.ffn_gate_exps.weight").type = GgmlType::MXFP4;
-    find(v, "blk.3.ffn_up_exps.weight").type = GgmlType::MXFP4;
-  }));
-  EXPECT_NE(e.find("tensor blk.3.ffn_gate_exps.weight: type MXFP4 (the published MXFP4Experts file) is not "
-                   "supported yet"),
-            std::string::npos)
-      << e;
-  EXPECT_NE(e.find("dsv4 pull --list"), std::string::npos) << e;
+  // MXFP4 binds in routed experts (the published MXFP4 file; the CPU runs it) and nowhere else.
+  EXPECT_EQ(bind_error(mutate([&](auto& v) {
+              for (const char* n : {"blk.3.ffn_gate_exps.weight", "blk.3.ffn_up_exps.weight"})
+                find(v, n).type = GgmlType::MXFP4;
+            })),
+            "");
+  e = bind_error(mutate([&](auto& v) { find(v, "blk.2.attn_q_a.weight").type = GgmlType::MXFP4; }));
+  EXPECT_NE(e.find("tensor blk.2.attn_q_a.weight: type MXFP4 is not allowed"), std::string::npos) << e;
   // Missing.
   e = bind_error(mutate([&](auto& v) {
     v.erase(std::remove_if(v.begin(), v.end(),

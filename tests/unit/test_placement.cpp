@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "model/forward.h"
 #include "gguf/gguf.h"
 #include "model/model_file.h"
+#include "model/shape_fit.h"
 #include "model/tensor_table.h"
 #include "quant/quant.h"
 #include "synth/synth.h"
@@ -176,39 +178,33 @@ TEST(Placement, MostUsedExpertsFirstWithRoutingStatistics) {
   EXPECT_NE(bad.error().message.find("do not fit this model"), std::string::npos) << bad.error().message;
 }
 
-// Dense matrices may be any type the backends' matmuls compute with: the tiny model with its DENSE_MAT tensors
-// in Q4_K (those with rows of whole 256-value blocks; the others stay Q8_0) gives, bit for bit, the logits of
-// the same model with those tensors stored as the F32 values they decode to (the CPU dequantises a row and
-// dots it in the same order for every type).
-TEST(WeightTypes, DenseMatricesInQ4KGiveTheirDequantisedLogits) {
-  SynthPlan plan = synth_plan(*find_preset("tiny"), 5);
-  plan.tensor_bytes = 0;
-  for (auto& t : plan.tensors) {
-    if (t.spec.cls == TypeClass::DENSE_MAT && t.spec.ne[0] % 256 == 0) {  // rows of whole Q4_K blocks
-      t.type = GgmlType::Q4_K;
-      t.n_bytes = ggml_type_bytes(t.type, t.spec.n_elements());
-    }
-    plan.tensor_bytes += t.n_bytes;
-  }
+// A model and its F32 twin (the tensors of `decoded` classes stored as the F32 values they decode to; every
+// KV and every other tensor copied) give the same logits bit for bit on the CPU, which dequantises a row
+// and dots it in the same order for every type. Returns the number of tensors decoded.
+namespace {
+
+int expect_dequantised_twin(const SynthPlan& plan, const std::vector<TypeClass>& decoded, const std::string& tag) {
   const std::string base =
-      (std::filesystem::temp_directory_path() / ("dsv4_test_dense_" + std::to_string(::getpid()))).string();
-  const std::string q4 = base + "_q4.gguf", f32 = base + "_f32.gguf";
-  ASSERT_TRUE(synth_write(plan, q4, 2).has_value());
-  // The F32 twin: every KV copied, dense tensors decoded, the others copied as they are.
-  auto src = GgufFile::open(q4);
-  ASSERT_TRUE(src.has_value()) << src.error().message;
+      (std::filesystem::temp_directory_path() / ("dsv4_test_" + tag + "_" + std::to_string(::getpid()))).string();
+  const std::string quantised = base + "_q.gguf", f32 = base + "_f32.gguf";
+  EXPECT_TRUE(synth_write(plan, quantised, 2).has_value());
+  auto src = GgufFile::open(quantised);
+  EXPECT_TRUE(src.has_value()) << src.error().message;
+  if (!src) return 0;
   const GgufFile& g = **src;
   GgufWriter w;
   for (const GgufKV& kv : g.kvs()) w.copy_kv(g, kv);
   std::map<std::string, TypeClass> cls;
-  for (const TensorSpec& s : main_tensor_table(plan.preset.spec)) cls[s.name] = s.cls;
-  int dense = 0;
+  for (const TensorSpec& t : main_tensor_table(plan.preset.spec)) cls[t.name] = t.cls;
+  int n_decoded = 0;
   for (const GgufTensorInfo& t : g.tensors()) {
     const std::vector<uint64_t> ne(t.ne, t.ne + t.n_dims);
     const uint8_t* data = g.tensor_data(t);
     const size_t rb = ggml_row_bytes(t.type, t.ne[0]);
-    if (cls[std::string(t.name)] == TypeClass::DENSE_MAT && t.type == GgmlType::Q4_K) {
-      ++dense;
+    const bool decode = t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::I32 &&
+                        std::find(decoded.begin(), decoded.end(), cls[std::string(t.name)]) != decoded.end();
+    if (decode) {
+      ++n_decoded;
       const GgmlType from = t.type;
       const uint64_t cols = t.ne[0];
       w.add_tensor(std::string(t.name), GgmlType::F32, ne, [=](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
@@ -224,24 +220,65 @@ TEST(WeightTypes, DenseMatricesInQ4KGiveTheirDequantisedLogits) {
       });
     }
   }
-  EXPECT_GT(dense, 10);
-  ASSERT_TRUE(w.write(f32).has_value());
+  EXPECT_TRUE(w.write(f32).has_value());
   auto be = make_cpu_backend(2);
   ModelOptions o;
   o.max_batch = 64;
   std::vector<float> logits[2];
   for (int i = 0; i < 2; ++i) {
-    auto mf = open_model(i == 0 ? q4 : f32);
-    ASSERT_TRUE(mf.has_value()) << mf.error().message;
+    auto mf = open_model(i == 0 ? quantised : f32);
+    EXPECT_TRUE(mf.has_value()) << mf.error().message;
+    if (!mf) return 0;
     auto m = Model::create(*be, (*mf)->weights, nullptr, o);
-    ASSERT_TRUE(m.has_value()) << m.error().message;
+    EXPECT_TRUE(m.has_value()) << m.error().message;
+    if (!m) return 0;
     logits[i] = run(**m);
   }
-  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_EQ(logits[0].size(), logits[1].size());
   EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
   double mag = 0;
   for (float v : logits[0]) mag += std::fabs(v);
   EXPECT_GT(mag, 0.0);
-  std::filesystem::remove(q4);
+  std::filesystem::remove(quantised);
   std::filesystem::remove(f32);
+  return n_decoded;
+}
+
+}  // namespace
+
+// Dense matrices may be any type the backends' matmuls compute with: the tiny model with its DENSE_MAT tensors
+// in Q4_K (those with rows of whole 256-value blocks; the others stay Q8_0) gives its F32 twin's logits.
+TEST(WeightTypes, DenseMatricesInQ4KGiveTheirDequantisedLogits) {
+  SynthPlan plan = synth_plan(*find_preset("tiny"), 5);
+  plan.tensor_bytes = 0;
+  for (auto& t : plan.tensors) {
+    if (t.spec.cls == TypeClass::DENSE_MAT && t.spec.ne[0] % 256 == 0) {  // rows of whole Q4_K blocks
+      t.type = GgmlType::Q4_K;
+      t.n_bytes = ggml_type_bytes(t.type, t.spec.n_elements());
+    }
+    plan.tensor_bytes += t.n_bytes;
+  }
+  EXPECT_GT(expect_dequantised_twin(plan, {TypeClass::DENSE_MAT}, "dense"), 10);
+}
+
+// MXFP4 routed experts (the published mxfp4 layout, preset tiny-mxfp4) run on the CPU: the F32 twin of
+// every routed expert gives the same logits, and the CUDA backend refuses the file at load with the reason.
+TEST(WeightTypes, Mxfp4ExpertsGiveTheirDequantisedLogits) {
+  const SynthPlan plan = synth_plan(*find_preset("tiny-mxfp4"), 6);
+  int mx = 0;
+  for (const auto& t : plan.tensors) mx += t.type == GgmlType::MXFP4;
+  EXPECT_EQ(mx, 18);  // gate, up, down of 6 layers
+  EXPECT_EQ(expect_dequantised_twin(plan, {TypeClass::EXPERT_GATE_UP, TypeClass::EXPERT_DOWN}, "mxfp4"), 18);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dsv4_test_mx_" + std::to_string(::getpid()))).string();
+  ASSERT_TRUE(synth_write(plan, path, 2).has_value());
+  auto mf = open_model(path);
+  ASSERT_TRUE(mf.has_value()) << mf.error().message;
+  EXPECT_NE((*mf)->weights.mix.describe().find("mxfp4"), std::string::npos) << (*mf)->weights.mix.describe();
+  const Status cuda = check_cuda_fit((*mf)->weights, nullptr, Numerics::REFERENCE);
+  ASSERT_FALSE(cuda.has_value());
+  EXPECT_NE(cuda.error().message.find("MXFP4"), std::string::npos) << cuda.error().message;
+  std::filesystem::remove(path);
+  // The published size (ds4-variants-mtp-dspark.md §1.2: 155,971,123,548 tensor bytes).
+  EXPECT_EQ(synth_plan(*find_preset("flash-mxfp4"), 1).tensor_bytes, 155971123548ull);
 }
