@@ -38,6 +38,11 @@ int run_convert(const ConvertArgs& a) {
   }
   std::printf("wrote %s: %zu tensors, %llu bytes of tensor data (%s), vocabulary from %s\n", a.out.c_str(),
               r->n_tensors, static_cast<unsigned long long>(r->tensor_bytes), a.type.c_str(), r->vocab_source.c_str());
+  if (r->mxfp4_repacked + r->mxfp4_quantised > 0)
+    std::printf(
+        "MXFP4 experts: %zu tensors copied losslessly from the checkpoint's FP4 codes and scales, %zu quantised "
+        "from other types\n",
+        r->mxfp4_repacked, r->mxfp4_quantised);
   return 0;
 }
 
@@ -49,7 +54,9 @@ void register_convert(CLI::App& app) {
       app.add_subcommand("convert", "Convert a DeepSeek V4 safetensors checkpoint to a GGUF in the published layout");
   cmd->add_option("--from-hf", a->from_hf, "Checkpoint folder (config.json + *.safetensors)")->required();
   cmd->add_option("-o,--output", a->out, "Output GGUF")->required();
-  cmd->add_option("--type", a->type, "q2 (IQ2_XXS/Q2_K experts, Q8_0 dense) | q4 (Q4_K experts) | q8 | f16 | f32")
+  cmd->add_option("--type", a->type,
+                  "q2 (IQ2_XXS/Q2_K experts, Q8_0 dense) | q2-q4 | q4 (Q4_K experts) | mxfp4 (MXFP4 experts: the "
+                  "checkpoint's FP4 experts copied losslessly) | q8 | f16 | f32")
       ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Quantiser threads (0 = all cores)")->capture_default_str();
   cmd->callback([a] { set_exit_code(run_convert(*a)); });

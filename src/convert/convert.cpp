@@ -1,5 +1,6 @@
 #include "convert/convert.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <unordered_map>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "quant/quant.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "hf/hf_names.h"
@@ -143,6 +145,52 @@ Status read_rows(const HfCheckpoint& ck, const GgufTensorPlan& plan, uint64_t ro
   return {};
 }
 
+// Whether every piece of a planned tensor is packed FP4 with one E8M0 scale per 32 values: its MXFP4
+// blocks are then the checkpoint's bytes rearranged (formats.md §2.8), with no arithmetic.
+bool fp4_repackable(const HfCheckpoint& ck, const GgufTensorPlan& plan) {
+  for (const HfPiece& p : plan.pieces) {
+    if (p.storage != HfStorage::FP4_PACKED || p.row_length % quant::k_qk_mxfp4) return false;
+    const StTensor* s = ck.find(p.scale);
+    if (!s || s->dtype != StDtype::F8_E8M0) return false;
+  }
+  return !plan.pieces.empty();
+}
+
+// GGUF rows [row0, row0 + n) of a repackable tensor as MXFP4 blocks: byte 0 = the source's scale byte;
+// byte 1 + i = the code of element 32b + i (low nibble) and of element 32b + 16 + i (high nibble), where
+// the source holds element 2k in the low nibble of byte k and 2k + 1 in the high one.
+Status repack_mxfp4_rows(const HfCheckpoint& ck, const GgufTensorPlan& plan, uint64_t row0, uint64_t n, uint8_t* dst) {
+  const uint64_t ne0 = plan.ne[0], blocks = ne0 / quant::k_qk_mxfp4;
+  const uint64_t rb = ggml_row_bytes(GgmlType::MXFP4, ne0);
+  uint64_t at = 0;
+  for (const HfPiece& p : plan.pieces) {
+    const uint64_t lo = std::max(row0, at), hi = std::min(row0 + n, at + p.n_rows);
+    if (lo < hi) {
+      const StTensor* w = ck.find(p.source);
+      const StTensor* s = ck.find(p.scale);
+      if (!w || !s) return make_error("tensor %s or its scale disappeared from the checkpoint", p.source.c_str());
+      DSV4_TRY_ASSIGN(const auto shape, st_scaled_logical_shape(*w, *s, StScaledFormat::FP4_PACKED));
+      if (shape.second != ne0 || p.first_row + (hi - at) > shape.first)
+        return make_error("%s: packed FP4 rows do not fit the planned tensor", p.source.c_str());
+      for (uint64_t r = lo; r < hi; ++r) {
+        const uint64_t src_row = p.first_row + (r - at);
+        const uint8_t* codes = w->data + src_row * (ne0 / 2);
+        const uint8_t* scales = s->data + src_row * blocks;
+        uint8_t* out = dst + (r - row0) * rb;
+        auto code = [&](uint64_t k) { return static_cast<uint8_t>((codes[k / 2] >> (4 * (k & 1))) & 0xF); };
+        for (uint64_t b = 0; b < blocks; ++b) {
+          uint8_t* blk = out + b * sizeof(quant::BlockMXFP4);
+          blk[0] = scales[b];
+          for (uint64_t i = 0; i < 16; ++i)
+            blk[1 + i] = static_cast<uint8_t>(code(32 * b + i) | code(32 * b + 16 + i) << 4);
+        }
+      }
+    }
+    at += p.n_rows;
+  }
+  return {};
+}
+
 }  // namespace
 
 Status check_recipe_fits(const ModelSpec& spec, QuantRecipe recipe) {
@@ -206,20 +254,38 @@ expected<ConvertReport> convert_hf(const ConvertOptions& o, const std::function<
     const GgmlType type = recipe_type(o.recipe, t, spec.n_layer);
     const uint64_t ne0 = t.ne[0];
     const bool is_int = t.cls == TypeClass::I32_TABLE;
+    const bool repack = type == GgmlType::MXFP4 && fp4_repackable(*ck, *p);
+    if (type == GgmlType::MXFP4) ++(repack ? report.mxfp4_repacked : report.mxfp4_quantised);
     report.n_tensors++;
     report.tensor_bytes += ggml_type_bytes(type, t.n_elements());
-    w.add_tensor(
-        t.name, type, t.ne, [ckp, p, type, ne0, is_int, pool](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
-          if (is_int) return read_rows(*ckp, *p, r0, nr, nullptr, reinterpret_cast<int32_t*>(dst));
-          std::vector<float> rows(static_cast<size_t>(nr * ne0));
-          DSV4_TRY(read_rows(*ckp, *p, r0, nr, rows.data(), nullptr));
-          const uint64_t rb = ggml_row_bytes(type, ne0);
-          pool->parallel_for(static_cast<size_t>(nr), [&](size_t b, size_t e) {
-            for (size_t r = b; r < e; ++r)
-              quant::quantize_row(type, rows.data() + r * ne0, dst + r * rb, static_cast<int64_t>(ne0), nullptr);
-          });
-          return {};
-        });
+    const std::string name = t.name;
+    w.add_tensor(t.name, type, t.ne,
+                 [ckp, p, type, ne0, is_int, repack, name, pool](uint64_t r0, uint64_t nr, uint8_t* dst) -> Status {
+                   if (is_int) return read_rows(*ckp, *p, r0, nr, nullptr, reinterpret_cast<int32_t*>(dst));
+                   std::vector<float> rows(static_cast<size_t>(nr * ne0));
+                   DSV4_TRY(read_rows(*ckp, *p, r0, nr, rows.data(), nullptr));
+                   const uint64_t rb = ggml_row_bytes(type, ne0);
+                   if (repack) {
+                     // Copied, then checked back: every block decodes to the checkpoint's own value.
+                     DSV4_TRY(repack_mxfp4_rows(*ckp, *p, r0, nr, dst));
+                     std::vector<float> back(static_cast<size_t>(ne0));
+                     for (uint64_t r = 0; r < nr; ++r) {
+                       quant::dequantize_row(type, dst + r * rb, back.data(), static_cast<int64_t>(ne0));
+                       for (uint64_t c = 0; c < ne0; ++c)
+                         if (back[c] != rows[r * ne0 + c])
+                           return make_error("%s row %llu: the repacked MXFP4 value %g is not the checkpoint's %g",
+                                             name.c_str(), static_cast<unsigned long long>(r0 + r),
+                                             static_cast<double>(back[c]), static_cast<double>(rows[r * ne0 + c]));
+                     }
+                     return {};
+                   }
+                   pool->parallel_for(static_cast<size_t>(nr), [&](size_t b, size_t e) {
+                     for (size_t r = b; r < e; ++r)
+                       quant::quantize_row(type, rows.data() + r * ne0, dst + r * rb, static_cast<int64_t>(ne0),
+                                           nullptr);
+                   });
+                   return {};
+                 });
   }
   DSV4_TRY(w.write(o.output, progress, 16ull << 20));
   return report;

@@ -34,6 +34,10 @@ struct ConvertReport {
   size_t n_tensors = 0;
   uint64_t tensor_bytes = 0;
   std::string vocab_source;  // "tokenizer.json" or "synthetic byte-level vocabulary"
+  // --type mxfp4: routed-expert tensors whose MXFP4 blocks were copied from the checkpoint's packed FP4
+  // codes and E8M0 scales (lossless; each row checked back against the checkpoint's values), and those
+  // quantised from other source types.
+  size_t mxfp4_repacked = 0, mxfp4_quantised = 0;
 };
 
 expected<ConvertReport> convert_hf(const ConvertOptions& o,

@@ -26,6 +26,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -33,6 +35,10 @@
 
 #include "../common/golden_fixture.h"
 #include "convert/convert.h"
+#include "gguf/gguf.h"
+#include "hf/safetensors.h"
+#include "hf_test_util.h"
+#include "quant/quant.h"
 #include "hf/hf_config.h"
 #include "dsv4/engine.h"
 
@@ -262,4 +268,97 @@ TEST(GoldenOddShape, RecipesNeedWholeBlocks) {
   ASSERT_FALSE(r.has_value());
   const std::string want_q4 = "blk.0.ffn_down_exps.weight has rows of 160 values: the q4 recipe stores it as Q4_K";
   EXPECT_NE(r.error().message.find(want_q4), std::string::npos) << r.error().message;
+}
+
+// --type mxfp4 from a checkpoint whose routed experts are DeepSeek's packed FP4 (I8 codes, element 2k in
+// the low nibble of byte k, and an F8_E8M0 scale per 32 values): the GGUF's MXFP4 blocks are those bytes
+// rearranged, with nothing recomputed. The fixture's experts are first made FP4 by the MXFP4 quantiser;
+// the converted file must hold exactly those blocks. From the bf16 fixture itself the experts are
+// quantised instead; both files load and run on the CPU.
+TEST(Convert, Mxfp4RepacksPackedFp4ExpertsLosslessly) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dsv4_fp4_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& f : fs::directory_iterator(k_dir))
+    if (f.path().filename() != "model.safetensors") fs::copy(f.path(), dir / f.path().filename());
+  auto src = SafetensorsFile::open(k_dir + "/model.safetensors");
+  ASSERT_TRUE(src.has_value()) << src.error().message;
+  std::vector<hftest::Entry> entries;
+  std::map<std::string, std::vector<uint8_t>> blocks;  // expert tensor -> its MXFP4 blocks, rows in order
+  for (const StTensor& t : (*src)->tensors()) {
+    const bool expert = t.name.find(".ffn.experts.") != std::string::npos && t.name.ends_with(".weight");
+    if (!expert) {
+      entries.push_back({t.name, st_dtype_name(t.dtype), t.shape, std::vector<uint8_t>(t.data, t.data + t.n_bytes)});
+      continue;
+    }
+    const uint64_t rows = t.shape[0], cols = t.shape[1], nb = cols / 32;
+    std::vector<float> v(rows * cols);
+    ASSERT_TRUE(st_read_f32(t, v.data()).has_value());
+    std::vector<uint8_t> mx(rows * nb * sizeof(quant::BlockMXFP4)), codes(rows * cols / 2), scales(rows * nb);
+    for (uint64_t r = 0; r < rows; ++r) {
+      quant::quantize_row(GgmlType::MXFP4, v.data() + r * cols, mx.data() + r * nb * 17, static_cast<int64_t>(cols));
+      for (uint64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = mx.data() + (r * nb + b) * 17;
+        scales[r * nb + b] = blk[0];
+        for (uint64_t i = 0; i < 32; ++i) {  // block element i -> source element 32b + i
+          const uint8_t c = i < 16 ? blk[1 + i] & 0xF : blk[1 + i - 16] >> 4;
+          const uint64_t k = r * cols + 32 * b + i;
+          codes[k / 2] = static_cast<uint8_t>(codes[k / 2] | c << (4 * (k & 1)));
+        }
+      }
+    }
+    const std::string base = t.name.substr(0, t.name.size() - std::string(".weight").size());
+    entries.push_back({t.name, "I8", {rows, cols / 2}, codes});
+    entries.push_back({base + ".scale", "F8_E8M0", {rows, nb}, scales});
+    blocks[t.name] = std::move(mx);
+  }
+  ASSERT_FALSE(blocks.empty());
+  {
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    const std::vector<uint8_t> bytes = hftest::build(entries);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  ConvertOptions o;
+  o.hf_dir = dir.string();
+  o.output = (dir / "mxfp4.gguf").string();
+  o.recipe = QuantRecipe::MXFP4;
+  auto r = convert_hf(o);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_GT(r->mxfp4_repacked, 0u);
+  EXPECT_EQ(r->mxfp4_quantised, 0u);
+  // Each GGUF expert tensor [in, out, E] holds expert e's rows at e * out: compare with the blocks made above.
+  auto g = GgufFile::open(o.output);
+  ASSERT_TRUE(g.has_value()) << g.error().message;
+  size_t compared = 0;
+  for (const GgufTensorInfo& t : (*g)->tensors()) {
+    if (t.type != GgmlType::MXFP4) continue;
+    const std::string name(t.name);  // blk.L.ffn_{gate,up,down}_exps.weight
+    const size_t l0 = name.find('.') + 1, l1 = name.find('.', l0);
+    const std::string layer = name.substr(l0, l1 - l0);
+    const std::string w = name.find("gate") != std::string::npos   ? "w1"
+                          : name.find("down") != std::string::npos ? "w2"
+                                                                   : "w3";
+    const uint64_t expert_bytes = t.ne[1] * ggml_row_bytes(GgmlType::MXFP4, t.ne[0]);
+    for (uint64_t e = 0; e < t.ne[2]; ++e) {
+      const auto it = blocks.find("model.layers." + layer + ".ffn.experts." + std::to_string(e) + "." + w + ".weight");
+      ASSERT_NE(it, blocks.end()) << name << " expert " << e;
+      ASSERT_EQ(it->second.size(), expert_bytes);
+      EXPECT_EQ(0, std::memcmp((*g)->tensor_data(t) + e * expert_bytes, it->second.data(), expert_bytes)) << name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, blocks.size());
+  // From the bf16 fixture: quantised, not copied. Both run.
+  const std::string quantised = convert("mxfp4");
+  for (const std::string& path : {o.output, quantised}) {
+    auto e = load_engine(path, "reference");
+    ASSERT_TRUE(e.has_value()) << e.error().message;
+    auto s = (*e)->new_session();
+    ASSERT_TRUE(s.has_value());
+    ASSERT_TRUE((*s)->prefill(std::vector<int32_t>{5, 6, 7, 8}).has_value());
+    for (float x : (*s)->logits()) ASSERT_TRUE(std::isfinite(x));
+  }
+  fs::remove(quantised);
+  fs::remove_all(dir);
 }
