@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Usage: scripts/gpu.sh spec [--dry-run]
+# Summary: speculative decoding: verify-pass cost vs a decode step (k = 1..5), replayed proposals, greedy identity
+# Environment: CTX (2048), GEN (64), K (5), TINY_GEN (512)
+#
+# The numbers issue #36 asks for, on the GPU machine (docs/SPECULATIVE.md, PERFORMANCE.md):
+#   1. flash-q2 (generated in memory): dsv4 bench --verify K at CTX — a verify pass of 1 + k tokens against
+#      a decode step for k = 1..K (GEN passes each), proposals that replay the greedy continuation (tokens per
+#      pass, and whether the output stays the plain one), the projection at published acceptance rates;
+#   2. tiny with TINY_GEN tokens: the same, where "same_output" says from which token a batched verify pass
+#      first resolves a near-tie differently from single-token decode (CUDA is not bitwise across batch sizes).
+#
+#   device tool: command "scripts/gpu.sh spec", carry ["build-device"]
+# Output: spec-flash-q2.csv, spec-tiny.csv in ./out ($OUT with the device tool), also printed.
+GPU_NAME=spec
+# shellcheck source=scripts/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
+set -uo pipefail
+gpu_args "" "$@"
+CTX=${CTX:-2048}
+GEN=${GEN:-64}
+K=${K:-5}
+TINY_GEN=${TINY_GEN:-512}
+gpu_probe
+gpu_binaries dsv4
+gpu_use_run_libs
+gpu_out_flat
+rc=0
+gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench --synthetic flash-q2 --ctx-start "$CTX" --gen-tokens "$GEN" \
+  --verify "$K" --csv "$LOG/spec-flash-q2.csv" || rc=1
+gpu_run timeout 300 "$GPU_RUN/bin/dsv4" bench --synthetic tiny --ctx-start "$CTX" --gen-tokens "$TINY_GEN" \
+  --verify "$K" --csv "$LOG/spec-tiny.csv" || rc=1
+gpu_dry_run && exit 0
+exit $rc
