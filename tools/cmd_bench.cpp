@@ -11,6 +11,7 @@
 #include "bench_speculation.h"
 #include "commands.h"
 #include "engine_flags.h"
+#include "generate/generate.h"
 #include "dsv4/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -119,8 +120,13 @@ int run_bench(const BenchArgs& a) {
   both("# decode weight bytes per token: %llu\n", static_cast<unsigned long long>(info.decode_bytes_per_token));
   both("# kv state: %s rows, %.0f bytes per context token + %.1f MiB fixed\n", info.kv_rows.c_str(),
        info.kv_bytes_per_token, static_cast<double>((*engine)->session_bytes(1)) / (1 << 20));
+  // With a drafter (--mtp/--dspark and --draft > 0) the sweep decodes through generate()'s speculative
+  // rounds (greedy: the same tokens as plain decoding) and adds the proposals' counts.
+  const bool speculate = *draft > 0;
   if (a.concurrency <= 1 && a.verify == 0)
-    both("ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
+    both(speculate ? "ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes,spec_passes,proposed,"
+                     "accepted\n"
+                   : "ctx,prefill_tokens,prefill_tps,gen_tokens,gen_tps,weight_gbps,kv_bytes\n");
   if (csv) std::fflush(csv);
 
   using clock = std::chrono::steady_clock;
@@ -250,7 +256,21 @@ int run_bench(const BenchArgs& a) {
     uint32_t n_pf = frontier - done;
     done = frontier;
     // Greedy decode, EOS ignored.
+    SpecStats spec;
     auto decode_steps = [&]() -> Status {
+      if (speculate) {
+        GenerateOptions go;
+        go.sampling.temperature = 0;
+        go.max_tokens = a.gen_tokens;
+        go.ignore_eos = true;
+        go.parse_chat = false;
+        go.draft = *draft;
+        go.draft_margin = a.spec.margin;
+        const std::vector<int32_t> prompt((*session)->tokens());
+        DSV4_TRY_ASSIGN(const GenerateResult r, generate(**session, tok, prompt, go));
+        spec = r.spec;
+        return {};
+      }
       for (int i = 0; i < a.gen_tokens; ++i) {
         const auto& lg = (*session)->logits();
         int32_t best = 0;
@@ -293,9 +313,13 @@ int run_bench(const BenchArgs& a) {
       }
     }
     double gen_tps = a.gen_tokens > 0 && dt > 0 ? a.gen_tokens / dt : 0;
-    both("%u,%u,%.2f,%d,%.2f,%.2f,%llu\n", frontier, n_pf, pf > 0 ? n_pf / pf : 0.0, a.gen_tokens, gen_tps,
+    both("%u,%u,%.2f,%d,%.2f,%.2f,%llu", frontier, n_pf, pf > 0 ? n_pf / pf : 0.0, a.gen_tokens, gen_tps,
          gen_tps * static_cast<double>(info.decode_bytes_per_token) / 1e9,
          static_cast<unsigned long long>((*engine)->session_bytes(frontier)));
+    if (speculate)
+      both(",%llu,%llu,%llu", static_cast<unsigned long long>(spec.passes),
+           static_cast<unsigned long long>(spec.proposed), static_cast<unsigned long long>(spec.accepted));
+    both("\n");
     if (csv) std::fflush(csv);
     if (a.profile)
       std::fprintf(stderr,
