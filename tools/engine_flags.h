@@ -83,8 +83,7 @@ inline void add_speculation_flags(CLI::App* cmd, SpeculationArgs* a) {
                   "used instead of --mtp when both are given")
       ->type_name("FILE");
   cmd->add_option("--draft", a->draft,
-                  "Tokens proposed per forward pass (0: off; default 2 with --mtp, 4 with --dspark); used while one "
-                  "request generates at a time")
+                  "Tokens proposed per forward pass (0: off; default 2 with --mtp, 4 with --dspark)")
       ->type_name("N");
   cmd->add_option("--draft-margin", a->margin,
                   "With --mtp: stop proposing at a token whose MTP logit leads the runner-up by less than this "

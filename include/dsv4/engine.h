@@ -114,6 +114,10 @@ struct RunHooks {
 struct SessionStep {
   Session* session = nullptr;
   std::span<const int32_t> tokens;  // appended to the session (at least one)
+  // Set: a speculative verify item (Session::verify's contract: at most Session::max_verify() tokens,
+  // `keep` chooses how many stay, written to *kept).
+  const std::function<size_t(std::span<const float> all_logits)>* keep = nullptr;
+  size_t* kept = nullptr;
 };
 
 class Engine {
@@ -155,7 +159,8 @@ class Engine {
   // session. At most info().prefill_batch tokens in all, each session once.
   // Afterwards every session's logits() are those after its last token,
   // exactly what prefill()/decode() alone give (bitwise on the CPU backend;
-  // the CUDA backend within its op tolerances). On an error nothing is appended.
+  // the CUDA backend within its op tolerances); a verify item keeps what its
+  // `keep` chooses, as Session::verify alone. On an error nothing is appended.
   Status step(std::span<const SessionStep> items);
 
   // Per-op timing (device time on GPUs) for `dsv4 bench --profile`: while on,

@@ -210,6 +210,28 @@ struct Session::Impl {
     return {};
   }
 
+  // After a verify pass of `toks` whose logits are `all` ([n][V]): commit the prefix `keep` chooses,
+  // fill the MTP window from the kept rows, append them (Session::verify, Engine::step).
+  expected<size_t> finish_verify(std::span<const int32_t> toks, const std::vector<float>& all,
+                                 const std::function<size_t(std::span<const float>)>& keep) {
+    const size_t V = n_vocab(), n = toks.size();
+    const size_t asked = keep ? keep(std::span<const float>(all)) : n;
+    // Commit whatever `keep` said (clamped): the verified rows must not stay half-applied.
+    const size_t a = std::min(asked, n);
+    DSV4_TRY(model().commit(state, static_cast<int64_t>(a)));
+    // The MTP block's window from the kept rows: position p pairs p's state with token p + 1 (the last
+    // kept position's next token is not known yet: the next draft writes that row).
+    if (model().has_mtp() && a >= 2)
+      DSV4_TRY(model().mtp_fill(state, toks.data() + 1, state.spec.hidden, static_cast<int64_t>(a - 1),
+                                static_cast<int64_t>(tokens.size())));
+    if (a > 0) {
+      tokens.insert(tokens.end(), toks.begin(), toks.begin() + static_cast<long>(a));
+      logits.assign(all.begin() + static_cast<long>((a - 1) * V), all.begin() + static_cast<long>(a * V));
+    }
+    if (asked > n) return make_error("verify: keep() returned %zu of %zu tokens", asked, n);
+    return a;
+  }
+
   void checkpoint() {
     if (tokens.empty()) return;
     if (!checkpoints.empty() && checkpoints.back().n_tokens == tokens.size()) return;
@@ -498,6 +520,7 @@ Status Engine::step(std::span<const SessionStep> items) {
   if (items.empty()) return {};
   std::vector<StepItem> model_items;
   model_items.reserve(items.size());
+  std::vector<std::vector<float>> all(items.size());  // verify items' logits after every token
   for (size_t k = 0; k < items.size(); ++k) {
     const SessionStep& it = items[k];
     if (!it.session || it.session->impl_->eng != impl_.get())
@@ -505,18 +528,33 @@ Status Engine::step(std::span<const SessionStep> items) {
     if (it.tokens.empty()) return make_error("step: item %zu has no tokens", k);
     Session::Impl& si = *it.session->impl_;
     DSV4_TRY(si.check_append(it.tokens));
-    si.logits.resize(si.n_vocab());
-    model_items.push_back(StepItem{&si.state, it.tokens.data(), static_cast<int64_t>(it.tokens.size()),
-                                   static_cast<int64_t>(si.tokens.size()), si.logits.data()});
+    StepItem m{&si.state, it.tokens.data(), static_cast<int64_t>(it.tokens.size()),
+               static_cast<int64_t>(si.tokens.size()), nullptr};
+    if (it.keep) {
+      all[k].resize(it.tokens.size() * si.n_vocab());
+      m.all_logits = all[k].data();
+    } else {
+      si.logits.resize(si.n_vocab());
+      m.logits = si.logits.data();
+    }
+    model_items.push_back(m);
   }
   if (Status st = impl_->model->step(model_items); !st) {
     for (const SessionStep& it : items)  // a session without logits keeps none
       if (it.session->impl_->tokens.empty()) it.session->impl_->logits.clear();
     return st;
   }
-  for (const SessionStep& it : items) {
-    std::vector<int32_t>& t = it.session->impl_->tokens;
-    t.insert(t.end(), it.tokens.begin(), it.tokens.end());
+  // Every item is appended now (the step succeeded): a verify item's keep() asking for more than it
+  // was given keeps all (finish_verify clamps; Session::verify alone reports it).
+  for (size_t k = 0; k < items.size(); ++k) {
+    const SessionStep& it = items[k];
+    Session::Impl& si = *it.session->impl_;
+    if (it.keep) {
+      auto a = si.finish_verify(it.tokens, all[k], *it.keep);
+      if (it.kept) *it.kept = a ? *a : it.tokens.size();
+      continue;
+    }
+    si.tokens.insert(si.tokens.end(), it.tokens.begin(), it.tokens.end());
   }
   return {};
 }
@@ -617,21 +655,7 @@ expected<size_t> Session::verify(std::span<const int32_t> tokens, const KeepFn& 
   std::vector<float> all(n * V);
   DSV4_TRY(s.model().verify(s.state, tokens.data(), static_cast<int64_t>(n), static_cast<int64_t>(s.tokens.size()),
                             all.data()));
-  const size_t kept = keep ? keep(std::span<const float>(all)) : n;
-  // Commit whatever `keep` said (clamped): the verified rows must not stay half-applied.
-  const size_t a = std::min(kept, n);
-  DSV4_TRY(s.model().commit(s.state, static_cast<int64_t>(a)));
-  // The MTP block's window from the kept rows: position p pairs p's state with token p + 1 (the last
-  // kept position's next token is not known yet: the next draft writes that row).
-  if (s.model().has_mtp() && a >= 2)
-    DSV4_TRY(s.model().mtp_fill(s.state, tokens.data() + 1, s.state.spec.hidden, static_cast<int64_t>(a - 1),
-                                static_cast<int64_t>(s.tokens.size())));
-  if (a > 0) {
-    s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.begin() + static_cast<long>(a));
-    s.logits.assign(all.begin() + static_cast<long>((a - 1) * V), all.begin() + static_cast<long>(a * V));
-  }
-  if (kept > n) return make_error("verify: keep() returned %zu of %zu tokens", kept, n);
-  return a;
+  return s.finish_verify(tokens, all, keep);
 }
 
 expected<std::vector<int32_t>> Session::draft(int32_t next_token, int k, float mtp_margin) {

@@ -141,11 +141,10 @@ expected<GenerateResult> generate(Session& session, const Tokenizer& tok, std::s
     }
     std::vector<int32_t> drafts;
     if (k > 0) {
-      if (o.drafter) {
-        DSV4_TRY_ASSIGN(drafts, o.drafter(session, r.tokens, last, k));
-      } else {
-        DSV4_TRY_ASSIGN(drafts, session.draft(last, k, o.draft_margin));
-      }
+      DSV4_TRY_ASSIGN(drafts, feed.propose([&]() -> SessionFeed::Proposals {
+        if (o.drafter) return o.drafter(session, r.tokens, last, k);
+        return session.draft(last, k, o.draft_margin);
+      }));
       if (drafts.size() > static_cast<size_t>(k)) drafts.resize(static_cast<size_t>(k));
       if (drafts.empty()) pause = k_no_draft_pause;
     }

@@ -91,8 +91,12 @@ class SessionFeed {
   virtual Status prefill(Session& session, std::span<const int32_t> tokens, const RunHooks& hooks) = 0;
   virtual Status decode(Session& session, int32_t token) = 0;
   virtual Status rewind(Session& session, size_t n_tokens) = 0;
-  // Session::verify, where this feed runs it (the direct one; the step batcher does not).
+  // Session::verify, where this feed runs it (the direct feed and the step batcher do).
   virtual bool can_verify() const { return false; }
+  // Runs a drafter (it computes on the engine: MTP or DSpark passes) where no other forward pass runs
+  // meanwhile (the step batcher: under its engine lock).
+  using Proposals = expected<std::vector<int32_t>>;
+  virtual Proposals propose(const std::function<Proposals()>& drafter) { return drafter(); }
   virtual expected<size_t> verify(Session& session, std::span<const int32_t> tokens, const Session::KeepFn& keep) {
     (void)session;
     (void)tokens;

@@ -551,16 +551,15 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
       comps.push_back(
           main_compress(L, state_of(g), ratio, ckv.rows(g.row0, g.n), cg.rows(g.row0, g.n), elems(pos, g.row0, g.n)));
     backend_.compress_seqs(comps);
-    // verify(): the rows' compressor projections, for commit() to feed a kept prefix again.
-    SpecLayer* spec = nullptr;
-    if (spec_target_ && segs.size() == 1 && segs[0].state == spec_target_)
-      spec = &spec_target_->spec.layers[static_cast<size_t>(layer)];
-    if (spec) {
-      backend_.copy(spec->kv.rows(0, n), ckv);
-      backend_.copy(spec->gate.rows(0, n), cg);
+    // A verified sequence's rows' compressor projections, for commit() to feed a kept prefix again.
+    for (const Segment& g : segs) {
+      if (mtp_block || !g.state->spec.logging) continue;
+      SpecLayer& spec = g.state->spec.layers[static_cast<size_t>(layer)];
+      backend_.copy(spec.kv.rows(0, g.n), ckv.rows(g.row0, g.n));
+      backend_.copy(spec.gate.rows(0, g.n), cg.rows(g.row0, g.n));
       if (indexer) {
-        backend_.copy(spec->ikv.rows(0, n), ikv);
-        backend_.copy(spec->igate.rows(0, n), ig);
+        backend_.copy(spec.ikv.rows(0, g.n), ikv.rows(g.row0, g.n));
+        backend_.copy(spec.igate.rows(0, g.n), ig.rows(g.row0, g.n));
       }
     }
 
@@ -740,7 +739,7 @@ void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, fl
   // after the prompt attends to. In chunks of what the scratch holds, oldest first: a chunk's
   // writes to the final state scratch stay below the rows the later chunks read. (A verify pass
   // fills after its commit instead: Session::verify.)
-  if (has_mtp_ && n >= 2 && !spec_target_) {
+  if (has_mtp_ && n >= 2 && !st.spec.logging) {
     const int64_t D = spec_.n_embd, hc = spec_.hc_count;
     const Tensor final_rows = s.state.reshape(D * hc, options_.max_batch).rows(0, n);
     const int64_t chunk = std::max<int64_t>(1, options_.max_batch / hc);
@@ -803,7 +802,7 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
     const int64_t T = static_cast<int64_t>(dspark_meta_.target_layers.size());
     for (const Segment& g : segs) {
       average_streams(state, g.row0 + g.n - 1, g.state->dspark_feat.rows(j, 1));
-      if (spec_target_ && g.state == spec_target_)
+      if (g.state->spec.logging)
         for (int64_t r = 0; r < g.n; ++r) average_streams(state, g.row0 + r, g.state->spec.feat.rows(r * T + j, 1));
     }
   }
@@ -821,8 +820,10 @@ Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
   // Each sequence's last token's final state feeds its MTP block.
   for (const Segment& g : segs)
     backend_.copy(g.state->last_hidden, state.reshape(D * hc, n).rows(g.row0 + g.n - 1, 1).reshape(D, hc));
-  if (spec_target_ && segs.size() == 1 && segs[0].state == spec_target_)  // verify(): every row's, for commit()
-    backend_.copy(spec_target_->spec.hidden.reshape(D * hc, Model::k_max_verify).rows(0, n), state.reshape(D * hc, n));
+  for (const Segment& g : segs)  // a verified sequence: every row's, for commit()
+    if (g.state->spec.logging)
+      backend_.copy(g.state->spec.hidden.reshape(D * hc, Model::k_max_verify).rows(0, g.n),
+                    state.reshape(D * hc, n).rows(g.row0, g.n));
   return state;
 }
 
@@ -845,9 +846,10 @@ void Model::head_ops(const Tensor& state_rows, int64_t cnt) {
 
 Status Model::step(std::span<const StepItem> items) {
   if (items.empty()) return make_error("step: no sequences");
-  if (items.size() == 1) {  // one sequence: forward() (its recorded decode step included)
+  if (items.size() == 1) {  // one sequence: forward() (its recorded decode step included) or verify()
     const StepItem& it = items[0];
     if (!it.state) return make_error("step: item 0 has no state");
+    if (it.all_logits) return verify(*it.state, it.ids, it.n, it.p0, it.all_logits);
     return forward(*it.state, it.ids, it.n, it.p0, it.logits, false);
   }
   int64_t total = 0;
@@ -867,11 +869,14 @@ Status Model::step(std::span<const StepItem> items) {
   }
   if (total > options_.max_batch)
     return make_error("step: %lld tokens exceed the batch of %d", static_cast<long long>(total), options_.max_batch);
+  for (const StepItem& it : items)  // verify items: checked and their frontiers saved before anything runs
+    if (it.all_logits) DSV4_TRY(begin_verify(*it.state, it.n));
 
   // A batched decode step runs its items in uid order (the rows of a recording are fixed).
   std::vector<size_t> order(items.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  const bool decode = std::all_of(items.begin(), items.end(), [](const StepItem& it) { return it.n == 1; });
+  const bool decode =
+      std::all_of(items.begin(), items.end(), [](const StepItem& it) { return it.n == 1 && !it.all_logits; });
   if (decode)
     std::sort(order.begin(), order.end(),
               [&](size_t a, size_t b) { return items[a].state->uid < items[b].state->uid; });
@@ -879,7 +884,7 @@ Status Model::step(std::span<const StepItem> items) {
   Scratch& s = *sc_;
   std::vector<Segment> segs;
   std::vector<int32_t> pos, ids;
-  std::vector<bool> want;
+  std::vector<int64_t> heads;
   std::vector<uint64_t> key;
   pos.reserve(static_cast<size_t>(total));
   ids.reserve(static_cast<size_t>(total));
@@ -888,7 +893,7 @@ Status Model::step(std::span<const StepItem> items) {
     segs.push_back(Segment{it.state, static_cast<int64_t>(pos.size()), it.n});
     for (int64_t i = 0; i < it.n; ++i) pos.push_back(static_cast<int32_t>(it.p0 + i));
     ids.insert(ids.end(), it.ids, it.ids + it.n);
-    want.push_back(it.logits != nullptr);
+    heads.push_back(it.all_logits ? it.n : it.logits ? 1 : 0);
     key.push_back(it.state->uid * 2 + (it.logits ? 1 : 0));
   }
   backend_.write(s.pos, pos.data(), pos.size() * 4);
@@ -912,7 +917,7 @@ Status Model::step(std::span<const StepItem> items) {
       }
     }
     if (!done && batch_seen_ == key && backend_.capture_begin()) {
-      step_ops(segs, total, want);
+      step_ops(segs, total, heads);
       BatchGraph g{key, backend_.capture_end(), batch_clock_};
       done = backend_.replay(g.id);
       DSV4_ASSERT(done, "a batched decode step recorded just now cannot be replayed");
@@ -926,29 +931,40 @@ Status Model::step(std::span<const StepItem> items) {
     }
     batch_seen_ = std::move(key);
   }
-  if (!done) step_ops(segs, total, want);
+  for (const StepItem& it : items) it.state->spec.logging = it.all_logits != nullptr;
+  if (!done) step_ops(segs, total, heads);
   count_routing(total);
 
   const size_t V = spec_.n_vocab;
   int64_t j = 0;
-  for (size_t k : order)
-    if (items[k].logits) backend_.read(s.logits.rows(j++, 1), items[k].logits, V * sizeof(float));
+  for (size_t k : order) {
+    const StepItem& it = items[k];
+    if (it.all_logits) {
+      it.state->spec.logging = false;
+      it.state->spec.p0 = it.p0;
+      it.state->spec.n = it.n;
+      backend_.read(s.logits.rows(j, it.n), it.all_logits, static_cast<size_t>(it.n) * V * sizeof(float));
+      j += it.n;
+    } else if (it.logits) {
+      backend_.read(s.logits.rows(j++, 1), it.logits, V * sizeof(float));
+    }
+  }
   return {};
 }
 
-void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::vector<bool>& want) {
+void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::vector<int64_t>& heads) {
   const Tensor state = layer_ops(segs, total);
-  // The head over the last row of every segment that wants logits, moved to
-  // rows [0, cnt) of the final state first (in order: the j-th such segment's
-  // last row is at or after row j, so no row is overwritten before it is moved).
+  // The head over the last heads[k] rows of every segment, moved to rows [0, cnt)
+  // of the final state first, row by row in order (a segment's rows to head start
+  // at or after the rows headed before it, so no row is overwritten before it is moved).
   const int64_t D = spec_.n_embd, hc = spec_.hc_count;
   const Tensor flat = state.reshape(D * hc, total);
   int64_t cnt = 0;
   for (size_t k = 0; k < segs.size(); ++k) {
-    if (!want[k]) continue;
-    const int64_t last = segs[k].row0 + segs[k].n - 1;
-    if (last != cnt) backend_.copy(flat.rows(cnt, 1), flat.rows(last, 1));
-    ++cnt;
+    for (int64_t r = segs[k].row0 + segs[k].n - heads[k]; r < segs[k].row0 + segs[k].n; ++r) {
+      if (r != cnt) backend_.copy(flat.rows(cnt, 1), flat.rows(r, 1));
+      ++cnt;
+    }
   }
   if (cnt > 0) head_ops(flat.rows(0, cnt).reshape(D, hc, cnt), cnt);
 }

@@ -50,6 +50,7 @@ struct SpecLog {
   Tensor pos;          // [k_max_verify] i32: positions for commit's compressor steps
   int64_t p0 = -1;     // the open verify: rows at positions p0 .. p0 + n - 1 (p0 < 0: none)
   int64_t n = 0;
+  bool logging = false;  // while its verify pass runs: the forward pass logs into this SpecLog
 };
 
 struct KvState {
@@ -113,6 +114,9 @@ struct StepItem {
   int64_t n = 0;
   int64_t p0 = 0;
   float* logits = nullptr;  // V floats: the logits after the item's last token; nullptr: not wanted
+  // A verify item (Model::verify's contract within a step): the logits after every one of its n tokens
+  // ([n][V]; then `logits` is unused), n <= k_max_verify; the step leaves its verify open for commit().
+  float* all_logits = nullptr;
 };
 
 class Model {
@@ -196,6 +200,8 @@ class Model {
   const DSparkMeta& dspark_meta() const { return dspark_meta_; }
   expected<std::vector<int32_t>> dspark_draft(KvState& s, int32_t t_last, int64_t L, float confidence);
   Status verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* all_logits);
+  // The checks and the snapshot a verify pass of n rows at p0 starts with (verify() and step()).
+  Status begin_verify(KvState& s, int64_t n);
   Status commit(KvState& s, int64_t a);
 
  private:
@@ -255,9 +261,9 @@ class Model {
   // hc_head -> RMSNorm -> logits of `cnt` rows of final state into s.logits.
   void head_ops(const Tensor& state_rows, int64_t cnt);
   // The ops of a step (positions and ids already written): the layers over
-  // every segment, then the head over the last row of each segment k with
-  // want[k], into logits rows 0, 1, ... in segment order.
-  void step_ops(std::span<const Segment> segs, int64_t total, const std::vector<bool>& want);
+  // every segment, then the head over the last heads[k] rows of each segment k
+  // (0: none; 1: its last row; its n: every row), into logits rows 0, 1, ... in order.
+  void step_ops(std::span<const Segment> segs, int64_t total, const std::vector<int64_t>& heads);
   LayerState alloc_layer_state(uint32_t ratio, uint32_t ctx, uint32_t cap_w, bool with_compressor);
 
   Backend& backend_;
@@ -283,8 +289,6 @@ class Model {
   std::unique_ptr<Scratch> sc_;
   WeightPlacement placement_;
   ExpertStats routing_;
-  // During verify(): the state whose rows' compressor projections and final states go to its SpecLog.
-  KvState* spec_target_ = nullptr;
   // The recorded single-token step (Backend::capture_begin): recorded on the
   // second consecutive single-token batch with the same key (the first one
   // sizes every buffer), replayed while the key stays the same.

@@ -71,7 +71,7 @@ void Model::copy_frontiers(KvState& s, size_t il, bool to_snapshot) {
   copy(L.idx_g, l.snap_ig);
 }
 
-Status Model::verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* all_logits) {
+Status Model::begin_verify(KvState& s, int64_t n) {
   if (s.spec.p0 >= 0) return make_error("verify: the previous verify was not committed");
   if (n < 1 || n > std::min<int64_t>(k_max_verify, options_.max_batch))
     return make_error("verify: %lld tokens; 1 to %lld at once", static_cast<long long>(n),
@@ -81,9 +81,14 @@ Status Model::verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, floa
   for (size_t il = 0; il < s.layers.size(); ++il) copy_frontiers(s, il, /*to_snapshot=*/true);
   backend_.copy(s.spec.snap_hidden, s.last_hidden);
   if (s.dspark_feat) backend_.copy(s.spec.snap_feat, s.dspark_feat);
-  spec_target_ = &s;
+  return {};
+}
+
+Status Model::verify(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* all_logits) {
+  DSV4_TRY(begin_verify(s, n));
+  s.spec.logging = true;
   Status st = forward(s, ids, n, p0, all_logits, /*all_logits=*/true);
-  spec_target_ = nullptr;
+  s.spec.logging = false;
   if (!st) return st;  // forward() checks before it runs anything: the state is unchanged
   s.spec.p0 = p0;
   s.spec.n = n;

@@ -14,8 +14,8 @@ struct BatchingOptions {
   // (0: a quarter of the step tokens).
   size_t prefill_chunk = 0;
   // --draft: proposed tokens checked per forward pass by speculative decoding (GenerateOptions::draft;
-  // docs/SPECULATIVE.md); 0: off. Used while requests generate one at a time (parallel 1): the step
-  // batcher does not verify proposals.
+  // docs/SPECULATIVE.md); 0: off. With parallel > 1 each request's verify pass is an item of the
+  // batched steps (StepBatcher::verify).
   int draft = 0;
   float draft_margin = 0;  // --draft-margin (GenerateOptions::draft_margin)
 };

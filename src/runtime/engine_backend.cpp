@@ -384,7 +384,7 @@ expected<GenerateResult> EngineBackend::generate(JobSlot& job, std::span<const i
       return false;
     };
   }
-  GenerateOptions go = o;
+  GenerateOptions go = o;  // (the step batcher verifies proposals too: Engine::step's verify items)
   if (go.draft == 0) {
     go.draft = batching_.draft;
     go.draft_margin = batching_.draft_margin;

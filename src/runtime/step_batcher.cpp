@@ -60,11 +60,15 @@ void StepBatcher::leave() {
   work_cv_.notify_all();  // the others may be complete now
 }
 
-expected<size_t> StepBatcher::feed(Session& session, std::span<const int32_t> tokens) {
+expected<size_t> StepBatcher::feed(Session& session, std::span<const int32_t> tokens, const Session::KeepFn* keep) {
   DSV4_ASSERT(!tokens.empty());
+  if (keep && tokens.size() > std::min(options_.step_tokens, Session::max_verify()))
+    return make_error("a verify pass of %zu tokens exceeds a step of %zu", tokens.size(),
+                      std::min(options_.step_tokens, Session::max_verify()));
   Request r;
   r.session = &session;
   r.tokens = tokens;
+  r.keep = keep;
   r.arrived = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   if (stop_) return make_error("the engine is shutting down");
@@ -72,7 +76,11 @@ expected<size_t> StepBatcher::feed(Session& session, std::span<const int32_t> to
   work_cv_.notify_all();
   done_cv_.wait(lk, [&] { return r.done; });
   if (!r.status) return r.status.error();
-  return r.taken;
+  return keep ? r.kept : r.taken;
+}
+
+expected<size_t> StepBatcher::verify(Session& session, std::span<const int32_t> tokens, const Session::KeepFn& keep) {
+  return feed(session, tokens, &keep);
 }
 
 Status StepBatcher::prefill(Session& session, std::span<const int32_t> tokens, const RunHooks& hooks) {
@@ -112,19 +120,19 @@ void StepBatcher::loop() {
     work_cv_.wait(lk, [&] { return lockers_ == 0; });
     std::vector<Request*> batch;
     size_t budget = options_.step_tokens;
-    for (Request* r : pending_)
-      if (r->tokens.size() == 1 && budget > 0) {
-        r->taken = 1;
-        --budget;
+    for (Request* r : pending_)  // decode rows and verify passes, whole
+      if ((r->tokens.size() == 1 || r->keep) && budget >= r->tokens.size()) {
+        r->taken = r->tokens.size();
+        budget -= r->taken;
         batch.push_back(r);
       }
     // Prompt chunks: the whole budget for a prompt alone, the shared budget beside other active jobs.
-    const size_t prompts = static_cast<size_t>(
-        std::count_if(pending_.begin(), pending_.end(), [](const Request* r) { return r->tokens.size() > 1; }));
+    const size_t prompts = static_cast<size_t>(std::count_if(
+        pending_.begin(), pending_.end(), [](const Request* r) { return r->tokens.size() > 1 && !r->keep; }));
     if ((!batch.empty() || prompts > 1 || active_ > prompts) && options_.shared_prefill_tokens > 0)
       budget = std::min(budget, options_.shared_prefill_tokens);
     for (Request* r : pending_)
-      if (r->tokens.size() > 1 && budget > 0) {
+      if (r->tokens.size() > 1 && !r->keep && budget > 0) {
         r->taken = std::min(r->tokens.size(), budget);
         budget -= r->taken;
         batch.push_back(r);
@@ -146,7 +154,7 @@ void StepBatcher::run(std::span<Request* const> batch) {
   auto engine = lock();
   std::vector<SessionStep> items;
   items.reserve(batch.size());
-  for (const Request* r : batch) items.push_back(SessionStep{r->session, r->tokens.first(r->taken)});
+  for (Request* r : batch) items.push_back(SessionStep{r->session, r->tokens.first(r->taken), r->keep, &r->kept});
   Status st = engine_.step(items);
   if (st || batch.size() == 1) {
     for (Request* r : batch) r->status = st;
@@ -161,7 +169,7 @@ void StepBatcher::record(std::span<Request* const> batch, double seconds) {
   StepRecord one;
   one.rows = batch.size();
   one.seconds = seconds;
-  for (const Request* q : batch) (q->tokens.size() == 1 ? one.decode_rows : one.prefill_tokens) += q->taken;
+  for (const Request* q : batch) (q->tokens.size() == 1 || q->keep ? one.decode_rows : one.prefill_tokens) += q->taken;
   if (options_.on_step) options_.on_step(one);
   StepReport& r = report_;
   ++r.steps;
@@ -169,7 +177,7 @@ void StepBatcher::record(std::span<Request* const> batch, double seconds) {
   r.seconds += seconds;
   for (const Request* q : batch) {
     if (!q->status) continue;
-    (q->tokens.size() == 1 ? r.decode_tokens : r.prefill_tokens) += q->taken;
+    (q->tokens.size() == 1 || q->keep ? r.decode_tokens : r.prefill_tokens) += q->taken;
   }
   const auto rb = std::lower_bound(StepReport::k_row_bounds.begin(), StepReport::k_row_bounds.end(), batch.size());
   ++r.steps_by_rows[static_cast<size_t>(rb - StepReport::k_row_bounds.begin())];

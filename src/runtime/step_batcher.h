@@ -101,6 +101,14 @@ class StepBatcher final : public SessionFeed {
   Status prefill(Session& session, std::span<const int32_t> tokens, const RunHooks& hooks) override;
   Status decode(Session& session, int32_t token) override;
   Status rewind(Session& session, size_t n_tokens) override;
+  // Speculative verify passes join the steps like decode rows: taken whole, before prompt chunks.
+  bool can_verify() const override { return true; }
+  expected<size_t> verify(Session& session, std::span<const int32_t> tokens, const Session::KeepFn& keep) override;
+  // The drafter computes on the engine: under lock(), between steps.
+  Proposals propose(const std::function<Proposals()>& drafter) override {
+    auto engine = lock();
+    return drafter();
+  }
 
   // The engine to the caller: no step runs while it is held.
   std::unique_lock<std::mutex> lock();
@@ -132,15 +140,18 @@ class StepBatcher final : public SessionFeed {
     Session* session = nullptr;
     std::span<const int32_t> tokens;
     std::chrono::steady_clock::time_point arrived;
-    size_t taken = 0;  // tokens the step appends (the step thread sets it)
+    size_t taken = 0;                       // tokens the step appends (the step thread sets it)
+    const Session::KeepFn* keep = nullptr;  // a verify request (Session::verify; taken whole)
+    size_t kept = 0;
     bool done = false;
     Status status;
   };
 
   void join();
   void leave();
-  // Appends tokens[0, k) in the next step that takes this request; returns k >= 1.
-  expected<size_t> feed(Session& session, std::span<const int32_t> tokens);
+  // Appends tokens[0, k) in the next step that takes this request; returns k >= 1. With `keep`: one
+  // verify pass of all the tokens, returning how many stay.
+  expected<size_t> feed(Session& session, std::span<const int32_t> tokens, const Session::KeepFn* keep = nullptr);
   void loop();
   void run(std::span<Request* const> batch);
   void record(std::span<Request* const> batch, double seconds);

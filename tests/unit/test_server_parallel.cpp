@@ -7,8 +7,8 @@
 // OpenAI n > 1 gives the n seeded single replies as its choices, prefilling
 // the prompt once; parallel
 // requests save their prompts to the disk KV cache and restore them after a
-// restart, with the same replies; with MTP proposals (--mtp, --draft) one request at a time gets the
-// same replies, and /metrics counts the verify passes and accepted proposals.
+// restart, with the same replies; with MTP proposals (--mtp, --draft), one at a time or two at once
+// (verify passes inside the batched steps), the same replies, and /metrics counts the verify passes.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -310,15 +310,20 @@ TEST(ServerParallel, MtpProposalsGiveTheSameRepliesAndShowInMetrics) {
     Served one(1);
     for (int i = 0; i < 2; ++i) plain.push_back(one.post(chat(i, 24, false)).dump());
   }
-  Served s(1, 0, "", mtp, 3);
-  for (int i = 0; i < 2; ++i) {
-    ordered_json r = s.post(chat(i, 24, false));
-    r["id"] = ordered_json::parse(plain[static_cast<size_t>(i)])["id"];
-    r["created"] = ordered_json::parse(plain[static_cast<size_t>(i)])["created"];
-    EXPECT_EQ(r["choices"], ordered_json::parse(plain[static_cast<size_t>(i)])["choices"]) << "request " << i;
+  // One at a time, and two at once through the step batcher (their verify passes are items of its steps).
+  for (size_t parallel : {1, 2}) {
+    Served s(parallel, 0, "", mtp, 3);
+    std::vector<ordered_json> got(2);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 2; ++i)
+      clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = s.post(chat(i, 24, false)); });
+    for (auto& c : clients) c.join();
+    for (int i = 0; i < 2; ++i)
+      EXPECT_EQ(got[static_cast<size_t>(i)]["choices"], ordered_json::parse(plain[static_cast<size_t>(i)])["choices"])
+          << "request " << i << ", --parallel " << parallel;
+    const std::string m = s.metrics();
+    EXPECT_GT(metric(m, "dsv4_spec_passes_total"), 0) << m;
+    EXPECT_GT(metric(m, "dsv4_spec_proposed_tokens_total"), 0) << m;
+    EXPECT_GE(metric(m, "dsv4_spec_accepted_tokens_total"), 0) << m;
   }
-  const std::string m = s.metrics();
-  EXPECT_GT(metric(m, "dsv4_spec_passes_total"), 0) << m;
-  EXPECT_GT(metric(m, "dsv4_spec_proposed_tokens_total"), 0) << m;
-  EXPECT_GE(metric(m, "dsv4_spec_accepted_tokens_total"), 0) << m;
 }

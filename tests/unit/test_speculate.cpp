@@ -361,3 +361,52 @@ TEST(Speculate, BadDSparkFilesAreClearLoadErrors) {
   EXPECT_NE(m.find("block_size"), std::string::npos) << m;
   EXPECT_EQ(load(fx().dspark), "");
 }
+
+TEST(Speculate, VerifyItemsOfABatchedStepEqualVerifyAlone) {
+  // Engine::step with verify items beside a decode row and a prompt chunk: every session ends as it
+  // would alone (Session::verify / decode / prefill), bitwise, whatever each verify keeps.
+  Engine& e = *fx().engine;
+  const auto t = tiny_tokens(120, 21);
+  std::vector<std::unique_ptr<Session>> batched, alone;
+  for (int i = 0; i < 4; ++i) {
+    batched.push_back(std::move(*e.new_session()));
+    alone.push_back(std::move(*e.new_session()));
+    const std::span<const int32_t> pre(t.data() + 7 * i, 20 + 9 * i);
+    ASSERT_TRUE(batched.back()->prefill(pre).has_value());
+    ASSERT_TRUE(alone.back()->prefill(pre).has_value());
+  }
+  const std::vector<int32_t> v0{11, 12, 13, 14, 15}, v1{21, 22, 23}, dec{31}, chunk{41, 42, 43, 44, 45, 46, 47};
+  // keep() that records the logits it was given and keeps `n`.
+  auto recorder = [](std::vector<float>& seen, size_t n) -> Session::KeepFn {
+    return [&seen, n](std::span<const float> all) {
+      seen.assign(all.begin(), all.end());
+      return n;
+    };
+  };
+  std::vector<float> seen0, seen1, all0, all1;
+  const Session::KeepFn r0 = recorder(seen0, 2), r1 = recorder(seen1, 1);
+  size_t kept0 = 0, kept1 = 0;
+  std::vector<SessionStep> items{{batched[0].get(), v0, &r0, &kept0},
+                                 {batched[1].get(), v1, &r1, &kept1},
+                                 {batched[2].get(), dec, nullptr, nullptr},
+                                 {batched[3].get(), chunk, nullptr, nullptr}};
+  ASSERT_TRUE(e.step(items).has_value());
+  EXPECT_EQ(kept0, 2u);
+  EXPECT_EQ(kept1, 1u);
+  ASSERT_TRUE(alone[0]->verify(v0, recorder(all0, 2)).has_value());
+  ASSERT_TRUE(alone[1]->verify(v1, recorder(all1, 1)).has_value());
+  ASSERT_TRUE(alone[2]->decode(dec[0]).has_value());
+  ASSERT_TRUE(alone[3]->prefill(chunk).has_value());
+  EXPECT_TRUE(bitwise_equal(seen0, all0));
+  EXPECT_TRUE(bitwise_equal(seen1, all1));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(batched[i]->tokens(), alone[i]->tokens()) << i;
+    EXPECT_TRUE(bitwise_equal(batched[i]->logits(), alone[i]->logits())) << i;
+    // And what follows (past the next ratio-4 windows, which pool the frontiers the commits rebuilt).
+    for (int32_t x = 50; x < 58; ++x) {
+      ASSERT_TRUE(batched[i]->decode(x).has_value());
+      ASSERT_TRUE(alone[i]->decode(x).has_value());
+      EXPECT_TRUE(bitwise_equal(batched[i]->logits(), alone[i]->logits())) << i << " " << x;
+    }
+  }
+}
