@@ -115,7 +115,8 @@ struct SessionStep {
   Session* session = nullptr;
   std::span<const int32_t> tokens;  // appended to the session (at least one)
   // Set: a speculative verify item (Session::verify's contract: at most Session::max_verify() tokens,
-  // `keep` chooses how many stay, written to *kept).
+  // `keep` chooses how many stay, written to *kept). `keep` runs inside the step, on the thread that
+  // calls step(), with the engine busy: it must not use the engine or wait for what does.
   const std::function<size_t(std::span<const float> all_logits)>* keep = nullptr;
   size_t* kept = nullptr;
 };

@@ -91,7 +91,9 @@ class SessionFeed {
   virtual Status prefill(Session& session, std::span<const int32_t> tokens, const RunHooks& hooks) = 0;
   virtual Status decode(Session& session, int32_t token) = 0;
   virtual Status rewind(Session& session, size_t n_tokens) = 0;
-  // Session::verify, where this feed runs it (the direct feed and the step batcher do).
+  // Session::verify, where this feed runs it (the direct feed and the step batcher do). The step
+  // batcher calls `keep` on its step thread, with the engine held: generate()'s keep samples and
+  // reports tokens (sampler, reply parser, the event and token callbacks, none of which touch the engine).
   virtual bool can_verify() const { return false; }
   // Runs a drafter (it computes on the engine: MTP or DSpark passes) where no other forward pass runs
   // meanwhile (the step batcher: under its engine lock).
