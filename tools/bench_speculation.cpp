@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "generate/generate.h"
+#include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsv4::tools {
@@ -27,10 +28,6 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-int32_t argmax_of(const std::vector<float>& lg) {
-  return static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
 }
 
 // "yes" when a run's tokens are the plain run's, else where they part: on a GPU a verify pass is a batched
@@ -61,7 +58,7 @@ Status bench_speculation(Engine& engine, Session& session, const SpeculationBenc
   auto decode_run = [&]() -> expected<double> {
     DSV4_TRY(session.rewind(frontier));
     const auto t0 = clock_type::now();
-    for (int i = 0; i < gen; ++i) DSV4_TRY(session.decode(argmax_of(session.logits())));
+    for (int i = 0; i < gen; ++i) DSV4_TRY(session.decode(argmax(session.logits())));
     return seconds_since(t0) / gen;
   };
   DSV4_TRY(decode_run());  // warm-up (the decode step's recording)
@@ -74,7 +71,7 @@ Status bench_speculation(Engine& engine, Session& session, const SpeculationBenc
     std::vector<int32_t> rows(static_cast<size_t>(k) + 1);
     const auto t0 = clock_type::now();
     for (int i = 0; i < gen; ++i) {
-      rows[0] = argmax_of(session.logits());
+      rows[0] = argmax(session.logits());
       for (int j = 1; j <= k; ++j) rows[static_cast<size_t>(j)] = rows[0];  // any tokens: one is kept
       DSV4_TRY(session.verify(rows, [](std::span<const float>) { return size_t{1}; }));
     }

@@ -121,18 +121,18 @@ void StepBatcher::loop() {
     std::vector<Request*> batch;
     size_t budget = options_.step_tokens;
     for (Request* r : pending_)  // decode rows and verify passes, whole
-      if ((r->tokens.size() == 1 || r->keep) && budget >= r->tokens.size()) {
+      if (r->whole() && budget >= r->tokens.size()) {
         r->taken = r->tokens.size();
         budget -= r->taken;
         batch.push_back(r);
       }
     // Prompt chunks: the whole budget for a prompt alone, the shared budget beside other active jobs.
-    const size_t prompts = static_cast<size_t>(std::count_if(
-        pending_.begin(), pending_.end(), [](const Request* r) { return r->tokens.size() > 1 && !r->keep; }));
+    const size_t prompts = static_cast<size_t>(
+        std::count_if(pending_.begin(), pending_.end(), [](const Request* r) { return !r->whole(); }));
     if ((!batch.empty() || prompts > 1 || active_ > prompts) && options_.shared_prefill_tokens > 0)
       budget = std::min(budget, options_.shared_prefill_tokens);
     for (Request* r : pending_)
-      if (r->tokens.size() > 1 && !r->keep && budget > 0) {
+      if (!r->whole() && budget > 0) {
         r->taken = std::min(r->tokens.size(), budget);
         budget -= r->taken;
         batch.push_back(r);
@@ -169,7 +169,7 @@ void StepBatcher::record(std::span<Request* const> batch, double seconds) {
   StepRecord one;
   one.rows = batch.size();
   one.seconds = seconds;
-  for (const Request* q : batch) (q->tokens.size() == 1 || q->keep ? one.decode_rows : one.prefill_tokens) += q->taken;
+  for (const Request* q : batch) (q->whole() ? one.decode_rows : one.prefill_tokens) += q->taken;
   if (options_.on_step) options_.on_step(one);
   StepReport& r = report_;
   ++r.steps;
@@ -177,7 +177,7 @@ void StepBatcher::record(std::span<Request* const> batch, double seconds) {
   r.seconds += seconds;
   for (const Request* q : batch) {
     if (!q->status) continue;
-    (q->tokens.size() == 1 || q->keep ? r.decode_tokens : r.prefill_tokens) += q->taken;
+    (q->whole() ? r.decode_tokens : r.prefill_tokens) += q->taken;
   }
   const auto rb = std::lower_bound(StepReport::k_row_bounds.begin(), StepReport::k_row_bounds.end(), batch.size());
   ++r.steps_by_rows[static_cast<size_t>(rb - StepReport::k_row_bounds.begin())];

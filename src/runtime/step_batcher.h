@@ -143,6 +143,8 @@ class StepBatcher final : public SessionFeed {
     size_t taken = 0;                       // tokens the step appends (the step thread sets it)
     const Session::KeepFn* keep = nullptr;  // a verify request (Session::verify; taken whole)
     size_t kept = 0;
+    // A decode row or a verify pass: taken whole, before prompt chunks, counted as decode tokens.
+    bool whole() const { return tokens.size() == 1 || keep; }
     bool done = false;
     Status status;
   };
