@@ -1,13 +1,15 @@
 // AVX2 kernels of vec_dot_q for IQ2_XXS, Q2_K and Q4_K weights against Q8_K
-// activations (dot_fast.h: bit-identical to the reference in dot.cpp).
+// activations and MXFP4 weights against Q8_0F activations (dot_fast.h:
+// bit-identical to the reference in dot.cpp).
 //
-// Per 256-weight block the reference forms exact integer sums and then one
-// float update of the running sum; these kernels form the same integers with
-// 32 int8 lanes:
+// Per weight block (256 elements; MXFP4: 32) the reference forms exact integer
+// sums and then one float update of the running sum; these kernels form the
+// same integers with 32 int8 lanes:
 //   _mm256_maddubs_epi16(u, s): u8 x s8 products summed in pairs into int16
 //     (saturating; every use below stays far inside int16:
 //      IQ2_XXS |y| <= 128 times grid magnitude <= 43: pair <= 11,008;
-//      Q2_K quant <= 3: pair <= 768; Q4_K nibble <= 15: pair <= 3,840),
+//      Q2_K quant <= 3: pair <= 768; Q4_K nibble <= 15: pair <= 3,840;
+//      MXFP4 |twice the E2M1 value| <= 12: pair <= 3,072),
 //   _mm256_madd_epi16(p, c): int16 pairs times int16 scale into int32,
 // and fold the int32 lanes at the end of the block (integer addition is
 // associative, so the order does not matter). The float part is the
@@ -142,6 +144,46 @@ DSV4_AVX2 float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* a, int64_t nb
   return sum;
 }
 
+// MXFP4: block b's 16 code bytes hold elements j (low nibble) and j + 16 (high nibble); one 256-bit
+// register of codes in element order, looked up in the x2 table (twice the E2M1 value, an int8) with
+// one in-lane byte shuffle, then signed times the Q8_0F block's 32 int8 as in IQ2_XXS: 8 int32 partial
+// sums per block.
+DSV4_AVX2 inline __m256i mxfp4_block_partials(const BlockMXFP4& w, const BlockQ8_0F& a, __m256i table) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
+  const __m256i codes = _mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F));
+  const __m256i x2 = _mm256_shuffle_epi8(table, codes);
+  const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(yv), _mm256_sign_epi8(x2, yv));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+// The blocks' integer sums 8 at a time (a tree of horizontal adds folds 8 blocks' partials into one
+// register), then the reference's float updates block by block.
+DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
+  const __m256i table =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::k_mxfp4_x2)));
+  float sum = 0.0f;
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i p[8];
+    for (int i = 0; i < 8; ++i) p[i] = mxfp4_block_partials(w[b + i], a[b + i], table);
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    // h0 = [blocks 0-3 over lanes 0-3 | blocks 0-3 over lanes 4-7], h1 the same for blocks 4-7.
+    const __m256i s =
+        _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+    alignas(32) int32_t isum[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(isum), s);
+    for (int i = 0; i < 8; ++i)
+      sum += (0.5f * detail::mxfp4_scale(w[b + i].e)) * a[b + i].d * static_cast<float>(isum[i]);
+  }
+  for (; b < nb; ++b) {
+    const int32_t isum = hsum_i32(mxfp4_block_partials(w[b], a[b], table));
+    sum += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
 bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") != 0;
   return has;
@@ -157,6 +199,8 @@ bool g_simd = true;
 
 float vec_dot_q_fast(GgmlType t, const void* w, const void* act, int64_t n) {
 #ifdef DSV4_DOT_FAST_X86
+  if (g_simd && cpu_has_avx2() && t == GgmlType::MXFP4 && n % k_qk_mxfp4 == 0)
+    return dot_mxfp4_avx2(static_cast<const BlockMXFP4*>(w), static_cast<const BlockQ8_0F*>(act), n / k_qk_mxfp4);
   if (g_simd && cpu_has_avx2() && n % k_qk_k == 0) {
     const auto* y = static_cast<const BlockQ8_K*>(act);
     const int64_t nb = n / k_qk_k;

@@ -8,7 +8,7 @@
 // over blocks are the reference's expressions in the reference's order
 // (compiled without contraction into FMAs).
 //
-// IQ2_XXS, Q2_K and Q4_K take the AVX2 kernels when the CPU has AVX2 (checked
+// IQ2_XXS, Q2_K, Q4_K and MXFP4 take the AVX2 kernels when the CPU has AVX2 (checked
 // once at run time); other types, other CPUs and non-x86 builds take vec_dot_q.
 #pragma once
 

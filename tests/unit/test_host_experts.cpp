@@ -65,8 +65,9 @@ bool bits_equal(float a, float b) {
 TEST(FastDot, EqualsTheScalarReferenceBitForBit) {
   std::mt19937 g(7);
   std::printf("fast dot ISA: %s\n", quant::dot_fast_isa());
-  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0}) {
-    for (int64_t n : {256, 1024, 4096}) {
+  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4}) {
+    const bool small_blocks = ggml_type_info(t).block_elems == 32;  // rows of any multiple of 32
+    for (int64_t n : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{small_blocks ? 224 : 512}}) {
       for (int trial = 0; trial < 20; ++trial) {
         // Weights quantised from normals (realistic scales) or raw random bytes (every code, any scale).
         std::vector<uint8_t> w;
@@ -81,7 +82,9 @@ TEST(FastDot, EqualsTheScalarReferenceBitForBit) {
           for (int64_t i = 0; i < nb; ++i) {
             uint8_t* blk = w.data() + static_cast<size_t>(i) * bb;
             const uint16_t d = f32_to_f16(std::uniform_real_distribution<float>(-0.01f, 0.01f)(g));
-            if (t == GgmlType::Q2_K) {
+            if (t == GgmlType::MXFP4) {
+              blk[0] = static_cast<uint8_t>(100 + g() % 40);  // E8M0 scale 2^-27 .. 2^12
+            } else if (t == GgmlType::Q2_K) {
               std::memcpy(blk + 80, &d, 2);
               std::memcpy(blk + 82, &d, 2);
             } else {
@@ -94,6 +97,12 @@ TEST(FastDot, EqualsTheScalarReferenceBitForBit) {
         if (quant::act_type(t) == GgmlType::Q8_K && trial % 3 == 1) {
           auto raw = raw_q8k(g, n);
           std::memcpy(act.data(), raw.data(), act.size());
+        } else if (trial % 3 == 1) {  // Q8_0F blocks with arbitrary int8 values (-128 included)
+          auto* blocks = reinterpret_cast<quant::BlockQ8_0F*>(act.data());
+          for (int64_t i = 0; i < n / quant::k_qk8_0; ++i) {
+            blocks[i].d = std::uniform_real_distribution<float>(-0.1f, 0.1f)(g);
+            for (auto& q : blocks[i].qs) q = static_cast<int8_t>(g() & 0xFF);
+          }
         } else {
           quant::quantize_act(t, normals(g, static_cast<size_t>(n), trial % 4 == 0 ? 100.0f : 1.0f).data(), act.data(),
                               n);
