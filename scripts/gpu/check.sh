@@ -28,6 +28,7 @@
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
 #                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
+#   test_cuda_model_mxfp4  the same checks on tiny-mxfp4 (MXFP4 routed experts), 300 tokens
 #   test_cuda_offload  tiny model with experts in host memory (gathered: bitwise; a CPU share: NMSE and greedy
 #                     tokens) vs every expert resident
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
@@ -167,6 +168,7 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_ops_cpuexp "$BIN/test_cuda_ops" --filter moe_experts --no-flash --cpu-experts 0.5
   run_step test_cuda_ops_nogc "$BIN/test_cuda_ops" --filter matmul --no-gemm-cache
   run_step test_cuda_model "$BIN/test_cuda_model"
+  run_step test_cuda_model_mxfp4 "$BIN/test_cuda_model" --preset tiny-mxfp4 --tokens 300
   gpu_exists "$BIN/test_cuda_offload" && run_step test_cuda_offload "$BIN/test_cuda_offload"
   gpu_exists "$BIN/test_cuda_engine" && run_step test_cuda_engine "$BIN/test_cuda_engine"
   gpu_exists "$BIN/test_cuda_memory" && run_step test_cuda_memory "$BIN/test_cuda_memory"

@@ -91,17 +91,6 @@ Status check_cuda_fit(const ModelWeights& weights, const MtpWeights* mtp, Numeri
         static_cast<unsigned long long>(1024 * w), numerics == Numerics::REFERENCE ? ", or 128, 256 or 512" : ""));
   if (s.rope_dim > 128)
     return refuse(strfmt("its heads rotate %u RoPE dims; the RoPE tables hold at most 128", s.rope_dim));
-  // MXFP4 routed experts (the "MXFP4Experts" file): the CPU backend computes with them; the CUDA
-  // expert kernels do not decode them yet.
-  auto mxfp4 = [](const LayerWeights& l) {
-    for (LayerTensor t : {LayerTensor::FFN_GATE_EXPS, LayerTensor::FFN_UP_EXPS, LayerTensor::FFN_DOWN_EXPS})
-      if (l[t].type == GgmlType::MXFP4 && l[t]) return true;
-    return false;
-  };
-  if (std::any_of(weights.layers.begin(), weights.layers.end(), mxfp4) || (mtp && mxfp4(mtp->block)))
-    return refuse(
-        "its routed experts are MXFP4, which the CUDA expert kernels do not decode yet (the q2, q2-q4 "
-        "and q4 files run on the GPU: dsv4 pull --list)");
   if (has_sparse_layer(s)) {
     const uint64_t HI = s.indexer_heads, dI = s.indexer_head_dim;
     const uint64_t smem = ((HI * (dI + 4) + HI + 3) / 4 * 4 + 8 * dI) * 4;

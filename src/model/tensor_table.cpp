@@ -12,7 +12,7 @@ bool type_allowed(TypeClass c, GgmlType t) {
     // Q8_0: files with Q4_K attention projections or shared experts ("AProjQ4", "SExpQ4") load too.
     case TypeClass::DENSE_MAT:
       return t == G::Q8_0 || t == G::Q4_K || t == G::Q2_K || t == G::IQ2_XXS || t == G::F16 || t == G::F32;
-    // MXFP4: the CPU backend computes with it; the CUDA backend refuses it at load (check_cuda_fit).
+    // MXFP4: routed experts only (the published MXFP4Experts file).
     case TypeClass::EXPERT_GATE_UP:
       return t == G::IQ2_XXS || t == G::Q2_K || t == G::Q4_K || t == G::Q8_0 || t == G::MXFP4 || t == G::F16 ||
              t == G::F32;

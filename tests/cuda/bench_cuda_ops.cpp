@@ -8,7 +8,7 @@
 // Cases: every matmul shape a Flash decode step runs (weight type, rows x cols,
 // groups; n = 1 by default, --n 512 times the prefill tiles), the layer's
 // MatmulsOp sets (projections of one input in one op), and the routed
-// experts (256 experts, IQ2_XXS gate/up, Q2_K down, 6 per token), the core
+// experts (256 experts, 6 per token: IQ2_XXS gate/up with Q2_K down, Q4_K, MXFP4), the core
 // attention of the three layer kinds (bench_attention), and the mHC ops
 // (bench_mhc: hc_pre with its fused norm, hc_post), and how much of a small
 // op's time the next op hides (bench_overlap). What a case
@@ -197,13 +197,14 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
   }
 }
 
-void bench_experts(Backend& gpu, Rng& r, const Opts& o) {
-  const std::string name = strfmt("moe_experts IQ2_XXS/Q2_K E=256 k=6 n=%lld", (long long)o.n);
+void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn) {
+  const std::string name =
+      strfmt("moe_experts %s/%s E=256 k=6 n=%lld", ggml_type_name(gu), ggml_type_name(dn), (long long)o.n);
   if (!o.filter.empty() && name.find(o.filter) == std::string::npos) return;
   const int64_t E = 256, F = 2048, D = 4096, k = 6, n = o.n;
-  Tensor gate = upload(gpu, GgmlType::IQ2_XXS, random_weight(r, GgmlType::IQ2_XXS, D, F * E), D, F, E);
-  Tensor up = upload(gpu, GgmlType::IQ2_XXS, random_weight(r, GgmlType::IQ2_XXS, D, F * E), D, F, E);
-  Tensor down = upload(gpu, GgmlType::Q2_K, random_weight(r, GgmlType::Q2_K, F, D * E), F, D, E);
+  Tensor gate = upload(gpu, gu, random_weight(r, gu, D, F * E), D, F, E);
+  Tensor up = upload(gpu, gu, random_weight(r, gu, D, F * E), D, F, E);
+  Tensor down = upload(gpu, dn, random_weight(r, dn, F, D * E), F, D, E);
   const int reps = o.reps > 0 ? o.reps : 16;
   // Per op: n tokens x k distinct experts, fresh ids each op (uniform over the 256).
   std::vector<Tensor> ids, wts;
@@ -548,7 +549,9 @@ int main(int argc, char** argv) {
   Rng r(1);
   bench_matmuls(**gpu, r, o);
   bench_matmul_sets(**gpu, r, o);
-  bench_experts(**gpu, r, o);
+  bench_experts(**gpu, r, o, GgmlType::IQ2_XXS, GgmlType::Q2_K);  // the q2 file
+  bench_experts(**gpu, r, o, GgmlType::Q4_K, GgmlType::Q4_K);     // q4
+  bench_experts(**gpu, r, o, GgmlType::MXFP4, GgmlType::MXFP4);   // MXFP4Experts
   bench_attention(**gpu, r, o);
   bench_mhc(**gpu, r, o);
   bench_overlap(**gpu, r, o);

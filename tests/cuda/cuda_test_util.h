@@ -124,6 +124,10 @@ inline std::vector<uint8_t> random_weight(Rng& r, GgmlType t, int64_t ne0, int64
     r.fill_bytes(b.data(), b.size());
     auto* p = reinterpret_cast<BlockIQ2_XXS*>(b.data());
     for (size_t i = 0; i < b.size() / sizeof(BlockIQ2_XXS); ++i) p[i].d = f16(5e-4f, 2e-3f);
+  } else if (t == GgmlType::MXFP4) {  // scales 2^-15 .. 2^-7: |w| <= 6 2^-7
+    r.fill_bytes(b.data(), b.size());
+    auto* p = reinterpret_cast<BlockMXFP4*>(b.data());
+    for (size_t i = 0; i < b.size() / sizeof(BlockMXFP4); ++i) p[i].e = static_cast<uint8_t>(112 + r.below(9));
   } else {
     std::fprintf(stderr, "random_weight: %s is not a weight type\n", ggml_type_name(t));
     std::abort();

@@ -176,6 +176,11 @@ void cases_matmul(Harness& h) {
       {G::Q4_K, 256, 512, 1, {1, 17}, false, "q4_k"},
       {G::Q4_K, 96, 256, 3, {2}, false, "q4_k grouped x3"},
       {G::F16, 33, 8, 1, {1, 4}, false, "one unit per row"},
+      {G::MXFP4, 256, 512, 1, {1, 17}, false, "mxfp4 (staged matvec)"},
+      {G::MXFP4, 300, 96, 1, {1, 2, 40, 70}, false, "mxfp4, 3 units per row: rows at every byte phase"},
+      {G::MXFP4, 96, 256, 3, {1, 2}, false, "mxfp4 grouped x3"},
+      {G::MXFP4, 256, 256, 1, {9, 40}, false, "mxfp4, |x| ~ 1e6", 1e6f},
+      {G::MXFP4, 260, 2048, 1, {9, 16, 130}, false, "mxfp4, K slices; 130: no GEMM path for MXFP4"},
       // tensor-core tile edges: tokens per block 8/16/32 and their remainders, rows % 256 != 0,
       // chunks of 4 units cut short, x beyond the f16 range and far below it
       {G::Q8_0, 300, 96, 1, {2, 40, 70}, false, "q8_0, 3 units per row"},
@@ -221,6 +226,8 @@ void cases_matmul(Harness& h) {
       {G::IQ2_XXS, 2048, 4096, 1, {1, 3, 48}, true, "flash expert gate (one expert)"},
       {G::Q2_K, 4096, 2048, 1, {1, 3, 48}, true, "flash expert down (one expert)"},
       {G::Q4_K, 2048, 4096, 1, {1}, true, "flash q4 expert gate"},
+      {G::MXFP4, 2048, 4096, 1, {1, 3, 48}, true, "flash mxfp4 expert gate (one expert)"},
+      {G::MXFP4, 4096, 2048, 1, {1, 48}, true, "flash mxfp4 expert down (one expert)"},
   };
   for (const C& c : cases) {
     if (c.flash && !h.flash) continue;

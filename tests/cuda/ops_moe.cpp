@@ -106,6 +106,9 @@ void cases_moe(Harness& h) {
     const std::vector<C> cases = {
         {G::IQ2_XXS, G::Q2_K, 8, 256, 256, 2, {1, 5, 40, 160}, false},  // 160: 40 per expert, tensor-core tiles of 32
         {G::Q4_K, G::Q4_K, 8, 256, 256, 2, {1, 3, 24}, false},
+        // MXFP4 (17-byte blocks): rows of 256 (unstaged decode, tiles of 16 and 32) and 1,024 / 512 (staged).
+        {G::MXFP4, G::MXFP4, 8, 256, 256, 2, {1, 3, 24, 160}, false},
+        {G::MXFP4, G::MXFP4, 8, 512, 1024, 2, {1, 2, 300}, false},
         {G::Q8_0, G::F16, 8, 256, 256, 2, {20}, false},  // mixed: tensor-core gate/up in tiles of 8, FFMA down
         {G::Q8_0, G::Q8_0, 8, 256, 256, 2, {4, 33}, false},
         {G::F16, G::F16, 4, 64, 128, 3, {1, 2, 17}, false},
@@ -128,6 +131,7 @@ void cases_moe(Harness& h) {
         {G::IQ2_XXS, G::Q2_K, 4, 2048, 4096, 6, {100}, true},
         {G::IQ2_XXS, G::Q2_K, 256, 2048, 4096, 6, {1, 3, 64}, true},
         {G::Q4_K, G::Q4_K, 256, 2048, 4096, 6, {1}, true},
+        {G::MXFP4, G::MXFP4, 256, 2048, 4096, 6, {1, 3, 64}, true},
     };
     for (const C& c : cases) {
       if (c.flash && !h.flash) continue;

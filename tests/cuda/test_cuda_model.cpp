@@ -4,7 +4,9 @@
 // numerics, with a fresh model and prompt each run (seed printed; --seed
 // repeats a run).
 //
-//   test_cuda_model [--seed N] [--tokens N]
+//   test_cuda_model [--seed N] [--tokens N] [--preset NAME]
+//
+// --preset: the synthetic model (default tiny; tiny-mxfp4 runs the same checks with MXFP4 routed experts).
 //
 // Checks (per numerics), logits at every position of an N-token prompt
 // (default 700: past the 128-token window, several ratio-128 rows, and more
@@ -167,21 +169,29 @@ int main(int argc, char** argv) {
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   int64_t n_tokens = 700;
+  std::string preset_name = "tiny";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc)
       seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--preset" && i + 1 < argc)
+      preset_name = argv[++i];
     else if (a == "--tokens" && i + 1 < argc)
       n_tokens = std::max<int64_t>(2, std::strtoll(argv[++i], nullptr, 10));
     else if (a == "--help") {
-      std::printf("usage: %s [--seed N] [--tokens N]\n", argv[0]);
+      std::printf("usage: %s [--seed N] [--tokens N] [--preset NAME]\n", argv[0]);
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--seed N] [--tokens N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seed N] [--tokens N] [--preset NAME]\n", argv[0]);
       return 2;
     }
   }
-  std::printf("test_cuda_model: seed %llu (repeat with --seed %llu), %lld tokens\n",
+  const auto found = find_preset(preset_name);
+  if (!found) {
+    std::fprintf(stderr, "test_cuda_model: %s\n", found.error().message.c_str());
+    return 2;
+  }
+  std::printf("test_cuda_model: preset %s, seed %llu (repeat with --seed %llu), %lld tokens\n", preset_name.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
               static_cast<long long>(n_tokens));
   if (!cuda_device_present()) {
@@ -202,7 +212,7 @@ int main(int argc, char** argv) {
   const auto dir = std::filesystem::temp_directory_path() / ("dsv4_cuda_model_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "tiny.gguf").string(), mtp_path = (dir / "tiny-mtp.gguf").string();
-  const Preset preset = *find_preset("tiny");
+  const Preset preset = *found;
   DSV4_ASSERT(synth_write(synth_plan(preset, seed), path, 0).has_value(), "synth_write failed");
   DSV4_ASSERT(synth_write(synth_mtp_plan(preset, seed + 1), mtp_path, 0).has_value(), "synth_write (MTP) failed");
   auto mf = open_model(path);

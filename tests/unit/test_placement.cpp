@@ -262,7 +262,8 @@ TEST(WeightTypes, DenseMatricesInQ4KGiveTheirDequantisedLogits) {
 }
 
 // MXFP4 routed experts (the published mxfp4 layout, preset tiny-mxfp4) run on the CPU: the F32 twin of
-// every routed expert gives the same logits, and the CUDA backend refuses the file at load with the reason.
+// every routed expert gives the same logits, and the CUDA backend takes the file (its decoders:
+// test_cuda_decode; its kernels: test_backend_ops).
 TEST(WeightTypes, Mxfp4ExpertsGiveTheirDequantisedLogits) {
   const SynthPlan plan = synth_plan(*find_preset("tiny-mxfp4"), 6);
   int mx = 0;
@@ -276,8 +277,7 @@ TEST(WeightTypes, Mxfp4ExpertsGiveTheirDequantisedLogits) {
   ASSERT_TRUE(mf.has_value()) << mf.error().message;
   EXPECT_NE((*mf)->weights.mix.describe().find("mxfp4"), std::string::npos) << (*mf)->weights.mix.describe();
   const Status cuda = check_cuda_fit((*mf)->weights, nullptr, Numerics::REFERENCE);
-  ASSERT_FALSE(cuda.has_value());
-  EXPECT_NE(cuda.error().message.find("MXFP4"), std::string::npos) << cuda.error().message;
+  EXPECT_TRUE(cuda.has_value()) << cuda.error().message;
   std::filesystem::remove(path);
   // The published size (ds4-variants-mtp-dspark.md §1.2: 155,971,123,548 tensor bytes).
   EXPECT_EQ(synth_plan(*find_preset("flash-mxfp4"), 1).tensor_bytes, 155971123548ull);

@@ -1,5 +1,5 @@
 // Matmul: out[t, r] = sum_c W[r, c] x[t, g(r)*cols + c] (accumulate: out[t, r] +=) for any weight type
-// (F32, F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS), optionally grouped (block-
+// (F32, F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS, MXFP4), optionally grouped (block-
 // diagonal W: row r belongs to group g = r / (rows / G)).
 //
 // Layout: W [rows, cols] in its GGUF block layout (row r at r * row_bytes),
@@ -18,8 +18,8 @@
 //   coalesced 16-byte loads — straight into registers for F32/F16/BF16 (16 / R
 //   units per lane in flight) and Q4_K, through a per-warp ring of S
 //   shared-memory chunks (cp.async, the next S - 1 chunks in flight while this
-//   one is decoded; S per shape, launch_matvec_r) for Q8_0/Q2_K (16-byte) and
-//   IQ2_XXS (8-byte), whose blocks are not 16-byte aligned — and decodes in
+//   one is decoded; S per shape, launch_matvec_r) for Q8_0/Q2_K/MXFP4 (16-byte)
+//   and IQ2_XXS (8-byte), whose blocks are not 16-byte aligned — and decodes in
 //   registers. MatmulsOp (several matrices of one type and width, one x): one
 //   launch whose blocks are split between the matrices (MvSet). x: the block first copies its
 //   group's x into shared memory, units padded to U + 4 floats (XShared of
@@ -27,7 +27,7 @@
 //   and the block's rows share one group — read from global memory, a lane's
 //   32-float unit is 128 bytes away from its neighbour's and the Q8_0 matvecs
 //   were L1-bound at ~1.3 TB/s. Grid: ceil(rows / 8R) blocks.
-// * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS, and F16 with rows of whole
+// * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS/MXFP4, and F16 with rows of whole
 //   32-element units; CudaBackendOptions::tensor_cores,
 //   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
 //   cuda_mma.cuh, 256 rows x BN tokens per block: BN = 8/16/32, the one block
@@ -150,7 +150,7 @@ void with_stages(int st, F&& f) {
 //   Q8_0: S = the row's chunks (of 32 units) when they are <= 4 (the whole row
 //   in flight at once), else 3; then fewer, down to 2, while the grid would not
 //   be resident in one wave (shared memory per block grows with S). Q2_K,
-//   IQ2_XXS (experts; their matvec is used by small models and tests): 2, or
+//   IQ2_XXS, MXFP4 (experts; their matvec is used by small models and tests): 2, or
 //   1 for rows of one chunk.
 // Measured on the H200 (bench_cuda_ops, every R x S): Q8_0 4096x8192
 // 17.2 -> 14.2 us (S = 3), 1024x4096 3.75 -> 3.11 and 512x4096 3.31 -> 2.79

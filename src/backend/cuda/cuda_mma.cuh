@@ -1,6 +1,6 @@
 // The tensor-core weight tile of the prefill matmul (cuda_matmul.cu) and the
 // expert-grouped MoE (cuda_moe.cu), for the block-quantised weight types
-// (Q8_0, Q2_K, Q4_K, IQ2_XXS; and F16 in the matmul): one 256-thread block computes 256 weight rows
+// (Q8_0, Q2_K, Q4_K, IQ2_XXS, MXFP4; and F16 in the matmul): one 256-thread block computes 256 weight rows
 // (32 per warp: two m16 tiles) x BN tokens (BN = 8, 16 or 32) with
 // mma.sync.m16n8k16 (f16 inputs, f32 accumulation).
 //
@@ -14,6 +14,8 @@
 //   IQ2_XXS  w = db * (+-grid)              code +-grid byte (8, 25 or 43)
 //   Q4_K     w = d1 * q - m1                code q (0..15); the min term -m1 * sum(x) per unit
 //   Q2_K     w = dl_s * q - ml_s (s = 0, 1) code q (0..3);  per 16-element sub-block
+//   MXFP4    w = (2^14 s) * c              code c = the E2M1 value * 2^-14 as an f16 (its bits are
+//                                           the E2M1 code's, shifted: MmaCodes<MXFP4>); s = 2^(e - 127)
 //   F16      w = 1 * w                      the f16 weight itself (matmul only)
 // x is not f16: each (token, unit) of 32 values is scaled by a power of two
 // 2^s so that its largest magnitude lies in [2^14, 2^15), then split into
@@ -33,6 +35,7 @@
 // 16-byte shared load line up without shuffles. Element of position (t, s, i):
 //   Q8_0, IQ2_XXS, Q4_K: 8t + 4s + i (identity: 8 consecutive elements per lane)
 //   Q2_K:                16s + 4t + i (step s = sub-block s, for its own scale)
+//   MXFP4:               16s + 4t + i (quad lane t's 8 elements are the two nibbles of 4 code bytes)
 //
 // Launch plan (per matmul / expert matrix):
 //   1. mma_split_x_kernel: one warp per (x row, unit), lane = element: the warp
@@ -58,10 +61,15 @@
 
 namespace dsv4::cuda {
 
+// Whether T's fragment positions follow the sub-block order 16s + 4t + i (else the identity).
+template <GgmlType T>
+DSV4_HD constexpr bool mma_subblock_order() {
+  return T == GgmlType::Q2_K || T == GgmlType::MXFP4;
+}
 // Element (0..31 of a unit) at fragment position p = 8t + 4s + i.
 template <GgmlType T>
 DSV4_HD int mma_elem_of_pos(int p) {
-  if constexpr (T == GgmlType::Q2_K) {
+  if constexpr (mma_subblock_order<T>()) {
     const int t = p >> 3, s = (p >> 2) & 1, i = p & 3;
     return 16 * s + 4 * t + i;
   } else {
@@ -71,7 +79,7 @@ DSV4_HD int mma_elem_of_pos(int p) {
 // Inverse: fragment position of element e.
 template <GgmlType T>
 DSV4_HD int mma_pos_of_elem(int e) {
-  if constexpr (T == GgmlType::Q2_K) {
+  if constexpr (mma_subblock_order<T>()) {
     const int s = e >> 4, t = (e >> 2) & 3, i = e & 3;
     return 8 * t + 4 * s + i;
   } else {
@@ -86,17 +94,6 @@ DSV4_HD uint32_t pack_f16x2(float a, float b) {
   return u;
 }
 
-// prmt: byte i of the result = byte (s >> 4i) & 7 of the 8 bytes {y:x} (CUDA's __byte_perm).
-DSV4_HD uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(x, y, sel);
-#else
-  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((xy >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
-  return r;
-#endif
-}
 // Small integers to f16 pairs without conversions: the f16 with bits 0x64nn is
 // 1024 + nn exactly, so (0x6400 | b) - 1024 = b. codes_u8: the two low bytes
 // (b0, b1) of x (the high bytes are ignored) minus `bias` (a f16 pair: 1024 for
@@ -426,9 +423,47 @@ struct MmaCodes<GgmlType::Q2_K> {
   }
 };
 
+// MXFP4: quad lane t's codes are code bytes 4t .. 4t + 3 of the 17-byte block (low nibbles: elements
+// 4t + i, step 0; high nibbles: 16 + 4t + i, step 1), read as the two aligned words that hold them
+// (blocks are byte-aligned; both words hold a byte of the block) plus the scale byte. An E2M1 code
+// (sign, exponent e1 e0, mantissa m) placed at f16 bits 15 and 11..9 is the f16 of its value times
+// 2^-14 (exponent field e1 e0: 2^(E - 15) (1 + m/2) for E >= 1, the subnormal m 2^-15 for E = 0), so
+// the codes need two masks and shifts per pair; the unit scale is then 2^14 s (exact; it overflows
+// to inf only for e >= 241, block scales above 2^113, which no real file has). Code 8 becomes -0, the
+// reference's +0: the MMA's sums do not see the difference.
+template <>
+struct MmaCodes<GgmlType::MXFP4> {
+  static constexpr int NS = 1;
+  static constexpr bool kMin = false;
+  struct Raw {
+    uint32_t e, w0, w1, sh;
+  };
+  DSV4_HD static void load(const uint8_t* row, int64_t u, int t, Raw& r) {
+    const uint8_t* blk = row + u * 17;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(blk) + 1 + 4 * static_cast<uintptr_t>(t);
+    r.e = *blk;
+    r.w0 = *reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+    r.w1 = *reinterpret_cast<const uint32_t*>((a + 3) & ~uintptr_t{3});
+    r.sh = static_cast<uint32_t>(a & 3u) * 8;
+  }
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&h)[4], float (&sc)[NS], float (&)[NS],
+                             const MmaTables&) {
+    sc[0] = mul_rn(mxfp4_scale(r.e), 16384.0f);
+    const uint32_t q = funnel_r(r.w0, r.w1, r.sh);                          // code bytes 4t .. 4t + 3
+    const uint32_t x01 = prmt(q, 0u, 0x4140u), x23 = prmt(q, 0u, 0x4342u);  // [b0, 0, b1, 0], [b2, 0, b3, 0]
+    auto low = [](uint32_t x) { return ((x & 0x00070007u) << 9) | ((x & 0x00080008u) << 12); };
+    auto high = [](uint32_t x) { return ((x & 0x00700070u) << 5) | ((x & 0x00800080u) << 8); };
+    h[0] = low(x01);
+    h[1] = low(x23);
+    h[2] = high(x01);
+    h[3] = high(x23);
+  }
+};
+
 template <GgmlType T>
 constexpr bool mma_type() {
-  return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
+  return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS ||
+         T == GgmlType::MXFP4;
 }
 // Types the matmul tile takes: the block-quantised ones and F16 (its own
 // codes: every f16 weight is exact in f16, scale 1; units of 32 elements).
@@ -452,7 +487,7 @@ struct MmaX {
 inline size_t mma_split_bytes(int64_t rows, int64_t units) { return static_cast<size_t>(rows * units) * (128 + 16); }
 
 // One warp per (row, unit), lane = element: x[row * x_stride + 32 unit + lane].
-template <bool Q2K>
+template <bool SubBlock>
 __global__ void __launch_bounds__(256)
     mma_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows, int64_t units,
                        uint4* __restrict__ q, float4* __restrict__ s) {
@@ -472,7 +507,7 @@ __global__ void __launch_bounds__(256)
   const float xs = __fmul_rn(v, __int_as_float((127 + sh) << 23));  // exact: a power of two, no overflow
   const __half hi = __float2half_rn(xs);
   const __half lo = __float2half_rn(__fsub_rn(xs, __half2float(hi)));
-  const int p = Q2K ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane;
+  const int p = SubBlock ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane;
   __half* dst = reinterpret_cast<__half*>(q + pr * 8);
   dst[p] = hi;
   dst[32 + p] = lo;
@@ -496,7 +531,7 @@ MmaX mma_split_x(cudaStream_t stream, const float* x, int64_t x_stride, int64_t 
   const int64_t pairs = rows * units;
   if (pairs == 0) return r;
   const unsigned blocks = static_cast<unsigned>((pairs + 7) / 8);
-  launch_kernel(mma_split_x_kernel<T == GgmlType::Q2_K>, blocks, 256, 0, stream, x, x_stride, rows, units,
+  launch_kernel(mma_split_x_kernel<mma_subblock_order<T>()>, blocks, 256, 0, stream, x, x_stride, rows, units,
                 const_cast<uint4*>(r.q), const_cast<float4*>(r.s));
   return r;
 }

@@ -14,6 +14,8 @@
 //   Q4_K     32   one 32-element sub-block of a 256-blk  2 sixteen-byte qs loads, 12 scale bytes, d/dmin
 //   IQ2_XXS  32   one 32-element group of a 256-blk      d + 4 two-byte loads, grid look-ups (the
 //                                                        grid in shared memory: block_tables), signs computed
+//   MXFP4    32   one 17-byte block (E8M0 scale, 16      the 5 aligned words that hold the block (blocks are
+//                 code bytes)                            byte-aligned), magnitudes by a byte permute
 //
 // The block-quantised decoders take an optional power-of-two factor s that
 // multiplies the block scales (d, dmin) before anything else: every decoded
@@ -279,12 +281,77 @@ struct WeightUnit<GgmlType::IQ2_XXS> {
   }
 };
 
+// prmt: byte i of the result = byte (s >> 4i) & 7 of the 8 bytes {y:x} (CUDA's __byte_perm).
+DSV4_HD uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, sel);
+#else
+  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((xy >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+#endif
+}
+
+// The 32 bits at bit offset sh (0..32) of the 64-bit {hi:lo}.
+DSV4_HD uint32_t funnel_r(uint32_t lo, uint32_t hi, unsigned sh) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_rc(lo, hi, sh);
+#else
+  return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> sh);
+#endif
+}
+
+// E8M0 scale 2^(e - 127) as block_decode.h reads it (e = 0: 2^-127, a subnormal; e = 255: +inf).
+DSV4_HD float mxfp4_scale(uint32_t e) { return float_of(e == 0 ? 0x00400000u : e << 23); }
+
+// w[j] = x2(c_j) * hs for the 4-bit E2M1 codes c_j in the low nibbles of the 4 bytes of c (high
+// nibbles zero), x2 = twice the E2M1 value: |x2| = 0, 1, 2, 3, 4, 6, 8, 12 by magnitude code (c & 7,
+// one byte permute for all four), the sign bit of c (bit 3) flipping the product's sign unless the
+// magnitude is 0 (code 8 is +0, as block_decode.h's table has it).
+DSV4_HD void mxfp4_decode4(uint32_t c, float hs, float* w) {
+  const uint32_t m = c & 0x07070707u;
+  const uint32_t t = m | (m >> 4);  // byte 0: m0 | m1 << 4, byte 2: m2 | m3 << 4
+  const uint32_t mag = prmt(0x03020100u, 0x0C080604u, (t & 0xFFu) | ((t >> 8) & 0xFF00u));
+  const uint32_t neg = c & (m + 0x07070707u) & 0x08080808u;  // bit 3 of byte j: code j negative, nonzero
+  DSV4_UNROLL
+  for (int j = 0; j < 4; ++j)
+    w[j] = float_of(bits_of(mul_rn(u8_f32(mag, j), hs)) ^ ((neg << (28 - 8 * j)) & 0x80000000u));
+}
+
+// MXFP4 (ds4-variants-mtp-dspark.md §1.1): unit u = block u of 17 bytes, the E8M0 byte e then 16
+// code bytes; element j < 16 is the low nibble of code byte j, element j + 16 its high nibble.
+// w = x2(c) * hs with hs = 0.5 * 2^(e - 127): both factors exact and the product exact (|x2| <= 12, hs
+// a power of two), so this is block_decode.h's (0.5 * x2) * 2^(e - 127) bit for bit. The blocks are
+// byte-aligned: the unit is read as the 5 aligned words that hold its 17 bytes (each word holds a byte
+// of the block, so no load leaves the 4-byte-aligned span of the tensor) and picked with funnel shifts.
+// The same decoder reads the staged matvec's 4-byte-aligned chunk copies.
+template <>
+struct WeightUnit<GgmlType::MXFP4> {
+  static constexpr int U = 32;
+  DSV4_HD static void decode(const uint8_t* row, int64_t u, float* w, const QuantTables&) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(u) * 17;
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+    const unsigned sh = static_cast<unsigned>(a & 3u) * 8;
+    uint32_t v[5];
+    DSV4_UNROLL
+    for (int i = 0; i < 5; ++i) v[i] = ld(p + i);
+    const float hs = mul_rn(0.5f, mxfp4_scale((v[0] >> sh) & 0xFFu));
+    DSV4_UNROLL
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t c = funnel_r(v[m], v[m + 1], sh + 8);  // code bytes 4m .. 4m + 3
+      mxfp4_decode4(c & 0x0F0F0F0Fu, hs, w + 4 * m);
+      mxfp4_decode4((c >> 4) & 0x0F0F0F0Fu, hs, w + 16 + 4 * m);
+    }
+  }
+};
+
 // Wide staging of the 32 units a warp consumes per step (one per lane), for
 // the types whose blocks are not 16-byte aligned in the GGUF layout: the warp
 // copies the chunk's contiguous bytes to shared memory with 16-byte (IQ2_XXS:
 // 8-byte) coalesced loads, then each lane decodes its unit from there. Usable
 // when every chunk starts aligned, i.e. row_bytes % sizeof(Vec) == 0 (Q8_0:
-// cols % 256 == 0; Q2_K, IQ2_XXS: cols % 1024 == 0); chunk_bytes = 0: no staging.
+// cols % 256 == 0; Q2_K, IQ2_XXS: cols % 1024 == 0; MXFP4: cols % 512 == 0); chunk_bytes = 0: no staging.
 template <GgmlType T>
 struct UnitStaging {
   using Vec = uint4;
@@ -299,6 +366,11 @@ template <>
 struct UnitStaging<GgmlType::Q2_K> {
   using Vec = uint4;
   static constexpr int chunk_bytes = 4 * 84;  // 4 blocks = 21 x 16 bytes
+};
+template <>
+struct UnitStaging<GgmlType::MXFP4> {
+  using Vec = uint4;
+  static constexpr int chunk_bytes = 32 * 17;  // 32 blocks = 34 x 16 bytes
 };
 template <>
 struct UnitStaging<GgmlType::IQ2_XXS> {
@@ -328,6 +400,7 @@ void dispatch_weight_type(GgmlType t, F&& f) {
   if (t == GgmlType::Q2_K) return f(std::integral_constant<GgmlType, GgmlType::Q2_K>{});
   if (t == GgmlType::Q4_K) return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{});
   if (t == GgmlType::IQ2_XXS) return f(std::integral_constant<GgmlType, GgmlType::IQ2_XXS>{});
+  if (t == GgmlType::MXFP4) return f(std::integral_constant<GgmlType, GgmlType::MXFP4>{});
   DSV4_ASSERT(false, "CUDA backend: %s is not a weight type", ggml_type_name(t));
 }
 
