@@ -15,7 +15,7 @@ constexpr PublishedFile k_files[] = {
      "Flash 0731, routed experts Q4_K", 153.3, true},
     {"mxfp4",
      "DeepSeek-V4-Flash-MXFP4Experts-F16HC-F16Compressor-F16Indexer-Q8Attn-Q8Shared-Q8Out-chat-v2-mxfp4-0731.gguf",
-     "Flash 0731, routed experts MXFP4 (DeepSeek's FP4 weights, lossless; CPU backend only so far)", 145.3, true},
+     "Flash 0731, routed experts MXFP4 (DeepSeek's FP4 weights, lossless)", 145.3, true},
     {"dspark", "DeepSeek-V4-Flash-DSpark-support-0731.gguf",
      "DSpark drafter for the 0731 Flash files (speculative decoding: --dspark FILE)", 5.58, true},
     {"mtp", "DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf", "MTP block for the pre-0731 Flash weights", 3.54, true},
