@@ -43,6 +43,9 @@ void Model::average_streams(const Tensor& state, int64_t r, const Tensor& dst_ro
 
 Status Model::attach_dspark(const DSparkWeights& d, DSparkHost host) {
   if (has_dspark_) return make_error("a DSpark drafter is attached already");
+  if (first_ > 0 || !has_head())
+    return make_error("DSpark runs only with every layer on one backend (this stage has layers %u .. %u)", first_,
+                      end_ - 1);
   const DSparkMeta& m = d.meta;
   if (static_cast<int64_t>(m.block_size + 1) * spec_.hc_count > options_.max_batch)
     return make_error("DSpark: a block of %u rows needs a batch of at least %u tokens (--batch)", m.block_size + 1,

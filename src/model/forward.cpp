@@ -32,7 +32,12 @@ double gib(uint64_t b) { return static_cast<double>(b) / static_cast<double>(uin
 }  // namespace
 
 Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
-    : backend_(backend), spec_(spec), options_(options), sc_(std::make_unique<Scratch>()) {}
+    : backend_(backend),
+      spec_(spec),
+      options_(options),
+      first_(options.layer_first),
+      end_(options.layer_end > 0 ? options.layer_end : spec.n_layer),
+      sc_(std::make_unique<Scratch>()) {}
 
 Model::~Model() {
   if (step_graph_) backend_.drop_replay(step_graph_);
@@ -43,6 +48,13 @@ Model::~Model() {
 expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
                                                ModelOptions options) {
   if (options.max_batch < 1) return make_error("max_batch must be at least 1");
+  const uint32_t end = options.layer_end > 0 ? options.layer_end : weights.spec.n_layer;
+  if (options.layer_first >= end || end > weights.spec.n_layer)
+    return make_error("layers %u .. %u are not a range of this model's %u layers", options.layer_first, end,
+                      weights.spec.n_layer);
+  if (mtp && (options.layer_first > 0 || end < weights.spec.n_layer))
+    return make_error("an MTP block runs only with every layer on one backend (this stage has layers %u .. %u)",
+                      options.layer_first, end - 1);
   DSV4_TRY(check_numerics_fit(weights.spec, options.numerics));
   if (backend.kind() == BackendKind::CUDA) DSV4_TRY(check_cuda_fit(weights, mtp, options.numerics));
   std::unique_ptr<Model> m(new Model(backend, weights.spec, options));
@@ -79,9 +91,11 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   s.sh_g = backend.alloc(G::F32, Fs, n);
   s.sh_u = backend.alloc(G::F32, Fs, n);
   s.sh_h = backend.alloc(G::F32, Fs, n);
-  s.h = backend.alloc(G::F32, D, n);
-  s.hn = backend.alloc(G::F32, D, n);
-  s.logits = backend.alloc(G::F32, S.n_vocab, n);
+  if (m->has_head()) {  // (a pipeline stage before the last has no head)
+    s.h = backend.alloc(G::F32, D, n);
+    s.hn = backend.alloc(G::F32, D, n);
+    s.logits = backend.alloc(G::F32, S.n_vocab, n);
+  }
   s.mtp_e = backend.alloc(G::F32, D, 1);
   s.mtp_y = backend.alloc(G::F32, D, hc, 1);
   if (options.count_routing) {
@@ -112,24 +126,38 @@ Status Model::upload(const ModelWeights& w, const MtpWeights* mtp) {
   const size_t L = w.layers.size();
   WeightPlacement& P = placement_;
   P.n_expert = spec_.n_expert;
+  // A pipeline stage (layers [first_, end_)) takes its layers, the embedding when it starts at layer 0
+  // and the head tensors when it ends at the last layer.
+  const bool whole = first_ == 0 && end_ == spec_.n_layer;
+  auto mine = [&](size_t il) { return il >= first_ && il < end_; };
+  auto global_here = [&](size_t i) {
+    return i == static_cast<size_t>(GlobalTensor::TOKEN_EMBD) ? first_ == 0 : end_ == spec_.n_layer;
+  };
   std::vector<uint64_t> one(L, 0);
   uint64_t per_expert = 0;  // one expert of every layer
   for (size_t il = 0; il < L; ++il) {
     for (size_t i = 0; i < w.layers[il].t.size(); ++i)
-      if (w.layers[il].t[i] && routed(i)) one[il] += w.layers[il].t[i].expert_bytes();
+      if (w.layers[il].t[i] && routed(i) && mine(il)) one[il] += w.layers[il].t[i].expert_bytes();
     per_expert += one[il];
   }
-  P.dense_bytes = w.n_bytes - per_expert * spec_.n_expert;
+  if (whole) {
+    P.dense_bytes = w.n_bytes - per_expert * spec_.n_expert;
+  } else {
+    for (size_t i = 0; i < w.global.size(); ++i) P.dense_bytes += global_here(i) ? w.global[i].n_bytes : 0;
+    for (size_t il = first_; il < end_; ++il)
+      for (size_t i = 0; i < w.layers[il].t.size(); ++i) P.dense_bytes += routed(i) ? 0 : w.layers[il].t[i].n_bytes;
+  }
   if (mtp) {
     for (const TensorRef& r : mtp->head) P.dense_bytes += r.n_bytes;
     for (const TensorRef& r : mtp->block.t) P.dense_bytes += r.n_bytes;
   }
   DSV4_TRY_ASSIGN(const std::vector<std::vector<uint32_t>> resident, choose_resident(one));
-  for (size_t i = 0; i < global_.size(); ++i) DSV4_TRY(up(w.global[i], global_[i]));
+  for (size_t i = 0; i < global_.size(); ++i)
+    if (global_here(i)) DSV4_TRY(up(w.global[i], global_[i]));
   layers_.resize(L);
   P.min_resident = spec_.n_expert;
   P.max_resident = 0;
-  for (size_t il = 0; il < L; ++il) {
+  for (size_t il = first_; il < end_; ++il) {
     const auto n_res = static_cast<uint32_t>(resident[il].size());
     const bool placed = n_res < spec_.n_expert && w.layers[il][LayerTensor::FFN_GATE_EXPS];
     for (size_t i = 0; i < w.layers[il].t.size(); ++i)
@@ -254,7 +282,7 @@ void Model::count_routing(int64_t n) {
   std::vector<int32_t> ex(static_cast<size_t>(L * n * k));
   const Tensor log = sc_->route_log.rows(0, L * n);
   backend_.read(log, ex.data(), log.n_bytes());
-  for (int64_t il = 0; il < L; ++il)
+  for (int64_t il = first_; il < end_; ++il)
     for (int64_t i = 0; i < n * k; ++i) {
       const int32_t e = ex[static_cast<size_t>(il * n * k + i)];
       if (e >= 0 && static_cast<uint32_t>(e) < spec_.n_expert) ++routing_.at(static_cast<uint32_t>(il), e);
@@ -289,13 +317,31 @@ GgmlType indexer_row_type(const ModelSpec& spec, const ModelOptions& options) {
   return options.numerics == Numerics::REFERENCE && options.compact_kv && fits ? GgmlType::KV_FP4 : GgmlType::F32;
 }
 
+uint64_t model_scratch_bytes(const ModelSpec& S, const ModelOptions& options) {
+  const uint64_t n = static_cast<uint64_t>(options.max_batch), D = S.n_embd, hc = S.hc_count, hd = S.head_dim;
+  const uint64_t HD = static_cast<uint64_t>(S.n_head) * hd, k = S.n_expert_used;
+  const uint64_t Fs = static_cast<uint64_t>(S.expert_ff) * std::max<uint32_t>(1, S.n_expert_shared);
+  const uint64_t dI = std::max<uint32_t>(1, S.indexer_head_dim), HI = std::max<uint32_t>(1, S.indexer_heads);
+  const uint64_t end = options.layer_end > 0 ? options.layer_end : S.n_layer;
+  // Per row: pos, ids, state, u/xn/y/ys, post, comb, qa, q, kv, o, la, ckv, cgate, iq, iw, ikv, igate, sel,
+  // router, experts, weights, sh_g/sh_u/sh_h; with the head also h, hn, logits.
+  uint64_t row = 2 + D * hc + 4 * D + hc + hc * hc + S.q_lora_rank + 2 * HD + hd +
+                 static_cast<uint64_t>(S.o_groups) * S.o_lora_rank + 4 * hd + dI * HI + HI + 4 * dI +
+                 std::max<uint32_t>(1, S.indexer_top_k) + S.n_expert + 2 * k + 3 * Fs;
+  if (end == S.n_layer) row += 2 * D + S.n_vocab;
+  uint64_t b = 4 * (n * row + D + D + D * hc);  // + sh_y, mtp_e, mtp_y
+  if (options.count_routing) b += 4 * k * n * S.n_layer;
+  return b;
+}
+
 uint64_t kv_state_bytes(const ModelSpec& spec, const ModelOptions& options, bool mtp, uint32_t ctx) {
   const uint64_t hd = spec.head_dim, dI = spec.indexer_head_dim;
   const uint64_t kv_row = ggml_row_bytes(kv_row_type(spec, options), hd);
   const uint64_t idx_row = ggml_row_bytes(indexer_row_type(spec, options), dI);
   const uint64_t cap_w = spec.sliding_window + static_cast<uint64_t>(options.max_batch);
   uint64_t b = static_cast<uint64_t>(spec.n_embd) * spec.hc_count * 4;  // last_hidden
-  for (uint32_t il = 0; il < spec.n_layer; ++il) {
+  const uint32_t end = options.layer_end > 0 ? options.layer_end : spec.n_layer;
+  for (uint32_t il = options.layer_first; il < end; ++il) {
     uint32_t m = spec.ratio(il);
     b += cap_w * kv_row;
     if (m == 0) continue;
@@ -332,8 +378,9 @@ KvState Model::new_state(uint32_t ctx) {
   s.ctx = ctx;
   s.uid = ++next_state_uid_;
   s.cap_w = spec_.sliding_window + static_cast<uint32_t>(options_.max_batch);
-  for (uint32_t il = 0; il < spec_.n_layer; ++il)
-    s.layers.push_back(alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true));
+  for (uint32_t il = 0; il < spec_.n_layer; ++il)  // (layers of other stages: empty)
+    s.layers.push_back(il >= first_ && il < end_ ? alloc_layer_state(spec_.ratio(il), ctx, s.cap_w, true)
+                                                 : LayerState{});
   s.last_hidden = backend_.alloc(GgmlType::F32, spec_.n_embd, spec_.hc_count);
   if (has_mtp_) {
     s.mtp = alloc_layer_state(0, ctx, s.cap_w, false);
@@ -394,8 +441,18 @@ void Model::ensure_scores(int64_t rows) {
   sc_->score_rows = rows;
 }
 
+Tensor Model::stage_state(int64_t n) const {
+  const int64_t D = spec_.n_embd, hc = spec_.hc_count;
+  return sc_->state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
+}
+
 Status Model::forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
   if (n <= 0) return make_error("forward: no tokens");
+  if (logits && !has_head())
+    return make_error("forward: this stage (layers %u .. %u) has no head to give logits", first_, end_ - 1);
+  if (first_ > 0 && n > options_.max_batch)
+    return make_error("forward: a stage that starts at layer %u takes one batch (at most %d tokens) at a time", first_,
+                      options_.max_batch);
   if (p0 < 0 || p0 + n > static_cast<int64_t>(s.ctx))
     return make_error("context overflow: %lld + %lld tokens exceed the context of %u", static_cast<long long>(p0),
                       static_cast<long long>(n), s.ctx);
@@ -814,8 +871,8 @@ Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
   const ModelSpec& P = spec_;
   const int64_t D = P.n_embd, hc = P.hc_count;
   Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
-  backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
-  for (uint32_t il = 0; il < P.n_layer; ++il)
+  if (first_ == 0) backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
+  for (uint32_t il = first_; il < end_; ++il)
     block(layers_[il], segs, static_cast<int>(il), P.ratio(il), il, P.is_hash_layer(il), n);
   // Each sequence's last token's final state feeds its MTP block.
   for (const Segment& g : segs)
@@ -869,6 +926,10 @@ Status Model::step(std::span<const StepItem> items) {
   }
   if (total > options_.max_batch)
     return make_error("step: %lld tokens exceed the batch of %d", static_cast<long long>(total), options_.max_batch);
+  if (!has_head())
+    for (const StepItem& it : items)
+      if (it.logits || it.all_logits)
+        return make_error("step: this stage (layers %u .. %u) has no head to give logits", first_, end_ - 1);
   for (const StepItem& it : items)  // verify items: checked and their frontiers saved before anything runs
     if (it.all_logits) DSV4_TRY(begin_verify(*it.state, it.n));
 

@@ -87,6 +87,11 @@ struct ModelOptions {
   // Count every routed assignment (Model::routing_counts): one small device copy per layer and one read per
   // forward batch.
   bool count_routing = false;
+  // A stage of a layer pipeline (model/pipeline.h): only layers [layer_first, layer_end) live here (0, 0:
+  // every layer). The stage that starts at layer 0 embeds the tokens; the others start each batch from the
+  // mHC state written to Model::stage_state(n) before it; only the stage that ends at the last layer has
+  // the head (logits). A partial stage has no MTP block, DSpark drafter or verify pass.
+  uint32_t layer_first = 0, layer_end = 0;
 };
 
 // Where the weights went (Model::placement).
@@ -104,7 +109,11 @@ struct WeightPlacement {
 // Storage types of a state's main KV rows (ring, comp) and indexer rows (see LayerState).
 GgmlType kv_row_type(const ModelSpec& spec, const ModelOptions& options);
 GgmlType indexer_row_type(const ModelSpec& spec, const ModelOptions& options);
-// Bytes of backend memory one state for ctx tokens takes (Model::new_state).
+// Bytes of the activation buffers Model::create allocates (WeightPlacement::scratch_bytes; the indexer's
+// score rows, grown on demand, not counted).
+uint64_t model_scratch_bytes(const ModelSpec& spec, const ModelOptions& options);
+// Bytes of backend memory one state for ctx tokens takes (Model::new_state; the layers of
+// options.layer_first .. layer_end only).
 uint64_t kv_state_bytes(const ModelSpec& spec, const ModelOptions& options, bool mtp, uint32_t ctx);
 
 // One sequence's part of a batched step (Model::step).
@@ -133,6 +142,14 @@ class Model {
   Backend& backend() { return backend_; }
   bool has_mtp() const { return has_mtp_; }
   const WeightPlacement& placement() const { return placement_; }
+  // The layers this model runs (ModelOptions::layer_first / layer_end): [layer_first(), layer_end()).
+  uint32_t layer_first() const { return first_; }
+  uint32_t layer_end() const { return end_; }
+  bool has_head() const { return end_ == spec_.n_layer; }
+  // The mHC state of a forward batch's n rows ([n, hc, D] f32, row r = the batch's r-th token): a stage
+  // that does not start at layer 0 reads its input there (written before each forward batch of n <=
+  // max_batch tokens); after any forward batch it holds the state after this model's last layer.
+  Tensor stage_state(int64_t n) const;
   // Routed assignments counted since load (ModelOptions::count_routing; else empty).
   const ExpertStats& routing_counts() const { return routing_; }
 
@@ -269,6 +286,7 @@ class Model {
   Backend& backend_;
   ModelSpec spec_;
   ModelOptions options_;
+  uint32_t first_ = 0, end_ = 0;  // the layers this model runs
   bool has_mtp_ = false;
   bool has_dspark_ = false;
   std::array<Tensor, static_cast<size_t>(GlobalTensor::COUNT)> global_;

@@ -72,6 +72,9 @@ void Model::copy_frontiers(KvState& s, size_t il, bool to_snapshot) {
 }
 
 Status Model::begin_verify(KvState& s, int64_t n) {
+  if (first_ > 0 || !has_head())
+    return make_error("verify: not on a pipeline stage (layers %u .. %u); speculation needs the whole model", first_,
+                      end_ - 1);
   if (s.spec.p0 >= 0) return make_error("verify: the previous verify was not committed");
   if (n < 1 || n > std::min<int64_t>(k_max_verify, options_.max_batch))
     return make_error("verify: %lld tokens; 1 to %lld at once", static_cast<long long>(n),

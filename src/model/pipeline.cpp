@@ -1,0 +1,164 @@
+// LayerPipeline (pipeline.h): Model stages over contiguous layer ranges, the mHC state passed between them.
+#include "model/pipeline.h"
+
+#include <algorithm>
+
+#include "core/assert.h"
+
+namespace dsv4 {
+
+void HostTransport::move(Backend& from, const Tensor& src, Backend& to, const Tensor& dst) {
+  DSV4_ASSERT(src.n_bytes() == dst.n_bytes(), "stage transport: %zu bytes into %zu", src.n_bytes(), dst.n_bytes());
+  buf_.resize(src.n_bytes());
+  from.read(src, buf_.data(), buf_.size());
+  to.write(dst, buf_.data(), buf_.size());
+}
+
+expected<std::unique_ptr<LayerPipeline>> LayerPipeline::create(std::span<Backend* const> backends,
+                                                               const ModelWeights& weights,
+                                                               const std::vector<uint32_t>& first,
+                                                               const ModelOptions& options,
+                                                               std::unique_ptr<StageTransport> transport) {
+  const uint32_t L = weights.spec.n_layer;
+  if (backends.empty() || backends.size() != first.size())
+    return make_error("layer pipeline: %zu backends for %zu stages", backends.size(), first.size());
+  if (first.front() != 0) return make_error("layer pipeline: the first stage starts at layer %u, not 0", first[0]);
+  for (size_t k = 1; k < first.size(); ++k)
+    if (first[k] <= first[k - 1] || first[k] >= L)
+      return make_error("layer pipeline: stage %zu starts at layer %u (after %u; the model has %u layers)", k, first[k],
+                        first[k - 1], L);
+  std::unique_ptr<LayerPipeline> p(new LayerPipeline());
+  p->transport_ = transport ? std::move(transport) : std::make_unique<HostTransport>();
+  p->max_batch_ = options.max_batch;
+  for (size_t k = 0; k < first.size(); ++k) {
+    ModelOptions o = options;
+    o.layer_first = first[k];
+    o.layer_end = k + 1 < first.size() ? first[k + 1] : L;
+    auto m = Model::create(*backends[k], weights, nullptr, o);
+    if (!m)
+      return m.error().with_context(strfmt("pipeline stage %zu (layers %u .. %u)", k, o.layer_first, o.layer_end - 1));
+    p->stages_.push_back(Stage{backends[k], std::move(*m)});
+  }
+  return p;
+}
+
+namespace {
+
+double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
+
+}  // namespace
+
+expected<std::vector<uint32_t>> plan_layer_split(const LayerSplitCosts& c, const std::vector<uint64_t>& budgets) {
+  const size_t L = c.layer.size(), S = budgets.size();
+  if (S == 0) return make_error("layer split: no GPUs");
+  if (S > L) return make_error("layer split: %zu GPUs for %zu layers (at least one layer each)", S, L);
+  std::vector<uint64_t> prefix(L + 1, 0);
+  for (size_t i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + c.layer[i];
+  // Bytes of stage k holding layers [i, j).
+  auto bytes = [&](size_t k, size_t i, size_t j) {
+    return prefix[j] - prefix[i] + c.per_stage + (k == 0 ? c.first_extra : 0) + (k + 1 == S ? c.last_extra : 0);
+  };
+  constexpr double k_inf = 1e300;
+  // best[k][j]: the smallest largest ratio over stages 0..k holding layers [0, j); from[k][j]: stage k's first layer.
+  std::vector<std::vector<double>> best(S, std::vector<double>(L + 1, k_inf));
+  std::vector<std::vector<size_t>> from(S, std::vector<size_t>(L + 1, 0));
+  for (size_t k = 0; k < S; ++k)
+    for (size_t j = k + 1; j + (S - 1 - k) <= L; ++j)
+      for (size_t i = k; i < j; ++i) {
+        const double before = k == 0 ? (i == 0 ? 0.0 : k_inf) : best[k - 1][i];
+        const uint64_t b = bytes(k, i, j);
+        if (before >= k_inf || b > budgets[k] || budgets[k] == 0) continue;
+        const double r = std::max(before, static_cast<double>(b) / static_cast<double>(budgets[k]));
+        if (r < best[k][j]) {
+          best[k][j] = r;
+          from[k][j] = i;
+        }
+      }
+  if (best[S - 1][L] >= k_inf) {
+    uint64_t total = prefix[L] + c.first_extra + c.last_extra + S * c.per_stage, have = 0;
+    for (uint64_t b : budgets) have += b;
+    uint64_t largest = 0;
+    for (uint64_t v : c.layer) largest = std::max(largest, v);
+    return make_error(
+        "the model does not fit %zu GPUs of %.2f GiB in all split by layers: it needs %.2f GiB (layers %.2f, "
+        "embedding %.2f, head %.2f, %.2f per GPU for activations), and a GPU holds whole layers (the largest "
+        "%.2f GiB)",
+        S, gib(have), gib(total), gib(prefix[L]), gib(c.first_extra), gib(c.last_extra), gib(c.per_stage),
+        gib(largest));
+  }
+  std::vector<uint32_t> first(S, 0);
+  size_t j = L;
+  for (size_t k = S; k-- > 0;) {
+    first[k] = static_cast<uint32_t>(from[k][j]);
+    j = from[k][j];
+  }
+  return first;
+}
+
+LayerSplitCosts layer_split_costs(const ModelWeights& w, const ModelOptions& options, uint32_t ctx,
+                                  uint32_t sequences) {
+  LayerSplitCosts c;
+  const ModelSpec& S = w.spec;
+  for (uint32_t il = 0; il < S.n_layer; ++il) {
+    uint64_t b = 0;
+    for (const TensorRef& r : w.layers[il].t) b += r.n_bytes;
+    ModelOptions one = options;
+    one.layer_first = il;
+    one.layer_end = il + 1;
+    // kv_state_bytes counts last_hidden once per state: take it out of the layer's share.
+    const uint64_t kv = kv_state_bytes(S, one, false, ctx) - static_cast<uint64_t>(S.n_embd) * S.hc_count * 4;
+    c.layer.push_back(b + kv * sequences);
+  }
+  c.first_extra = w[GlobalTensor::TOKEN_EMBD].n_bytes;
+  for (GlobalTensor g : {GlobalTensor::OUTPUT_HC_BASE, GlobalTensor::OUTPUT_HC_FN, GlobalTensor::OUTPUT_HC_SCALE,
+                         GlobalTensor::OUTPUT_NORM, GlobalTensor::OUTPUT})
+    c.last_extra += w[g].n_bytes;
+  // Activation buffers (Model::create's scratch): the head's rows on the last stage only.
+  ModelOptions mid = options;
+  mid.layer_first = 0;
+  mid.layer_end = S.n_layer - 1;
+  ModelOptions last = options;
+  last.layer_first = 0;
+  last.layer_end = 0;
+  c.per_stage = model_scratch_bytes(S, mid);
+  c.last_extra += model_scratch_bytes(S, last) - c.per_stage;
+  return c;
+}
+
+LayerPipeline::State LayerPipeline::new_state(uint32_t ctx) {
+  State s;
+  for (Stage& st : stages_) s.stages.push_back(st.model->new_state(ctx));
+  return s;
+}
+
+void LayerPipeline::free_state(State& s) {
+  for (size_t k = 0; k < s.stages.size(); ++k) stages_[k].model->free_state(s.stages[k]);
+  s.stages.clear();
+}
+
+void LayerPipeline::reset_state(State& s) {
+  for (size_t k = 0; k < s.stages.size(); ++k) stages_[k].model->reset_state(s.stages[k]);
+}
+
+Status LayerPipeline::forward(State& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
+  if (s.stages.size() != stages_.size()) return make_error("layer pipeline: a state of another pipeline");
+  if (n <= 0) return make_error("forward: no tokens");
+  const int64_t V = spec().n_vocab;
+  for (int64_t b = 0; b < n; b += max_batch_) {
+    const int64_t nb = std::min<int64_t>(max_batch_, n - b);
+    const bool last = b + nb == n;
+    float* out = !logits ? nullptr : all_logits ? logits + b * V : (last ? logits : nullptr);
+    for (size_t k = 0; k < stages_.size(); ++k) {
+      Stage& st = stages_[k];
+      if (k > 0)
+        transport_->move(*stages_[k - 1].backend, stages_[k - 1].model->stage_state(nb), *st.backend,
+                         st.model->stage_state(nb));
+      const bool head = k + 1 == stages_.size();
+      const Status r = st.model->forward(s.stages[k], ids + b, nb, p0 + b, head ? out : nullptr, all_logits);
+      if (!r) return r.error().with_context(strfmt("pipeline stage %zu", k));
+    }
+  }
+  return {};
+}
+
+}  // namespace dsv4

@@ -1,0 +1,207 @@
+// The layer pipeline (model/pipeline.h) on CPU backends: two and three stages, each its own backend,
+// give one Model's logits bit for bit (prefill over several batches, every position; decode token by
+// token with each stage's recorded step replayed); the planner splits layers by budget or names the
+// shortfall; a stage refuses what only the whole model can do.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/forward.h"
+#include "model/model_file.h"
+#include "model/pipeline.h"
+#include "recording_backend.h"
+#include "synth/synth.h"
+
+using namespace dsv4;
+using dsv4::test::RecordingBackend;
+
+namespace {
+
+struct Tiny {
+  std::string path;
+  std::unique_ptr<ModelFile> mf;
+  Tiny() {
+    path = (std::filesystem::temp_directory_path() / ("dsv4_test_pipeline_" + std::to_string(::getpid()) + ".gguf"))
+               .string();
+    EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 21), path, 2).has_value());
+    auto m = open_model(path);
+    EXPECT_TRUE(m.has_value());
+    mf = std::move(*m);
+  }
+  ~Tiny() { std::filesystem::remove(path); }
+};
+
+std::vector<int32_t> tokens(size_t n, uint32_t vocab, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(n);
+  for (auto& v : t) v = static_cast<int32_t>(3 + g() % (vocab - 3));
+  return t;
+}
+
+constexpr size_t k_prompt = 150, k_decode = 24;
+
+// Logits at every prompt position (prefill in batches of max_batch), then of k_decode tokens fed one by one.
+template <class Forward>
+std::vector<float> run(Forward&& forward, const std::vector<int32_t>& t, int64_t V) {
+  std::vector<float> out((k_prompt + k_decode) * V);
+  EXPECT_TRUE(forward(t.data(), k_prompt, 0, out.data(), true).has_value());
+  for (size_t i = k_prompt; i < k_prompt + k_decode; ++i)
+    EXPECT_TRUE(forward(t.data() + i, 1, static_cast<int64_t>(i), out.data() + i * V, false).has_value());
+  return out;
+}
+
+}  // namespace
+
+TEST(LayerPipeline, StagesGiveTheWholeModelsLogitsBitForBit) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  ModelOptions o;
+  o.max_batch = 64;  // the prompt in 3 batches, the last partial
+  const ModelSpec& S = tiny.mf->weights.spec;
+  const int64_t V = S.n_vocab;
+  const std::vector<int32_t> t = tokens(k_prompt + k_decode, S.n_vocab, 3);
+
+  auto one_be = make_cpu_backend(2);
+  auto whole = Model::create(*one_be, tiny.mf->weights, nullptr, o);
+  ASSERT_TRUE(whole.has_value()) << whole.error().message;
+  KvState ws = (*whole)->new_state(512);
+  const std::vector<float> want = run([&](const int32_t* ids, int64_t n, int64_t p0, float* lg,
+                                          bool all) { return (*whole)->forward(ws, ids, n, p0, lg, all); },
+                                      t, V);
+  (*whole)->free_state(ws);
+
+  for (const std::vector<uint32_t>& first : {std::vector<uint32_t>{0, 3}, std::vector<uint32_t>{0, 1, 4}}) {
+    // Each stage on its own backend; the recording decorator replays the stages' decode steps as a GPU would.
+    std::vector<std::unique_ptr<RecordingBackend>> bes;
+    std::vector<Backend*> ptrs;
+    for (size_t k = 0; k < first.size(); ++k) {
+      bes.push_back(std::make_unique<RecordingBackend>(make_cpu_backend(1)));
+      ptrs.push_back(bes.back().get());
+    }
+    auto p = LayerPipeline::create(ptrs, tiny.mf->weights, first, o);
+    ASSERT_TRUE(p.has_value()) << p.error().message;
+    LayerPipeline& pl = **p;
+    ASSERT_EQ(pl.stages(), first.size());
+    EXPECT_EQ(pl.stage(0).layer_first(), 0u);
+    EXPECT_EQ(pl.stage(first.size() - 1).layer_end(), S.n_layer);
+    LayerPipeline::State st = pl.new_state(512);
+    const std::vector<float> got = run([&](const int32_t* ids, int64_t n, int64_t p0, float* lg,
+                                           bool all) { return pl.forward(st, ids, n, p0, lg, all); },
+                                       t, V);
+    ASSERT_EQ(got.size(), want.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << first.size() << " stages";
+    for (const auto& be : bes) {
+      EXPECT_GE(be->captures(), 1) << "a stage did not record its decode step";
+      EXPECT_GE(be->replays(), static_cast<int>(k_decode) - 2);
+    }
+    // A reset state starts over: the first position's logits again.
+    pl.reset_state(st);
+    std::vector<float> lg(static_cast<size_t>(V));
+    ASSERT_TRUE(pl.forward(st, t.data(), 1, 0, lg.data(), false).has_value());
+    EXPECT_EQ(0, std::memcmp(lg.data(), want.data(), lg.size() * sizeof(float)));
+    pl.free_state(st);
+  }
+}
+
+TEST(LayerPipeline, StagesHoldTheirShareOfWeightsStateAndScratch) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  const ModelWeights& w = tiny.mf->weights;
+  const ModelSpec& S = w.spec;
+  ModelOptions o;
+  o.max_batch = 32;
+  auto be = make_cpu_backend(1);
+  auto whole = Model::create(*be, w, nullptr, o);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ((*whole)->placement().scratch_bytes, model_scratch_bytes(S, o));
+  uint64_t dense = 0, state = 0;
+  for (uint32_t k = 0; k < 3; ++k) {
+    ModelOptions so = o;
+    so.layer_first = 2 * k;
+    so.layer_end = 2 * k + 2;
+    auto m = Model::create(*be, w, nullptr, so);
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    EXPECT_EQ((*m)->placement().scratch_bytes, model_scratch_bytes(S, so)) << "stage " << k;
+    EXPECT_EQ((*m)->has_head(), k == 2);
+    dense += (*m)->placement().dense_bytes;
+    state += (*m)->state_bytes(300);
+  }
+  EXPECT_EQ(dense, (*whole)->placement().dense_bytes);
+  // Each stage's state holds its own copy of last_hidden.
+  EXPECT_EQ(state, (*whole)->state_bytes(300) + 2ull * S.n_embd * S.hc_count * 4);
+  // The planner's costs add up to the model's.
+  const LayerSplitCosts c = layer_split_costs(w, o, 300, 1);
+  uint64_t layers = 0;
+  for (uint64_t b : c.layer) layers += b;
+  EXPECT_EQ(layers + c.first_extra + c.last_extra - (model_scratch_bytes(S, o) - c.per_stage),
+            w.n_bytes + (*whole)->state_bytes(300) - 4ull * S.n_embd * S.hc_count);
+}
+
+TEST(LayerPipeline, PlannerBalancesByBudgetOrNamesTheShortfall) {
+  LayerSplitCosts c;
+  c.layer.assign(8, 100);
+  c.first_extra = 30;
+  c.last_extra = 50;
+  c.per_stage = 10;
+  // Equal budgets: 4 + 4 layers would give 440 / 460; moving a layer to the first stage 540 / 360 is worse.
+  auto two = plan_layer_split(c, {1000, 1000});
+  ASSERT_TRUE(two.has_value()) << two.error().message;
+  EXPECT_EQ(*two, (std::vector<uint32_t>{0, 4}));
+  // A budget three times the other takes about three times the layers.
+  auto skew = plan_layer_split(c, {300, 900});
+  ASSERT_TRUE(skew.has_value()) << skew.error().message;
+  EXPECT_EQ(*skew, (std::vector<uint32_t>{0, 2}));
+  auto three = plan_layer_split(c, {400, 400, 400});
+  ASSERT_TRUE(three.has_value()) << three.error().message;
+  EXPECT_EQ(*three, (std::vector<uint32_t>{0, 3, 6}));
+  EXPECT_EQ(*plan_layer_split(c, {5000}), (std::vector<uint32_t>{0}));
+  // Does not fit: 890 bytes in all, 800 of budget.
+  auto no = plan_layer_split(c, {400, 400});
+  ASSERT_FALSE(no.has_value());
+  EXPECT_NE(no.error().message.find("does not fit 2 GPUs"), std::string::npos) << no.error().message;
+  // A GPU too small for even one layer, and more GPUs than layers.
+  EXPECT_FALSE(plan_layer_split(c, {100, 5000}).has_value());
+  EXPECT_FALSE(plan_layer_split(LayerSplitCosts{{100, 100}, 0, 0, 0}, {1000, 1000, 1000}).has_value());
+}
+
+TEST(LayerPipeline, StagesRefuseWhatNeedsTheWholeModel) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  const ModelWeights& w = tiny.mf->weights;
+  auto be = make_cpu_backend(1);
+  ModelOptions o;
+  o.layer_first = 2;
+  o.layer_end = 4;
+  auto mid = Model::create(*be, w, nullptr, o);
+  ASSERT_TRUE(mid.has_value()) << mid.error().message;
+  KvState s = (*mid)->new_state(64);
+  std::vector<float> lg(w.spec.n_vocab);
+  const int32_t id = 5;
+  auto r = (*mid)->forward(s, &id, 1, 0, lg.data(), false);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("no head"), std::string::npos) << r.error().message;
+  EXPECT_TRUE((*mid)->forward(s, &id, 1, 0, nullptr, false).has_value());
+  r = (*mid)->verify(s, &id, 1, 1, lg.data());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("pipeline stage"), std::string::npos) << r.error().message;
+  (*mid)->free_state(s);
+  for (auto [a, b] : {std::pair<uint32_t, uint32_t>{3, 3}, {4, 2}, {0, 7}}) {
+    ModelOptions bad;
+    bad.layer_first = a;
+    bad.layer_end = b;
+    auto m = Model::create(*be, w, nullptr, bad);
+    ASSERT_FALSE(m.has_value()) << a << ".." << b;
+    EXPECT_NE(m.error().message.find("not a range"), std::string::npos) << m.error().message;
+  }
+  std::vector<Backend*> two = {be.get(), be.get()};
+  EXPECT_FALSE(LayerPipeline::create(two, w, {0, 0}, ModelOptions{}).has_value());
+  EXPECT_FALSE(LayerPipeline::create(two, w, {1, 3}, ModelOptions{}).has_value());
+  EXPECT_FALSE(LayerPipeline::create(two, w, {0}, ModelOptions{}).has_value());
+}
