@@ -56,13 +56,23 @@ struct Reader {
   }
 };
 
-// Visits the per-layer state in serialisation order. `fn(tensor, first_row, n_rows)`.
+// Visits the per-layer state in serialisation order. `fn(backend, tensor, first_row, n_rows)`: a layer
+// pipeline's layers are in the states of the stages that hold them (KvState::next), on those stages'
+// backends, and last_hidden is the last stage's; the bytes are the same as one model's.
 template <class Fn>
-void walk_layers(const ModelSpec& spec, const KvState& s, uint64_t T, bool with_rows, Fn&& fn) {
+void walk_layers(Model& model, const KvState& s, uint64_t T, bool with_rows, Fn&& fn_be) {
+  const ModelSpec& spec = model.spec();
   const uint64_t W = spec.sliding_window;
   const uint64_t n_raw = std::min<uint64_t>(T, W);
+  Model* stage = &model;
+  const KvState* st = &s;
+  auto fn = [&](const Tensor& t, int64_t r0, int64_t n) { fn_be(stage->backend(), t, r0, n); };
   for (uint32_t il = 0; il < spec.n_layer; ++il) {
-    const LayerState& L = s.layers[il];
+    while (il >= stage->layer_end()) {
+      stage = stage->next_stage();
+      st = &st->next.at(0);
+    }
+    const LayerState& L = st->layers[il];
     // Raw window rows in position order; each maps to ring slot pos % cap_w.
     for (uint64_t p = T - n_raw; p < T; ++p) fn(L.ring, static_cast<int64_t>(p % s.cap_w), 1);
     const uint32_t m = spec.ratio(il);
@@ -75,7 +85,12 @@ void walk_layers(const ModelSpec& spec, const KvState& s, uint64_t T, bool with_
     fn(L.idx_a, 0, L.idx_a.n_rows());
     fn(L.idx_g, 0, L.idx_g.n_rows());
   }
-  fn(s.last_hidden, 0, s.last_hidden.n_rows());
+  fn(st->last_hidden, 0, st->last_hidden.n_rows());
+}
+
+// Waits for every stage's backend.
+void synchronize_stages(Model& model) {
+  for (Model* m = &model; m; m = m->next_stage()) m->backend().synchronize();
 }
 
 }  // namespace
@@ -113,7 +128,6 @@ std::vector<uint8_t> snapshot_save(Model& model, const KvState& s, const std::st
                                    const std::vector<int32_t>& tokens, const std::vector<float>& logits,
                                    bool with_rows) {
   const ModelSpec& spec = model.spec();
-  Backend& be = model.backend();
   const uint64_t T = tokens.size();
   Writer w;
   w.bytes(k_magic, 8);
@@ -130,8 +144,9 @@ std::vector<uint8_t> snapshot_save(Model& model, const KvState& s, const std::st
   std::vector<float> lg(logits);
   lg.resize(spec.n_vocab, 0.0f);
   w.bytes(lg.data(), lg.size() * 4);
-  be.synchronize();
-  walk_layers(spec, s, T, with_rows, [&](const Tensor& t, int64_t r0, int64_t n) { w.rows(be, t, r0, n); });
+  synchronize_stages(model);
+  walk_layers(model, s, T, with_rows,
+              [&](Backend& be, const Tensor& t, int64_t r0, int64_t n) { w.rows(be, t, r0, n); });
   std::string digest = sha256_hex(w.b.data(), w.b.size());
   for (size_t i = 0; i < 32; ++i) w.put<uint8_t>(static_cast<uint8_t>(std::stoi(digest.substr(2 * i, 2), nullptr, 16)));
   return std::move(w.b);
@@ -163,7 +178,6 @@ expected<SnapshotHeader> snapshot_peek(std::span<const uint8_t> bytes) {
 Status snapshot_load(Model& model, KvState& s, const std::string& fingerprint, std::span<const uint8_t> bytes,
                      std::vector<int32_t>& tokens, std::vector<float>& logits) {
   const ModelSpec& spec = model.spec();
-  Backend& be = model.backend();
   if (bytes.size() < 8 + 32) return make_error("snapshot truncated (%zu bytes)", bytes.size());
   std::string digest = sha256_hex(bytes.data(), bytes.size() - 32);
   for (size_t i = 0; i < 32; ++i)
@@ -206,14 +220,14 @@ Status snapshot_load(Model& model, KvState& s, const std::string& fingerprint, s
   r.pos += spec.n_vocab * 4ull;
   // Check the exact size before touching the state.
   uint64_t need = 0;
-  walk_layers(spec, s, T, h.with_rows,
-              [&](const Tensor& t, int64_t, int64_t n) { need += static_cast<uint64_t>(n) * t.row_bytes(); });
+  walk_layers(model, s, T, h.with_rows,
+              [&](Backend&, const Tensor& t, int64_t, int64_t n) { need += static_cast<uint64_t>(n) * t.row_bytes(); });
   if (r.b.size() - r.pos != need)
     return make_error("snapshot payload is %zu bytes, expected %llu", r.b.size() - r.pos,
                       static_cast<unsigned long long>(need));
   if (h.with_rows) model.reset_state(s);
   Status st;
-  walk_layers(spec, s, T, h.with_rows, [&](const Tensor& t, int64_t r0, int64_t n) {
+  walk_layers(model, s, T, h.with_rows, [&](Backend& be, const Tensor& t, int64_t r0, int64_t n) {
     if (st) st = r.rows(be, t, r0, n);
   });
   DSV4_TRY(st);

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/kv_rows.h"
+#include "model/pipeline.h"
 #include "model/shape_fit.h"
 
 namespace dsv4 {
@@ -393,6 +394,7 @@ KvState Model::new_state(uint32_t ctx) {
     for (uint32_t st = 0; st < dspark_meta_.stage_count; ++st)
       s.dspark.push_back(alloc_layer_state(0, ctx, dspark_meta_.block_size + 1, false));
   }
+  if (next_) s.next.push_back(next_->new_state(ctx));
   reset_state(s);
   return s;
 }
@@ -415,6 +417,9 @@ void Model::free_state(KvState& s) {
     backend_.free(*t);
   s.spec = SpecLog{};
   s.layers.clear();
+  if (next_)
+    for (KvState& n : s.next) next_->free_state(n);
+  s.next.clear();
 }
 
 void Model::reset_state(KvState& s) {
@@ -432,6 +437,8 @@ void Model::reset_state(KvState& s) {
   backend_.fill(s.last_hidden, 0.0f);
   s.spec.p0 = -1;
   s.spec.n = 0;
+  if (next_)
+    for (KvState& n : s.next) next_->reset_state(n);
 }
 
 void Model::ensure_scores(int64_t rows) {
@@ -448,8 +455,9 @@ Tensor Model::stage_state(int64_t n) const {
 
 Status Model::forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
   if (n <= 0) return make_error("forward: no tokens");
-  if (logits && !has_head())
+  if (logits && !has_head() && !next_)
     return make_error("forward: this stage (layers %u .. %u) has no head to give logits", first_, end_ - 1);
+  if (next_ && s.next.size() != 1) return make_error("forward: a state without the pipeline's later stages");
   if (first_ > 0 && n > options_.max_batch)
     return make_error("forward: a stage that starts at layer %u takes one batch (at most %d tokens) at a time", first_,
                       options_.max_batch);
@@ -463,10 +471,22 @@ Status Model::forward(KvState& s, const int32_t* ids, int64_t n, int64_t p0, flo
   for (int64_t b = 0; b < n; b += options_.max_batch) {
     int64_t nb = std::min<int64_t>(options_.max_batch, n - b);
     bool last = b + nb == n;
-    float* out = all_logits ? logits + b * spec_.n_vocab : (last ? logits : nullptr);
-    run_batch(s, ids + b, nb, p0 + b, out, all_logits);
+    float* out = !logits ? nullptr : all_logits ? logits + b * spec_.n_vocab : (last ? logits : nullptr);
+    run_batch(s, ids + b, nb, p0 + b, next_ ? nullptr : out, all_logits);
+    if (next_) {  // the batch's state on to the next stage, which runs its layers (and the head, or passes on)
+      transport_->move(backend_, stage_state(nb), next_->backend_, next_->stage_state(nb));
+      DSV4_TRY(next_->forward(s.next[0], ids + b, nb, p0 + b, out, all_logits));
+    }
   }
   return {};
+}
+
+ExpertStats Model::routing_counts() const {
+  ExpertStats all = routing_;
+  for (const Model* m = next_.get(); m; m = m->next_.get())
+    for (uint32_t il = m->first_; il < m->end_; ++il)
+      for (uint32_t e = 0; e < spec_.n_expert && !all.empty(); ++e) all.at(il, e) += m->routing_.at(il, e);
+  return all;
 }
 
 // One compressor step (main KV rows or indexer rows) over the batch.
@@ -926,10 +946,13 @@ Status Model::step(std::span<const StepItem> items) {
   }
   if (total > options_.max_batch)
     return make_error("step: %lld tokens exceed the batch of %d", static_cast<long long>(total), options_.max_batch);
-  if (!has_head())
+  if (!has_head() && !next_)
     for (const StepItem& it : items)
       if (it.logits || it.all_logits)
         return make_error("step: this stage (layers %u .. %u) has no head to give logits", first_, end_ - 1);
+  if (next_)
+    for (const StepItem& it : items)
+      if (it.state->next.size() != 1) return make_error("step: a state without the pipeline's later stages");
   for (const StepItem& it : items)  // verify items: checked and their frontiers saved before anything runs
     if (it.all_logits) DSV4_TRY(begin_verify(*it.state, it.n));
 
@@ -954,7 +977,7 @@ Status Model::step(std::span<const StepItem> items) {
     segs.push_back(Segment{it.state, static_cast<int64_t>(pos.size()), it.n});
     for (int64_t i = 0; i < it.n; ++i) pos.push_back(static_cast<int32_t>(it.p0 + i));
     ids.insert(ids.end(), it.ids, it.ids + it.n);
-    heads.push_back(it.all_logits ? it.n : it.logits ? 1 : 0);
+    heads.push_back(next_ ? 0 : it.all_logits ? it.n : it.logits ? 1 : 0);  // (a pipeline: the last stage's)
     key.push_back(it.state->uid * 2 + (it.logits ? 1 : 0));
   }
   backend_.write(s.pos, pos.data(), pos.size() * 4);
@@ -995,6 +1018,18 @@ Status Model::step(std::span<const StepItem> items) {
   for (const StepItem& it : items) it.state->spec.logging = it.all_logits != nullptr;
   if (!done) step_ops(segs, total, heads);
   count_routing(total);
+  if (next_) {
+    // The rows on to the next stage, whose states are created with these (Model::new_state), so a decode
+    // step orders them by uid as here: the same rows in the same order.
+    transport_->move(backend_, stage_state(total), next_->backend_, next_->stage_state(total));
+    std::vector<StepItem> later(items.begin(), items.end());
+    for (StepItem& it : later) it.state = &it.state->next[0];
+    if (decode)
+      for (size_t k = 1; k < order.size(); ++k)
+        DSV4_ASSERT(later[order[k - 1]].state->uid < later[order[k]].state->uid,
+                    "pipeline: the stages order a decode step's sequences differently");
+    return next_->step(later);
+  }
 
   const size_t V = spec_.n_vocab;
   int64_t j = 0;

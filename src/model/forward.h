@@ -67,6 +67,9 @@ struct KvState {
   std::vector<LayerState> dspark;
   SpecLog spec;
   uint64_t uid = 0;  // unique per new_state(): names the tensors a recorded decode step uses
+  // A layer pipeline (Model::create_pipeline): the next stage's state (its own `next` holds the rest);
+  // empty for a model on one backend. This state's layers of other stages are empty.
+  std::vector<KvState> next;
 };
 
 struct ModelOptions {
@@ -87,10 +90,11 @@ struct ModelOptions {
   // Count every routed assignment (Model::routing_counts): one small device copy per layer and one read per
   // forward batch.
   bool count_routing = false;
-  // A stage of a layer pipeline (model/pipeline.h): only layers [layer_first, layer_end) live here (0, 0:
-  // every layer). The stage that starts at layer 0 embeds the tokens; the others start each batch from the
-  // mHC state written to Model::stage_state(n) before it; only the stage that ends at the last layer has
-  // the head (logits). A partial stage has no MTP block, DSpark drafter or verify pass.
+  // One stage of a layer pipeline (Model::create_pipeline, model/pipeline.h): only layers [layer_first,
+  // layer_end) live here (0, 0: every layer). The stage that starts at layer 0 embeds the tokens; the others
+  // start each batch from the mHC state written to Model::stage_state(n) before it; only the stage that
+  // ends at the last layer has the head (logits). A partial stage has no MTP block, DSpark drafter or
+  // verify pass.
   uint32_t layer_first = 0, layer_end = 0;
 };
 
@@ -128,11 +132,23 @@ struct StepItem {
   float* all_logits = nullptr;
 };
 
+class StageTransport;  // model/pipeline.h
+
 class Model {
  public:
   // Uploads the weights to the backend. `mtp` may be null.
   static expected<std::unique_ptr<Model>> create(Backend& backend, const ModelWeights& weights, const MtpWeights* mtp,
                                                  ModelOptions options);
+  // A layer pipeline (model/pipeline.h): stage k on backends[k] holds layers [first[k], first[k + 1])
+  // (first[0] = 0, ascending, the last stage up to the last layer). The returned model is stage 0; its
+  // forward() and step() run every stage (the batch's mHC state passed on through `transport`, default
+  // HostTransport), its states carry the later stages' (KvState::next), so callers use it as one model.
+  // `options` applies to every stage (memory_budget to each). No MTP block, DSpark drafter or verify pass.
+  static expected<std::unique_ptr<Model>> create_pipeline(std::span<Backend* const> backends,
+                                                          const ModelWeights& weights,
+                                                          const std::vector<uint32_t>& first,
+                                                          const ModelOptions& options,
+                                                          std::shared_ptr<StageTransport> transport = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -150,8 +166,10 @@ class Model {
   // that does not start at layer 0 reads its input there (written before each forward batch of n <=
   // max_batch tokens); after any forward batch it holds the state after this model's last layer.
   Tensor stage_state(int64_t n) const;
-  // Routed assignments counted since load (ModelOptions::count_routing; else empty).
-  const ExpertStats& routing_counts() const { return routing_; }
+  // Routed assignments counted since load (ModelOptions::count_routing; else empty), over every stage.
+  ExpertStats routing_counts() const;
+  // The next stage of a pipeline (nullptr: the last stage, or a model on one backend).
+  Model* next_stage() const { return next_.get(); }
 
   // A zeroed state for up to ctx tokens (frontiers start empty).
   KvState new_state(uint32_t ctx);
@@ -305,6 +323,8 @@ class Model {
   // The target features of rows of `state` ([n, hc, D]): row r's hc streams averaged into dst row j.
   void average_streams(const Tensor& state, int64_t r, const Tensor& dst_row);
   std::unique_ptr<Scratch> sc_;
+  std::unique_ptr<Model> next_;                // the pipeline's next stage
+  std::shared_ptr<StageTransport> transport_;  // shared by the stages
   WeightPlacement placement_;
   ExpertStats routing_;
   // The recorded single-token step (Backend::capture_begin): recorded on the

@@ -14,11 +14,9 @@ void HostTransport::move(Backend& from, const Tensor& src, Backend& to, const Te
   to.write(dst, buf_.data(), buf_.size());
 }
 
-expected<std::unique_ptr<LayerPipeline>> LayerPipeline::create(std::span<Backend* const> backends,
-                                                               const ModelWeights& weights,
-                                                               const std::vector<uint32_t>& first,
-                                                               const ModelOptions& options,
-                                                               std::unique_ptr<StageTransport> transport) {
+expected<std::unique_ptr<Model>> Model::create_pipeline(std::span<Backend* const> backends, const ModelWeights& weights,
+                                                        const std::vector<uint32_t>& first, const ModelOptions& options,
+                                                        std::shared_ptr<StageTransport> transport) {
   const uint32_t L = weights.spec.n_layer;
   if (backends.empty() || backends.size() != first.size())
     return make_error("layer pipeline: %zu backends for %zu stages", backends.size(), first.size());
@@ -27,19 +25,23 @@ expected<std::unique_ptr<LayerPipeline>> LayerPipeline::create(std::span<Backend
     if (first[k] <= first[k - 1] || first[k] >= L)
       return make_error("layer pipeline: stage %zu starts at layer %u (after %u; the model has %u layers)", k, first[k],
                         first[k - 1], L);
-  std::unique_ptr<LayerPipeline> p(new LayerPipeline());
-  p->transport_ = transport ? std::move(transport) : std::make_unique<HostTransport>();
-  p->max_batch_ = options.max_batch;
-  for (size_t k = 0; k < first.size(); ++k) {
+  if (!transport) transport = std::make_shared<HostTransport>();
+  // The last stage first, each earlier one holding the next.
+  std::unique_ptr<Model> next;
+  for (size_t k = first.size(); k-- > 0;) {
     ModelOptions o = options;
     o.layer_first = first[k];
     o.layer_end = k + 1 < first.size() ? first[k + 1] : L;
     auto m = Model::create(*backends[k], weights, nullptr, o);
     if (!m)
       return m.error().with_context(strfmt("pipeline stage %zu (layers %u .. %u)", k, o.layer_first, o.layer_end - 1));
-    p->stages_.push_back(Stage{backends[k], std::move(*m)});
+    if (next) {
+      (*m)->next_ = std::move(next);
+      (*m)->transport_ = transport;
+    }
+    next = std::move(*m);
   }
-  return p;
+  return next;
 }
 
 namespace {
@@ -123,42 +125,6 @@ LayerSplitCosts layer_split_costs(const ModelWeights& w, const ModelOptions& opt
   c.per_stage = model_scratch_bytes(S, mid);
   c.last_extra += model_scratch_bytes(S, last) - c.per_stage;
   return c;
-}
-
-LayerPipeline::State LayerPipeline::new_state(uint32_t ctx) {
-  State s;
-  for (Stage& st : stages_) s.stages.push_back(st.model->new_state(ctx));
-  return s;
-}
-
-void LayerPipeline::free_state(State& s) {
-  for (size_t k = 0; k < s.stages.size(); ++k) stages_[k].model->free_state(s.stages[k]);
-  s.stages.clear();
-}
-
-void LayerPipeline::reset_state(State& s) {
-  for (size_t k = 0; k < s.stages.size(); ++k) stages_[k].model->reset_state(s.stages[k]);
-}
-
-Status LayerPipeline::forward(State& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits) {
-  if (s.stages.size() != stages_.size()) return make_error("layer pipeline: a state of another pipeline");
-  if (n <= 0) return make_error("forward: no tokens");
-  const int64_t V = spec().n_vocab;
-  for (int64_t b = 0; b < n; b += max_batch_) {
-    const int64_t nb = std::min<int64_t>(max_batch_, n - b);
-    const bool last = b + nb == n;
-    float* out = !logits ? nullptr : all_logits ? logits + b * V : (last ? logits : nullptr);
-    for (size_t k = 0; k < stages_.size(); ++k) {
-      Stage& st = stages_[k];
-      if (k > 0)
-        transport_->move(*stages_[k - 1].backend, stages_[k - 1].model->stage_state(nb), *st.backend,
-                         st.model->stage_state(nb));
-      const bool head = k + 1 == stages_.size();
-      const Status r = st.model->forward(s.stages[k], ids + b, nb, p0 + b, head ? out : nullptr, all_logits);
-      if (!r) return r.error().with_context(strfmt("pipeline stage %zu", k));
-    }
-  }
-  return {};
 }
 
 }  // namespace dsv4

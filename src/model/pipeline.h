@@ -1,13 +1,14 @@
 // A layer pipeline (placement mode "layers", docs/design-notes/multi-gpu.md): the model's layers cut
-// into contiguous ranges, one Model stage per backend (ModelOptions::layer_first / layer_end). Stage 0
-// embeds the tokens, the last stage has the head; every stage writes the batch's positions and token
-// ids itself (attention reads positions, hash-routed layers route by token id). At each boundary the
-// batch's mHC state, [n, hc, D] f32 (hc * D * 4 bytes per token: 64 KiB for Flash), passes from one
-// stage to the next through a StageTransport. Every op runs on the same inputs as in one Model, so the
-// logits equal a single Model's bit for bit when the stages' backends compute alike (the CPU backend:
-// tested; GPUs of one kind run one kernel per op whatever the stage).
+// into contiguous ranges, one Model stage per backend (ModelOptions::layer_first / layer_end), chained
+// by Model::create_pipeline. Stage 0 embeds the tokens, the last stage has the head; every stage writes
+// the batch's positions and token ids itself (attention reads positions, hash-routed layers route by
+// token id). At each boundary the batch's mHC state, [n, hc, D] f32 (hc * D * 4 bytes per token: 64 KiB
+// for Flash), passes from one stage to the next through a StageTransport. Every op runs on the same
+// inputs as in one Model, so the logits equal a single Model's bit for bit when the stages' backends
+// compute alike (the CPU backend: tested; GPUs of one kind run one kernel per op whatever the stage).
+// Each sequence's KvState holds the next stage's state in KvState::next.
 //
-// Each sequence has one KvState per stage (State), holding that stage's layers.
+// This file: the transports and the planner that picks the split.
 #pragma once
 
 #include <cstdint>
@@ -54,42 +55,5 @@ expected<std::vector<uint32_t>> plan_layer_split(const LayerSplitCosts& costs, c
 // sequence times `sequences`, the embedding and head; per_stage: a stage's activation buffers).
 LayerSplitCosts layer_split_costs(const ModelWeights& weights, const ModelOptions& options, uint32_t ctx,
                                   uint32_t sequences);
-
-class LayerPipeline {
- public:
-  // One stage per backend: stage k runs layers [first[k], first[k + 1]) (first[0] = 0, strictly
-  // ascending, the last stage up to the model's last layer). `options` applies to every stage (its
-  // layer range is set per stage; memory_budget, when set, to each). No MTP block or DSpark drafter.
-  static expected<std::unique_ptr<LayerPipeline>> create(std::span<Backend* const> backends,
-                                                         const ModelWeights& weights,
-                                                         const std::vector<uint32_t>& first,
-                                                         const ModelOptions& options,
-                                                         std::unique_ptr<StageTransport> transport = nullptr);
-
-  size_t stages() const { return stages_.size(); }
-  Model& stage(size_t k) { return *stages_[k].model; }
-  const ModelSpec& spec() const { return stages_.front().model->spec(); }
-
-  struct State {
-    std::vector<KvState> stages;  // one per stage
-  };
-  State new_state(uint32_t ctx);
-  void free_state(State& s);
-  void reset_state(State& s);
-
-  // Model::forward's contract over the stages: tokens ids[0..n) at positions p0.. (the state holds
-  // exactly p0 tokens), in batches of at most max_batch; logits of the last token (or of every token
-  // with all_logits) from the last stage.
-  Status forward(State& s, const int32_t* ids, int64_t n, int64_t p0, float* logits, bool all_logits);
-
- private:
-  struct Stage {
-    Backend* backend = nullptr;
-    std::unique_ptr<Model> model;
-  };
-  std::vector<Stage> stages_;
-  std::unique_ptr<StageTransport> transport_;
-  int max_batch_ = 0;
-};
 
 }  // namespace dsv4

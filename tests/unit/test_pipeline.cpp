@@ -11,6 +11,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "kv/snapshot.h"
 #include "model/forward.h"
 #include "model/model_file.h"
 #include "model/pipeline.h"
@@ -83,13 +84,17 @@ TEST(LayerPipeline, StagesGiveTheWholeModelsLogitsBitForBit) {
       bes.push_back(std::make_unique<RecordingBackend>(make_cpu_backend(1)));
       ptrs.push_back(bes.back().get());
     }
-    auto p = LayerPipeline::create(ptrs, tiny.mf->weights, first, o);
+    auto p = Model::create_pipeline(ptrs, tiny.mf->weights, first, o);
     ASSERT_TRUE(p.has_value()) << p.error().message;
-    LayerPipeline& pl = **p;
-    ASSERT_EQ(pl.stages(), first.size());
-    EXPECT_EQ(pl.stage(0).layer_first(), 0u);
-    EXPECT_EQ(pl.stage(first.size() - 1).layer_end(), S.n_layer);
-    LayerPipeline::State st = pl.new_state(512);
+    Model& pl = **p;
+    size_t stages = 0;
+    for (const Model* m = &pl; m; m = m->next_stage()) {
+      EXPECT_EQ(m->layer_first(), first[stages]);
+      EXPECT_EQ(m->has_head(), m->next_stage() == nullptr);
+      ++stages;
+    }
+    ASSERT_EQ(stages, first.size());
+    KvState st = pl.new_state(512);
     const std::vector<float> got = run([&](const int32_t* ids, int64_t n, int64_t p0, float* lg,
                                            bool all) { return pl.forward(st, ids, n, p0, lg, all); },
                                        t, V);
@@ -201,7 +206,103 @@ TEST(LayerPipeline, StagesRefuseWhatNeedsTheWholeModel) {
     EXPECT_NE(m.error().message.find("not a range"), std::string::npos) << m.error().message;
   }
   std::vector<Backend*> two = {be.get(), be.get()};
-  EXPECT_FALSE(LayerPipeline::create(two, w, {0, 0}, ModelOptions{}).has_value());
-  EXPECT_FALSE(LayerPipeline::create(two, w, {1, 3}, ModelOptions{}).has_value());
-  EXPECT_FALSE(LayerPipeline::create(two, w, {0}, ModelOptions{}).has_value());
+  EXPECT_FALSE(Model::create_pipeline(two, w, {0, 0}, ModelOptions{}).has_value());
+  EXPECT_FALSE(Model::create_pipeline(two, w, {1, 3}, ModelOptions{}).has_value());
+  EXPECT_FALSE(Model::create_pipeline(two, w, {0}, ModelOptions{}).has_value());
+  // A pipeline takes no verify pass (speculation needs the whole model on one backend).
+  auto pl = Model::create_pipeline(two, w, {0, 3}, ModelOptions{});
+  ASSERT_TRUE(pl.has_value()) << pl.error().message;
+  KvState ps = (*pl)->new_state(64);
+  EXPECT_FALSE((*pl)->verify(ps, &id, 1, 0, lg.data()).has_value());
+  (*pl)->free_state(ps);
+}
+
+// Model::step over a pipeline: several sequences' rows pass the stages together (decode steps, ordered
+// by state uid on every stage, and a mixed step of a prompt chunk beside a decode token).
+TEST(LayerPipeline, BatchedStepsGiveTheWholeModelsLogits) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  ModelOptions o;
+  o.max_batch = 64;
+  const ModelSpec& S = tiny.mf->weights.spec;
+  const auto V = static_cast<size_t>(S.n_vocab);
+  const std::vector<int32_t> t = tokens(200, S.n_vocab, 9);
+  // Three sequences: prompts of 40, 25 and 30 tokens, then 8 steps: all three decode, except that in step 3
+  // the third feeds a chunk of 5 more prompt tokens instead.
+  auto drive = [&](Model& m) {
+    std::vector<KvState> s;
+    for (int i = 0; i < 3; ++i) s.push_back(m.new_state(256));
+    std::vector<int64_t> pos = {40, 25, 30};
+    std::vector<float> out;
+    std::vector<float> lg(3 * V);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(
+          m.forward(s[static_cast<size_t>(i)], t.data() + 50 * i, pos[static_cast<size_t>(i)], 0, lg.data(), false)
+              .has_value());
+    for (int step = 0; step < 8; ++step) {
+      std::vector<StepItem> items;
+      for (int i = 2; i >= 0; --i) {  // items in reverse creation order: the step sorts decode rows by uid
+        const auto k = static_cast<size_t>(i);
+        const int64_t n = step == 3 && i == 2 ? 5 : 1;
+        items.push_back(StepItem{&s[k], t.data() + 50 * i + pos[k], n, pos[k], lg.data() + k * V});
+        pos[k] += n;
+      }
+      EXPECT_TRUE(m.step(items).has_value()) << "step " << step;
+      out.insert(out.end(), lg.begin(), lg.end());
+    }
+    for (auto& st : s) m.free_state(st);
+    return out;
+  };
+  auto be = make_cpu_backend(2);
+  auto whole = Model::create(*be, tiny.mf->weights, nullptr, o);
+  ASSERT_TRUE(whole.has_value());
+  const std::vector<float> want = drive(**whole);
+  std::vector<std::unique_ptr<RecordingBackend>> bes;
+  std::vector<Backend*> ptrs;
+  for (int k = 0; k < 2; ++k) {
+    bes.push_back(std::make_unique<RecordingBackend>(make_cpu_backend(1)));
+    ptrs.push_back(bes.back().get());
+  }
+  auto pl = Model::create_pipeline(ptrs, tiny.mf->weights, {0, 2}, o);
+  ASSERT_TRUE(pl.has_value()) << pl.error().message;
+  const std::vector<float> got = drive(**pl);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  for (const auto& b : bes) EXPECT_GE(b->replays(), 1) << "no batched decode step was replayed";
+}
+
+// A pipeline's session snapshot has one model's bytes: saved from two stages it loads into one model and
+// the other way round, and continuing gives the same logits.
+TEST(LayerPipeline, SnapshotsMoveBetweenAPipelineAndOneModel) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  const ModelWeights& w = tiny.mf->weights;
+  const auto V = static_cast<size_t>(w.spec.n_vocab);
+  const std::string fp = model_fingerprint(w.spec, w);
+  const std::vector<int32_t> t = tokens(80, w.spec.n_vocab, 4);
+  auto be = make_cpu_backend(2), b0 = make_cpu_backend(1), b1 = make_cpu_backend(1);
+  auto whole = Model::create(*be, w, nullptr, ModelOptions{});
+  ASSERT_TRUE(whole.has_value());
+  std::vector<Backend*> two = {b0.get(), b1.get()};
+  auto pl = Model::create_pipeline(two, w, {0, 4}, ModelOptions{});
+  ASSERT_TRUE(pl.has_value()) << pl.error().message;
+  for (bool from_pipeline : {true, false}) {
+    Model& src = from_pipeline ? **pl : **whole;
+    Model& dst = from_pipeline ? **whole : **pl;
+    KvState a = src.new_state(128), b = dst.new_state(128);
+    std::vector<float> lg(V), want(V), got(V);
+    ASSERT_TRUE(src.forward(a, t.data(), 60, 0, lg.data(), false).has_value());
+    const std::vector<int32_t> fed(t.begin(), t.begin() + 60);
+    const std::vector<uint8_t> snap = snapshot_save(src, a, fp, fed, lg, /*with_rows=*/true);
+    std::vector<int32_t> toks;
+    std::vector<float> logits;
+    const Status st = snapshot_load(dst, b, fp, snap, toks, logits);
+    ASSERT_TRUE(st.has_value()) << st.error().message;
+    EXPECT_EQ(toks, fed);
+    ASSERT_TRUE(src.forward(a, t.data() + 60, 1, 60, want.data(), false).has_value());
+    ASSERT_TRUE(dst.forward(b, t.data() + 60, 1, 60, got.data(), false).has_value());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), V * sizeof(float))) << "from the pipeline: " << from_pipeline;
+    src.free_state(a);
+    dst.free_state(b);
+  }
 }
