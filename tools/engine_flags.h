@@ -178,6 +178,14 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->default_str("auto")
       ->group(group);
   cmd->add_option_function<std::string>(
+         "--gpus", [s](const std::string& v) { s->gpus = *parse_gpus(v); },
+         "Split the model's layers over these GPUs (device indices, or all): each holds a contiguous range of "
+         "layers sized to its memory (or --gpu-memory each) and passes the hidden state on to the next; a model "
+         "larger than one GPU runs without host memory. Not with --mtp or --dspark")
+      ->check(parsed_by([](const std::string& v) { return parse_gpus(v); }))
+      ->type_name("all|N,N...")
+      ->group(group);
+  cmd->add_option_function<std::string>(
          "--cpu-experts", [s](const std::string& v) { s->cpu_experts = *parse_cpu_experts(v); },
          "Decode steps with routed experts in host memory (--gpu-memory): the CPU computes this share of the host "
          "experts a step uses (all cores but one, or --threads; SIMD integer dots) while the GPU gathers the "

@@ -67,6 +67,9 @@ struct EngineOptions {
   // go to the GPU first when not all fit), counted during the run and merged into the file when the engine
   // is destroyed. "": none.
   std::string expert_stats;
+  // The CPU backend as a layer pipeline of this many stages (model/pipeline.h; each a CPU backend with its
+  // share of the threads): what --gpus does over GPUs, here for tests on machines without one. 0, 1: none.
+  int cpu_stages = 0;
 
   std::string describe() const;  // one line, printed at start
 };

@@ -25,6 +25,7 @@
 #include "kv/model_identity.h"
 #include "kv/snapshot.h"
 #include "model/model_file.h"
+#include "model/pipeline.h"
 #include "quant/quant.h"
 #include "synth/synth.h"
 #include "tokenizer/tokenizer.h"
@@ -65,9 +66,10 @@ std::string EngineOptions::describe() const {
                                (dspark_path.empty() ? std::string()
                                                     : strfmt(" dspark=%s dspark_confidence=%g", dspark_path.c_str(),
                                                              static_cast<double>(dspark_confidence)));
-  return strfmt("model=%s%s%s backend=%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
-                skew.c_str(), drafters.c_str(), backend_choice_name(backend), numerics_name(numerics), ctx, threads,
-                batch.c_str(), stats.c_str(), switches.empty() ? "" : " ", switches.c_str());
+  const std::string stages = cpu_stages > 1 ? strfmt(" cpu_stages=%d", cpu_stages) : std::string();
+  return strfmt("model=%s%s%s backend=%s%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
+                skew.c_str(), drafters.c_str(), backend_choice_name(backend), stages.c_str(), numerics_name(numerics),
+                ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ", switches.c_str());
 }
 
 namespace {
@@ -81,7 +83,9 @@ double gib(uint64_t b) { return static_cast<double>(b) / static_cast<double>(uin
 // The backend named by --backend: cpu, cuda, or auto (CUDA when this build has
 // it and a usable GPU is present, else CPU). `progress` (may be null) receives the
 // bytes of weights uploaded so far (CUDA copies the weights to the device).
-expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const std::function<void(uint64_t)>& progress) {
+// `device`: the CUDA device (--gpus); `cpu_threads`: the CPU backend's threads (0: all cores).
+expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, int device, int cpu_threads,
+                                                const std::function<void(uint64_t)>& progress) {
   const CudaOptions defaults;
   const CudaOptions& cuda = o.cuda ? *o.cuda : defaults;
 #ifdef DSV4_HAS_CUDA
@@ -90,7 +94,7 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
     static_cast<CudaOptions&>(co) = cuda;
     if (co.cpu_expert_threads == 0 && o.threads > 0) co.cpu_expert_threads = o.threads;  // --threads
     co.upload_progress = progress;
-    auto be = make_cuda_backend(0, co);
+    auto be = make_cuda_backend(device, co);
     if (be) return std::move(*be);
     if (o.backend == BackendChoice::CUDA) return be.error().with_context("--backend cuda");
     // A cuBLAS library named by path asks for the GPU: no silent fall-back to the CPU.
@@ -100,10 +104,26 @@ expected<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const st
 #else
   (void)progress;
   (void)cuda;
+  (void)device;
   if (o.backend == BackendChoice::CUDA)
     return make_error("this build of dsv4 has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+  if (!cuda.gpus.empty()) return make_error("--gpus: this build of dsv4 has no CUDA backend");
 #endif
-  return make_cpu_backend(o.threads);
+  return make_cpu_backend(cpu_threads);
+}
+
+// The CUDA devices of --gpus (all: every device; none: device 0).
+expected<std::vector<int>> pipeline_devices(const EngineOptions& o) {
+  const CudaOptions defaults;
+  const CudaOptions& cuda = o.cuda ? *o.cuda : defaults;
+  if (cuda.gpus.empty()) return std::vector<int>{0};
+  if (cuda.gpus.front() >= 0) return cuda.gpus;
+  std::vector<int> all;
+#ifdef DSV4_HAS_CUDA
+  for (int d = 0; d < cuda_device_count(); ++d) all.push_back(d);
+#endif
+  if (all.empty()) return make_error("--gpus all: no CUDA device");
+  return all;
 }
 
 // The `dsv4 synth` model of o.synthetic built in a memfd and opened from there
@@ -129,6 +149,34 @@ expected<std::unique_ptr<ModelFile>> open_synthetic(const EngineOptions& o) {
   return file;
 }
 
+// The model as a layer pipeline over `bes` (model/pipeline.h), every weight resident: the split from each
+// stage's memory (CUDA: --gpu-memory, else the free memory, less a margin and a prefill batch's working
+// memory; CPU stages: equal shares).
+expected<std::unique_ptr<Model>> load_pipeline(const std::vector<Backend*>& bes, const ModelWeights& w,
+                                               const EngineOptions& o, const ModelOptions& mo) {
+  const CudaOptions defaults;
+  const CudaOptions& cuda = o.cuda ? *o.cuda : defaults;
+  std::vector<uint64_t> budgets;
+  for (Backend* be : bes) {
+    if (be->kind() != BackendKind::CUDA) {
+      budgets.push_back(uint64_t{1} << 60);
+      continue;
+    }
+    const uint64_t margin = (uint64_t{1} << 30) + k_cuda_working_bytes;
+    const uint64_t have = cuda.gpu_memory ? cuda.gpu_memory : be->free_memory().value_or(0);
+    budgets.push_back(have > margin ? have - margin : 0);
+  }
+  DSV4_TRY_ASSIGN(const std::vector<uint32_t> first, plan_layer_split(layer_split_costs(w, mo, o.ctx, 1), budgets));
+  DSV4_TRY_ASSIGN(auto model, Model::create_pipeline(bes, w, first, mo));
+  std::string plan;
+  size_t k = 0;
+  for (const Model* m = model.get(); m; m = m->next_stage(), ++k)
+    plan += strfmt("%slayers %u-%u on %s (%.2f GiB of weights)", k ? ", " : "", m->layer_first(), m->layer_end() - 1,
+                   bes[k]->name().c_str(), gib(m->placement().dense_bytes + m->placement().expert_bytes));
+  log_info("pipeline: %s", plan.c_str());
+  return model;
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -141,6 +189,7 @@ struct Engine::Impl {
   DSparkWeights dspark;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;
+  std::vector<std::unique_ptr<Backend>> stage_backends;  // a layer pipeline's backends after the first
   std::unique_ptr<Model> model;
   std::string fingerprint;
   std::optional<ModelFileStamp> model_file;
@@ -288,13 +337,42 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   for (const LayerWeights& l : impl->dspark.stages)
     for (const TensorRef& r : l.t) dspark_bytes += r.n_bytes;
   upload_total += dspark_bytes;
-  // The hook lives as long as the backend: it owns its state.
-  auto upload_bar = std::make_shared<std::unique_ptr<Progress>>();
-  DSV4_TRY_ASSIGN(impl->backend, make_backend(o, [upload_bar, upload_total, show = o.show_progress](uint64_t done) {
-                    if (!show) return;
-                    if (!*upload_bar) *upload_bar = std::make_unique<Progress>("uploading weights", upload_total);
-                    (*upload_bar)->update(done);
-                  }));
+  // A layer pipeline (--gpus over several devices; cpu_stages): one backend per stage.
+  DSV4_TRY_ASSIGN(const std::vector<int> devices, pipeline_devices(o));
+  const size_t n_stages = o.cpu_stages > 1 ? static_cast<size_t>(o.cpu_stages) : devices.size();
+  if (o.cpu_stages > 1 && (o.backend != BackendChoice::CPU || devices.size() > 1))
+    return make_error("cpu stages %d: the CPU backend only, without --gpus", o.cpu_stages);
+  if (n_stages > 1 && (!o.mtp_path.empty() || !o.dspark_path.empty()))
+    return make_error(
+        "--gpus over several GPUs runs without --mtp and --dspark (speculative decoding needs the "
+        "whole model on one GPU)");
+  if (devices.size() > 1 && o.backend == BackendChoice::CPU) return make_error("--gpus needs --backend cuda or auto");
+  // Each hook lives as long as its backend: the shared state adds the devices' uploads for one bar.
+  struct UploadBar {
+    std::mutex mu;
+    std::vector<uint64_t> done;
+    std::unique_ptr<Progress> bar;
+  };
+  auto upload_bar = std::make_shared<UploadBar>();
+  upload_bar->done.assign(n_stages, 0);
+  auto hook = [upload_bar, upload_total, show = o.show_progress](size_t k) {
+    return [upload_bar, upload_total, show, k](uint64_t done) {
+      if (!show) return;
+      std::lock_guard<std::mutex> lock(upload_bar->mu);
+      upload_bar->done[k] = done;
+      uint64_t sum = 0;
+      for (uint64_t d : upload_bar->done) sum += d;
+      if (!upload_bar->bar) upload_bar->bar = std::make_unique<Progress>("uploading weights", upload_total);
+      upload_bar->bar->update(sum);
+    };
+  };
+  const int stage_threads = o.cpu_stages > 1 && o.threads > 0 ? std::max(1, o.threads / o.cpu_stages) : o.threads;
+  DSV4_TRY_ASSIGN(impl->backend, make_backend(o, devices[0], stage_threads, hook(0)));
+  for (size_t k = 1; k < n_stages; ++k) {
+    DSV4_TRY_ASSIGN(auto be, make_backend(o, o.cpu_stages > 1 ? 0 : devices[k], stage_threads, hook(k)));
+    if (be->kind() != impl->backend->kind()) return make_error("--gpus: GPU %d is not usable", devices[k]);
+    impl->stage_backends.push_back(std::move(be));
+  }
   ModelOptions mo;
   mo.numerics = numerics;
   if (!o.expert_stats.empty()) {
@@ -314,7 +392,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   const bool on_cuda = impl->backend->kind() == BackendKind::CUDA;
   mo.max_batch = o.prefill_batch > 0 ? o.prefill_batch : default_prefill_batch(on_cuda);
   impl->opts.prefill_batch = mo.max_batch;
-  if (on_cuda) {
+  if (on_cuda && n_stages == 1) {
     // GPU memory for the model (--gpu-memory; auto: the free memory less 1 GiB), beside one session's state at
     // the default context and the backend's working memory of a prefill batch; routed experts beyond it stay
     // in host memory (Model::upload). Everything on the GPU when it fits.
@@ -325,8 +403,14 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     mo.memory_budget = cuda.gpu_memory ? cuda.gpu_memory : (free_b > margin ? free_b - margin : 1);
     mo.reserve_bytes = kv_state_bytes(spec, mo, !o.mtp_path.empty(), o.ctx) + k_cuda_working_bytes + dspark_bytes;
   }
-  DSV4_TRY_ASSIGN(impl->model,
-                  Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+  if (n_stages > 1) {
+    std::vector<Backend*> bes = {impl->backend.get()};
+    for (const auto& be : impl->stage_backends) bes.push_back(be.get());
+    DSV4_TRY_ASSIGN(impl->model, load_pipeline(bes, impl->file->weights, o, mo));
+  } else {
+    DSV4_TRY_ASSIGN(impl->model,
+                    Model::create(*impl->backend, impl->file->weights, o.mtp_path.empty() ? nullptr : &impl->mtp, mo));
+  }
   if (impl->dspark_file) {
     // The drafter's host reads (Model::DSparkHost): Markov rows dequantised from the mapped file as
     // needed, the confidence projection once.
@@ -352,7 +436,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
 #ifdef DSV4_HAS_CUDA
   if (impl->backend->kind() == BackendKind::CUDA) {
     const CudaUploadStats up = cuda_upload_stats(*impl->backend);
-    upload_bar->reset();
+    upload_bar->bar.reset();
     log_info("cuda: uploaded %llu weight tensors, %.2f GiB in %.2f s (%.2f GB/s)",
              static_cast<unsigned long long>(up.tensors), static_cast<double>(up.bytes) / (1u << 30), up.seconds,
              up.rate_gbs());
@@ -380,6 +464,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     impl->model_file = ModelFileStamp{path.lexically_normal().string(), *stamp};
   }
   info.backend = impl->backend->name();
+  for (const auto& be : impl->stage_backends) info.backend += " + " + be->name();
   info.prefill_batch = mo.max_batch;
   info.numerics = numerics;
   {
@@ -458,8 +543,19 @@ std::string Engine::content_identity() const {
 
 std::optional<ModelFileStamp> Engine::model_file() const { return impl_->model_file; }
 
-uint64_t Engine::session_bytes(uint32_t ctx) const { return impl_->model->state_bytes(ctx ? ctx : impl_->opts.ctx); }
-std::optional<uint64_t> Engine::free_memory() const { return impl_->backend->free_memory(); }
+// A layer pipeline: the largest share of a session on one stage, and the least free memory of a stage.
+uint64_t Engine::session_bytes(uint32_t ctx) const {
+  uint64_t most = 0;
+  for (const Model* m = impl_->model.get(); m; m = m->next_stage())
+    most = std::max(most, m->state_bytes(ctx ? ctx : impl_->opts.ctx));
+  return most;
+}
+std::optional<uint64_t> Engine::free_memory() const {
+  std::optional<uint64_t> least = impl_->backend->free_memory();
+  for (const auto& be : impl_->stage_backends)
+    if (const std::optional<uint64_t> f = be->free_memory(); f && least) least = std::min(*least, *f);
+  return least;
+}
 
 void Engine::set_op_profiling(bool on) { impl_->backend->set_profiling(on); }
 

@@ -391,6 +391,7 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--no-pdl",
                            "--expert-gemm",
                            "--gpu-memory",
+                           "--gpus",
                            "--no-expert-gather",
                            "--cpu-experts",
                            "--expert-stats"})
@@ -465,12 +466,18 @@ TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
       {"--gpu-memory 0.5G", "--gpu-memory 0.5G: at least 1 GiB"},
       {"--cpu-experts 1.5", "--cpu-experts 1.5: want auto, off or a share from 0 to 1 (such as 0.4)"},
       {"--cpu-experts half", "--cpu-experts half: want auto, off or a share from 0 to 1 (such as 0.4)"},
+      {"--gpus 0,0", "--gpus 0,0: device 0 twice"},
+      {"--gpus one", "--gpus one: want all or device indices such as 0,1"},
   };
   for (const auto& [flag, message] : cases) {
     Result r = run_dsv4("run -m /nonexistent.gguf -p hi " + std::string(flag));
     EXPECT_NE(r.status, 0) << flag;
     EXPECT_NE(r.err.find(message), std::string::npos) << flag << "\n" << r.err;
   }
+  // A layer split over GPUs on the CPU backend is refused at load, naming the way.
+  Result g = run_dsv4(run_tiny("-p hi -n 2 --backend cpu --gpus 0,1"));
+  EXPECT_NE(g.status, 0);
+  EXPECT_NE(g.err.find("--gpus needs --backend cuda or auto"), std::string::npos) << g.err;
   // The parsed values reach the engine: plain numerics is what the options line and the engine report.
   Result r = run_dsv4(run_tiny("-p hi -n 2 --ignore-eos --numerics plain --backend cpu"));
   ASSERT_EQ(r.status, 0) << r.err;

@@ -417,3 +417,47 @@ TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
   EXPECT_TRUE(bitwise_equal(*rest, std::vector<float>(all->begin() + static_cast<long>(300 * V), all->end())));
   std::filesystem::remove(path);
 }
+
+// The engine over a layer pipeline (EngineOptions::cpu_stages, what --gpus does over GPUs): the same logits as
+// one backend through prefill, decode, a batched step of two sessions and a session snapshot; speculation
+// drafters are refused with the reason.
+TEST_F(EngineTest, PipelineStagesGiveTheSameLogits) {
+  auto one = load(100);
+  EngineOptions o;
+  o.model_path = g_model;
+  o.backend = BackendChoice::CPU;
+  o.ctx = 4096;
+  o.prefill_batch = 100;
+  o.show_progress = false;
+  o.cpu_stages = 3;
+  auto staged = Engine::load(o);
+  ASSERT_TRUE(staged.has_value()) << staged.error().message;
+  Engine& e3 = **staged;
+  EXPECT_NE(e3.info().backend.find(" + "), std::string::npos) << e3.info().backend;
+  const auto t = tiny_tokens(260, 21);
+  auto a = one->new_session(), b = e3.new_session();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  ASSERT_TRUE((*a)->prefill(t).has_value());
+  ASSERT_TRUE((*b)->prefill(t).has_value());
+  EXPECT_TRUE(bitwise_equal((*a)->logits(), (*b)->logits()));
+  for (int32_t tok : {7, 19, 300}) {
+    ASSERT_TRUE((*a)->decode(tok).has_value());
+    ASSERT_TRUE((*b)->decode(tok).has_value());
+    EXPECT_TRUE(bitwise_equal((*a)->logits(), (*b)->logits()));
+  }
+  // A snapshot of the staged session continues in the single-backend engine.
+  const std::vector<uint8_t> snap = (*b)->save();
+  auto c = one->new_session();
+  ASSERT_TRUE((*c)->load(snap).has_value());
+  ASSERT_TRUE((*c)->decode(5).has_value());
+  ASSERT_TRUE((*b)->decode(5).has_value());
+  EXPECT_TRUE(bitwise_equal((*c)->logits(), (*b)->logits()));
+
+  o.mtp_path = g_mtp;
+  auto with_mtp = Engine::load(o);
+  ASSERT_FALSE(with_mtp.has_value());
+  EXPECT_NE(with_mtp.error().message.find("--mtp"), std::string::npos) << with_mtp.error().message;
+  o.mtp_path.clear();
+  o.backend = BackendChoice::AUTO;
+  EXPECT_FALSE(Engine::load(o).has_value());  // cpu stages: the CPU backend only
+}

@@ -758,15 +758,17 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_device_present() {
+int cuda_device_count() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
 }
+
+bool cuda_device_present() { return cuda_device_count() > 0; }
 
 expected<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options) {
   int count = 0;

@@ -44,6 +44,8 @@ struct CudaUploadStats {
 // True when the CUDA runtime finds at least one usable device (false without
 // a driver or GPU; never fails).
 bool cuda_device_present();
+// The usable CUDA devices (0 without a driver or GPU; never fails).
+int cuda_device_count();
 
 // A backend on CUDA device `device`. Fails with a clear message when the
 // device does not exist or cannot be initialised.

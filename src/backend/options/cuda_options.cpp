@@ -1,5 +1,6 @@
 #include "backend/options/cuda_options.h"
 
+#include <algorithm>
 #include <charconv>
 #include <string>
 
@@ -65,6 +66,26 @@ expected<uint64_t> parse_gpu_memory(std::string_view text) {
   if (bytes < (uint64_t{1} << 30))
     return make_error("--gpu-memory %.*s: at least 1 GiB", static_cast<int>(text.size()), text.data());
   return bytes;
+}
+
+expected<std::vector<int>> parse_gpus(std::string_view text) {
+  if (text == "all") return std::vector<int>{-1};
+  std::vector<int> out;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string_view item = text.substr(at, comma - at);
+    int v = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0 || v > 1023)
+      return make_error("--gpus %.*s: want all or device indices such as 0,1", static_cast<int>(text.size()),
+                        text.data());
+    if (std::find(out.begin(), out.end(), v) != out.end())
+      return make_error("--gpus %.*s: device %d twice", static_cast<int>(text.size()), text.data(), v);
+    out.push_back(v);
+    at = comma + 1;
+  }
+  if (out.size() > 16) return make_error("--gpus: %zu devices (at most 16)", out.size());
+  return out;
 }
 
 expected<float> parse_cpu_experts(std::string_view text) {
@@ -146,6 +167,11 @@ std::string CudaOptions::describe() const {
   if (expert_gather != d.expert_gather) add("expert_gather=off");
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
   if (gpu_memory != d.gpu_memory) add(strfmt("gpu_memory=%.2fGiB", static_cast<double>(gpu_memory) / (1u << 30)));
+  if (!gpus.empty()) {
+    std::string list;
+    for (int g : gpus) list += (list.empty() ? "" : ",") + (g < 0 ? std::string("all") : std::to_string(g));
+    add("gpus=" + list);
+  }
   if (cpu_experts != d.cpu_experts)
     add(cpu_experts < 0.0f ? std::string("cpu_experts=auto")
                            : strfmt("cpu_experts=%.2f", static_cast<double>(cpu_experts)));

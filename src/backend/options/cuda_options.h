@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "core/error.h"
@@ -91,6 +92,10 @@ struct CudaOptions {
   // would sit outside the budget). Routed experts beyond it stay in host memory, read in place
   // over the bus (Engine::load; docs/design-notes/expert-offload.md).
   uint64_t gpu_memory = 0;
+  // The GPUs (device indices) of a layer pipeline (--gpus): the model's layers split into contiguous ranges,
+  // one per GPU, sized to each GPU's memory (model/pipeline.h). Empty: device 0 alone; {-1}: every device.
+  // gpu_memory, when set, is each GPU's budget.
+  std::vector<int> gpus;
   // Decode steps (at most 16 tokens) with routed experts in host memory: the host CPU computes this share of
   // the host experts a step uses (from the same bytes, at the same time as the GPU gathers the others;
   // backend/host, docs/design-notes/expert-offload.md). 0: off, the default (every host expert gathered: on
@@ -119,6 +124,8 @@ Status parse_cublas(std::string_view text, CudaOptions& options);
 expected<int> parse_expert_gemm(std::string_view text);
 //   gpu memory   auto | N[G|GiB|M|MiB] (a plain number: GiB), at least 1 GiB
 expected<uint64_t> parse_gpu_memory(std::string_view text);
+//   gpus         all | N[,N...] (device indices, distinct, at most 16)
+expected<std::vector<int>> parse_gpus(std::string_view text);
 //   cpu experts  auto | off | SHARE (0 .. 1; 0 = off)
 expected<float> parse_cpu_experts(std::string_view text);
 expected<unsigned> parse_dup_ops(std::string_view list);
