@@ -36,7 +36,7 @@ class EngineTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(std::filesystem::path(g_model).parent_path()); }
 
-  static std::unique_ptr<Engine> load(int batch = 512, const std::string& numerics = "reference", bool mtp = false) {
+  static EngineOptions options(int batch = 512, const std::string& numerics = "reference", bool mtp = false) {
     EngineOptions o;
     o.model_path = g_model;
     o.backend = BackendChoice::CPU;
@@ -45,7 +45,10 @@ class EngineTest : public ::testing::Test {
     o.prefill_batch = batch;
     o.show_progress = false;
     if (mtp) o.mtp_path = g_mtp;
-    auto e = Engine::load(o);
+    return o;
+  }
+  static std::unique_ptr<Engine> load(int batch = 512, const std::string& numerics = "reference", bool mtp = false) {
+    auto e = Engine::load(options(batch, numerics, mtp));
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
   }
@@ -419,16 +422,11 @@ TEST(EngineAnyShape, PlainRunsItAndReferenceIsRefused) {
 }
 
 // The engine over a layer pipeline (EngineOptions::cpu_stages, what --gpus does over GPUs): the same logits as
-// one backend through prefill, decode, a batched step of two sessions and a session snapshot; speculation
-// drafters are refused with the reason.
+// one backend through a prefill of several batches and decode steps, and its session snapshot continues in
+// the one-backend engine; the speculation drafters are refused with the reason.
 TEST_F(EngineTest, PipelineStagesGiveTheSameLogits) {
   auto one = load(100);
-  EngineOptions o;
-  o.model_path = g_model;
-  o.backend = BackendChoice::CPU;
-  o.ctx = 4096;
-  o.prefill_batch = 100;
-  o.show_progress = false;
+  EngineOptions o = options(100);
   o.cpu_stages = 3;
   auto staged = Engine::load(o);
   ASSERT_TRUE(staged.has_value()) << staged.error().message;

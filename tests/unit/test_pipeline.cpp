@@ -17,32 +17,12 @@
 #include "model/pipeline.h"
 #include "recording_backend.h"
 #include "synth/synth.h"
+#include "tiny_file.h"
 
 using namespace dsv4;
 using dsv4::test::RecordingBackend;
 
 namespace {
-
-struct Tiny {
-  std::string path;
-  std::unique_ptr<ModelFile> mf;
-  Tiny() {
-    path = (std::filesystem::temp_directory_path() / ("dsv4_test_pipeline_" + std::to_string(::getpid()) + ".gguf"))
-               .string();
-    EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 21), path, 2).has_value());
-    auto m = open_model(path);
-    EXPECT_TRUE(m.has_value());
-    mf = std::move(*m);
-  }
-  ~Tiny() { std::filesystem::remove(path); }
-};
-
-std::vector<int32_t> tokens(size_t n, uint32_t vocab, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> t(n);
-  for (auto& v : t) v = static_cast<int32_t>(3 + g() % (vocab - 3));
-  return t;
-}
 
 constexpr size_t k_prompt = 150, k_decode = 24;
 
@@ -59,13 +39,13 @@ std::vector<float> run(Forward&& forward, const std::vector<int32_t>& t, int64_t
 }  // namespace
 
 TEST(LayerPipeline, StagesGiveTheWholeModelsLogitsBitForBit) {
-  Tiny tiny;
+  test::TinyFile tiny("pipeline", 21);
   ASSERT_TRUE(tiny.mf);
   ModelOptions o;
   o.max_batch = 64;  // the prompt in 3 batches, the last partial
   const ModelSpec& S = tiny.mf->weights.spec;
   const int64_t V = S.n_vocab;
-  const std::vector<int32_t> t = tokens(k_prompt + k_decode, S.n_vocab, 3);
+  const std::vector<int32_t> t = test::random_tokens(k_prompt + k_decode, S.n_vocab, 3);
 
   auto one_be = make_cpu_backend(2);
   auto whole = Model::create(*one_be, tiny.mf->weights, nullptr, o);
@@ -116,7 +96,7 @@ TEST(LayerPipeline, StagesGiveTheWholeModelsLogitsBitForBit) {
 }
 
 TEST(LayerPipeline, StagesHoldTheirShareOfWeightsStateAndScratch) {
-  Tiny tiny;
+  test::TinyFile tiny("pipeline", 21);
   ASSERT_TRUE(tiny.mf);
   const ModelWeights& w = tiny.mf->weights;
   const ModelSpec& S = w.spec;
@@ -177,7 +157,7 @@ TEST(LayerPipeline, PlannerBalancesByBudgetOrNamesTheShortfall) {
 }
 
 TEST(LayerPipeline, StagesRefuseWhatNeedsTheWholeModel) {
-  Tiny tiny;
+  test::TinyFile tiny("pipeline", 21);
   ASSERT_TRUE(tiny.mf);
   const ModelWeights& w = tiny.mf->weights;
   auto be = make_cpu_backend(1);
@@ -220,13 +200,13 @@ TEST(LayerPipeline, StagesRefuseWhatNeedsTheWholeModel) {
 // Model::step over a pipeline: several sequences' rows pass the stages together (decode steps, ordered
 // by state uid on every stage, and a mixed step of a prompt chunk beside a decode token).
 TEST(LayerPipeline, BatchedStepsGiveTheWholeModelsLogits) {
-  Tiny tiny;
+  test::TinyFile tiny("pipeline", 21);
   ASSERT_TRUE(tiny.mf);
   ModelOptions o;
   o.max_batch = 64;
   const ModelSpec& S = tiny.mf->weights.spec;
   const auto V = static_cast<size_t>(S.n_vocab);
-  const std::vector<int32_t> t = tokens(200, S.n_vocab, 9);
+  const std::vector<int32_t> t = test::random_tokens(200, S.n_vocab, 9);
   // Three sequences: prompts of 40, 25 and 30 tokens, then 8 steps: all three decode, except that in step 3
   // the third feeds a chunk of 5 more prompt tokens instead.
   auto drive = [&](Model& m) {
@@ -274,12 +254,12 @@ TEST(LayerPipeline, BatchedStepsGiveTheWholeModelsLogits) {
 // A pipeline's session snapshot has one model's bytes: saved from two stages it loads into one model and
 // the other way round, and continuing gives the same logits.
 TEST(LayerPipeline, SnapshotsMoveBetweenAPipelineAndOneModel) {
-  Tiny tiny;
+  test::TinyFile tiny("pipeline", 21);
   ASSERT_TRUE(tiny.mf);
   const ModelWeights& w = tiny.mf->weights;
   const auto V = static_cast<size_t>(w.spec.n_vocab);
   const std::string fp = model_fingerprint(w.spec, w);
-  const std::vector<int32_t> t = tokens(80, w.spec.n_vocab, 4);
+  const std::vector<int32_t> t = test::random_tokens(80, w.spec.n_vocab, 4);
   auto be = make_cpu_backend(2), b0 = make_cpu_backend(1), b1 = make_cpu_backend(1);
   auto whole = Model::create(*be, w, nullptr, ModelOptions{});
   ASSERT_TRUE(whole.has_value());

@@ -27,23 +27,14 @@
 #include "model/tensor_table.h"
 #include "quant/quant.h"
 #include "synth/synth.h"
+#include "tiny_file.h"
 
 using namespace dsv4;
 
 namespace {
 
-struct Tiny {
-  std::string path;
-  std::unique_ptr<ModelFile> mf;
-  Tiny() {
-    path = (std::filesystem::temp_directory_path() / ("dsv4_test_placement_" + std::to_string(::getpid()) + ".gguf"))
-               .string();
-    EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 5), path, 2).has_value());
-    auto m = open_model(path);
-    EXPECT_TRUE(m.has_value());
-    mf = std::move(*m);
-  }
-  ~Tiny() { std::filesystem::remove(path); }
+struct Tiny : test::TinyFile {
+  Tiny() : TinyFile("placement", 5) {}
 };
 
 // Logits of a 150-token prefill (every position) then 64 decode steps (fixed tokens: equal logits at every

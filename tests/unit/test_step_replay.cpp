@@ -26,32 +26,18 @@
 #include "model/model_file.h"
 #include "recording_backend.h"
 #include "synth/synth.h"
+#include "tiny_file.h"
 
 using namespace dsv4;
 using dsv4::test::RecordingBackend;
 
 namespace {
 
-struct Tiny {
-  std::string path;
-  std::unique_ptr<ModelFile> mf;
-  Tiny() {
-    path = (std::filesystem::temp_directory_path() / ("dsv4_test_replay_" + std::to_string(::getpid()) + ".gguf"))
-               .string();
-    EXPECT_TRUE(synth_write(synth_plan(*find_preset("tiny"), 11), path, 2).has_value());
-    auto m = open_model(path);
-    EXPECT_TRUE(m.has_value());
-    mf = std::move(*m);
-  }
-  ~Tiny() { std::filesystem::remove(path); }
+struct Tiny : test::TinyFile {
+  Tiny() : TinyFile("replay", 11) {}
 };
 
-std::vector<int32_t> tokens(size_t n, uint32_t vocab, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> t(n);
-  for (auto& v : t) v = static_cast<int32_t>(3 + g() % (vocab - 3));
-  return t;
-}
+std::vector<int32_t> tokens(size_t n, uint32_t vocab, uint32_t seed) { return test::random_tokens(n, vocab, seed); }
 
 }  // namespace
 
