@@ -472,8 +472,10 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     info.kv_rows = kv == GgmlType::F32 && ix == GgmlType::F32
                        ? "F32"
                        : strfmt("%s + %s (compact)", ggml_type_name(kv), ggml_type_name(ix));
-    info.kv_bytes_per_token =
-        static_cast<double>(impl->model->state_bytes(1u << 20) - impl->model->state_bytes(0)) / (1u << 20);
+    uint64_t grows = 0;  // over every stage of a layer pipeline
+    for (const Model* m = impl->model.get(); m; m = m->next_stage())
+      grows += m->state_bytes(1u << 20) - m->state_bytes(0);
+    info.kv_bytes_per_token = static_cast<double>(grows) / (1u << 20);
   }
   info.n_vocab = spec.n_vocab;
   info.n_layer = spec.n_layer;

@@ -432,6 +432,7 @@ TEST_F(EngineTest, PipelineStagesGiveTheSameLogits) {
   ASSERT_TRUE(staged.has_value()) << staged.error().message;
   Engine& e3 = **staged;
   EXPECT_NE(e3.info().backend.find(" + "), std::string::npos) << e3.info().backend;
+  EXPECT_EQ(e3.info().kv_bytes_per_token, one->info().kv_bytes_per_token);
   const auto t = tiny_tokens(260, 21);
   auto a = one->new_session(), b = e3.new_session();
   ASSERT_TRUE(a.has_value() && b.has_value());
