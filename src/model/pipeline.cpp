@@ -1,4 +1,4 @@
-// LayerPipeline (pipeline.h): Model stages over contiguous layer ranges, the mHC state passed between them.
+// The layer pipeline (pipeline.h): Model::create_pipeline, the stage transports and the layer split planner.
 #include "model/pipeline.h"
 
 #include <algorithm>

@@ -5,7 +5,8 @@
 // token id). At each boundary the batch's mHC state, [n, hc, D] f32 (hc * D * 4 bytes per token: 64 KiB
 // for Flash), passes from one stage to the next through a StageTransport. Every op runs on the same
 // inputs as in one Model, so the logits equal a single Model's bit for bit when the stages' backends
-// compute alike (the CPU backend: tested; GPUs of one kind run one kernel per op whatever the stage).
+// compute alike (the CPU backend: tested; GPUs of one kind pick the same kernel per op, which
+// scripts/gpu.sh pipeline checks).
 // Each sequence's KvState holds the next stage's state in KvState::next.
 //
 // This file: the transports and the planner that picks the split.
