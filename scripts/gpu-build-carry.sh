@@ -5,7 +5,7 @@
 #
 #   build-device/dsv4-device.tar.xz   bin/ and lib/ (about 12 MiB packed):
 #       bin/  test_cuda_decode, test_cuda_ops, test_cuda_model, test_cuda_engine, test_cuda_memory, test_cuda_golden,
-#             test_cuda_offload,
+#             test_cuda_offload, test_cuda_pipeline,
 #             bench_cuda_ops (op timings at Flash shapes), and dsv4
 #             (plus the GPU micro-benchmarks mma_sync_rate, wgmma_f16, decode_sync, host_read and host_contention of bench/micro/
 #             and the CPU's host_experts_bench,

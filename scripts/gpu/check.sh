@@ -29,6 +29,8 @@
 #                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
 #   test_cuda_model_mxfp4  the same checks on tiny-mxfp4 (MXFP4 routed experts), 300 tokens
+#   test_cuda_pipeline  tiny model as a layer pipeline over 2 and 3 CUDA backends (one GPU; two when present)
+#                     vs one backend, bitwise, both numerics
 #   test_cuda_offload  tiny model with experts in host memory (gathered: bitwise; a CPU share: NMSE and greedy
 #                     tokens) vs every expert resident
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
@@ -170,6 +172,7 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_model "$BIN/test_cuda_model"
   run_step test_cuda_model_mxfp4 "$BIN/test_cuda_model" --preset tiny-mxfp4 --tokens 300
   gpu_exists "$BIN/test_cuda_offload" && run_step test_cuda_offload "$BIN/test_cuda_offload"
+  gpu_exists "$BIN/test_cuda_pipeline" && run_step test_cuda_pipeline "$BIN/test_cuda_pipeline"
   gpu_exists "$BIN/test_cuda_engine" && run_step test_cuda_engine "$BIN/test_cuda_engine"
   gpu_exists "$BIN/test_cuda_memory" && run_step test_cuda_memory "$BIN/test_cuda_memory"
   gpu_exists "$BIN/test_cuda_golden" && run_step test_cuda_golden "$BIN/test_cuda_golden" --data tests/fixtures/golden/flash_tiny

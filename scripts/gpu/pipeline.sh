@@ -7,8 +7,8 @@
 #   1. tiny: dsv4 logits over GPUS vs one GPU (the same kernels on the same inputs: bitwise equal expected);
 #   2. flash-q2 (generated in memory): dsv4 bench on one GPU, then over GPUS, at CTX_START .. CTX_MAX;
 #   3. flash-q4 (165 GB: fits no single H200): dsv4 bench over GPUS at CTX_START .. CTX_MAX.
-# The hidden state crosses each boundary through host memory (HostTransport); a peer-copy transport
-# and the "experts" mode are the next steps (docs/design-notes/multi-gpu.md).
+# The hidden state crosses each boundary by a device-to-device copy (DirectTransport: Backend::copy_to);
+# the "experts" mode and overlap between the stages are the next steps (docs/design-notes/multi-gpu.md).
 #
 #   device tool: command "scripts/gpu.sh pipeline", carry ["build-device"], kind nvidia-h200-x2
 # Output: pipeline-q2-1gpu.csv, pipeline-q2.csv, pipeline-q4.csv in ./out ($OUT with the device tool).

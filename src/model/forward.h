@@ -142,7 +142,7 @@ class Model {
   // A layer pipeline (model/pipeline.h): stage k on backends[k] holds layers [first[k], first[k + 1])
   // (first[0] = 0, ascending, the last stage up to the last layer). The returned model is stage 0; its
   // forward() and step() run every stage (the batch's mHC state passed on through `transport`, default
-  // HostTransport), its states carry the later stages' (KvState::next), so callers use it as one model.
+  // DirectTransport), its states carry the later stages' (KvState::next), so callers use it as one model.
   // `options` applies to every stage (memory_budget to each). No MTP block, DSpark drafter or verify pass.
   static expected<std::unique_ptr<Model>> create_pipeline(std::span<Backend* const> backends,
                                                           const ModelWeights& weights,

@@ -14,6 +14,10 @@ void HostTransport::move(Backend& from, const Tensor& src, Backend& to, const Te
   to.write(dst, buf_.data(), buf_.size());
 }
 
+void DirectTransport::move(Backend& from, const Tensor& src, Backend& to, const Tensor& dst) {
+  if (!from.copy_to(src, to, dst)) host_.move(from, src, to, dst);
+}
+
 expected<std::unique_ptr<Model>> Model::create_pipeline(std::span<Backend* const> backends, const ModelWeights& weights,
                                                         const std::vector<uint32_t>& first, const ModelOptions& options,
                                                         std::shared_ptr<StageTransport> transport) {
@@ -25,7 +29,7 @@ expected<std::unique_ptr<Model>> Model::create_pipeline(std::span<Backend* const
     if (first[k] <= first[k - 1] || first[k] >= L)
       return make_error("layer pipeline: stage %zu starts at layer %u (after %u; the model has %u layers)", k, first[k],
                         first[k - 1], L);
-  if (!transport) transport = std::make_shared<HostTransport>();
+  if (!transport) transport = std::make_shared<DirectTransport>();
   // The last stage first, each earlier one holding the next.
   std::unique_ptr<Model> next;
   for (size_t k = first.size(); k-- > 0;) {

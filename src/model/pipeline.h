@@ -29,14 +29,23 @@ class StageTransport {
   virtual void move(Backend& from, const Tensor& src, Backend& to, const Tensor& dst) = 0;
 };
 
-// Through host memory: from.read, then to.write. Works between any two backends (the in-process
-// transport of the tests); GPUs of one host would use peer copies instead.
+// Through host memory: from.read, then to.write. Works between any two backends.
 class HostTransport final : public StageTransport {
  public:
   void move(Backend& from, const Tensor& src, Backend& to, const Tensor& dst) override;
 
  private:
   std::vector<uint8_t> buf_;
+};
+
+// Backend::copy_to where the two backends can (CPU to CPU, CUDA to CUDA: a device-to-device copy the next
+// stage's stream waits for, no host wait), else through host memory. The pipeline's default.
+class DirectTransport final : public StageTransport {
+ public:
+  void move(Backend& from, const Tensor& src, Backend& to, const Tensor& dst) override;
+
+ private:
+  HostTransport host_;
 };
 
 // The layer split of a pipeline over GPUs with memory budgets (placement mode "layers"). Costs in bytes:

@@ -326,6 +326,15 @@ class Backend {
   // F32 tensors; value 0 also zeroes the compact KV row formats (all-zero bytes read as zeros).
   virtual void fill(const Tensor& dst, float value) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same byte size
+  // src (this backend's) into dst, a tensor of the same byte size on backend `to`, without a trip through
+  // host memory where the two can (CPU to CPU: a memory copy; CUDA to CUDA: a device-to-device copy that
+  // `to`'s later work waits for). false: not between these two (the caller copies through host memory).
+  virtual bool copy_to(const Tensor& src, Backend& to, const Tensor& dst) {
+    (void)src;
+    (void)to;
+    (void)dst;
+    return false;
+  }
   virtual void synchronize() = 0;
   // Bytes alloc() can still get where the backend knows (CUDA: the device's
   // free memory plus what it would release for an allocation); nullopt where

@@ -286,3 +286,31 @@ TEST(LayerPipeline, SnapshotsMoveBetweenAPipelineAndOneModel) {
     dst.free_state(b);
   }
 }
+
+// The transports move the same bytes: DirectTransport copies CPU to CPU directly (Backend::copy_to) and falls
+// back to host memory where a backend has no direct copy (the recording decorator); HostTransport always
+// goes through host memory.
+TEST(LayerPipeline, TransportsMoveTheSameBytes) {
+  auto a = make_cpu_backend(1), b = make_cpu_backend(1);
+  RecordingBackend ra(make_cpu_backend(1));
+  std::vector<float> v(4 * 3 * 5);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (Backend* from : {static_cast<Backend*>(a.get()), static_cast<Backend*>(&ra)}) {
+    Tensor src = from->alloc(GgmlType::F32, 4, 3, 5);
+    from->write(src, v.data(), v.size() * sizeof(float));
+    Tensor scratch = from->alloc(GgmlType::F32, 4, 3, 5);
+    EXPECT_EQ(from->copy_to(src, *b, scratch), from == a.get()) << "CPU to CPU copies directly";
+    from->free(scratch);
+    DirectTransport direct;
+    HostTransport host;
+    for (StageTransport* t : {static_cast<StageTransport*>(&direct), static_cast<StageTransport*>(&host)}) {
+      Tensor dst = b->alloc(GgmlType::F32, 4, 3, 5);
+      t->move(*from, src, *b, dst);
+      std::vector<float> got(v.size());
+      b->read(dst, got.data(), got.size() * sizeof(float));
+      EXPECT_EQ(0, std::memcmp(got.data(), v.data(), v.size() * sizeof(float)));
+      b->free(dst);
+    }
+    from->free(src);
+  }
+}

@@ -104,6 +104,12 @@ class CpuBackend final : public Backend {
     DSV4_ASSERT(dst.n_bytes() == src.n_bytes(), "copy between tensors of different sizes");
     std::memmove(dst.data, src.data, src.n_bytes());
   }
+  bool copy_to(const Tensor& src, Backend& to, const Tensor& dst) override {
+    if (to.kind() != BackendKind::CPU) return false;
+    DSV4_ASSERT(dst.n_bytes() == src.n_bytes(), "copy between tensors of different sizes");
+    std::memmove(dst.data, src.data, src.n_bytes());  // (every CPU backend's tensors are host memory)
+    return true;
+  }
   void synchronize() override {}
 
   void set_profiling(bool on) override { profiling_ = on; }

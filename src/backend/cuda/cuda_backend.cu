@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -197,6 +198,8 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : free_events_) CUDA_CHECK(cudaEventDestroy(e));
     CUDA_CHECK(cudaEventDestroy(fork_ev_));
     CUDA_CHECK(cudaEventDestroy(join_ev_));
+    if (copy_done_) CUDA_CHECK(cudaEventDestroy(copy_done_));
+    if (copy_ready_) CUDA_CHECK(cudaEventDestroy(copy_ready_));
     CUDA_CHECK(cudaStreamDestroy(side_));
     CUDA_CHECK(cudaStreamDestroy(stream_));
   }
@@ -474,6 +477,37 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.n_bytes(), cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // To another CUDA backend: the copy on this stream once `to`'s earlier work is done (dst may be a buffer
+  // that work still reads: an event on `to`'s stream), peer-to-peer where the devices allow it (enabled once
+  // per pair; else the driver stages it); then `to`'s stream waits for the copy (an event on this one).
+  bool copy_to(const Tensor& src, Backend& to, const Tensor& dst) override {
+    if (to.kind() != BackendKind::CUDA) return false;
+    DSV4_ASSERT(dst.n_bytes() == src.n_bytes(), "copy between tensors of different sizes");
+    auto& peer = static_cast<CudaBackend&>(to);
+    if (src.n_bytes() == 0) return true;
+    use_device();
+    if (peer.device_ != device_ && peer_enabled_.insert(peer.device_).second) {
+      int can = 0;
+      CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, peer.device_));
+      if (can) {
+        const cudaError_t e = cudaDeviceEnablePeerAccess(peer.device_, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CUDA_CHECK(e);
+        (void)cudaGetLastError();
+      }
+    }
+    peer.use_device();
+    if (!peer.copy_ready_) CUDA_CHECK(cudaEventCreateWithFlags(&peer.copy_ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(peer.copy_ready_, peer.stream_));
+    use_device();
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, peer.copy_ready_, 0));
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst.data, peer.device_, src.data, device_, src.n_bytes(), stream_));
+    if (!copy_done_) CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(copy_done_, stream_));
+    peer.use_device();
+    CUDA_CHECK(cudaStreamWaitEvent(peer.stream_, copy_done_, 0));
+    return true;
+  }
+
   void synchronize() override {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -739,6 +773,9 @@ class CudaBackend final : public Backend {
   CudaBackendOptions opts_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t copy_done_ = nullptr;   // copy_to: the last copy to another CUDA backend
+  cudaEvent_t copy_ready_ = nullptr;  // copy_to from another CUDA backend: this stream's work before the copy
+  std::set<int> peer_enabled_;        // devices this one's peer access was asked for
   void* tables_mem_ = nullptr;
   DeviceScratch scratch_;
   std::unique_ptr<Blas> blas_;
