@@ -149,30 +149,48 @@ expected<std::unique_ptr<ModelFile>> open_synthetic(const EngineOptions& o) {
   return file;
 }
 
-// The model as a layer pipeline over `bes` (model/pipeline.h), every weight resident: the split from each
-// stage's memory (CUDA: --gpu-memory, else the free memory, less a margin and a prefill batch's working
-// memory; CPU stages: equal shares).
+// The model as a layer pipeline over `bes` (model/pipeline.h). The split from each stage's memory (CUDA:
+// --gpu-memory, else the free memory, less 1 GiB and a prefill batch's working memory; CPU stages: equal
+// shares): every weight resident when a split holds them all; else the split of the dense part, each stage
+// keeping the routed experts that do not fit its GPU in host memory (as --gpu-memory does on one GPU).
 expected<std::unique_ptr<Model>> load_pipeline(const std::vector<Backend*>& bes, const ModelWeights& w,
                                                const EngineOptions& o, const ModelOptions& mo) {
   const CudaOptions defaults;
   const CudaOptions& cuda = o.cuda ? *o.cuda : defaults;
-  std::vector<uint64_t> budgets;
+  const uint64_t margin = uint64_t{1} << 30;
+  std::vector<uint64_t> have, budgets;
   for (Backend* be : bes) {
-    if (be->kind() != BackendKind::CUDA) {
-      budgets.push_back(uint64_t{1} << 60);
-      continue;
-    }
-    const uint64_t margin = (uint64_t{1} << 30) + k_cuda_working_bytes;
-    const uint64_t have = cuda.gpu_memory ? cuda.gpu_memory : be->free_memory().value_or(0);
-    budgets.push_back(have > margin ? have - margin : 0);
+    have.push_back(be->kind() != BackendKind::CUDA ? uint64_t{1} << 60
+                   : cuda.gpu_memory               ? cuda.gpu_memory
+                                                   : be->free_memory().value_or(0));
+    const uint64_t keep = margin + (be->kind() == BackendKind::CUDA ? k_cuda_working_bytes : 0);
+    budgets.push_back(have.back() > keep ? have.back() - keep : 0);
   }
-  DSV4_TRY_ASSIGN(const std::vector<uint32_t> first, plan_layer_split(layer_split_costs(w, mo, o.ctx, 1), budgets));
-  DSV4_TRY_ASSIGN(auto model, Model::create_pipeline(bes, w, first, mo));
+  std::vector<StageMemory> memory;
+  expected<std::vector<uint32_t>> first = plan_layer_split(layer_split_costs(w, mo, o.ctx, 1), budgets);
+  if (!first) {
+    const expected<std::vector<uint32_t>> dense =
+        plan_layer_split(layer_split_costs(w, mo, o.ctx, 1, /*routed_experts=*/false), budgets);
+    if (!dense) return dense.error().with_context("even with the routed experts in host memory");
+    first = dense;
+    for (size_t k = 0; k < bes.size(); ++k) {
+      ModelOptions so = mo;
+      so.layer_first = (*first)[k];
+      so.layer_end = k + 1 < bes.size() ? (*first)[k + 1] : w.spec.n_layer;
+      memory.push_back(StageMemory{have[k] > margin ? have[k] - margin : 1,
+                                   kv_state_bytes(w.spec, so, false, o.ctx) + k_cuda_working_bytes});
+    }
+  }
+  DSV4_TRY_ASSIGN(auto model, Model::create_pipeline(bes, w, *first, mo, memory));
   std::string plan;
   size_t k = 0;
-  for (const Model* m = model.get(); m; m = m->next_stage(), ++k)
-    plan += strfmt("%slayers %u-%u on %s (%.2f GiB of weights)", k ? ", " : "", m->layer_first(), m->layer_end() - 1,
-                   bes[k]->name().c_str(), gib(m->placement().dense_bytes + m->placement().expert_bytes));
+  for (const Model* m = model.get(); m; m = m->next_stage(), ++k) {
+    const WeightPlacement& p = m->placement();
+    plan += strfmt("%slayers %u-%u on %s (%.2f GiB of weights", k ? ", " : "", m->layer_first(), m->layer_end() - 1,
+                   bes[k]->name().c_str(), gib(p.dense_bytes + p.expert_bytes));
+    plan +=
+        p.host_expert_bytes ? strfmt("; %.2f GiB of routed experts in host memory)", gib(p.host_expert_bytes)) : ")";
+  }
   log_info("pipeline: %s", plan.c_str());
   return model;
 }

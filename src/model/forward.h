@@ -134,6 +134,12 @@ struct StepItem {
 
 class StageTransport;  // model/pipeline.h
 
+// One pipeline stage's memory (Model::create_pipeline): its ModelOptions::memory_budget and reserve_bytes
+// (routed experts beyond the budget stay in host memory, as on one backend).
+struct StageMemory {
+  uint64_t budget = 0, reserve = 0;
+};
+
 class Model {
  public:
   // Uploads the weights to the backend. `mtp` may be null.
@@ -143,11 +149,13 @@ class Model {
   // (first[0] = 0, ascending, the last stage up to the last layer). The returned model is stage 0; its
   // forward() and step() run every stage (the batch's mHC state passed on through `transport`, default
   // DirectTransport), its states carry the later stages' (KvState::next), so callers use it as one model.
-  // `options` applies to every stage (memory_budget to each). No MTP block, DSpark drafter or verify pass.
+  // `options` applies to every stage; `memory` (empty, or one per stage) sets each stage's budget and reserve.
+  // No MTP block, DSpark drafter or verify pass.
   static expected<std::unique_ptr<Model>> create_pipeline(std::span<Backend* const> backends,
                                                           const ModelWeights& weights,
                                                           const std::vector<uint32_t>& first,
                                                           const ModelOptions& options,
+                                                          std::span<const StageMemory> memory = {},
                                                           std::shared_ptr<StageTransport> transport = nullptr);
   ~Model();
   Model(const Model&) = delete;

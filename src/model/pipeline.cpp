@@ -20,6 +20,7 @@ void DirectTransport::move(Backend& from, const Tensor& src, Backend& to, const 
 
 expected<std::unique_ptr<Model>> Model::create_pipeline(std::span<Backend* const> backends, const ModelWeights& weights,
                                                         const std::vector<uint32_t>& first, const ModelOptions& options,
+                                                        std::span<const StageMemory> memory,
                                                         std::shared_ptr<StageTransport> transport) {
   const uint32_t L = weights.spec.n_layer;
   if (backends.empty() || backends.size() != first.size())
@@ -29,6 +30,8 @@ expected<std::unique_ptr<Model>> Model::create_pipeline(std::span<Backend* const
     if (first[k] <= first[k - 1] || first[k] >= L)
       return make_error("layer pipeline: stage %zu starts at layer %u (after %u; the model has %u layers)", k, first[k],
                         first[k - 1], L);
+  if (!memory.empty() && memory.size() != first.size())
+    return make_error("layer pipeline: memory for %zu stages, %zu stages", memory.size(), first.size());
   if (!transport) transport = std::make_shared<DirectTransport>();
   // The last stage first, each earlier one holding the next.
   std::unique_ptr<Model> next;
@@ -36,6 +39,10 @@ expected<std::unique_ptr<Model>> Model::create_pipeline(std::span<Backend* const
     ModelOptions o = options;
     o.layer_first = first[k];
     o.layer_end = k + 1 < first.size() ? first[k + 1] : L;
+    if (!memory.empty()) {
+      o.memory_budget = memory[k].budget;
+      o.reserve_bytes = memory[k].reserve;
+    }
     auto m = Model::create(*backends[k], weights, nullptr, o);
     if (!m)
       return m.error().with_context(strfmt("pipeline stage %zu (layers %u .. %u)", k, o.layer_first, o.layer_end - 1));
@@ -101,13 +108,16 @@ expected<std::vector<uint32_t>> plan_layer_split(const LayerSplitCosts& c, const
   return first;
 }
 
-LayerSplitCosts layer_split_costs(const ModelWeights& w, const ModelOptions& options, uint32_t ctx,
-                                  uint32_t sequences) {
+LayerSplitCosts layer_split_costs(const ModelWeights& w, const ModelOptions& options, uint32_t ctx, uint32_t sequences,
+                                  bool routed_experts) {
   LayerSplitCosts c;
   const ModelSpec& S = w.spec;
   for (uint32_t il = 0; il < S.n_layer; ++il) {
     uint64_t b = 0;
     for (const TensorRef& r : w.layers[il].t) b += r.n_bytes;
+    if (!routed_experts)
+      for (LayerTensor t : {LayerTensor::FFN_GATE_EXPS, LayerTensor::FFN_UP_EXPS, LayerTensor::FFN_DOWN_EXPS})
+        b -= w.layers[il][t].n_bytes;
     ModelOptions one = options;
     one.layer_first = il;
     one.layer_end = il + 1;

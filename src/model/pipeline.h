@@ -62,8 +62,9 @@ struct LayerSplitCosts {
 // and batches that grow with use). An error names the shortfall when no split fits.
 expected<std::vector<uint32_t>> plan_layer_split(const LayerSplitCosts& costs, const std::vector<uint64_t>& budgets);
 // The costs of a model under `options` (layer weights, f32/compact KV state rows for ctx tokens per
-// sequence times `sequences`, the embedding and head; per_stage: a stage's activation buffers).
+// sequence times `sequences`, the embedding and head; per_stage: a stage's activation buffers). Without
+// `routed_experts` the layers' routed experts are left out (they may stay in host memory).
 LayerSplitCosts layer_split_costs(const ModelWeights& weights, const ModelOptions& options, uint32_t ctx,
-                                  uint32_t sequences);
+                                  uint32_t sequences, bool routed_experts = true);
 
 }  // namespace dsv4

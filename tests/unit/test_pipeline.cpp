@@ -127,6 +127,11 @@ TEST(LayerPipeline, StagesHoldTheirShareOfWeightsStateAndScratch) {
   for (uint64_t b : c.layer) layers += b;
   EXPECT_EQ(layers + c.first_extra + c.last_extra - (model_scratch_bytes(S, o) - c.per_stage),
             w.n_bytes + (*whole)->state_bytes(300) - 4ull * S.n_embd * S.hc_count);
+  // Without the routed experts (they may stay in host memory): the layers less exactly the experts' bytes.
+  const LayerSplitCosts no_experts = layer_split_costs(w, o, 300, 1, /*routed_experts=*/false);
+  uint64_t dense_layers = 0;
+  for (uint64_t b : no_experts.layer) dense_layers += b;
+  EXPECT_EQ(layers - dense_layers, (*whole)->placement().expert_bytes);
 }
 
 TEST(LayerPipeline, PlannerBalancesByBudgetOrNamesTheShortfall) {
@@ -313,4 +318,52 @@ TEST(LayerPipeline, TransportsMoveTheSameBytes) {
     }
     from->free(src);
   }
+}
+
+// Stages under memory budgets (StageMemory, what --gpus does when the GPUs cannot hold every routed expert):
+// each stage keeps the experts beyond its budget in host memory, and the logits stay the whole model's.
+TEST(LayerPipeline, StagesWithinBudgetsKeepExpertsInHostMemory) {
+  test::TinyFile tiny("pipeline", 21);
+  ASSERT_TRUE(tiny.mf);
+  const ModelWeights& w = tiny.mf->weights;
+  ModelOptions o;
+  o.max_batch = 64;
+  const std::vector<int32_t> t = test::random_tokens(k_prompt + k_decode, w.spec.n_vocab, 6);
+  const int64_t V = w.spec.n_vocab;
+  auto be = make_cpu_backend(2);
+  auto whole = Model::create(*be, w, nullptr, o);
+  ASSERT_TRUE(whole.has_value());
+  KvState ws = (*whole)->new_state(512);
+  const std::vector<float> want = run([&](const int32_t* ids, int64_t n, int64_t p0, float* lg,
+                                          bool all) { return (*whole)->forward(ws, ids, n, p0, lg, all); },
+                                      t, V);
+  (*whole)->free_state(ws);
+  // Each stage's budget: its dense part, buffers, reserve and gather stage, plus 2 experts of each of its layers.
+  auto b0 = make_cpu_backend(1), b1 = make_cpu_backend(1);
+  std::vector<Backend*> two = {b0.get(), b1.get()};
+  const std::vector<uint32_t> first = {0, 3};
+  auto roomy = Model::create_pipeline(two, w, first, o);
+  ASSERT_TRUE(roomy.has_value());
+  std::vector<StageMemory> memory;
+  const uint32_t E = w.spec.n_expert;
+  for (const Model* m = roomy->get(); m; m = m->next_stage()) {
+    const WeightPlacement& p = m->placement();
+    const uint64_t layers = m->layer_end() - m->layer_first(), one_layer = p.expert_bytes / E / layers;
+    const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{64} * w.spec.n_expert_used);
+    memory.push_back(StageMemory{p.dense_bytes + p.scratch_bytes + 1000 + stage + 2 * layers * one_layer, 1000});
+  }
+  roomy->reset();
+  auto tight = Model::create_pipeline(two, w, first, o, memory);
+  ASSERT_TRUE(tight.has_value()) << tight.error().message;
+  for (const Model* m = tight->get(); m; m = m->next_stage()) {
+    EXPECT_EQ(m->placement().min_resident, 2u);
+    EXPECT_GT(m->placement().host_expert_bytes, 0u);
+  }
+  KvState st = (*tight)->new_state(512);
+  const std::vector<float> got = run([&](const int32_t* ids, int64_t n, int64_t p0, float* lg,
+                                         bool all) { return (*tight)->forward(st, ids, n, p0, lg, all); },
+                                     t, V);
+  (*tight)->free_state(st);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+  EXPECT_FALSE(Model::create_pipeline(two, w, first, o, std::vector<StageMemory>(1)).has_value());
 }
