@@ -108,7 +108,7 @@ expected<std::vector<int32_t>> Model::dspark_draft(KvState& st, int32_t t_last, 
   ids[0] = ids[1] = t_last;
   backend_.write(s.pos, pos.data(), pos.size() * 4);
   backend_.write(s.ids, ids.data(), ids.size() * 4);
-  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
+  Tensor state = stage_state(n);
   const Tensor flat = state.reshape(D, hc * n);
   backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
   const Segment seg{&st, 0, n};

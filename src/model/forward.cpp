@@ -845,8 +845,8 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
   const bool ref = options_.numerics == Numerics::REFERENCE;
-  const int64_t D = P.n_embd, hc = P.hc_count;
-  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
+  const int64_t hc = P.hc_count;
+  Tensor state = stage_state(n);
   Tensor u = s.u.rows(0, n), xn = s.xn.rows(0, n), y = s.y.rows(0, n);
   Tensor post = s.post.rows(0, n), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, n).reshape(hc, hc, n);
   // hc_pre of a sublayer with its input norm fused in: xn = RMSNorm(u; norm).
@@ -890,7 +890,7 @@ Tensor Model::layer_ops(std::span<const Segment> segs, int64_t n) {
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
   const int64_t D = P.n_embd, hc = P.hc_count;
-  Tensor state = s.state.reshape(D, hc, options_.max_batch).rows(0, hc * n).reshape(D, hc, n);
+  Tensor state = stage_state(n);
   if (first_ == 0) backend_.embed({state, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
   for (uint32_t il = first_; il < end_; ++il)
     block(layers_[il], segs, static_cast<int>(il), P.ratio(il), il, P.is_hash_layer(il), n);

@@ -170,9 +170,10 @@ class Model {
   uint32_t layer_first() const { return first_; }
   uint32_t layer_end() const { return end_; }
   bool has_head() const { return end_ == spec_.n_layer; }
-  // The mHC state of a forward batch's n rows ([n, hc, D] f32, row r = the batch's r-th token): a stage
-  // that does not start at layer 0 reads its input there (written before each forward batch of n <=
-  // max_batch tokens); after any forward batch it holds the state after this model's last layer.
+  // The mHC state of a forward batch's n rows ([n, hc, D] f32, row r = the batch's r-th token; the view every
+  // block works on): a stage that does not start at layer 0 reads its input there (written before each
+  // forward batch of n <= max_batch tokens); after any forward batch it holds the state after this model's
+  // last layer.
   Tensor stage_state(int64_t n) const;
   // Routed assignments counted since load (ModelOptions::count_routing; else empty), over every stage.
   ExpertStats routing_counts() const;

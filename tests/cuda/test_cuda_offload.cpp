@@ -32,6 +32,7 @@
 #include "model/forward.h"
 #include "model/model_file.h"
 #include "synth/synth.h"
+#include "tiny_model.h"
 
 using namespace dsv4;
 using namespace dsv4::cudatest;
@@ -102,19 +103,10 @@ int main(int argc, char** argv) {
   }
   std::printf("test_cuda_offload: seed %llu (repeat with --seed %llu)\n", static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(seed));
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("dsv4_test_cuda_offload_" + std::to_string(::getpid()) + ".gguf"))
-          .string();
-  DSV4_ASSERT(synth_write(synth_plan(*find_preset("tiny"), seed), path, 2).has_value(), "synth_write");
-  auto mf = open_model(path);
-  DSV4_ASSERT(mf.has_value(), "open_model: %s", mf ? "" : mf.error().message.c_str());
-  const int64_t V = (*mf)->spec().n_vocab;
-  std::vector<int32_t> prompt(static_cast<size_t>(k_prompt));
-  uint64_t x = seed * 2654435761u + 1;
-  for (auto& t : prompt) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<int32_t>(3 + (x >> 33) % static_cast<uint64_t>(V - 3));
-  }
+  const TinyModelFile tiny("test_cuda_offload", seed);
+  const ModelFile* mf = tiny.mf.get();
+  const int64_t V = mf->spec().n_vocab;
+  const std::vector<int32_t> prompt = seeded_tokens(seed, static_cast<size_t>(k_prompt), V);
   ModelOptions mo;
   mo.numerics = Numerics::PLAIN;
   mo.max_batch = 64;
@@ -128,10 +120,10 @@ int main(int argc, char** argv) {
 
   WeightPlacement p0;
   auto be0 = cuda_backend(0.0f);
-  const Logits want = run(*be0, **mf, mo, prompt, true, &p0);
-  const uint64_t E = p0.n_expert, n_layer = (*mf)->weights.layers.size();
+  const Logits want = run(*be0, *mf, mo, prompt, true, &p0);
+  const uint64_t E = p0.n_expert, n_layer = mf->weights.layers.size();
   const uint64_t per_expert = p0.expert_bytes / E, one_layer = per_expert / n_layer;
-  const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{64} * (*mf)->spec().n_expert_used);
+  const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{64} * mf->spec().n_expert_used);
   const uint64_t base = p0.dense_bytes + p0.scratch_bytes + 1000 + stage;
 
   struct Case {
@@ -144,7 +136,7 @@ int main(int argc, char** argv) {
     o.reserve_bytes = 1000;
     auto be = cuda_backend(c.cpu_experts);
     WeightPlacement p;
-    const Logits got = run(*be, **mf, o, want.tokens, false, &p);
+    const Logits got = run(*be, *mf, o, want.tokens, false, &p);
     const std::string what = strfmt("%llu of %llu resident, cpu share %.1f", (unsigned long long)p.min_resident,
                                     (unsigned long long)E, static_cast<double>(c.cpu_experts));
     check(p.min_resident == c.resident && p.host_expert_bytes > 0, what + ": placement");
@@ -178,7 +170,6 @@ int main(int argc, char** argv) {
     check(top1_fail == 0, what + strfmt(": greedy tokens the same at %lld of %lld steps (%d near-ties)",
                                         (long long)(k_steps - top1_fail - near_ties), (long long)k_steps, near_ties));
   }
-  std::filesystem::remove(path);
   std::printf("test_cuda_offload: %d ok, %d failed\n", ok, fail);
   return fail == 0 ? 0 : 1;
 }

@@ -9,11 +9,8 @@
 // Exit code non-zero on any failure (77 without a CUDA device).
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
@@ -21,6 +18,7 @@
 #include "model/model_file.h"
 #include "model/pipeline.h"
 #include "synth/synth.h"
+#include "tiny_model.h"
 
 using namespace dsv4;
 using namespace dsv4::cudatest;
@@ -71,19 +69,9 @@ int main(int argc, char** argv) {
   }
   std::printf("test_cuda_pipeline: seed %llu, %d CUDA devices\n", static_cast<unsigned long long>(seed),
               cuda_device_count());
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("dsv4_test_cuda_pipeline_" + std::to_string(::getpid()) + ".gguf"))
-          .string();
-  DSV4_ASSERT(synth_write(synth_plan(*find_preset("tiny"), seed), path, 2).has_value(), "synth_write");
-  auto mf = open_model(path);
-  DSV4_ASSERT(mf.has_value(), "open_model: %s", mf ? "" : mf.error().message.c_str());
-  const int64_t V = (*mf)->spec().n_vocab;
-  std::vector<int32_t> tokens(static_cast<size_t>(k_prompt + k_steps));
-  uint64_t x = seed * 2654435761u + 1;
-  for (auto& t : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<int32_t>(3 + (x >> 33) % static_cast<uint64_t>(V - 3));
-  }
+  const TinyModelFile tiny("test_cuda_pipeline", seed);
+  const ModelFile* mf = tiny.mf.get();
+  const std::vector<int32_t> tokens = seeded_tokens(seed, static_cast<size_t>(k_prompt + k_steps), mf->spec().n_vocab);
   int ok = 0, fail = 0;
   auto check = [&](bool good, const std::string& line) {
     std::printf("%-72s %s\n", line.c_str(), good ? "ok" : "FAIL");
@@ -101,7 +89,7 @@ int main(int argc, char** argv) {
     mo.numerics = num;
     mo.max_batch = 64;
     auto one = cuda_backend(0);
-    auto whole = Model::create(*one, (*mf)->weights, nullptr, mo);
+    auto whole = Model::create(*one, mf->weights, nullptr, mo);
     DSV4_ASSERT(whole.has_value(), "create: %s", whole ? "" : whole.error().message.c_str());
     const std::vector<float> want = run(**whole, tokens);
     for (const Split& sp : splits) {
@@ -113,7 +101,7 @@ int main(int argc, char** argv) {
         ptrs.push_back(bes.back().get());
         where += (where.empty() ? "cuda:" : ",") + std::to_string(d);
       }
-      auto pl = Model::create_pipeline(ptrs, (*mf)->weights, sp.first, mo);
+      auto pl = Model::create_pipeline(ptrs, mf->weights, sp.first, mo);
       DSV4_ASSERT(pl.has_value(), "create_pipeline: %s", pl ? "" : pl.error().message.c_str());
       const std::vector<float> got = run(**pl, tokens);
       size_t differ = 0;
@@ -122,7 +110,6 @@ int main(int argc, char** argv) {
                                 sp.first.size(), where.c_str(), differ, got.size()));
     }
   }
-  std::filesystem::remove(path);
   std::printf("SUMMARY test_cuda_pipeline: %d passed, %d failed (seed %llu)\n", ok, fail,
               static_cast<unsigned long long>(seed));
   return fail == 0 ? 0 : 1;
