@@ -197,6 +197,16 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->default_str("off")
       ->group(group);
   cmd->add_option_function<std::string>(
+         "--stream-experts", [s](const std::string& v) { s->stream_experts = *parse_stream_experts(v); },
+         "Routed experts in host memory (--gpu-memory) are pinned for the GPU to read while RAM holds them. auto: "
+         "those that do not fit stay in the model file and each step's are copied to the GPU by the host (pages "
+         "not in RAM are read from the disk: SSD streaming, far slower than pinned); on: stream them all, pin "
+         "nothing; off: refuse a model whose host experts cannot be pinned")
+      ->check(parsed_by([](const std::string& v) { return parse_stream_experts(v); }))
+      ->type_name("auto|on|off")
+      ->default_str("auto")
+      ->group(group);
+  cmd->add_option_function<std::string>(
          "--dup-ops", [s](const std::string& v) { s->dup_ops = *parse_dup_ops(v); },
          "Profiling: launch these ops twice (comma-separated, ops that give the same result when run again: "
          "hc_pre, hc_head, rms_norm, matmul, matmuls, store_rows, indexer_scores, topk, attention, moe_route, "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh offload [--dry-run]
 # Summary: dsv4 bench of the full-size synthetic Flash with routed experts in host memory (--gpu-memory budgets, uniform and skewed routing), table last
-# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
+# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), STREAM_BUDGETS ("24G"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
 #
 # Issue #35 measured: how fast a GPU smaller than the model runs it, mimicked
 # on the H200 with --gpu-memory budgets (`dsv4 bench --ctx-start $CTX
@@ -15,6 +15,11 @@
 #                of $CPU_EXPERTS (off, the default: every host expert gathered
 #                over the bus; auto or a SHARE such as 0.15: the CPU computes
 #                that share of each decode step's host experts, listed)
+#   uniform-B-stream  each budget B of $STREAM_BUDGETS with --stream-experts on:
+#                no host expert pinned, the host copies each step's from the
+#                file's mapping (here the page cache: /dev/shm) through pinned
+#                slots; and the disk's direct read rate (dd, 4 GiB under $OUT's
+#                disk, removed), which bounds streaming from a file not in RAM
 #   skew-B-even  with SKEW > 0: `--synthetic --router-skew $SKEW` (generated in
 #                memory after the file is removed: RAM holds one copy), each
 #                budget of $SKEW_BUDGETS with the experts spread evenly, while
@@ -32,6 +37,7 @@ BUDGETS=${BUDGETS:-"24G 48G 80G"}
 SKEW=${SKEW:-1}
 SKEW_BUDGETS=${SKEW_BUDGETS:-"24G 48G 80G"}
 CPU_EXPERTS=${CPU_EXPERTS:-off}
+STREAM_BUDGETS=${STREAM_BUDGETS-24G}
 SKEW_CPU_EXPERTS=${SKEW_CPU_EXPERTS:-off}
 CTX=${CTX:-4096}
 GEN=${GEN:-32}
@@ -40,7 +46,7 @@ KEEP=${KEEP:-0}
 gpu_need_uint CTX GEN KEEP
 [[ $SKEW =~ ^[0-9]+(\.[0-9]+)?$ ]] || gpu_die "SKEW=$SKEW is not a number"
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
-for b in $BUDGETS $SKEW_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
+for b in $BUDGETS $SKEW_BUDGETS $STREAM_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
 for c in $CPU_EXPERTS $SKEW_CPU_EXPERTS; do
   [[ $c =~ ^(off|auto|0(\.[0-9]+)?|1(\.0+)?)$ ]] || gpu_die "--cpu-experts $c: want off, auto or a share from 0 to 1"
 done
@@ -83,7 +89,18 @@ run_one full "" uniform all off -m "$MODEL"
 for b in $BUDGETS; do
   for c in $CPU_EXPERTS; do run_one "uniform-$b-$c" "$b" uniform even "$c" -m "$MODEL"; done
 done
+for b in $STREAM_BUDGETS; do run_one "uniform-$b-stream" "$b" uniform even-streamed off -m "$MODEL" --stream-experts on; done
 [ "$KEEP" -ne 1 ] && ! gpu_dry_run && rm -f "$MODEL"
+if [ -n "$STREAM_BUDGETS" ] && ! gpu_dry_run; then
+  # The disk's direct read rate (no page cache), which bounds streaming experts from a file that is not in RAM.
+  ddf=$LOG/dd-probe.bin
+  if dd if=/dev/zero of="$ddf" bs=16M count=256 oflag=direct status=none 2>"$LOG/dd.log"; then
+    dd if="$ddf" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/^/disk direct read: /' >"$LOG/disk.txt"
+  else
+    echo "disk direct read: not measured (dd.log)" >"$LOG/disk.txt"
+  fi
+  rm -f "$ddf"
+fi
 if [ "$SKEW" != 0 ]; then
   for b in $SKEW_BUDGETS; do
     rm -f "$LOG/stats.txt"
@@ -96,6 +113,7 @@ gpu_dry_run && exit 0
 {
   gpu_heading offload "$(gpu_device_name)"
   grep -m1 "routing statistics" "$LOG"/skew-*-even.log 2>/dev/null | sed 's/.*(the most-used/skewed routing: the most-used/; s/)$//' | head -1
+  cat "$LOG/disk.txt" 2>/dev/null
   awk -F, '{printf "%-10s %-9s %-9s %-16s %-8s %-9s %-11s %s\n", $1, $2, $3, $4, $5, $6, $7, $8}' "$LOG/offload.csv"
 } | tee "$LOG/summary.txt"
 exit 0

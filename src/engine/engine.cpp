@@ -458,6 +458,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
     log_info("cuda: uploaded %llu weight tensors, %.2f GiB in %.2f s (%.2f GB/s)",
              static_cast<unsigned long long>(up.tensors), static_cast<double>(up.bytes) / (1u << 30), up.seconds,
              up.rate_gbs());
+    if (up.host_streamed_bytes > 0)
+      log_info(
+          "cuda: of the weights in host memory, %.2f GiB pinned for the GPU to read and %.2f GiB streamed from "
+          "the model file by the host (--stream-experts)",
+          gib(up.host_pinned_bytes), gib(up.host_streamed_bytes));
   }
 #endif
   impl->fingerprint = model_fingerprint(spec, impl->file->weights);

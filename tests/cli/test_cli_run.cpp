@@ -394,6 +394,7 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--gpus",
                            "--no-expert-gather",
                            "--cpu-experts",
+                           "--stream-experts",
                            "--expert-stats"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
@@ -402,11 +403,12 @@ TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
   Result r = run_dsv4(
       run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --cublas off --gemm-min-tokens 64 --no-pdl --expert-gemm off "
-               "--gpu-memory 24G --no-expert-gather --cpu-experts 0.25"));
+               "--gpu-memory 24G --no-expert-gather --cpu-experts 0.25 --stream-experts off"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("int_dot=off cublas=off gemm_min_tokens=64 pdl=off expert_gemm=off"), std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("expert_gather=off gpu_memory=24.00GiB cpu_experts=0.25"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("expert_gather=off gpu_memory=24.00GiB cpu_experts=0.25 stream_experts=off"), std::string::npos)
+      << r.err;
 }
 
 TEST(CliRun, ExpertStatsAreCountedAndMergedIntoTheFile) {
@@ -467,6 +469,7 @@ TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
       {"--cpu-experts 1.5", "--cpu-experts 1.5: want auto, off or a share from 0 to 1 (such as 0.4)"},
       {"--cpu-experts half", "--cpu-experts half: want auto, off or a share from 0 to 1 (such as 0.4)"},
       {"--gpus 0,0", "--gpus 0,0: device 0 twice"},
+      {"--stream-experts yes", "--stream-experts yes: want auto, on or off"},
       {"--gpus one", "--gpus one: want all or device indices such as 0,1"},
   };
   for (const auto& [flag, message] : cases) {

@@ -14,7 +14,10 @@
 //     far more, as tests/cuda/test_cuda_model.cpp explains; a wrong expert
 //     computation moves every step); and the same greedy token at every step
 //     (a different top-1 only where the resident top-2 margin is within 4x the
-//     largest logit difference: a near-tie, counted and printed).
+//     largest logit difference: a near-tie, counted and printed);
+//   * streamed from the model file by the host (CudaOptions::stream_experts on;
+//     and auto with a pin limit of one tensor, so that the first layer's op
+//     mixes a pinned matrix with streamed ones): every logit bitwise.
 //   test_cuda_offload [--seed N]
 // Exit code non-zero on any failure (77 without a CUDA device).
 #include <algorithm>
@@ -47,10 +50,13 @@ struct Logits {
   std::vector<int32_t> tokens;  // prompt then the greedy tokens (resident run)
 };
 
-std::unique_ptr<Backend> cuda_backend(float cpu_experts) {
+std::unique_ptr<Backend> cuda_backend(float cpu_experts, StreamExperts stream = StreamExperts::AUTO,
+                                      uint64_t pin_limit = 0) {
   CudaBackendOptions o;
   o.print_properties = false;
   o.cpu_experts = cpu_experts;
+  o.stream_experts = stream;
+  o.host_pin_limit = pin_limit;
   auto be = make_cuda_backend(0, o);
   DSV4_ASSERT(be.has_value(), "make_cuda_backend: %s", be ? "" : be.error().message.c_str());
   return std::move(*be);
@@ -129,16 +135,35 @@ int main(int argc, char** argv) {
   struct Case {
     float cpu_experts;
     uint64_t resident;  // experts per layer
+    StreamExperts stream = StreamExperts::AUTO;
+    uint64_t pin_limit = 0;  // bytes
   };
-  for (const Case& c : {Case{0.0f, 0}, Case{0.0f, 2}, Case{0.5f, 0}, Case{0.5f, 2}, Case{1.0f, 0}}) {
+  const TensorRef& gate0 = mf->weights.layers[0][LayerTensor::FFN_GATE_EXPS];
+  const uint64_t one_tensor = gate0.n_bytes;
+  const Case cases[] = {{0.0f, 0},
+                        {0.0f, 2},
+                        {0.5f, 0},
+                        {0.5f, 2},
+                        {1.0f, 0},
+                        {0.0f, 0, StreamExperts::ON},
+                        {0.0f, 2, StreamExperts::ON},
+                        {0.0f, 0, StreamExperts::AUTO, one_tensor}};
+  for (const Case& c : cases) {
     ModelOptions o = mo;
     o.memory_budget = base + c.resident * per_expert;
     o.reserve_bytes = 1000;
-    auto be = cuda_backend(c.cpu_experts);
+    auto be = cuda_backend(c.cpu_experts, c.stream, c.pin_limit);
     WeightPlacement p;
     const Logits got = run(*be, *mf, o, want.tokens, false, &p);
-    const std::string what = strfmt("%llu of %llu resident, cpu share %.1f", (unsigned long long)p.min_resident,
-                                    (unsigned long long)E, static_cast<double>(c.cpu_experts));
+    std::string what = strfmt("%llu of %llu resident, cpu share %.1f", (unsigned long long)p.min_resident,
+                              (unsigned long long)E, static_cast<double>(c.cpu_experts));
+    if (c.stream == StreamExperts::ON) what += ", streamed";
+    if (c.pin_limit > 0) what += ", one tensor pinned, the rest streamed";
+    const CudaUploadStats up = cuda_upload_stats(*be);
+    check(c.stream != StreamExperts::ON && c.pin_limit == 0
+              ? up.host_streamed_bytes == 0
+              : up.host_streamed_bytes > 0 && (c.pin_limit == 0) == (up.host_pinned_bytes == 0),
+          what + ": pinned / streamed bytes");
     check(p.min_resident == c.resident && p.host_expert_bytes > 0, what + ": placement");
     check(std::memcmp(got.prompt.data(), want.prompt.data(), want.prompt.size() * sizeof(float)) == 0,
           what + ": prompt logits bitwise");

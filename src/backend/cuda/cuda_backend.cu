@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_compress.cuh"
 #include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
+#include "backend/cuda/cuda_expert_stream.cuh"
 #include "backend/cuda/cuda_host_experts.cuh"
 #include "backend/cuda/cuda_indexer.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
@@ -178,6 +179,7 @@ class CudaBackend final : public Backend {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     host_runner_.reset();
+    expert_stream_.reset();
     scratch_.set_evictable(nullptr);
     side_scratch_.set_evictable(nullptr);
     gemm_cache_.reset();
@@ -379,21 +381,72 @@ class CudaBackend final : public Backend {
 
   // Registers the host pages under the tensor with the driver (mapped, read-only where the device supports it)
   // and returns their device-usable address. Pages registered before (a neighbouring tensor's boundary page)
-  // are not registered again: only the gaps between earlier ranges are.
+  // are not registered again: only the gaps between earlier ranges are. When RAM cannot pin them (or
+  // --stream-experts on), the tensor stays pageable and its experts are streamed (cuda_expert_stream.cuh): the
+  // returned tensor then holds the host address, which only the expert ops' staging reads.
   expected<Tensor> map_host_weight(const void* host, GgmlType type, const int64_t ne[4]) override {
     use_device();
     Tensor t = make_tensor(nullptr, type, ne[0], ne[1], ne[2], ne[3]);
     const size_t bytes = t.n_bytes();
     if (bytes == 0) return t;
+    const int64_t expert_bytes = static_cast<int64_t>(bytes) / std::max<int64_t>(ne[2], 1);
+    if (expert_stream_)
+      if (Status st = expert_stream_->note_expert_bytes(expert_bytes); !st) return st.error();
+    const std::string what = strfmt("%s weights left in host memory", ggml_type_name(type));
+    std::string why;  // non-empty: stream this tensor
+    if (opts_.stream_experts == StreamExperts::ON) why = "--stream-experts on";
+    if (opts_.stream_experts == StreamExperts::AUTO && streamed_bytes_ > 0) why = "earlier host experts streamed";
+    if (opts_.stream_experts == StreamExperts::AUTO && opts_.host_pin_limit > 0 &&
+        pinned_bytes_ + bytes > opts_.host_pin_limit)
+      why = "the test's pin limit";
+    // Registering pins the pages: RAM for those not resident yet, checked first (a clear error, not the OOM killer).
+    if (why.empty())
+      if (auto avail = mem_available())
+        if (Status st = check_pinnable(host, bytes, *avail, uint64_t{1} << 30, what); !st) {
+          if (opts_.stream_experts == StreamExperts::OFF) return st.error().with_context("--stream-experts off");
+          why = st.error().message;
+        }
+    if (why.empty()) {
+      auto dev = register_host(host, bytes, type);
+      if (dev) {
+        t.data = *dev;
+        if (expert_stream_) expert_stream_->add_registered(*dev, host, bytes);
+        registered_.push_back({*dev, host, bytes});
+        pinned_bytes_ += bytes;
+        add_host_expert_range(*dev, host, bytes);
+        return t;
+      }
+      if (opts_.stream_experts == StreamExperts::OFF) return dev.error();
+      why = dev.error().message;
+    }
+    if (!opts_.expert_gather)
+      return make_error(
+          "%s cannot be pinned (%s), and --no-expert-gather reads host experts in place, which needs them "
+          "pinned: drop --no-expert-gather to stream them from the model file",
+          what.c_str(), why.c_str());
+    if (!expert_stream_) {
+      expert_stream_ = std::make_unique<ExpertStreamRunner>(opts_.cpu_expert_threads);
+      ctx_.expert_stream = expert_stream_.get();
+      for (const Registered& r : registered_) expert_stream_->add_registered(r.dev, r.host, r.bytes);
+      if (Status st = expert_stream_->note_expert_bytes(expert_bytes); !st) return st.error();
+    }
+    if (Status st = expert_stream_->add_streamed(host, bytes); !st) return st.error();
+    if (streamed_bytes_ == 0)
+      log_info(
+          "cuda: routed experts in host memory from here on stay in the model file, not pinned (%s): the host "
+          "copies each step's (%d threads; pages not in RAM come from the disk) through %.0f MiB of pinned "
+          "slots (--stream-experts)",
+          why.c_str(), expert_stream_->threads(), static_cast<double>(expert_stream_->pinned_bytes()) / (1 << 20));
+    streamed_bytes_ += bytes;
+    t.data = const_cast<void*>(host);
+    return t;
+  }
+
+  // The device-usable address of registered host memory [host, host + bytes) (see map_host_weight).
+  expected<void*> register_host(const void* host, size_t bytes, GgmlType type) {
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const uintptr_t lo = reinterpret_cast<uintptr_t>(host) / page * page;
     const uintptr_t hi = (reinterpret_cast<uintptr_t>(host) + bytes + page - 1) / page * page;
-    // Registering pins the pages: RAM for those not resident yet, checked first (a clear error, not the OOM killer).
-    if (auto avail = mem_available())
-      if (Status st = check_pinnable(host, bytes, *avail, uint64_t{1} << 30,
-                                     strfmt("%s weights left in host memory", ggml_type_name(type)));
-          !st)
-        return st.error();
     int read_only = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_));
     const unsigned flags = cudaHostRegisterMapped | (read_only ? cudaHostRegisterReadOnly : 0u);
@@ -419,20 +472,21 @@ class CudaBackend final : public Backend {
       if (Status st = reg(cur, hi); !st) return st.error();
     void* dev = nullptr;
     CUDA_CHECK(cudaHostGetDevicePointer(&dev, const_cast<void*>(host), 0));
-    t.data = dev;
-    // Host experts: the CPU computes a share of each decode step's experts from the same bytes.
-    if (opts_.cpu_experts != 0.0f && opts_.expert_gather) {
-      if (!host_runner_) {
-        host_runner_ = std::make_unique<HostExpertRunner>(opts_.cpu_expert_threads, opts_.cpu_experts);
-        ctx_.host_experts = host_runner_.get();
-        log_info(
-            "cuda: host experts: %d CPU threads (%s dots) compute a share of each decode step's experts in "
-            "host memory",
-            host_runner_->threads(), quant::dot_fast_isa());
-      }
-      host_runner_->add_range(dev, host, bytes);
+    return dev;
+  }
+
+  // Host experts: the CPU computes a share of each decode step's experts from the same bytes.
+  void add_host_expert_range(void* dev, const void* host, size_t bytes) {
+    if (opts_.cpu_experts == 0.0f || !opts_.expert_gather) return;
+    if (!host_runner_) {
+      host_runner_ = std::make_unique<HostExpertRunner>(opts_.cpu_expert_threads, opts_.cpu_experts);
+      ctx_.host_experts = host_runner_.get();
+      log_info(
+          "cuda: host experts: %d CPU threads (%s dots) compute a share of each decode step's experts in "
+          "host memory",
+          host_runner_->threads(), quant::dot_fast_isa());
     }
-    return t;
+    host_runner_->add_range(dev, host, bytes);
   }
 
   CudaUploadStats upload_stats() {
@@ -440,6 +494,8 @@ class CudaBackend final : public Backend {
     const auto t0 = std::chrono::steady_clock::now();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.host_pinned_bytes = pinned_bytes_;
+    stats_.host_streamed_bytes = streamed_bytes_;
     return stats_;
   }
 
@@ -785,6 +841,15 @@ class CudaBackend final : public Backend {
   std::unordered_map<void*, size_t> allocs_;
   std::map<uintptr_t, uintptr_t> host_regs_;       // registered host ranges [first, second), disjoint (map_host_weight)
   std::unique_ptr<HostExpertRunner> host_runner_;  // with host experts (map_host_weight) unless --cpu-experts off
+  // Host experts that stay pageable (map_host_weight, --stream-experts) and the registered ones before them.
+  std::unique_ptr<ExpertStreamRunner> expert_stream_;
+  struct Registered {
+    void* dev;
+    const void* host;
+    size_t bytes;
+  };
+  std::vector<Registered> registered_;
+  uint64_t pinned_bytes_ = 0, streamed_bytes_ = 0;  // host expert tensors' bytes registered / streamed
   bool staging_ready_ = false;
   void* staging_[2] = {nullptr, nullptr};
   cudaEvent_t staged_[2] = {nullptr, nullptr};

@@ -2,7 +2,9 @@
 // and one stream, tested op by op against the CPU backend (tests/cuda).
 //
 // Memory: activations/state from cudaMalloc (zero-initialised), weights copied
-// to device memory at upload (never read through host-mapped memory).
+// to device memory at upload, except routed experts a memory budget leaves in
+// host memory (map_host_weight: pinned and read over the bus, or streamed from
+// the model file by the host).
 // Dynamic values (positions, expert ids, selections) are read by the kernels
 // from device tensors and no op synchronises with the host, so a decode step
 // can later be captured in a CUDA graph. Every CUDA call is checked; a failure
@@ -31,6 +33,9 @@ struct CudaBackendOptions : CudaOptions {
   std::function<void(uint64_t bytes_done)> upload_progress;
   // Print the device's properties (log_info) when the backend starts.
   bool print_properties = true;
+  // Tests: pin at most this many bytes of host expert tensors (whole tensors, in mapping order); with
+  // stream_experts AUTO the rest stream as if RAM had run out. 0: no limit.
+  uint64_t host_pin_limit = 0;
 };
 
 // Weight upload totals of a CUDA backend (load-rate reporting).
@@ -38,6 +43,8 @@ struct CudaUploadStats {
   uint64_t bytes = 0;
   uint64_t tensors = 0;
   double seconds = 0;  // wall time spent in upload_weight (including the final drain)
+  // Weights left in host memory (map_host_weight): pinned for the GPU to read, or streamed from the model file.
+  uint64_t host_pinned_bytes = 0, host_streamed_bytes = 0;
   double rate_gbs() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
 

@@ -75,8 +75,9 @@ class DeviceScratch {
   uint64_t generation_ = 0;
 };
 
-class Blas;              // cuda_blas.h
-class HostExpertRunner;  // cuda_host_experts.cuh
+class Blas;                // cuda_blas.h
+class HostExpertRunner;    // cuda_host_experts.cuh
+class ExpertStreamRunner;  // cuda_expert_stream.cuh
 
 // Everything a launcher needs besides the op itself.
 struct CudaContext {
@@ -113,6 +114,9 @@ struct CudaContext {
   // experts to the CPU (cuda_host_experts.cuh); nullptr: off (CudaOptions::cpu_experts, or no host experts).
   HostExpertRunner* host_experts = nullptr;
   int64_t host_max_tokens = 16;
+  // Host experts that are not pinned (CudaOptions::stream_experts): ops using them stage them through the host
+  // (cuda_expert_stream.cuh) instead of the gather's copy kernel; nullptr: every host expert is pinned.
+  ExpertStreamRunner* expert_stream = nullptr;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

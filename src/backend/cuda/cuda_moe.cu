@@ -54,6 +54,7 @@
 
 #include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_expert_imma.cuh"
+#include "backend/cuda/cuda_expert_stream.cuh"
 #include "backend/cuda/cuda_host_experts.cuh"
 #include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_idot.cuh"
@@ -867,8 +868,12 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const size_t digit_pad = (static_cast<size_t>(digit_units) * sizeof(XDigits) + 15) / 16 * 16;
   // Decode steps may leave a share of their host experts to the CPU (cuda_host_experts.cuh): the host's rows
   // of y (host_y, [n_assign, D]) come back in mapped host memory.
+  // Host experts that are not pinned: staged through the host (cuda_expert_stream.cuh) instead of the copy kernel.
+  ExpertStreamRunner* streamer = ctx.expert_stream;
+  const bool streamed =
+      gather && streamer && (streamer->streamed(wg.host) || streamer->streamed(wu.host) || streamer->streamed(wd.host));
   HostExpertTask host_task;
-  const bool host_possible = gather && !grouped && ctx.host_experts && n <= ctx.host_max_tokens;
+  const bool host_possible = gather && !streamed && !grouped && ctx.host_experts && n <= ctx.host_max_tokens;
   if (host_possible) {
     auto mat = [&](const Tensor& t, const ExpertRows& r, int64_t rows, int64_t cols) {
       return HostExpertMatrix{t.type, ctx.host_experts->host_of(r.host), rows, cols, r.bytes, E};
@@ -923,12 +928,21 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       rows[m]->stage = stage;
       stage += (static_cast<size_t>(gather_cap * mat_bytes[m]) + 255) / 256 * 256;
     }
-    // About four blocks per SM over the stage slots in use (an upper bound: count is on the device).
-    const unsigned per_expert = static_cast<unsigned>(
-        std::clamp<int64_t>((4 * std::max(ctx.sm_count, 1) + gather_cap - 1) / gather_cap, 1, 64));
-    launch_kernel(gather_copy_kernel, dim3(per_expert, static_cast<unsigned>(gather_cap)), 256, 0, ctx.stream, gm, list,
-                  count);
-    CUDA_CHECK_LAUNCH();
+    if (streamed) {
+      const uint8_t* src[3];
+      for (int m = 0; m < 3; ++m) {
+        src[m] = streamer->host_of(gm.src[m]);
+        DSV4_ASSERT(src[m], "moe_experts: host experts neither streamed nor registered");
+      }
+      streamer->stage(ctx, src, mat_bytes, E, list, count, gather_cap, gm.dst);
+    } else {
+      // About four blocks per SM over the stage slots in use (an upper bound: count is on the device).
+      const unsigned per_expert = static_cast<unsigned>(
+          std::clamp<int64_t>((4 * std::max(ctx.sm_count, 1) + gather_cap - 1) / gather_cap, 1, 64));
+      launch_kernel(gather_copy_kernel, dim3(per_expert, static_cast<unsigned>(gather_cap)), 256, 0, ctx.stream, gm,
+                    list, count);
+      CUDA_CHECK_LAUNCH();
+    }
   }
   float* g = reinterpret_cast<float*>(g8);
   XDigits* digits =

@@ -99,6 +99,22 @@ expected<float> parse_cpu_experts(std::string_view text) {
   return static_cast<float>(v);
 }
 
+expected<StreamExperts> parse_stream_experts(std::string_view text) {
+  if (text == "auto") return StreamExperts::AUTO;
+  if (text == "on") return StreamExperts::ON;
+  if (text == "off") return StreamExperts::OFF;
+  return make_error("--stream-experts %.*s: want auto, on or off", static_cast<int>(text.size()), text.data());
+}
+
+const char* stream_experts_name(StreamExperts mode) {
+  switch (mode) {
+    case StreamExperts::AUTO: return "auto";
+    case StreamExperts::ON: return "on";
+    case StreamExperts::OFF: return "off";
+  }
+  return "?";
+}
+
 expected<int> parse_expert_gemm(std::string_view text) {
   if (text == "auto") return k_expert_gemm_auto_min;
   if (text == "on") return 1;
@@ -176,6 +192,7 @@ std::string CudaOptions::describe() const {
     add(cpu_experts < 0.0f ? std::string("cpu_experts=auto")
                            : strfmt("cpu_experts=%.2f", static_cast<double>(cpu_experts)));
   if (cpu_expert_threads != d.cpu_expert_threads) add(strfmt("cpu_expert_threads=%d", cpu_expert_threads));
+  if (stream_experts != d.stream_experts) add(std::string("stream_experts=") + stream_experts_name(stream_experts));
   if (dup_ops != 0) {
     std::string names;
     for (unsigned i = 0; i < static_cast<unsigned>(CudaDupOp::COUNT); ++i)

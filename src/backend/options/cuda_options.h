@@ -23,6 +23,10 @@ enum class CublasMode {
   LIBRARY,  // CudaOptions::cublas_library, which must load
 };
 
+// Whether routed experts in host memory that RAM cannot pin are streamed from the model file
+// (CudaOptions::stream_experts).
+enum class StreamExperts { AUTO, ON, OFF };
+
 // Ops that give the same result when launched twice (they do not read what
 // they write); CudaOptions::dup_ops is a mask of (1 << op).
 enum class CudaDupOp : unsigned {
@@ -102,8 +106,14 @@ struct CudaOptions {
   // the 16-core H200 machine the CPU's share gained at most 14% and often lost, see PERFORMANCE.md); < 0: auto
   // (measured at the first decode step: the CPU's rate over the CPU's plus the bus's); 1: all on the CPU.
   float cpu_experts = 0.0f;
-  // Threads of the host experts; 0: every core but one.
+  // Threads of the host experts (and of expert streaming's copies); 0: every core but one.
   int cpu_expert_threads = 0;
+  // Routed experts in host memory are pinned (registered) for the GPU to read while RAM holds them. AUTO: those
+  // that do not fit stay pageable in the model file's mapping and are streamed: the host copies each op's into
+  // a ring of pinned slots (pages not in RAM are read from the disk), the GPU copies them on
+  // (cuda_expert_stream.cuh); ON: every host expert streamed, nothing pinned; OFF: a model whose host experts
+  // cannot be pinned is refused at load.
+  StreamExperts stream_experts = StreamExperts::AUTO;
   size_t gemm_cache_reserve = size_t{16} << 30;
   // Profiling: these ops (CudaDupOp bits) are launched twice, so a run's
   // slowdown is their marginal cost inside the decode graph and the prefill stream.
@@ -128,6 +138,9 @@ expected<uint64_t> parse_gpu_memory(std::string_view text);
 expected<std::vector<int>> parse_gpus(std::string_view text);
 //   cpu experts  auto | off | SHARE (0 .. 1; 0 = off)
 expected<float> parse_cpu_experts(std::string_view text);
+//   stream experts  auto | on | off
+expected<StreamExperts> parse_stream_experts(std::string_view text);
+const char* stream_experts_name(StreamExperts mode);
 expected<unsigned> parse_dup_ops(std::string_view list);
 const char* cuda_dup_op_name(CudaDupOp op);
 const char* cuda_dup_op_names();  // "hc_pre, hc_head, ..."
