@@ -75,7 +75,9 @@ int run_synth(const SynthArgs& a) {
 void register_synth(CLI::App& app) {
   auto args = std::make_shared<SynthArgs>();
   CLI::App* cmd = app.add_subcommand("synth", "Write a random-weight DeepSeek V4 model (any preset) as a GGUF file");
-  cmd->add_option("--preset", args->preset, "tiny | tiny-f32 | flash-q2 | flash-q2-q4 | flash-q4 | pro-q2");
+  std::string names;  // every preset, from the table (--list-presets describes them)
+  for (const auto& p : synth_presets()) names += (names.empty() ? "" : " | ") + p.name;
+  cmd->add_option("--preset", args->preset, names);
   cmd->add_option("-o,--output", args->out, "Output GGUF path (written as PATH.tmp, then renamed)");
   cmd->add_option("--seed", args->seed, "Random seed; the output is deterministic for a seed")->capture_default_str();
   cmd->add_option("--router-skew", args->router_skew,

@@ -399,6 +399,26 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
+TEST(CliRun, SynthHelpNamesEveryPreset) {
+  // --preset's help is built from the preset table, so it names every preset --list-presets lists.
+  const Result list = run_dsv4("synth --list-presets");
+  ASSERT_EQ(list.status, 0) << list.err;
+  const Result help = run_dsv4("synth --help");
+  ASSERT_EQ(help.status, 0) << help.err;
+  const size_t at = help.out.find("--preset");
+  ASSERT_NE(at, std::string::npos) << help.out;
+  const std::string line = help.out.substr(at, help.out.find('\n', at) - at) + " ";
+  std::istringstream in(list.out);
+  int n = 0;
+  for (std::string row; std::getline(in, row);) {
+    const std::string name = row.substr(0, row.find(' '));
+    if (name.empty()) continue;
+    ++n;
+    EXPECT_NE(line.find(" " + name + " "), std::string::npos) << name << " missing from: " << line;
+  }
+  EXPECT_GE(n, 8);
+}
+
 TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
   Result r = run_dsv4(
