@@ -160,6 +160,11 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "of first gathered into GPU memory by one copy per batch")
       ->group(group);
   cmd->add_flag_callback(
+         "--no-expert-prefetch", [s] { s->expert_prefetch = false; },
+         "Prefill with routed experts in host memory gathers each layer's after its router instead of copying "
+         "them in while the layer's attention runs")
+      ->group(group);
+  cmd->add_flag_callback(
          "--no-pdl", [s] { s->pdl = false; }, "Plain kernel launches instead of programmatic dependent launch (sm_90+)")
       ->group(group);
   cmd->add_flag_callback(

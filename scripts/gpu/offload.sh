@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh offload [--dry-run]
 # Summary: dsv4 bench of the full-size synthetic Flash with routed experts in host memory (--gpu-memory budgets, uniform and skewed routing), table last
-# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), STREAM_BUDGETS ("24G"), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
+# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), STREAM_BUDGETS ("24G"), NOPREFETCH_BUDGETS (""), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
 #
 # Issue #35 measured: how fast a GPU smaller than the model runs it, mimicked
 # on the H200 with --gpu-memory budgets (`dsv4 bench --ctx-start $CTX
@@ -15,6 +15,10 @@
 #                of $CPU_EXPERTS (off, the default: every host expert gathered
 #                over the bus; auto or a SHARE such as 0.15: the CPU computes
 #                that share of each decode step's host experts, listed)
+#   uniform-B-noprefetch  each budget B of $NOPREFETCH_BUDGETS with
+#                --no-expert-prefetch (prefill gathers each layer's host experts
+#                after its router instead of copying them in beside the
+#                attention: the A/B of the prefetch)
 #   uniform-B-stream  each budget B of $STREAM_BUDGETS with --stream-experts on:
 #                no host expert pinned, the host copies each step's from the
 #                file's mapping (here the page cache: /dev/shm) through pinned
@@ -38,6 +42,7 @@ SKEW=${SKEW:-1}
 SKEW_BUDGETS=${SKEW_BUDGETS:-"24G 48G 80G"}
 CPU_EXPERTS=${CPU_EXPERTS:-off}
 STREAM_BUDGETS=${STREAM_BUDGETS-24G}
+NOPREFETCH_BUDGETS=${NOPREFETCH_BUDGETS-}
 SKEW_CPU_EXPERTS=${SKEW_CPU_EXPERTS:-off}
 CTX=${CTX:-4096}
 GEN=${GEN:-32}
@@ -46,7 +51,7 @@ KEEP=${KEEP:-0}
 gpu_need_uint CTX GEN KEEP
 [[ $SKEW =~ ^[0-9]+(\.[0-9]+)?$ ]] || gpu_die "SKEW=$SKEW is not a number"
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
-for b in $BUDGETS $SKEW_BUDGETS $STREAM_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
+for b in $BUDGETS $SKEW_BUDGETS $STREAM_BUDGETS $NOPREFETCH_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
 for c in $CPU_EXPERTS $SKEW_CPU_EXPERTS; do
   [[ $c =~ ^(off|auto|0(\.[0-9]+)?|1(\.0+)?)$ ]] || gpu_die "--cpu-experts $c: want off, auto or a share from 0 to 1"
 done
@@ -88,6 +93,9 @@ fi
 run_one full "" uniform all off -m "$MODEL"
 for b in $BUDGETS; do
   for c in $CPU_EXPERTS; do run_one "uniform-$b-$c" "$b" uniform even "$c" -m "$MODEL"; done
+done
+for b in $NOPREFETCH_BUDGETS; do
+  run_one "uniform-$b-noprefetch" "$b" uniform even-noprefetch off -m "$MODEL" --no-expert-prefetch
 done
 for b in $STREAM_BUDGETS; do run_one "uniform-$b-stream" "$b" uniform even-streamed off -m "$MODEL" --stream-experts on; done
 [ "$KEEP" -ne 1 ] && ! gpu_dry_run && rm -f "$MODEL"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh spec [--dry-run]
 # Summary: speculative decoding: verify-pass cost vs a decode step (k = 1..5), replayed proposals, greedy identity
-# Environment: CTX (2048), GEN (64), K (5), TINY_GEN (512)
+# Environment: CTX (2048), GEN (64), K (5), TINY_GEN (512), MODEL (a flash-q2 file instead of generating it)
 #
 # The numbers issue #36 asks for, on the GPU machine (docs/SPECULATIVE.md, PERFORMANCE.md):
 #   1. flash-q2 (generated in memory): dsv4 bench --verify K at CTX — a verify pass of 1 + k tokens against
@@ -26,7 +26,9 @@ gpu_binaries dsv4
 gpu_use_run_libs
 gpu_out_flat
 rc=0
-gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench --synthetic flash-q2 --ctx-start "$CTX" --gen-tokens "$GEN" \
+flash=(--synthetic flash-q2)
+[ -n "${MODEL:-}" ] && flash=(-m "$MODEL")
+gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
   --verify "$K" --csv "$LOG/spec-flash-q2.csv" || rc=1
 gpu_run timeout 300 "$GPU_RUN/bin/dsv4" bench --synthetic tiny --ctx-start "$CTX" --gen-tokens "$TINY_GEN" \
   --verify "$K" --csv "$LOG/spec-tiny.csv" || rc=1

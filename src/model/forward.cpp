@@ -865,6 +865,14 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
                      .norm_w = L[norm],
                      .norm_rms_eps = P.rms_eps});
   };
+  // Experts partly in host memory: the backend may copy them in while the attention runs.
+  if (L.slots)
+    backend_.moe_prefetch({.slots = L.slots,
+                           .gate_host = L.gate_host,
+                           .up_host = L.up_host,
+                           .down_host = L.down_host,
+                           .n = n,
+                           .k = static_cast<int64_t>(P.n_expert_used)});
   hc_pre(LT::HC_ATTN_FN, LT::HC_ATTN_SCALE, LT::HC_ATTN_BASE, LT::ATTN_NORM);
   attention_block(L, segs, layer, ratio, n);
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});

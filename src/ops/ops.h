@@ -271,6 +271,16 @@ struct MoeExpertsOp {
   Tensor gate_host, up_host, down_host;
 };
 
+// Notice of a layer's coming moe_experts op whose experts are partly in host memory (its slots and host
+// stacks), for a batch of n tokens with k experts each, issued before the layer's attention: a backend may
+// start copying the host experts the batch will use into device memory meanwhile (CUDA: every host expert of
+// the layer, by the copy engine, for batches large enough to use nearly all of them). Changes no result.
+struct MoePrefetchOp {
+  Tensor slots;
+  Tensor gate_host, up_host, down_host;
+  int64_t n = 0, k = 0;
+};
+
 // h = silu(min(gate, c)) * clamp(up, -c, c), elementwise (shared expert).
 struct SwigluOp {
   Tensor out;   // [n, F] f32
@@ -419,6 +429,7 @@ class Backend {
   }
   virtual void moe_route(const MoeRouteOp& op) = 0;
   virtual void moe_experts(const MoeExpertsOp& op) = 0;
+  virtual void moe_prefetch(const MoePrefetchOp& op) { (void)op; }  // a hint (MoePrefetchOp); default: none
   virtual void swiglu(const SwigluOp& op) = 0;
   virtual void add(const AddOp& op) = 0;
   virtual void scale(const ScaleOp& op) = 0;

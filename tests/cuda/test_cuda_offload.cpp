@@ -15,6 +15,9 @@
 //     computation moves every step); and the same greedy token at every step
 //     (a different top-1 only where the resident top-2 margin is within 4x the
 //     largest logit difference: a near-tie, counted and printed);
+//   * the prompt's 64-token chunks have each layer's host experts prefetched
+//     beside the attention (CudaOptions::expert_prefetch), except in one
+//     case gathered after the router: bitwise either way;
 //   * streamed from the model file by the host (CudaOptions::stream_experts on;
 //     and auto with a pin limit of one tensor, so that the first layer's op
 //     mixes a pinned matrix with streamed ones): every logit bitwise.
@@ -51,8 +54,9 @@ struct Logits {
 };
 
 std::unique_ptr<Backend> cuda_backend(float cpu_experts, StreamExperts stream = StreamExperts::AUTO,
-                                      uint64_t pin_limit = 0) {
+                                      uint64_t pin_limit = 0, bool prefetch = true) {
   CudaBackendOptions o;
+  o.expert_prefetch = prefetch;
   o.print_properties = false;
   o.cpu_experts = cpu_experts;
   o.stream_experts = stream;
@@ -137,6 +141,7 @@ int main(int argc, char** argv) {
     uint64_t resident;  // experts per layer
     StreamExperts stream = StreamExperts::AUTO;
     uint64_t pin_limit = 0;  // bytes
+    bool prefetch = true;
   };
   const TensorRef& gate0 = mf->weights.layers[0][LayerTensor::FFN_GATE_EXPS];
   const uint64_t one_tensor = gate0.n_bytes;
@@ -147,18 +152,20 @@ int main(int argc, char** argv) {
                         {1.0f, 0},
                         {0.0f, 0, StreamExperts::ON},
                         {0.0f, 2, StreamExperts::ON},
-                        {0.0f, 0, StreamExperts::AUTO, one_tensor}};
+                        {0.0f, 0, StreamExperts::AUTO, one_tensor},
+                        {0.0f, 2, StreamExperts::AUTO, 0, false}};
   for (const Case& c : cases) {
     ModelOptions o = mo;
     o.memory_budget = base + c.resident * per_expert;
     o.reserve_bytes = 1000;
-    auto be = cuda_backend(c.cpu_experts, c.stream, c.pin_limit);
+    auto be = cuda_backend(c.cpu_experts, c.stream, c.pin_limit, c.prefetch);
     WeightPlacement p;
     const Logits got = run(*be, *mf, o, want.tokens, false, &p);
     std::string what = strfmt("%llu of %llu resident, cpu share %.1f", (unsigned long long)p.min_resident,
                               (unsigned long long)E, static_cast<double>(c.cpu_experts));
     if (c.stream == StreamExperts::ON) what += ", streamed";
     if (c.pin_limit > 0) what += ", one tensor pinned, the rest streamed";
+    if (!c.prefetch) what += ", no prefetch";
     const CudaUploadStats up = cuda_upload_stats(*be);
     check(c.stream != StreamExperts::ON && c.pin_limit == 0
               ? up.host_streamed_bytes == 0

@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_compress.cuh"
 #include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
+#include "backend/cuda/cuda_expert_prefetch.cuh"
 #include "backend/cuda/cuda_expert_stream.cuh"
 #include "backend/cuda/cuda_host_experts.cuh"
 #include "backend/cuda/cuda_indexer.cuh"
@@ -179,6 +180,7 @@ class CudaBackend final : public Backend {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     host_runner_.reset();
+    prefetcher_.reset();
     expert_stream_.reset();
     scratch_.set_evictable(nullptr);
     side_scratch_.set_evictable(nullptr);
@@ -696,9 +698,47 @@ class CudaBackend final : public Backend {
   void moe_experts(const MoeExpertsOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("moe_experts") : std::string());
+    PrefetchedExperts pf;
+    if (prefetcher_) pf = prefetcher_->take(ctx_, op);
+    ctx_.prefetched = pf.slots ? &pf : nullptr;
     launch_moe_experts(ctx_, op);
     if (opts_.dup(CudaDupOp::MOE_EXPERTS) && !op.accumulate && op.out.data != op.x.data)
       launch_moe_experts(ctx_, op);  // --dup-ops
+    if (pf.slots) prefetcher_->finish(ctx_);
+    ctx_.prefetched = nullptr;
+  }
+  void moe_prefetch(const MoePrefetchOp& op) override {
+    if (!opts_.expert_prefetch || !opts_.expert_gather || !op.slots || ctx_.capturing) return;
+    if (expert_stream_ && (expert_stream_->streamed(op.gate_host.data) || expert_stream_->streamed(op.up_host.data) ||
+                           expert_stream_->streamed(op.down_host.data)))
+      return;  // pageable: the host stages them per op (cuda_expert_stream.cuh)
+    use_device();
+    if (!prefetcher_) prefetcher_ = std::make_unique<ExpertPrefetcher>();
+    prefetcher_->prefetch(ctx_, op, [this](uint8_t* dst, const uint8_t* src, size_t n, cudaStream_t stream) {
+      copy_from_registered(dst, src, n, stream);
+    });
+  }
+  // Copies n bytes of registered host memory (src: the device-usable address map_host_weight returned) to device
+  // memory on `stream` by the copy engine: one copy per registration the bytes span (a copy may not span two).
+  void copy_from_registered(uint8_t* dst, const uint8_t* src, size_t n, cudaStream_t stream) {
+    const auto p = reinterpret_cast<uintptr_t>(src);
+    auto r = std::find_if(registered_.begin(), registered_.end(), [&](const Registered& x) {
+      const auto d = reinterpret_cast<uintptr_t>(x.dev);
+      return p >= d && p - d < x.bytes;
+    });
+    DSV4_ASSERT(r != registered_.end() && p + n <= reinterpret_cast<uintptr_t>(r->dev) + r->bytes,
+                "copy_from_registered: not registered host memory");
+    const uintptr_t h = reinterpret_cast<uintptr_t>(r->host) + (p - reinterpret_cast<uintptr_t>(r->dev));
+    for (uintptr_t a = h; a < h + n;) {
+      auto it = host_regs_.upper_bound(a);
+      DSV4_ASSERT(it != host_regs_.begin(), "copy_from_registered: a page not registered");
+      --it;
+      DSV4_ASSERT(a < it->second, "copy_from_registered: a page not registered");
+      const uintptr_t b = std::min(h + n, it->second);
+      CUDA_CHECK(
+          cudaMemcpyAsync(dst + (a - h), reinterpret_cast<const void*>(a), b - a, cudaMemcpyHostToDevice, stream));
+      a = b;
+    }
   }
   void swiglu(const SwigluOp& op) override {
     use_device();
@@ -843,6 +883,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<HostExpertRunner> host_runner_;  // with host experts (map_host_weight) unless --cpu-experts off
   // Host experts that stay pageable (map_host_weight, --stream-experts) and the registered ones before them.
   std::unique_ptr<ExpertStreamRunner> expert_stream_;
+  // Large batches' host experts copied in beside the attention (moe_prefetch); made at the first one.
+  std::unique_ptr<ExpertPrefetcher> prefetcher_;
   struct Registered {
     void* dev;
     const void* host;

@@ -78,6 +78,7 @@ class DeviceScratch {
 class Blas;                // cuda_blas.h
 class HostExpertRunner;    // cuda_host_experts.cuh
 class ExpertStreamRunner;  // cuda_expert_stream.cuh
+struct PrefetchedExperts;  // cuda_expert_prefetch.cuh
 
 // Everything a launcher needs besides the op itself.
 struct CudaContext {
@@ -117,6 +118,9 @@ struct CudaContext {
   // Host experts that are not pinned (CudaOptions::stream_experts): ops using them stage them through the host
   // (cuda_expert_stream.cuh) instead of the gather's copy kernel; nullptr: every host expert is pinned.
   ExpertStreamRunner* expert_stream = nullptr;
+  // Set by the backend around a moe_experts op whose layer's host experts were prefetched
+  // (cuda_expert_prefetch.cuh): the op reads them there instead of gathering; nullptr: gather as usual.
+  const PrefetchedExperts* prefetched = nullptr;
 };
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

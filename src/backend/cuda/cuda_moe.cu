@@ -54,6 +54,7 @@
 
 #include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_expert_imma.cuh"
+#include "backend/cuda/cuda_expert_prefetch.cuh"
 #include "backend/cuda/cuda_expert_stream.cuh"
 #include "backend/cuda/cuda_host_experts.cuh"
 #include "backend/cuda/cuda_expert_rows.cuh"
@@ -832,8 +833,10 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
              wd = expert_rows(op.down, op.down_host, op.slots);
   const int64_t n_assign = n * k;
   const int64_t E = gate.ne[2];
-  // Host-memory experts gathered into GPU memory first: a stage of min(n_assign, E) experts.
-  const bool gather = placed && ctx.expert_gather && k > 0;
+  // Host-memory experts gathered into GPU memory first: a stage of min(n_assign, E) experts; or, when the
+  // backend prefetched every host expert of the layer (cuda_expert_prefetch.cuh), read there.
+  const bool prefetched = placed && k > 0 && ctx.prefetched && ctx.prefetched->slots;
+  const bool gather = placed && ctx.expert_gather && k > 0 && !prefetched;
   const int64_t gather_cap = gather ? std::min(n_assign, E) : 0;
   const bool grouped = n >= ctx.expert_group_min && k > 0;
   // Assignments per tile when all three matrices run on tensor cores: 16, or 32
@@ -849,8 +852,9 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   // Experts of >= big_min assignments in this batch on the grouped GEMM (cuda_expert_gemm.cuh; tiles of
   // k_wg_tokens), the others on the tile; big_min 1 (--expert-gemm on): every expert, and no tile launches.
   // Not with experts read in place from host memory: the GEMM's bulk copies would (the tile instead).
-  const int big_min =
-      grouped && all_eg && (!placed || gather) && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? ctx.expert_gemm_min : 0;
+  const int big_min = grouped && all_eg && (!placed || gather || prefetched) && D % k_eg_bk == 0 && F % k_eg_bk == 0
+                          ? ctx.expert_gemm_min
+                          : 0;
   const bool tiles_too = big_min != 1;
   const int tile = all_mma ? (n_assign >= 32 * E ? 32 : 16) : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);
@@ -942,6 +946,13 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       launch_kernel(gather_copy_kernel, dim3(per_expert, static_cast<unsigned>(gather_cap)), 256, 0, ctx.stream, gm,
                     list, count);
       CUDA_CHECK_LAUNCH();
+    }
+  }
+  if (prefetched) {
+    ExpertRows* rows[3] = {&wg, &wu, &wd};
+    for (int m = 0; m < 3; ++m) {
+      rows[m]->slot = ctx.prefetched->slots;
+      rows[m]->stage = ctx.prefetched->stage[m];
     }
   }
   float* g = reinterpret_cast<float*>(g8);

@@ -181,6 +181,7 @@ std::string CudaOptions::describe() const {
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
   if (expert_group_min != d.expert_group_min) add("expert_group_min=" + std::to_string(expert_group_min));
   if (expert_gather != d.expert_gather) add("expert_gather=off");
+  if (expert_prefetch != d.expert_prefetch) add("expert_prefetch=off");
   if (gemm_weight_cache != d.gemm_weight_cache) add("gemm_weight_cache=off");
   if (gpu_memory != d.gpu_memory) add(strfmt("gpu_memory=%.2fGiB", static_cast<double>(gpu_memory) / (1u << 30)));
   if (!gpus.empty()) {

@@ -86,6 +86,10 @@ struct CudaOptions {
   // read there (each crosses the bus once per batch; prefill then runs the grouped GEMM); false: the expert
   // kernels read them in place over the bus (once per assignment or tile).
   bool expert_gather = true;
+  // With expert_gather: a batch large enough to use nearly every expert has its layer's host experts copied
+  // into GPU memory by the copy engine while the layer's attention runs (cuda_expert_prefetch.cuh), instead of
+  // gathered after the router; false: always gathered after the router.
+  bool expert_prefetch = true;
   // Keep the cuBLAS matmuls' split weights across calls (cuda_gemm.cuh,
   // GemmWeightCache: 6 bytes per dense weight) while at least
   // gemm_cache_reserve bytes of device memory stay free; false: split every
