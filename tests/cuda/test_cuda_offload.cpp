@@ -15,7 +15,7 @@
 //     computation moves every step); and the same greedy token at every step
 //     (a different top-1 only where the resident top-2 margin is within 4x the
 //     largest logit difference: a near-tie, counted and printed);
-//   * the prompt's 64-token chunks have each layer's host experts prefetched
+//   * the 150-token prompt has each layer's host experts prefetched
 //     beside the attention (CudaOptions::expert_prefetch), except in one
 //     case gathered after the router: bitwise either way;
 //   * streamed from the model file by the host (CudaOptions::stream_experts on;
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> prompt = seeded_tokens(seed, static_cast<size_t>(k_prompt), V);
   ModelOptions mo;
   mo.numerics = Numerics::PLAIN;
-  mo.max_batch = 64;
+  mo.max_batch = 160;  // the prompt in one batch: large enough for the prefetch (ExpertPrefetcher::k_min_tokens)
 
   int ok = 0, fail = 0;
   auto check = [&](bool good, const std::string& line) {
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   const Logits want = run(*be0, *mf, mo, prompt, true, &p0);
   const uint64_t E = p0.n_expert, n_layer = mf->weights.layers.size();
   const uint64_t per_expert = p0.expert_bytes / E, one_layer = per_expert / n_layer;
-  const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{64} * mf->spec().n_expert_used);
+  const uint64_t stage = one_layer * std::min<uint64_t>(E, uint64_t{160} * mf->spec().n_expert_used);
   const uint64_t base = p0.dense_bytes + p0.scratch_bytes + 1000 + stage;
 
   struct Case {

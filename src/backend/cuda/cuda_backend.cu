@@ -413,7 +413,7 @@ class CudaBackend final : public Backend {
       if (dev) {
         t.data = *dev;
         if (expert_stream_) expert_stream_->add_registered(*dev, host, bytes);
-        registered_.push_back({*dev, host, bytes});
+        registered_.push_back({*dev, host, bytes, expert_bytes});
         pinned_bytes_ += bytes;
         add_host_expert_range(*dev, host, bytes);
         return t;
@@ -429,7 +429,10 @@ class CudaBackend final : public Backend {
     if (!expert_stream_) {
       expert_stream_ = std::make_unique<ExpertStreamRunner>(opts_.cpu_expert_threads);
       ctx_.expert_stream = expert_stream_.get();
-      for (const Registered& r : registered_) expert_stream_->add_registered(r.dev, r.host, r.bytes);
+      for (const Registered& r : registered_) {
+        expert_stream_->add_registered(r.dev, r.host, r.bytes);
+        if (Status st = expert_stream_->note_expert_bytes(r.expert_bytes); !st) return st.error();
+      }
       if (Status st = expert_stream_->note_expert_bytes(expert_bytes); !st) return st.error();
     }
     if (Status st = expert_stream_->add_streamed(host, bytes); !st) return st.error();
@@ -889,6 +892,7 @@ class CudaBackend final : public Backend {
     void* dev;
     const void* host;
     size_t bytes;
+    int64_t expert_bytes;
   };
   std::vector<Registered> registered_;
   uint64_t pinned_bytes_ = 0, streamed_bytes_ = 0;  // host expert tensors' bytes registered / streamed

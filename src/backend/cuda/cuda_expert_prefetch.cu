@@ -51,7 +51,7 @@ void ExpertPrefetcher::prefetch(const CudaContext& ctx, const MoePrefetchOp& op,
   pending_ = nullptr;
   if (failed_ || ctx.capturing || !op.slots || op.k <= 0) return;
   const int64_t E = op.slots.ne[0];
-  if (op.n * op.k < k_min_uses_per_expert * E) return;
+  if (op.n < k_min_tokens || op.n * op.k < k_min_uses_per_expert * E) return;
   const Layer* l = layer_of(ctx, op.slots);
   if (l->host.empty()) return;
   const Tensor* mats[3] = {&op.gate_host, &op.up_host, &op.down_host};

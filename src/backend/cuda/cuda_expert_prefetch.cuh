@@ -39,8 +39,10 @@ class ExpertPrefetcher {
   ExpertPrefetcher& operator=(const ExpertPrefetcher&) = delete;
 
   // Batches of n tokens with n * k >= k_min_uses_per_expert * E are prefetched (then ~e^-4 of the host experts
-  // copied go unused).
+  // copied go unused), and only batches of at least k_min_tokens: smaller batched steps may be recorded as
+  // graphs after a first run that sized the scratch memory, which must then need the same gather stage.
   static constexpr int64_t k_min_uses_per_expert = 4;
+  static constexpr int64_t k_min_tokens = 128;
 
   // Copies n bytes at src (a device-usable address of registered host memory) to dst on a stream.
   using CopyIn = std::function<void(uint8_t* dst, const uint8_t* src, size_t n, cudaStream_t stream)>;
