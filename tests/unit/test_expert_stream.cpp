@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "backend/host/expert_stream.h"
+#include "backend/host/spin_team.h"
 
 namespace dsv4 {
 namespace {
@@ -119,6 +122,26 @@ TEST(ExpertStream, TagsNeverRepeatAcrossRequestsOrPositions) {
   EXPECT_NE(stream_tag(1, 5), stream_tag(2, 5));
   EXPECT_NE(stream_tag(1, 5), stream_tag(1, 6));
   EXPECT_EQ(stream_tag(3, 2) >> 32, 3u);
+}
+
+TEST(ExpertStream, RequestPollSeesEachNewValueAndStops) {
+  // The mailbox poll both host workers use: a value other than the last is returned once; stop ends it with 0.
+  uint32_t word = 7;
+  std::atomic<bool> stop{false};
+  RequestPoll poll(7);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    __atomic_store_n(&word, 8u, __ATOMIC_RELEASE);
+  });
+  EXPECT_EQ(poll.next(&word, stop), 8u);
+  writer.join();
+  poll.served();
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past the busy window: napping
+    stop.store(true);
+  });
+  EXPECT_EQ(poll.next(&word, stop), 0u);
+  stopper.join();
 }
 
 TEST(ExpertStreamDeath, AnExpertOutsideTheStackIsFatal) {

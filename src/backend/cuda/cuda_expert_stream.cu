@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(1024)
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t s = *seq + 1;
+    const uint32_t s = *seq + 1 == 0 ? 1 : *seq + 1;  // never 0 (RequestPoll: 0 means stopped)
     *seq = s;
     __threadfence_system();
     b->request = s;

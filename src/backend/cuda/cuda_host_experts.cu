@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(1024)
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t s = *seq + 1;
+    const uint32_t s = *seq + 1 == 0 ? 1 : *seq + 1;  // never 0 (RequestPoll: 0 means stopped)
     *seq = s;
     volatile HostMailbox* b = box;
     b->job = job;
@@ -80,7 +80,8 @@ HostExpertRunner::HostExpertRunner(int threads, float share)
   CUDA_CHECK(cudaMalloc(&seq_d_, sizeof(uint32_t)));
   CUDA_CHECK(cudaMemset(seq_d_, 0, sizeof(uint32_t)));
   CUDA_CHECK(cudaDeviceSynchronize());
-  thread_ = std::thread([this] { worker(); });
+  const uint32_t seen = box_->request;  // before the worker starts: a request may come before it runs
+  thread_ = std::thread([this, seen] { worker(seen); });
 }
 
 HostExpertRunner::~HostExpertRunner() {
@@ -100,23 +101,11 @@ HostExpertRunner::~HostExpertRunner() {
   CUDA_CHECK(cudaFree(seq_d_));
 }
 
-// The worker: polls the request word (spinning while requests come within 20 ms of each other, else napping
-// 100 us between looks), computes the job, publishes y_host, then the answer.
-void HostExpertRunner::worker() {
+// The worker: waits for each request (RequestPoll), computes the job, publishes y_host, then the answer.
+void HostExpertRunner::worker(uint32_t last) {
   using clock = std::chrono::steady_clock;
-  uint32_t last = __atomic_load_n(&box_->request, __ATOMIC_ACQUIRE);
-  auto idle_since = clock::now();
-  while (!stop_.load(std::memory_order_relaxed)) {
-    const uint32_t r = __atomic_load_n(&box_->request, __ATOMIC_ACQUIRE);
-    if (r == last) {
-      if (clock::now() - idle_since < std::chrono::milliseconds(20)) {
-        for (int i = 0; i < 64; ++i) cpu_relax();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      continue;
-    }
-    last = r;
+  RequestPoll poll(last);
+  while (const uint32_t r = poll.next(&box_->request, stop_)) {
     const uint32_t job = __atomic_load_n(&box_->job, __ATOMIC_ACQUIRE);
     DSV4_ASSERT(job < n_jobs_.load(std::memory_order_acquire), "host experts: request for job %u of %zu", job,
                 n_jobs_.load());
@@ -135,7 +124,7 @@ void HostExpertRunner::worker() {
       std::abort();
     }
     __atomic_store_n(&box_->answer, r, __ATOMIC_RELEASE);
-    idle_since = clock::now();
+    poll.served();
   }
 }
 

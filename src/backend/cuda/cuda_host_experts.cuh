@@ -77,7 +77,7 @@ class HostExpertRunner {
   };
 
  private:
-  void worker();
+  void worker(uint32_t last);
   bool ensure_buffers(int64_t n_assign, int64_t n_tokens, int64_t D, bool capturing);
   void calibrate(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
                  size_t bus_bytes);

@@ -59,23 +59,12 @@ ExpertStreamer::~ExpertStreamer() {
 
 int ExpertStreamer::threads() const { return team_->size(); }
 
-// Polls the request word (spinning while requests come within 20 ms of each other, else napping 100 us
-// between looks) and serves each new request.
+// Serves each new request (RequestPoll: spinning while they come back to back, napping otherwise).
 void ExpertStreamer::worker(uint32_t last) {
-  auto idle_since = Clock::now();
-  while (!stop_.load(std::memory_order_relaxed)) {
-    const uint32_t r = __atomic_load_n(&box_->request, __ATOMIC_ACQUIRE);
-    if (r == last) {
-      if (Clock::now() - idle_since < std::chrono::milliseconds(20)) {
-        for (int i = 0; i < 64; ++i) cpu_relax();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      continue;
-    }
-    last = r;
+  RequestPoll poll(last);
+  while (const uint32_t r = poll.next(&box_->request, stop_)) {
     serve(r);
-    idle_since = Clock::now();
+    poll.served();
   }
 }
 

@@ -16,6 +16,22 @@ void cpu_relax() {
 #endif
 }
 
+uint32_t RequestPoll::next(const uint32_t* word, const std::atomic<bool>& stop) {
+  while (!stop.load(std::memory_order_relaxed)) {
+    const uint32_t r = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if (r != last_) {
+      last_ = r;
+      return r;
+    }
+    if (std::chrono::steady_clock::now() - idle_since_ < k_busy) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+    } else {
+      std::this_thread::sleep_for(k_nap);
+    }
+  }
+  return 0;
+}
+
 SpinTeam::SpinTeam(int n_threads) {
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker(); });
 }
