@@ -31,8 +31,8 @@
 #   test_cuda_model_mxfp4  the same checks on tiny-mxfp4 (MXFP4 routed experts), 300 tokens
 #   test_cuda_pipeline  tiny model as a layer pipeline over 2 and 3 CUDA backends (one GPU; two when present)
 #                     vs one backend, bitwise, both numerics
-#   test_cuda_offload  tiny model with experts in host memory (gathered: bitwise; a CPU share: NMSE and greedy
-#                     tokens) vs every expert resident
+#   test_cuda_offload  tiny model with experts in host memory (gathered, prefetched beside the attention, streamed
+#                     from the file: bitwise; a CPU share: NMSE and greedy tokens) vs every expert resident
 #   test_cuda_engine  Engine/Session on CUDA: --backend cuda/auto, decode == prefill, snapshots, rewind
 #   test_cuda_memory  out of device memory while the split-weight cache holds some: it is released and the
 #                     allocation succeeds; the matmuls keep their bits
