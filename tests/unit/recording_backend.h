@@ -114,11 +114,26 @@ class RecordingBackend final : public Backend {
   DSV4_FORWARD_OP(topk, TopKOp)
   DSV4_FORWARD_OP(attention, AttentionOp)
   DSV4_FORWARD_OP(moe_route, MoeRouteOp)
-  DSV4_FORWARD_OP(moe_experts, MoeExpertsOp)
   DSV4_FORWARD_OP(swiglu, SwigluOp)
   DSV4_FORWARD_OP(add, AddOp)
   DSV4_FORWARD_OP(scale, ScaleOp)
 #undef DSV4_FORWARD_OP
+  void moe_experts(const MoeExpertsOp& op) override {
+    moe_log_.push_back({false, op.gate_host.data, op.x.n_rows(), op.experts.ne[0]});
+    run([=, this] { in_->moe_experts(op); });
+  }
+  // A hint, never part of a recording (backends ignore it while capturing): logged and passed on.
+  void moe_prefetch(const MoePrefetchOp& op) override {
+    moe_log_.push_back({true, op.gate_host.data, op.n, op.k});
+    in_->moe_prefetch(op);
+  }
+  // moe_prefetch and moe_experts calls in order (the host stack they name, tokens, experts per token).
+  struct MoeCall {
+    bool prefetch;
+    const void* host;
+    int64_t n, k;
+  };
+  const std::vector<MoeCall>& moe_log() const { return moe_log_; }
 
   int captures() const { return captures_; }
   int replays() const { return replays_; }
@@ -144,6 +159,7 @@ class RecordingBackend final : public Backend {
   int captures_ = 0, replays_ = 0;
   bool branches_ = false, in_branch_ = false, branch_open_ = false;
   int branches_begun_ = 0, branches_joined_ = 0;
+  std::vector<MoeCall> moe_log_;
 };
 
 }  // namespace dsv4::test

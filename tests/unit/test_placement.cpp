@@ -27,6 +27,7 @@
 #include "model/tensor_table.h"
 #include "quant/quant.h"
 #include "synth/synth.h"
+#include "recording_backend.h"
 #include "tiny_file.h"
 
 using namespace dsv4;
@@ -100,6 +101,58 @@ TEST(Placement, EveryBudgetGivesTheAllResidentLogits) {
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
         << c.min_resident << "-" << c.max_resident << " of " << E << " experts resident per layer";
+  }
+}
+
+// Layers with experts in host memory announce their expert op before the attention (Backend::moe_prefetch, for
+// a backend that copies them in meanwhile), with the batch's tokens and k; layers without host experts do not.
+TEST(Placement, LayersWithHostExpertsAnnounceTheirExpertOp) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  const ModelSpec& S = tiny.mf->spec();
+  ModelOptions all;
+  all.max_batch = 64;
+  for (const bool offload : {false, true}) {
+    test::RecordingBackend be(make_cpu_backend(1));
+    ModelOptions o = all;
+    if (offload) {
+      auto probe = Model::create(be, tiny.mf->weights, nullptr, all);
+      ASSERT_TRUE(probe.has_value());
+      const WeightPlacement p0 = (*probe)->placement();
+      const uint64_t one_layer = p0.expert_bytes / p0.n_expert / tiny.mf->weights.layers.size();
+      o.reserve_bytes = 1000;
+      o.memory_budget = p0.dense_bytes + p0.scratch_bytes + o.reserve_bytes +
+                        one_layer * std::min<uint64_t>(p0.n_expert, uint64_t{64} * S.n_expert_used) +
+                        tiny.mf->weights.layers.size() * one_layer;  // one expert a layer resident
+    }
+    auto m = Model::create(be, tiny.mf->weights, nullptr, o);
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    const size_t before = be.moe_log().size();
+    KvState st = (*m)->new_state(128);
+    std::vector<int32_t> ids(20, 7);
+    std::vector<float> lg(static_cast<size_t>(S.n_vocab));
+    ASSERT_TRUE((*m)->forward(st, ids.data(), 20, 0, lg.data(), false).has_value());
+    (*m)->free_state(st);
+    const std::vector<test::RecordingBackend::MoeCall> log(be.moe_log().begin() + static_cast<ptrdiff_t>(before),
+                                                           be.moe_log().end());
+    size_t experts = 0, prefetches = 0;
+    for (size_t i = 0; i < log.size(); ++i) {
+      if (!log[i].prefetch) {
+        ++experts;
+        continue;
+      }
+      ++prefetches;
+      EXPECT_EQ(log[i].n, 20);
+      EXPECT_EQ(log[i].k, static_cast<int64_t>(S.n_expert_used));
+      // The next expert op is that layer's (the same host stacks).
+      auto next = std::find_if(log.begin() + static_cast<ptrdiff_t>(i) + 1, log.end(),
+                               [](const auto& c) { return !c.prefetch; });
+      ASSERT_NE(next, log.end());
+      EXPECT_EQ(next->host, log[i].host);
+      EXPECT_EQ(next->n, 20);
+    }
+    EXPECT_EQ(experts, tiny.mf->weights.layers.size());
+    EXPECT_EQ(prefetches, offload ? experts : 0u) << (offload ? "offloaded" : "all resident");
   }
 }
 
