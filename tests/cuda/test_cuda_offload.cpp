@@ -97,20 +97,9 @@ int argmax(const float* v, int64_t n) { return static_cast<int>(std::max_element
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) % 100000;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!cuda_device_present()) {
-    std::fprintf(stderr, "test_cuda_offload: no CUDA device: nothing to test\n");
-    return 77;
-  }
+  const uint64_t seed =
+      tiny_test_seed("test_cuda_offload", argc, argv,
+                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) % 100000);
   std::printf("test_cuda_offload: seed %llu (repeat with --seed %llu)\n", static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(seed));
   const TinyModelFile tiny("test_cuda_offload", seed);

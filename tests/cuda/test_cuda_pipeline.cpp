@@ -53,20 +53,7 @@ std::vector<float> run(Model& m, const std::vector<int32_t>& tokens) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = 17;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!cuda_device_present()) {
-    std::fprintf(stderr, "test_cuda_pipeline: no CUDA device: nothing to test\n");
-    return 77;
-  }
+  const uint64_t seed = tiny_test_seed("test_cuda_pipeline", argc, argv, 17);
   std::printf("test_cuda_pipeline: seed %llu, %d CUDA devices\n", static_cast<unsigned long long>(seed),
               cuda_device_count());
   const TinyModelFile tiny("test_cuda_pipeline", seed);

@@ -31,6 +31,7 @@
 #include "backend/cuda/cuda_expert_prefetch.cuh"
 #include "backend/cuda/cuda_expert_stream.cuh"
 #include "backend/cuda/cuda_host_experts.cuh"
+#include "backend/cuda/cuda_host_ranges.h"
 #include "backend/cuda/cuda_indexer.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_mhc.cuh"
@@ -146,6 +147,7 @@ class CudaBackend final : public Backend {
     ctx_.expert_gemm_min = ctx_.tensor_cores && expert_wgmma_available() ? opts_.expert_gemm_min : 0;
     ctx_.expert_group_min = opts_.expert_group_min;
     ctx_.expert_gather = opts_.expert_gather;
+    ctx_.host_ranges = &registered_;
     // Branches on a second stream (branch_begin), unless turned off.
     branches_ = opts_.branches;
     // Programmatic dependent launch (cuda_launch.cuh) on Hopper and newer.
@@ -412,10 +414,9 @@ class CudaBackend final : public Backend {
       auto dev = register_host(host, bytes, type);
       if (dev) {
         t.data = *dev;
-        if (expert_stream_) expert_stream_->add_registered(*dev, host, bytes);
-        registered_.push_back({*dev, host, bytes, expert_bytes});
+        registered_.add({static_cast<const uint8_t*>(*dev), static_cast<const uint8_t*>(host), bytes, expert_bytes});
         pinned_bytes_ += bytes;
-        add_host_expert_range(*dev, host, bytes);
+        start_host_experts();
         return t;
       }
       if (opts_.stream_experts == StreamExperts::OFF) return dev.error();
@@ -429,10 +430,8 @@ class CudaBackend final : public Backend {
     if (!expert_stream_) {
       expert_stream_ = std::make_unique<ExpertStreamRunner>(opts_.cpu_expert_threads);
       ctx_.expert_stream = expert_stream_.get();
-      for (const Registered& r : registered_) {
-        expert_stream_->add_registered(r.dev, r.host, r.bytes);
+      for (const auto& [key, r] : registered_.all())
         if (Status st = expert_stream_->note_expert_bytes(r.expert_bytes); !st) return st.error();
-      }
       if (Status st = expert_stream_->note_expert_bytes(expert_bytes); !st) return st.error();
     }
     if (Status st = expert_stream_->add_streamed(host, bytes); !st) return st.error();
@@ -481,17 +480,13 @@ class CudaBackend final : public Backend {
   }
 
   // Host experts: the CPU computes a share of each decode step's experts from the same bytes.
-  void add_host_expert_range(void* dev, const void* host, size_t bytes) {
-    if (opts_.cpu_experts == 0.0f || !opts_.expert_gather) return;
-    if (!host_runner_) {
-      host_runner_ = std::make_unique<HostExpertRunner>(opts_.cpu_expert_threads, opts_.cpu_experts);
-      ctx_.host_experts = host_runner_.get();
-      log_info(
-          "cuda: host experts: %d CPU threads (%s dots) compute a share of each decode step's experts in "
-          "host memory",
-          host_runner_->threads(), quant::dot_fast_isa());
-    }
-    host_runner_->add_range(dev, host, bytes);
+  void start_host_experts() {
+    if (opts_.cpu_experts == 0.0f || !opts_.expert_gather || host_runner_) return;
+    host_runner_ = std::make_unique<HostExpertRunner>(opts_.cpu_expert_threads, opts_.cpu_experts);
+    ctx_.host_experts = host_runner_.get();
+    log_info(
+        "cuda: host experts: %d CPU threads (%s dots) compute a share of each decode step's experts in host memory",
+        host_runner_->threads(), quant::dot_fast_isa());
   }
 
   CudaUploadStats upload_stats() {
@@ -724,14 +719,9 @@ class CudaBackend final : public Backend {
   // Copies n bytes of registered host memory (src: the device-usable address map_host_weight returned) to device
   // memory on `stream` by the copy engine: one copy per registration the bytes span (a copy may not span two).
   void copy_from_registered(uint8_t* dst, const uint8_t* src, size_t n, cudaStream_t stream) {
-    const auto p = reinterpret_cast<uintptr_t>(src);
-    auto r = std::find_if(registered_.begin(), registered_.end(), [&](const Registered& x) {
-      const auto d = reinterpret_cast<uintptr_t>(x.dev);
-      return p >= d && p - d < x.bytes;
-    });
-    DSV4_ASSERT(r != registered_.end() && p + n <= reinterpret_cast<uintptr_t>(r->dev) + r->bytes,
-                "copy_from_registered: not registered host memory");
-    const uintptr_t h = reinterpret_cast<uintptr_t>(r->host) + (p - reinterpret_cast<uintptr_t>(r->dev));
+    const HostRange* r = registered_.find(src);
+    DSV4_ASSERT(r && src + n <= r->dev + r->bytes, "copy_from_registered: not registered host memory");
+    const auto h = reinterpret_cast<uintptr_t>(r->host + (src - r->dev));
     for (uintptr_t a = h; a < h + n;) {
       auto it = host_regs_.upper_bound(a);
       DSV4_ASSERT(it != host_regs_.begin(), "copy_from_registered: a page not registered");
@@ -888,13 +878,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ExpertStreamRunner> expert_stream_;
   // Large batches' host experts copied in beside the attention (moe_prefetch); made at the first one.
   std::unique_ptr<ExpertPrefetcher> prefetcher_;
-  struct Registered {
-    void* dev;
-    const void* host;
-    size_t bytes;
-    int64_t expert_bytes;
-  };
-  std::vector<Registered> registered_;
+  HostRanges registered_;  // the host expert tensors registered (map_host_weight); ctx_.host_ranges
   uint64_t pinned_bytes_ = 0, streamed_bytes_ = 0;  // host expert tensors' bytes registered / streamed
   bool staging_ready_ = false;
   void* staging_[2] = {nullptr, nullptr};

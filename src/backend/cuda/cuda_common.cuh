@@ -78,6 +78,7 @@ class DeviceScratch {
 class Blas;                // cuda_blas.h
 class HostExpertRunner;    // cuda_host_experts.cuh
 class ExpertStreamRunner;  // cuda_expert_stream.cuh
+class HostRanges;          // cuda_host_ranges.h
 struct PrefetchedExperts;  // cuda_expert_prefetch.cuh
 
 // Everything a launcher needs besides the op itself.
@@ -114,6 +115,8 @@ struct CudaContext {
   // With expert_gather, ops of at most host_max_tokens tokens (decode steps) leave a share of their host
   // experts to the CPU (cuda_host_experts.cuh); nullptr: off (CudaOptions::cpu_experts, or no host experts).
   HostExpertRunner* host_experts = nullptr;
+  // The backend's registered host memory (device-usable address -> host address); nullptr: none.
+  const HostRanges* host_ranges = nullptr;
   int64_t host_max_tokens = 16;
   // Host experts that are not pinned (CudaOptions::stream_experts): ops using them stage them through the host
   // (cuda_expert_stream.cuh) instead of the gather's copy kernel; nullptr: every host expert is pinned.

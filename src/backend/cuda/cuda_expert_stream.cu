@@ -162,26 +162,12 @@ Status ExpertStreamRunner::add_streamed(const void* host, size_t bytes) {
   return allocate(3 * static_cast<size_t>(max_expert_bytes_));
 }
 
-void ExpertStreamRunner::add_registered(const void* dev, const void* host, size_t bytes) {
-  registered_[reinterpret_cast<uintptr_t>(dev)] = {reinterpret_cast<uintptr_t>(host), bytes};
-}
-
 bool ExpertStreamRunner::streamed(const void* p) const {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = streamed_.upper_bound(a);
   if (it == streamed_.begin()) return false;
   --it;
   return a - it->first < it->second;
-}
-
-const uint8_t* ExpertStreamRunner::host_of(const void* p) const {
-  if (streamed(p)) return static_cast<const uint8_t*>(p);
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = registered_.upper_bound(a);
-  if (it == registered_.begin()) return nullptr;
-  --it;
-  if (a - it->first >= it->second.bytes) return nullptr;
-  return reinterpret_cast<const uint8_t*>(it->second.host + (a - it->first));
 }
 
 void ExpertStreamRunner::stage(const CudaContext& ctx, const uint8_t* const src[3], const int64_t bytes[3],

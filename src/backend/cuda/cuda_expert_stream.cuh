@@ -34,16 +34,12 @@ class ExpertStreamRunner {
 
   // Host memory whose experts go through the streamer (not registered: the GPU cannot read it).
   Status add_streamed(const void* host, size_t bytes);
-  // Host memory registered for the GPU (device pointer dev): an op mixing it with streamed matrices stages it
-  // through the streamer too (from `host`).
-  void add_registered(const void* dev, const void* host, size_t bytes);
-  // Every host expert matrix the backend maps (streamed or not): one expert of it must fit a third of a slot.
+  // Every host expert matrix the backend maps (streamed or pinned: an op mixing them stages both through the
+  // slots): one expert of it must fit a third of a slot.
   // Grows the slots once something streams (load time only: no request may be in flight).
   Status note_expert_bytes(int64_t bytes);
 
   bool streamed(const void* p) const;
-  // The host address of p: p itself when streamed, else through the registered ranges; nullptr: neither.
-  const uint8_t* host_of(const void* p) const;
 
   // Stages the experts list[0 .. *count) (device memory; *count <= cap) of the three matrices (host addresses
   // src[m], one expert of bytes[m], n_expert experts) into dst[m] + c * bytes[m], on ctx.stream.
@@ -70,11 +66,6 @@ class ExpertStreamRunner {
   uint32_t* done_d_ = nullptr;    // device: [k_slots] blocks finished per slot, ever
   std::unique_ptr<ExpertStreamer> streamer_;
   std::map<uintptr_t, size_t> streamed_;  // host ranges [first, first + second)
-  struct Registered {
-    uintptr_t host;
-    size_t bytes;
-  };
-  std::map<uintptr_t, Registered> registered_;  // by device address
 };
 
 }  // namespace dsv4::cuda

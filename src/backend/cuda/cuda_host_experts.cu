@@ -128,17 +128,6 @@ void HostExpertRunner::worker(uint32_t last) {
   }
 }
 
-void HostExpertRunner::add_range(const void* dev, const void* host, size_t bytes) {
-  ranges_.push_back({reinterpret_cast<uintptr_t>(dev), reinterpret_cast<uintptr_t>(host), bytes});
-}
-
-const uint8_t* HostExpertRunner::host_of(const void* dev) const {
-  const auto p = reinterpret_cast<uintptr_t>(dev);
-  for (const Range& r : ranges_)
-    if (p >= r.dev && p - r.dev < r.bytes) return reinterpret_cast<const uint8_t*>(r.host + (p - r.dev));
-  return nullptr;
-}
-
 // Mapped pinned buffers for ops of up to host_max_tokens tokens and k_max_k experts per token, made once
 // (recorded graphs keep their addresses): none while a graph is being recorded.
 bool HostExpertRunner::ensure_buffers(int64_t n_assign, int64_t n_tokens, int64_t D, bool capturing) {

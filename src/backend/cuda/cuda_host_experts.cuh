@@ -49,11 +49,6 @@ class HostExpertRunner {
   HostExpertRunner(const HostExpertRunner&) = delete;
   HostExpertRunner& operator=(const HostExpertRunner&) = delete;
 
-  // A range of host memory registered for the GPU: device pointer dev maps to host pointer host.
-  void add_range(const void* dev, const void* host, size_t bytes);
-  // The host pointer of a device pointer inside a registered range; nullptr when none holds it.
-  const uint8_t* host_of(const void* dev) const;
-
   // The share for an op of `task`'s matrices (pointers into host memory), or 0 when the op cannot use the
   // host path now (no buffers yet while a graph is being recorded, or larger than the buffers). Measures the
   // share first when it is "auto" and nothing is being recorded: `bus_src` / `bus_dst` (device-usable host
@@ -95,11 +90,6 @@ class HostExpertRunner {
   void *box_d_ = nullptr, *x_d_ = nullptr, *ids_d_ = nullptr, *w_d_ = nullptr, *y_d_ = nullptr;
   uint32_t* seq_d_ = nullptr;  // device memory: the last sequence number posted
   int64_t cap_tokens_ = 0, cap_assign_ = 0, cap_d_ = 0;
-  struct Range {
-    uintptr_t dev, host;
-    size_t bytes;
-  };
-  std::vector<Range> ranges_;
   // Jobs by (gate matrix, tokens, k): the task with the mailbox's buffers; the index is the request's job.
   // A fixed array, so that appending never moves an entry the worker may be reading.
   static constexpr size_t k_max_jobs = 4096;

@@ -57,6 +57,7 @@
 #include "backend/cuda/cuda_expert_prefetch.cuh"
 #include "backend/cuda/cuda_expert_stream.cuh"
 #include "backend/cuda/cuda_host_experts.cuh"
+#include "backend/cuda/cuda_host_ranges.h"
 #include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_idot.cuh"
 #include "backend/cuda/cuda_mma.cuh"
@@ -880,7 +881,8 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const bool host_possible = gather && !streamed && !grouped && ctx.host_experts && n <= ctx.host_max_tokens;
   if (host_possible) {
     auto mat = [&](const Tensor& t, const ExpertRows& r, int64_t rows, int64_t cols) {
-      return HostExpertMatrix{t.type, ctx.host_experts->host_of(r.host), rows, cols, r.bytes, E};
+      return HostExpertMatrix{t.type, ctx.host_ranges ? ctx.host_ranges->host_of(r.host) : nullptr, rows, cols, r.bytes,
+                              E};
     };
     host_task.gate = mat(gate, wg, F, D);
     host_task.up = mat(up, wu, F, D);
@@ -935,7 +937,9 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     if (streamed) {
       const uint8_t* src[3];
       for (int m = 0; m < 3; ++m) {
-        src[m] = streamer->host_of(gm.src[m]);
+        src[m] = streamer->streamed(gm.src[m]) ? gm.src[m]
+                 : ctx.host_ranges             ? ctx.host_ranges->host_of(gm.src[m])
+                                               : nullptr;
         DSV4_ASSERT(src[m], "moe_experts: host experts neither streamed nor registered");
       }
       streamer->stage(ctx, src, mat_bytes, E, list, count, gather_cap, gm.dst);
