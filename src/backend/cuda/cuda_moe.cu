@@ -871,12 +871,12 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const size_t eg_pad =
       (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
   const size_t digit_pad = (static_cast<size_t>(digit_units) * sizeof(XDigits) + 15) / 16 * 16;
-  // Decode steps may leave a share of their host experts to the CPU (cuda_host_experts.cuh): the host's rows
-  // of y (host_y, [n_assign, D]) come back in mapped host memory.
   // Host experts that are not pinned: staged through the host (cuda_expert_stream.cuh) instead of the copy kernel.
   ExpertStreamRunner* streamer = ctx.expert_stream;
   const bool streamed =
       gather && streamer && (streamer->streamed(wg.host) || streamer->streamed(wu.host) || streamer->streamed(wd.host));
+  // Decode steps may leave a share of their host experts to the CPU (cuda_host_experts.cuh): the host's rows
+  // of y (host_y, [n_assign, D]) come back in mapped host memory.
   HostExpertTask host_task;
   const bool host_possible = gather && !streamed && !grouped && ctx.host_experts && n <= ctx.host_max_tokens;
   if (host_possible) {
