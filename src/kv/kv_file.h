@@ -72,7 +72,7 @@ std::optional<Digest> digest_from_hex(std::string_view hex);  // 64 hex characte
 // Which engine may read a file. A file whose identity differs is foreign.
 struct KvIdentity {
   Digest model{};                    // Engine::content_identity (kv/model_identity.h): every byte of the model file
-  uint32_t numerics = 0;             // Numerics value (0 reference, 1 plain)
+  uint32_t numerics = 0;             // Numerics value (0 reference, 1 plain, 2 fast)
   uint32_t expert_gate_up_type = 0;  // ggml type ids of the quant mix (covered by `model`,
   uint32_t expert_down_type = 0;     // stored so a file can be described without the model)
   uint32_t dense_type = 0;

@@ -167,7 +167,7 @@ expected<SnapshotHeader> snapshot_peek(std::span<const uint8_t> bytes) {
   h.fingerprint.assign(reinterpret_cast<const char*>(bytes.data() + r.pos), 32);
   r.pos += 32;
   DSV4_TRY_ASSIGN(uint32_t num, r.get<uint32_t>());
-  if (num > 1) return make_error("snapshot has unknown numerics %u", num);
+  if (num > static_cast<uint32_t>(Numerics::FAST)) return make_error("snapshot has unknown numerics %u", num);
   h.numerics = static_cast<Numerics>(num);
   r.pos += 7 * 4;
   DSV4_TRY_ASSIGN(h.ctx, r.get<uint32_t>());

@@ -16,7 +16,7 @@
 //   f32 last_hidden[hc][D]
 //   u8[32] SHA-256 of everything above
 // where a "kv" row is one row of the state's storage format: KV_FP8
-// (kv_fp8_row_bytes(hd) bytes, core/kv_rows.h) in reference numerics, f32[hd]
+// (kv_fp8_row_bytes(hd) bytes, core/kv_rows.h) in reference and fast numerics, f32[hd]
 // in plain; an "ix" row is KV_FP4 (kv_fp4_row_bytes(dI)) or f32[dI]. Version 1
 // (f32 rows in both numerics) is not read: such files are refused and the
 // disk cache rebuilds them.

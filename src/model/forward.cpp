@@ -92,6 +92,7 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   s.sh_g = backend.alloc(G::F32, Fs, n);
   s.sh_u = backend.alloc(G::F32, Fs, n);
   s.sh_h = backend.alloc(G::F32, Fs, n);
+  if (m->act_quant() != ActQuant::NONE) s.xq = backend.alloc(G::F32, D, n);
   if (m->has_head()) {  // (a pipeline stage before the last has no head)
     s.h = backend.alloc(G::F32, D, n);
     s.hn = backend.alloc(G::F32, D, n);
@@ -310,12 +311,12 @@ GgmlType kv_row_type(const ModelSpec& spec, const ModelOptions& options) {
   // KV_FP8 holds the FP8_BF16 simulation's output exactly: 64-blocks over the
   // nope dims, bf16 RoPE tail of k_kv_rope_dims.
   const bool fits = kv_fp8_width_ok(spec.head_dim) && spec.rope_dim == static_cast<uint32_t>(k_kv_rope_dims);
-  return options.numerics == Numerics::REFERENCE && options.compact_kv && fits ? GgmlType::KV_FP8 : GgmlType::F32;
+  return simulates_storage(options.numerics) && options.compact_kv && fits ? GgmlType::KV_FP8 : GgmlType::F32;
 }
 
 GgmlType indexer_row_type(const ModelSpec& spec, const ModelOptions& options) {
   const bool fits = kv_fp4_width_ok(spec.indexer_head_dim);
-  return options.numerics == Numerics::REFERENCE && options.compact_kv && fits ? GgmlType::KV_FP4 : GgmlType::F32;
+  return simulates_storage(options.numerics) && options.compact_kv && fits ? GgmlType::KV_FP4 : GgmlType::F32;
 }
 
 uint64_t model_scratch_bytes(const ModelSpec& S, const ModelOptions& options) {
@@ -330,7 +331,8 @@ uint64_t model_scratch_bytes(const ModelSpec& S, const ModelOptions& options) {
                  static_cast<uint64_t>(S.o_groups) * S.o_lora_rank + 4 * hd + dI * HI + HI + 4 * dI +
                  std::max<uint32_t>(1, S.indexer_top_k) + S.n_expert + 2 * k + 3 * Fs;
   if (end == S.n_layer) row += 2 * D + S.n_vocab;
-  uint64_t b = 4 * (n * row + D + D + D * hc);  // + sh_y, mtp_e, mtp_y
+  if (options.numerics == Numerics::FAST && options.fast_act != ActQuant::NONE) row += D;  // xq
+  uint64_t b = 4 * (n * row + D + D + D * hc);                                             // + sh_y, mtp_e, mtp_y
   if (options.count_routing) b += 4 * k * n * S.n_layer;
   return b;
 }
@@ -515,7 +517,7 @@ CompressOp Model::compress_op(const Tensor& rows, const Tensor& state_a, const T
 CompressOp Model::main_compress(const DeviceLayer& L, LayerState& S, uint32_t ratio, const Tensor& kv,
                                 const Tensor& gate, const Tensor& pos) const {
   using LT = LayerTensor;
-  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const bool ref = simulates_storage(options_.numerics);
   return compress_op(S.comp, S.comp_a, S.comp_g, kv, gate, L[LT::ATTN_COMPRESSOR_APE], L[LT::ATTN_COMPRESSOR_NORM], pos,
                      static_cast<int>(ratio), rope_for_ratio(ratio), ref ? KvQuantSim::FP8_BF16 : KvQuantSim::NONE,
                      static_cast<int>(spec_.nope_dim()), ref);
@@ -524,9 +526,18 @@ CompressOp Model::main_compress(const DeviceLayer& L, LayerState& S, uint32_t ra
 CompressOp Model::indexer_compress(const DeviceLayer& L, LayerState& S, const Tensor& ikv, const Tensor& igate,
                                    const Tensor& pos) const {
   using LT = LayerTensor;
-  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const bool ref = simulates_storage(options_.numerics);
   return compress_op(S.idx, S.idx_a, S.idx_g, ikv, igate, L[LT::INDEXER_COMPRESSOR_APE], L[LT::INDEXER_COMPRESSOR_NORM],
                      pos, 4, rope_for_ratio(4), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref);
+}
+
+ActQuant Model::act_quant() const { return options_.numerics == Numerics::FAST ? options_.fast_act : ActQuant::NONE; }
+
+Tensor Model::act_in(const Tensor& x, const Tensor& dst) {
+  const ActQuant q = act_quant();
+  if (q == ActQuant::NONE) return x;
+  backend_.act_quant({.out = dst, .x = x, .quant = q});
+  return dst;
 }
 
 void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w) {
@@ -551,7 +562,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   using LT = LayerTensor;
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
-  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const bool ref = simulates_storage(options_.numerics);
   const int64_t H = P.n_head, hd = P.head_dim;
   const RopeParams rope = rope_for_ratio(ratio);
   const bool mtp_block = layer < 0;  // the MTP block or a DSpark stage: window only
@@ -569,7 +580,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
 
   // Every projection of xn first (wq_a, wkv, the compressors' kv and gate, the
   // indexer's head weights): MatmulsOp per weight type, one kernel each for a
-  // decode token.
+  // decode token. In fast numerics wq_a and wkv (FP8 linears in DeepSeek's
+  // code) read xn quantised, the others xn itself.
   const bool compressor = ratio > 0 && !mtp_block, indexer = compressor && ratio == 4;
   const int64_t w_comp = (ratio == 4 ? 2 : 1) * hd;
   const int64_t cap_rows = 2 * hd * options_.max_batch / w_comp;  // the compressor buffers hold [max_batch][2*hd]
@@ -577,21 +589,28 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   Tensor ckv = s.ckv.reshape(w_comp, cap_rows).rows(0, n), cg = s.cgate.reshape(w_comp, cap_rows).rows(0, n);
   Tensor iw = s.iw.rows(0, n), ikv = s.ikv.rows(0, n), ig = s.igate.rows(0, n);
   {
-    std::vector<std::pair<Tensor, Tensor>> proj = {{qa, L[LT::ATTN_Q_A]}, {kv, L[LT::ATTN_KV]}};
+    std::vector<std::pair<Tensor, Tensor>> lin = {{qa, L[LT::ATTN_Q_A]}, {kv, L[LT::ATTN_KV]}}, other;
     if (compressor) {
-      proj.push_back({ckv, L[LT::ATTN_COMPRESSOR_KV]});
-      proj.push_back({cg, L[LT::ATTN_COMPRESSOR_GATE]});
+      other.push_back({ckv, L[LT::ATTN_COMPRESSOR_KV]});
+      other.push_back({cg, L[LT::ATTN_COMPRESSOR_GATE]});
     }
     if (indexer) {
-      proj.push_back({iw, L[LT::INDEXER_PROJ]});
-      proj.push_back({ikv, L[LT::INDEXER_COMPRESSOR_KV]});
-      proj.push_back({ig, L[LT::INDEXER_COMPRESSOR_GATE]});
+      other.push_back({iw, L[LT::INDEXER_PROJ]});
+      other.push_back({ikv, L[LT::INDEXER_COMPRESSOR_KV]});
+      other.push_back({ig, L[LT::INDEXER_COMPRESSOR_GATE]});
     }
-    project(xn, proj);
+    const Tensor xq = act_in(xn, s.xq ? s.xq.rows(0, n) : Tensor{});
+    if (xq.data == xn.data) {  // one input: every projection together
+      lin.insert(lin.end(), other.begin(), other.end());
+      other.clear();
+    }
+    project(xq, lin);
+    if (!other.empty()) project(xn, other);
   }
 
   // Query path (§5.1): c_q = RMSNorm(W_qa x; q_norm); q = W_qb c_q, per-head RMSNorm, RoPE.
   backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps});
+  act_in(qa, qa);  // the input of wq_b and the indexer's wq_b
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
   backend_.matmul({q.reshape(H * hd, n), L[LT::ATTN_Q_B], qa});
   backend_.rms_norm({.out = q.reshape(hd, H * n),
@@ -704,7 +723,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   Tensor la = s.la.rows(0, n);
   backend_.matmul(
       {.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
-  backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], la});
+  backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], act_in(la, la)});
 }
 
 Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
@@ -723,9 +742,12 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   // otherwise its down projection accumulates into y.
   const bool shexp = static_cast<bool>(L[LT::FFN_GATE_SHEXP]);
   Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
-  auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xn, W_up xn)
-    project(xn, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
+  // The experts' input: xn, quantised in fast numerics (the router reads xn itself).
+  const Tensor xq = act_in(xn, s.xq ? s.xq.rows(0, n) : Tensor{});
+  auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xq, W_up xq), quantised in fast numerics
+    project(xq, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
     backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp});
+    act_in(h, h);
   };
   const bool branch = shexp && n == 1 && backend_.concurrent_branches();
   if (branch) {
@@ -748,7 +770,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   r.normalize = P.expert_weights_norm;
   backend_.moe_route(r);
   backend_.moe_experts({.out = y,
-                        .x = xn,
+                        .x = xq,
                         .gate = L[LT::FFN_GATE_EXPS],
                         .up = L[LT::FFN_UP_EXPS],
                         .down = L[LT::FFN_DOWN_EXPS],
@@ -756,6 +778,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
                         .weights = weights,
                         .clamp = clamp,
                         .accumulate = false,
+                        .mid_quant = act_quant(),
                         .slots = L.slots,
                         .gate_host = L.gate_host,
                         .up_host = L.up_host,
@@ -844,7 +867,7 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
   using LT = LayerTensor;
   Scratch& s = *sc_;
   const ModelSpec& P = spec_;
-  const bool ref = options_.numerics == Numerics::REFERENCE;
+  const bool ref = simulates_storage(options_.numerics);
   const int64_t hc = P.hc_count;
   Tensor state = stage_state(n);
   Tensor u = s.u.rows(0, n), xn = s.xn.rows(0, n), y = s.y.rows(0, n);
@@ -1096,10 +1119,10 @@ Status Model::mtp_fill(KvState& st, const int32_t* next, const Tensor& hidden, i
   Tensor e = s.u.rows(0, rows), ye = s.ys.rows(0, rows), hn = s.xn.rows(0, rows);
   backend_.embed({e.reshape(D, hc, n), global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
   backend_.rms_norm({.out = e, .x = e, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
-  backend_.matmul({ye, mtp_head_[static_cast<size_t>(MT::E_PROJ)], e});
+  backend_.matmul({ye, mtp_head_[static_cast<size_t>(MT::E_PROJ)], act_in(e, e)});
   const Tensor x = hidden.reshape(D * hc, hidden.n_elements() / (D * hc)).rows(0, n).reshape(D, rows);
   backend_.rms_norm({.out = hn, .x = x, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
-  backend_.matmul({state.reshape(D, rows), mtp_head_[static_cast<size_t>(MT::H_PROJ)], hn});
+  backend_.matmul({state.reshape(D, rows), mtp_head_[static_cast<size_t>(MT::H_PROJ)], act_in(hn, hn)});
   backend_.add({state.reshape(D, rows), ye});
   const Segment seg{&st, 0, n};
   block(mtp_block_, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, P.n_layer, false, n);
@@ -1128,13 +1151,13 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, 
   backend_.embed({emb, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(1)});
   Tensor e_row = emb.reshape(D, hc).rows(0, 1);
   backend_.rms_norm({.out = e, .x = e_row, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
-  backend_.matmul({s.ys.rows(0, 1), mtp_head_[static_cast<size_t>(MT::E_PROJ)], e});
+  backend_.matmul({s.ys.rows(0, 1), mtp_head_[static_cast<size_t>(MT::E_PROJ)], act_in(e, e)});
   Tensor hnorm = s.h.rows(0, 1);
   for (int64_t i = 0; i < hc; ++i) {
     Tensor xi = (chain ? st.mtp_hidden : st.last_hidden).rows(i, 1);
     backend_.rms_norm({.out = hnorm, .x = xi, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
     Tensor yi = state.reshape(D, hc).rows(i, 1);
-    backend_.matmul({yi, mtp_head_[static_cast<size_t>(MT::H_PROJ)], hnorm});
+    backend_.matmul({yi, mtp_head_[static_cast<size_t>(MT::H_PROJ)], act_in(hnorm, hnorm)});
     backend_.add({yi, s.ys.rows(0, 1)});
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.

@@ -75,6 +75,9 @@ struct KvState {
 struct ModelOptions {
   Numerics numerics = Numerics::REFERENCE;
   int max_batch = 512;  // tokens per forward batch (prefill chunk)
+  // The activation format of `fast` numerics (core/numerics.h; ignored in the others). The engine always
+  // uses the default; tests set FP8_128 (DeepSeek's own act_quant) to compare the two.
+  ActQuant fast_act = ActQuant::INT8_32;
   // Compact KV rows in reference numerics (see LayerState); off = f32 rows, for
   // tests that check the compact state changes nothing.
   bool compact_kv = true;
@@ -280,6 +283,11 @@ class Model {
   // layer il's compressor frontiers and their snapshot (either way).
   void alloc_spec(KvState& s);
   void copy_frontiers(KvState& s, size_t il, bool to_snapshot);
+  // x as a linear layer DeepSeek's code runs in FP8 reads it: in fast numerics dst = x quantised
+  // (ActQuantOp; dst may be x) and returns dst; otherwise returns x and issues nothing.
+  Tensor act_in(const Tensor& x, const Tensor& dst);
+  // The linear layers' activation quantisation (ActQuant::NONE but in fast numerics).
+  ActQuant act_quant() const;
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w);
   // The rows [row0, row0 + n) of a batch that belong to one sequence.

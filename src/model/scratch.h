@@ -21,6 +21,7 @@ struct Model::Scratch {
   Tensor router, experts, weights;  // [n, E] f32, [n, k] i32, [n, k] f32
   Tensor sh_g, sh_u, sh_h;          // [n, F*shared]
   Tensor sh_y;                      // [1, D]: the shared expert's output when it runs as a branch
+  Tensor xq;                        // [n, D] fast numerics: xn quantised, the linear layers' input (else empty)
   Tensor h, hn, logits;             // [n, D], [n, D], [n, V]
   Tensor mtp_e, mtp_y;              // MTP: [1, D], [1, hc, D]
   // ModelOptions::count_routing: each layer's expert choices of a batch of n rows, rows [il * n, (il + 1) * n)
@@ -28,9 +29,9 @@ struct Model::Scratch {
   Tensor route_log;
   int64_t score_rows = 0;
   std::vector<Tensor*> all() {
-    return {&pos,     &ids,  &state, &u,     &xn,   &y,  &ys,  &post,   &comb,   &qa,    &q,        &kv,
-            &o,       &la,   &ckv,   &cgate, &iq,   &iw, &ikv, &igate,  &scores, &sel,   &router,   &experts,
-            &weights, &sh_g, &sh_u,  &sh_h,  &sh_y, &h,  &hn,  &logits, &mtp_e,  &mtp_y, &route_log};
+    return {&pos,     &ids,  &state, &u,     &xn,   &y,  &ys,  &post,  &comb,   &qa,    &q,      &kv,
+            &o,       &la,   &ckv,   &cgate, &iq,   &iw, &ikv, &igate, &scores, &sel,   &router, &experts,
+            &weights, &sh_g, &sh_u,  &sh_h,  &sh_y, &xq, &h,   &hn,    &logits, &mtp_e, &mtp_y,  &route_log};
   }
 };
 

@@ -55,20 +55,21 @@ Status check_cuda_rows(const std::vector<TensorSpec>& table, const ModelWeights&
 }  // namespace
 
 Status check_numerics_fit(const ModelSpec& s, Numerics numerics) {
-  if (numerics != Numerics::REFERENCE) return {};
+  if (!simulates_storage(numerics)) return {};
+  const char* name = numerics_name(numerics);
   if (s.nope_dim() % 64)
     return make_error(
         "this model's attention has %u non-RoPE dims per head (key_length %u - %u RoPE dims), not a "
-        "multiple of 64, so `--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use "
+        "multiple of 64, so `--numerics %s` (FP8 KV rows in 64-value blocks) cannot run it; use "
         "--numerics plain",
-        s.nope_dim(), s.head_dim, s.rope_dim);
+        s.nope_dim(), s.head_dim, s.rope_dim, name);
   const uint32_t dI = s.indexer_head_dim;
   if (has_sparse_layer(s) && (dI < 32 || (dI & (dI - 1))))
     return make_error(
-        "this model's indexer heads have %u dims, not a power of two >= 32, so `--numerics reference` "
+        "this model's indexer heads have %u dims, not a power of two >= 32, so `--numerics %s` "
         "(Hadamard rotation and FP4 blocks of 32 on indexer queries and keys) cannot run it; use "
         "--numerics plain",
-        dI);
+        dI, name);
   return {};
 }
 
@@ -82,13 +83,13 @@ Status check_cuda_fit(const ModelWeights& weights, const MtpWeights* mtp, Numeri
   while (s.n_head % g) g /= 2;
   const uint64_t w = 8 / g;
   const bool split_kernel = d % 128 == 0 && d % (32 * w) == 0 && d / w <= 1024;
-  const bool mma_kernel = numerics == Numerics::REFERENCE && (d == 128 || d == 256 || d == 512);
+  const bool mma_kernel = simulates_storage(numerics) && (d == 128 || d == 256 || d == 512);
   if (!split_kernel && !mma_kernel)
     return refuse(strfmt(
         "its attention heads have %llu dims and %u heads; the attention kernel takes a multiple of "
         "%llu up to %llu for this head count%s",
         static_cast<unsigned long long>(d), s.n_head, static_cast<unsigned long long>(std::max<uint64_t>(128, 32 * w)),
-        static_cast<unsigned long long>(1024 * w), numerics == Numerics::REFERENCE ? ", or 128, 256 or 512" : ""));
+        static_cast<unsigned long long>(1024 * w), simulates_storage(numerics) ? ", or 128, 256 or 512" : ""));
   if (s.rope_dim > 128)
     return refuse(strfmt("its heads rotate %u RoPE dims; the RoPE tables hold at most 128", s.rope_dim));
   if (has_sparse_layer(s)) {

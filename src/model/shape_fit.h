@@ -12,7 +12,7 @@
 
 namespace dsv4 {
 
-// `reference` numerics (DeepSeek's inference graph):
+// `reference` and `fast` numerics (DeepSeek's inference graph):
 //  * the FP8 round trip of KV rows quantises the non-RoPE dims in 64-value
 //    blocks: head_dim - rope_dim a multiple of 64;
 //  * the indexer's Hadamard rotation needs a power-of-two width and its FP4
@@ -27,7 +27,7 @@ Status check_numerics_fit(const ModelSpec& spec, Numerics numerics);
 //  * attention (cuda_attention.cu): the split kernel takes head_dim d with
 //    d % 128 == 0, d % (32 w) == 0 and d / w <= 1024, where w = 8 / g warps
 //    share a head and g is the largest of 8, 4, 2, 1 dividing head_count. With
-//    `reference` numerics the tensor-core kernel (cuda_attention_mma.cu) takes
+//    `reference` or `fast` numerics the tensor-core kernel (cuda_attention_mma.cu) takes
 //    d = 128, 256 and 512 whatever the head count (not under --no-tensor-cores,
 //    which this check does not see);
 //  * RoPE tables (cuda_rowops.cuh) hold at most 64 pairs: rope_dim <= 128;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/act_quant.h"
 #include "core/error.h"
 #include "ops/tensor.h"
 
@@ -158,6 +159,13 @@ struct QuantSimOp {
   int n_quant = 0;  // FP8: non-RoPE dims
 };
 
+// out = x with every row's activations quantised by `quant` (ActQuant); out may alias x.
+struct ActQuantOp {
+  Tensor out;  // [rows, d] f32
+  Tensor x;    // [rows, d] f32
+  ActQuant quant = ActQuant::FP8_128;
+};
+
 // ring[pos[t] % cap, :] = rows[t, :] (the raw sliding-window KV of a layer).
 struct StoreRowsOp {
   Tensor ring;  // [cap, d] f32
@@ -263,6 +271,9 @@ struct MoeExpertsOp {
   Tensor weights;  // [n, k] f32
   float clamp = 10.0f;
   bool accumulate = false;
+  // The mid vector (the SwiGLU times the routing weight, the down projection's input) quantised like
+  // ActQuantOp before the down projection (`fast` numerics); NONE: kept f32.
+  ActQuant mid_quant = ActQuant::NONE;
   // Experts partly in host memory (empty: all in gate/up/down as above). slots [E] i32: expert e's
   // index in gate/up/down, which then hold only the resident experts ([E_dev, ...], E_dev may be 0),
   // or -1: its rows are expert e of gate_host/up_host/down_host ([E, ...], Backend::map_host_weight:
@@ -400,6 +411,7 @@ class Backend {
   }
   virtual void rope(const RopeOp& op) = 0;
   virtual void quant_sim(const QuantSimOp& op) = 0;
+  virtual void act_quant(const ActQuantOp& op) = 0;
   virtual void store_rows(const StoreRowsOp& op) = 0;
   virtual void compress(const CompressOp& op) = 0;
   virtual void indexer_scores(const IndexerScoresOp& op) = 0;

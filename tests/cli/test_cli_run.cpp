@@ -311,7 +311,7 @@ TEST(CliRun, BadFlagValuesAreRefused) {
       {"--threads -2", "--threads"},
       {"--batch -1", "--batch"},
       {"--backend tpu", "--backend"},
-      {"--numerics fast", "--numerics"},
+      {"--numerics fp8", "--numerics"},
       {"--logprobs-top-k 1000 --dump-logprobs x.json", "--logprobs-top-k"},
       {"--stop ''", "--stop"},
       {"--no-such-flag", "no-such-flag"},
@@ -480,7 +480,7 @@ TEST(CliRun, EngineChoicesAreParsedWithClearErrors) {
   // is refused before the model loads, naming the flag and what it accepts.
   const std::pair<const char*, const char*> cases[] = {
       {"--backend tpu", "--backend: unknown backend \"tpu\" (expected auto, cpu or cuda)"},
-      {"--numerics fast", "--numerics: unknown numerics \"fast\" (expected reference or plain)"},
+      {"--numerics fp4", "--numerics: unknown numerics \"fp4\" (expected reference, plain or fast)"},
       {"--expert-gemm 0", "--expert-gemm: want auto, on, off or a whole number from 1 to 1000000, got \"0\""},
       {"--dup-ops matmul,hc_post", "--dup-ops: cannot launch op \"hc_post\" twice"},
       {"--cublas ''", "--cublas: empty (want auto, off or the path of libcublas)"},

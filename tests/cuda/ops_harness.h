@@ -26,8 +26,11 @@ namespace dsv4::cudatest {
 //    f32 work (compressor rows): a 1-ulp difference before the rounding can
 //    move a value by one FP8/bf16 quantum (1/16 or 1/256 of it); expected
 //    NMSE is ~0 with rare flips at ~1e-8.
-//  * exact: selections (top-k, router experts), simulations on identical
-//    inputs (quant_sim), copies (embed, store_rows), hc_post (the CPU's exact
+//    The same bound for the routed experts with the mid vector quantised
+//    (MoeExpertsOp::mid_quant): a value within f32 rounding of an int8
+//    boundary moves by one step.
+//  * exact: selections (top-k, router experts), simulations and activation
+//    quantisation on identical inputs (quant_sim, act_quant), copies (embed, store_rows), hc_post (the CPU's exact
 //    operation sequence), compressor frontiers, and CUDA n-token vs 1-token
 //    runs of matmul/moe_experts on the FFMA tiles (one summation order for any
 //    batch size; --no-tensor-cores). On tensor cores (cuda_mma.cuh) the batched

@@ -222,6 +222,33 @@ void cases_dense(Harness& h) {
                      b.diff(x));
     }
   }
+  if (h.want("act_quant")) {
+    // Both formats, rows with a short last block, in place and not; rows of sim_rows' kinds (magnitudes
+    // 2^-20..2^20, zeros, one large value, e4m3 ties) plus int8 ties ((q + 1/2) s with s = 2^-3), NaN and Inf.
+    struct C {
+      ActQuant q;
+      int64_t d, rows;
+      bool in_place;
+    };
+    for (C c : {C{ActQuant::FP8_128, 4096, 24, false}, C{ActQuant::FP8_128, 300, 13, true},
+                C{ActQuant::FP8_128, 2048, 7, true}, C{ActQuant::INT8_32, 4096, 24, true},
+                C{ActQuant::INT8_32, 100, 13, false}, C{ActQuant::INT8_32, 1024, 9, false}}) {
+      Bufs b(h);
+      std::vector<float> v = sim_rows(r, c.d, c.rows);
+      for (int64_t j = 0; j < c.d; ++j)  // row 0: int8 ties under s = 2^-3 (|x| up to 15.875)
+        v[static_cast<size_t>(j)] = (static_cast<float>(r.below(240)) - 120.0f + 0.5f) * 0.125f;
+      v[static_cast<size_t>(c.d + 3)] = NAN;            // row 1: NaN in its first block
+      v[static_cast<size_t>(2 * c.d + 1)] = -INFINITY;  // row 2: its first block becomes NaN
+      Pair x = b.f32(v, Shape(c.d, c.rows));
+      Pair out = c.in_place ? x : b.out(GgmlType::F32, Shape(c.d, c.rows));
+      h.cpu.act_quant({out.c, x.c, c.q});
+      h.gpu.act_quant({out.g, x.g, c.q});
+      h.report.exact("act_quant",
+                     strfmt("[%lld,%lld] %s%s", (long long)c.rows, (long long)c.d, act_quant_name(c.q),
+                            c.in_place ? " in place" : ""),
+                     b.diff(out));
+    }
+  }
   if (h.want("store_rows")) {
     struct C {
       int64_t cap, d;

@@ -239,8 +239,10 @@ int main(int argc, char** argv) {
     }
     if (left > 0) ragged.push_back(left);
   }
-  for (Numerics num : {Numerics::REFERENCE, Numerics::PLAIN}) {
-    const bool ref = num == Numerics::REFERENCE;
+  // fast numerics: reference's roundings plus int8 activations, whose rounding boundaries a value within f32
+  // rounding of one crosses now and then (one step of 1/127 of its block): reference's bounds.
+  for (Numerics num : {Numerics::REFERENCE, Numerics::PLAIN, Numerics::FAST}) {
+    const bool ref = simulates_storage(num);
     const double t_med = ref ? 1e-3 : 1e-10, t_pos = ref ? 1e-2 : 1e-7;
     const char* nn = numerics_name(num);
     std::printf("== numerics %s\n", nn);

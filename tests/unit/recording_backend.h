@@ -108,6 +108,7 @@ class RecordingBackend final : public Backend {
   DSV4_FORWARD_OP(matmul, MatmulOp)
   DSV4_FORWARD_OP(rope, RopeOp)
   DSV4_FORWARD_OP(quant_sim, QuantSimOp)
+  DSV4_FORWARD_OP(act_quant, ActQuantOp)
   DSV4_FORWARD_OP(store_rows, StoreRowsOp)
   DSV4_FORWARD_OP(compress, CompressOp)
   DSV4_FORWARD_OP(indexer_scores, IndexerScoresOp)

@@ -74,3 +74,61 @@ TEST(CpuOps, MatmulAccumulateIsMatmulThenAdd) {
   EXPECT_TRUE(same_bytes(get(*be, acc), get(*be, sum)));
   EXPECT_FALSE(same_bytes(get(*be, acc), base));
 }
+
+TEST(CpuOps, ActQuantIsTheRowFunctionInPlaceOrNot) {
+  auto be = make_cpu_backend(2);
+  const int64_t d = 300, rows = 5;
+  const std::vector<float> xv = normal(static_cast<size_t>(d * rows), 6, 2.0f);
+  Tensor x = filled(*be, xv, d, rows), out = be->alloc(GgmlType::F32, d, rows);
+  be->act_quant({.out = out, .x = x, .quant = ActQuant::FP8_128});
+  std::vector<float> want = xv;
+  for (int64_t r = 0; r < rows; ++r) act_quant_row(want.data() + r * d, d, ActQuant::FP8_128);
+  EXPECT_TRUE(same_bytes(get(*be, out), want));
+  EXPECT_TRUE(same_bytes(get(*be, x), xv));  // the input is left alone
+  be->act_quant({.out = x, .x = x, .quant = ActQuant::FP8_128});
+  EXPECT_TRUE(same_bytes(get(*be, x), want));
+  EXPECT_FALSE(same_bytes(want, xv));
+}
+
+TEST(CpuOps, MoeMidQuantQuantisesTheDownProjectionsInput) {
+  // One expert per token (k = 1, weight 1): out = W_down act_quant(silu(min(W_gate x, c)) * clamp(W_up x)),
+  // built here from matmul, swiglu and act_quant.
+  auto be = make_cpu_backend(2);
+  const int64_t D = 64, F = 256, E = 3, n = 4;
+  Tensor gate = filled(*be, normal(static_cast<size_t>(E * F * D), 7, 0.2f), D, F * E);
+  Tensor up = filled(*be, normal(static_cast<size_t>(E * F * D), 8, 0.2f), D, F * E);
+  Tensor down = filled(*be, normal(static_cast<size_t>(E * D * F), 9, 0.1f), F, D * E);
+  Tensor x = filled(*be, normal(static_cast<size_t>(D * n), 10), D, n);
+  const std::vector<int32_t> ev = {2, 0, 2, 1};
+  Tensor experts = be->alloc(GgmlType::I32, 1, n);
+  be->write(experts, ev.data(), ev.size() * sizeof(int32_t));
+  Tensor weights = filled(*be, std::vector<float>(static_cast<size_t>(n), 1.0f), 1, n);
+  auto run = [&](ActQuant q) {
+    Tensor out = be->alloc(GgmlType::F32, D, n);
+    be->moe_experts({.out = out,
+                     .x = x,
+                     .gate = gate.reshape(D, F, E),
+                     .up = up.reshape(D, F, E),
+                     .down = down.reshape(F, D, E),
+                     .experts = experts,
+                     .weights = weights,
+                     .clamp = 10.0f,
+                     .mid_quant = q});
+    return get(*be, out);
+  };
+  const std::vector<float> quant = run(ActQuant::FP8_128), plain = run(ActQuant::NONE);
+  EXPECT_FALSE(same_bytes(quant, plain));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t e = ev[static_cast<size_t>(t)];
+    Tensor g = be->alloc(GgmlType::F32, F, 1), u = be->alloc(GgmlType::F32, F, 1), h = be->alloc(GgmlType::F32, F, 1);
+    Tensor y = be->alloc(GgmlType::F32, D, 1);
+    be->matmul({g, gate.rows(e * F, F), x.rows(t, 1)});
+    be->matmul({u, up.rows(e * F, F), x.rows(t, 1)});
+    be->swiglu({.out = h, .gate = g, .up = u, .clamp = 10.0f});
+    be->act_quant({.out = h, .x = h, .quant = ActQuant::FP8_128});
+    be->matmul({y, down.rows(e * D, D), h});
+    const std::vector<float> want = get(*be, y);
+    for (int64_t i = 0; i < D; ++i)
+      EXPECT_NEAR(quant[static_cast<size_t>(t * D + i)], want[static_cast<size_t>(i)], 1e-5f) << t << "," << i;
+  }
+}

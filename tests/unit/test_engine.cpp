@@ -146,12 +146,26 @@ TEST_F(EngineTest, SaveLoadContinueEqualsContinue) {
   ASSERT_FALSE(st.has_value());
   EXPECT_FALSE((*s3)->load(std::vector<uint8_t>{1, 2, 3}).has_value());
   EXPECT_EQ((*s3)->n_tokens(), 0u);
-  // A snapshot from other numerics is refused.
-  auto plain = load(100, "plain");
-  auto s4 = plain->new_session();
-  st = (*s4)->load(snap);
-  ASSERT_FALSE(st.has_value());
-  EXPECT_NE(st.error().message.find("numerics"), std::string::npos);
+  // A snapshot from other numerics is refused, and one made in fast numerics loads and continues there.
+  for (const char* other : {"plain", "fast"}) {
+    auto o = load(100, other);
+    auto s4 = o->new_session();
+    st = (*s4)->load(snap);
+    ASSERT_FALSE(st.has_value()) << other;
+    EXPECT_NE(
+        st.error().message.find("snapshot was made with reference numerics, the engine runs " + std::string(other)),
+        std::string::npos)
+        << st.error().message;
+  }
+  auto fast = load(100, "fast");
+  auto f1 = fast->new_session(), f2 = fast->new_session();
+  ASSERT_TRUE((*f1)->prefill(std::span<const int32_t>(t.data(), 257)).has_value());
+  ASSERT_TRUE((*f2)->load((*f1)->save()).has_value());
+  auto fa = (*f1)->prefill_all_logits(rest);
+  auto fb = (*f2)->prefill_all_logits(rest);
+  ASSERT_TRUE(fa.has_value() && fb.has_value());
+  EXPECT_TRUE(bitwise_equal(*fa, *fb));
+  EXPECT_FALSE(bitwise_equal(*fa, *a));  // fast is not reference
 }
 
 TEST_F(EngineTest, RewindIsExact) {
@@ -227,7 +241,7 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   EXPECT_NE(missing.error().message.find("dsv4 synth --preset tiny"), std::string::npos);
   o.model_path = g_model;
   EXPECT_FALSE(backend_choice_from_name("tpu").has_value());
-  EXPECT_FALSE(numerics_from_name("fast").has_value());
+  EXPECT_FALSE(numerics_from_name("fp8").has_value());
   o.backend = BackendChoice::CPU;
   o.prefill_batch = -1;
   auto neg = Engine::load(o);

@@ -1,6 +1,6 @@
 // Engine::step (continuous batching): several sessions advance in one forward
 // pass, and each ends exactly where prefill()/decode() alone would have taken
-// it — bitwise on the CPU backend, in both numerics, across compressor and
+// it — bitwise on the CPU backend, in every numerics, across compressor and
 // indexer boundaries, with sessions joining and leaving between steps.
 #include <gtest/gtest.h>
 
@@ -144,5 +144,6 @@ TEST_P(EngineStepTest, BadStepsAreRefusedAndChangeNothing) {
   EXPECT_EQ(b->n_tokens(), 12u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Numerics, EngineStepTest, ::testing::Values(Numerics::REFERENCE, Numerics::PLAIN),
+INSTANTIATE_TEST_SUITE_P(Numerics, EngineStepTest,
+                         ::testing::Values(Numerics::REFERENCE, Numerics::PLAIN, Numerics::FAST),
                          [](const auto& p) { return std::string(numerics_name(p.param)); });

@@ -40,6 +40,9 @@
 #include "hf_test_util.h"
 #include "quant/quant.h"
 #include "hf/hf_config.h"
+#include "backend/cpu/cpu_backend.h"
+#include "model/forward.h"
+#include "model/model_file.h"
 #include "dsv4/engine.h"
 
 using namespace dsv4;
@@ -131,6 +134,87 @@ TEST(Golden, ReferenceNumericsStayClose) {
               c.positions, c.max_rel, c.kl_sum / c.positions);
   EXPECT_GE(double(c.top1_same) / c.positions, 0.9);
   EXPECT_LE(c.kl_sum / c.positions, 0.02);
+}
+
+// Every position's logits of every sequence in `numerics`.
+std::vector<std::vector<float>> all_logits(const std::string& gguf, const Golden& g, const std::string& numerics) {
+  std::vector<std::vector<float>> out;
+  auto e = load_engine(gguf, numerics);
+  EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
+  if (!e) return out;
+  for (const auto& seq : g.sequences) {
+    auto s = (*e)->new_session();
+    auto lg = (*s)->prefill_all_logits(seq);
+    EXPECT_TRUE(lg.has_value());
+    out.push_back(lg ? *lg : std::vector<float>(seq.size() * g.vocab, 0.0f));
+  }
+  return out;
+}
+
+Compare compare_all(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& ours,
+                    uint32_t V) {
+  Compare c;
+  for (size_t i = 0; i < ref.size() && i < ours.size(); ++i)
+    for (size_t p = 0; p < ref[i].size() / V; ++p) golden::compare(&ref[i][p * V], &ours[i][p * V], V, c);
+  return c;
+}
+
+// Every position's logits of every sequence from the Model itself in fast numerics with activation format
+// `act` (the engine always uses ModelOptions' default).
+std::vector<std::vector<float>> fast_model_logits(const std::string& gguf, const Golden& g, ActQuant act) {
+  std::vector<std::vector<float>> out;
+  auto mf = open_model(gguf);
+  EXPECT_TRUE(mf.has_value()) << (mf ? "" : mf.error().message);
+  if (!mf) return out;
+  auto be = make_cpu_backend(0);
+  ModelOptions o;
+  o.numerics = Numerics::FAST;
+  o.fast_act = act;
+  auto m = Model::create(*be, (*mf)->weights, nullptr, o);
+  EXPECT_TRUE(m.has_value()) << (m ? "" : m.error().message);
+  if (!m) return out;
+  for (const auto& seq : g.sequences) {
+    KvState st = (*m)->new_state(1024);
+    std::vector<float> lg(seq.size() * g.vocab);
+    EXPECT_TRUE((*m)->forward(st, seq.data(), static_cast<int64_t>(seq.size()), 0, lg.data(), true).has_value());
+    (*m)->free_state(st);
+    out.push_back(std::move(lg));
+  }
+  return out;
+}
+
+TEST(Golden, FastNumericsStayCloseToReference) {
+  // `fast` is `reference` with the linear layers' inputs quantised (core/act_quant.h): int8 blocks of 32,
+  // chosen over DeepSeek's own FP8 blocks of 128 because it perturbs less. Against `reference` (the graph it
+  // approximates) and against transformers, beside reference's own distance and the FP8 format's. This
+  // random-weight fixture amplifies any rounding (reference's storage roundings alone move top-1 on 8% of
+  // positions; Q8_0 weights on 5%), so the bounds sit below the measurements (int8: top-1 0.906, KL 0.0089
+  // against reference) and catch breakage; the decision rests on int8 perturbing less than FP8.
+  Golden g = load_golden();
+  ASSERT_FALSE(g.sequences.empty());
+  std::string path = convert("f32");
+  const auto ref = all_logits(path, g, "reference"), fast = all_logits(path, g, "fast");
+  const auto fp8 = fast_model_logits(path, g, ActQuant::FP8_128);
+  const auto int8 = fast_model_logits(path, g, ActQuant::INT8_32);
+  std::filesystem::remove(path);
+  Compare fr = compare_all(ref, fast, g.vocab), ft = compare_all(g.logits, fast, g.vocab),
+          rt = compare_all(g.logits, ref, g.vocab), pr = compare_all(ref, fp8, g.vocab),
+          ir = compare_all(ref, int8, g.vocab);
+  auto line = [](const char* what, const Compare& c) {
+    std::printf("%-40s top-1 same %.4f, max |d|/spread %.3g, mean KL %.3g\n", what, double(c.top1_same) / c.positions,
+                c.max_rel, c.kl_sum / c.positions);
+  };
+  line("f32/fast vs f32/reference:", fr);
+  line("f32/fast vs transformers:", ft);
+  line("f32/reference vs transformers:", rt);
+  line("f32/fast with fp8-128 vs f32/reference:", pr);
+  ASSERT_GT(fr.positions, 2000u);
+  EXPECT_EQ(fr.top1_same, ir.top1_same);  // the engine's fast is the int8 format
+  EXPECT_EQ(fr.kl_sum, ir.kl_sum);
+  EXPECT_GE(double(fr.top1_same) / fr.positions, 0.85);
+  EXPECT_LE(fr.kl_sum / fr.positions, 0.015);
+  EXPECT_LT(fr.kl_sum, 0.5 * pr.kl_sum);  // int8-32 perturbs less than fp8-128 (measured: 3.5x lower KL)
+  EXPECT_GT(fr.kl_sum, 0.0);              // and it does quantise
 }
 
 // q8, q4 and q2 conversions of the fixture in `dir`, each against the bounds above.

@@ -216,6 +216,51 @@ TEST(HostExperts, MatchesTheReferenceMoeWithinTheActivationQuantisation) {
   }
 }
 
+// MoeExpertsOp::mid_quant (fast numerics) on the host, in the coarse FP8 format: within the bound of the
+// reference that rounds mid the same way, and different from the host without it (the flag takes effect).
+// The host's own 8-bit rows of x move mid across FP8 rounding boundaries now and then, so it is not nearer
+// that reference than to the unrounded one by a margin a test could demand.
+TEST(HostExperts, QuantisesTheMidVectorLikeTheReference) {
+  std::mt19937 g(12);
+  const int64_t E = 8, F = 512, D = 1024, k = 3, n = 4, na = n * k;
+  Experts ex(g, GgmlType::IQ2_XXS, GgmlType::Q2_K, E, F, D);
+  std::vector<float> x = normals(g, static_cast<size_t>(n * D)), w(static_cast<size_t>(na), 0.4f);
+  std::vector<int32_t> e(static_cast<size_t>(na)), host(static_cast<size_t>(na));
+  for (int64_t a = 0; a < na; ++a) {
+    e[static_cast<size_t>(a)] = static_cast<int32_t>((a * 3 + 1) % E);
+    host[static_cast<size_t>(a)] = -1 - e[static_cast<size_t>(a)];
+  }
+  std::vector<float> y(static_cast<size_t>(na * D));
+  HostExperts h(2);
+  HostExpertTask t = ex.task(n, k, x.data(), host.data(), w.data(), y.data());
+  auto run = [&](ActQuant q) {
+    t.mid_quant = q;
+    EXPECT_EQ(h.run(t), na);
+    std::vector<float> sum(static_cast<size_t>(n * D), 0.0f);
+    for (int64_t a = 0; a < na; ++a)
+      for (int64_t d = 0; d < D; ++d) sum[static_cast<size_t>((a / k) * D + d)] += y[static_cast<size_t>(a * D + d)];
+    return sum;
+  };
+  const std::vector<float> got = run(ActQuant::FP8_128), unrounded = run(ActQuant::NONE);
+  auto reference = [&](ActQuant q) {
+    std::vector<float> ref(got.size());
+    cpu::moe_experts({.out = make_tensor(ref.data(), GgmlType::F32, D, n),
+                      .x = make_tensor(x.data(), GgmlType::F32, D, n),
+                      .gate = make_tensor(ex.gate.data(), ex.gu, D, F, E),
+                      .up = make_tensor(ex.up.data(), ex.gu, D, F, E),
+                      .down = make_tensor(ex.down.data(), ex.dn, F, D, E),
+                      .experts = make_tensor(e.data(), GgmlType::I32, k, n),
+                      .weights = make_tensor(w.data(), GgmlType::F32, k, n),
+                      .clamp = 10.0f,
+                      .mid_quant = q});
+    return ref;
+  };
+  const double same = nmse(got, reference(ActQuant::FP8_128)), flag = nmse(got, unrounded);
+  std::printf("host with FP8 mid: NMSE vs the reference with FP8 mid %.3g, vs the host without %.3g\n", same, flag);
+  EXPECT_LT(same, 2e-3);
+  EXPECT_GT(flag, 1e-4);
+}
+
 TEST(HostExperts, MismatchedShapesAreRefused) {
   std::mt19937 g(3);
   Experts ex(g, GgmlType::Q8_0, GgmlType::Q8_0, 2, 64, 128);

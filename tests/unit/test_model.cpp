@@ -205,6 +205,8 @@ TEST(ShapeFit, ReferenceNumericsNeedFp8BlocksAndAHadamardWidth) {
       "this model's attention has 32 non-RoPE dims per head (key_length 96 - 64 RoPE dims), not a multiple of 64, so "
       "`--numerics reference` (FP8 KV rows in 64-value blocks) cannot run it; use --numerics plain";
   EXPECT_NE(e.find(want), std::string::npos) << e;
+  const std::string ef = fit_error(check_numerics_fit(odd_spec(), Numerics::FAST));  // fast has the same roundings
+  EXPECT_NE(ef.find("so `--numerics fast` (FP8 KV rows"), std::string::npos) << ef;
   ModelSpec s = odd_spec();
   s.head_dim = 192;  // 128 non-RoPE dims: two FP8 blocks
   const std::string e2 = fit_error(check_numerics_fit(s, Numerics::REFERENCE));

@@ -154,6 +154,10 @@ class CpuBackend final : public Backend {
     Timed t(this, profiling_ ? op_profile_key("quant_sim") : std::string());
     cpu::quant_sim(op);
   }
+  void act_quant(const ActQuantOp& op) override {
+    Timed t(this, profiling_ ? op_profile_key("act_quant") : std::string());
+    cpu::act_quant(op);
+  }
   void store_rows(const StoreRowsOp& op) override {
     Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());
     cpu::store_rows(op);

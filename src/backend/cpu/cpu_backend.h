@@ -36,6 +36,7 @@ void rms_norm(const RmsNormOp& op);
 void matmul(const MatmulOp& op);
 void rope(const RopeOp& op);
 void quant_sim(const QuantSimOp& op);
+void act_quant(const ActQuantOp& op);
 void store_rows(const StoreRowsOp& op);
 void compress(const CompressOp& op);
 void indexer_scores(const IndexerScoresOp& op);

@@ -115,14 +115,7 @@ void quant_sim_row(float* x, int64_t d, KvQuantSim sim, int n_quant) {
     case KvQuantSim::NONE: return;
     case KvQuantSim::FP8_BF16:
       // Blocks of 64: amax = max(|v|, 1e-4), scale = 2^ceil(log2(amax/448)), v = e4m3(v/scale) * scale.
-      for (int64_t b0 = 0; b0 < n_quant; b0 += 64) {
-        int64_t b1 = std::min<int64_t>(b0 + 64, n_quant);
-        float amax = 1e-4f;
-        for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-        float scale = pow2_ceil(amax / k_fp8_e4m3_max);
-        for (int64_t i = b0; i < b1; ++i)
-          x[i] = fp8_e4m3_round(std::clamp(x[i] / scale, -k_fp8_e4m3_max, k_fp8_e4m3_max)) * scale;
-      }
+      for (int64_t b0 = 0; b0 < n_quant; b0 += 64) fp8_block_round(x + b0, std::min<int64_t>(64, n_quant - b0));
       for (int64_t i = 0; i < d; ++i) x[i] = bf16_round(x[i]);
       return;
     case KvQuantSim::HADAMARD_FP4:
@@ -148,6 +141,21 @@ void quant_sim(const QuantSimOp& op) {
       static_cast<size_t>(rows),
       [&](size_t b, size_t e) {
         for (size_t r = b; r < e; ++r) quant_sim_row(op.x.f32() + r * d, d, op.sim, op.n_quant);
+      },
+      16);
+}
+
+void act_quant(const ActQuantOp& op) {
+  const int64_t d = op.x.ne[0], rows = op.x.n_rows();
+  DSV4_ASSERT(op.out.ne[0] == d && op.out.n_rows() == rows, "act_quant: shapes");
+  pool().parallel_for(
+      static_cast<size_t>(rows),
+      [&](size_t b, size_t e) {
+        for (size_t r = b; r < e; ++r) {
+          float* o = op.out.f32() + r * d;
+          if (o != op.x.f32() + r * d) std::copy_n(op.x.f32() + r * d, d, o);
+          act_quant_row(o, d, op.quant);
+        }
       },
       16);
 }

@@ -112,6 +112,10 @@ void moe_experts(const MoeExpertsOp& op) {
         }
       },
       16);
+  if (op.mid_quant != ActQuant::NONE)
+    pool().parallel_for(static_cast<size_t>(n * k), [&](size_t b, size_t e) {
+      for (size_t a = b; a < e; ++a) act_quant_row(mid.data() + a * static_cast<size_t>(F), F, op.mid_quant);
+    });
   // Down rows r: ys[a, r] = W_down[e_a, r, :] . mid[a].
   pool().parallel_for(
       static_cast<size_t>(n_active * D),

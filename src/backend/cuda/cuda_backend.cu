@@ -627,6 +627,11 @@ class CudaBackend final : public Backend {
     Timed t(this, profiling_ ? op_profile_key("quant_sim") : std::string());
     launch_quant_sim(ctx_, op);
   }
+  void act_quant(const ActQuantOp& op) override {
+    use_device();
+    Timed t(this, profiling_ ? op_profile_key("act_quant") : std::string());
+    launch_act_quant(ctx_, op);
+  }
   void store_rows(const StoreRowsOp& op) override {
     use_device();
     Timed t(this, profiling_ ? op_profile_key("store_rows") : std::string());

@@ -145,6 +145,48 @@ __global__ void quant_sim_kernel(float* x, int64_t d, KvQuantSim sim, int n_quan
   block_quant_sim_row(x + static_cast<int64_t>(blockIdx.x) * d, d, sim, n_quant);
 }
 
+// ActQuantOp (core/act_quant.h): one warp per block of B values of a row of d
+// (a row's last block may be shorter), B / 32 values per lane. amax = max(1e-4,
+// |x_i|) by shuffles (fmaxf drops NaN as the host's std::max keeps its left
+// operand); an infinite amax makes the block NaN. Per value the host's
+// operations in its order (act_quant_row): bit-identical.
+template <int B>
+__global__ void __launch_bounds__(256)
+    act_quant_kernel(float* out, const float* x, int64_t d, int64_t blocks_per_row, int64_t n_blocks, bool int8) {
+  constexpr int per = B / 32;
+  pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const int64_t blk = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (blk >= n_blocks) return;  // whole warps
+  const int64_t r = blk / blocks_per_row, b0 = blk % blocks_per_row * B;
+  const int64_t nb = d - b0 < B ? d - b0 : B;
+  const float* xb = x + r * d + b0;
+  float* ob = out + r * d + b0;
+  float v[per];
+  float amax = 1e-4f;
+#pragma unroll
+  for (int j = 0; j < per; ++j) {
+    const int i = j * 32 + lane;
+    v[j] = i < nb ? xb[i] : 0.0f;
+    if (i < nb) amax = fmaxf(amax, fabsf(v[j]));
+  }
+  amax = warp_max_all(amax);
+  const float s = pow2_ceil_dev(amax / (int8 ? 127.0f : k_fp8_max_dev));
+#pragma unroll
+  for (int j = 0; j < per; ++j) {
+    const int i = j * 32 + lane;
+    if (i >= nb) continue;
+    float q;
+    if (isinf(amax))
+      q = __int_as_float(0x7fc00000);
+    else if (int8)
+      q = __fmul_rn(clamp_dev(rintf(v[j] / s), -127.0f, 127.0f), s);
+    else
+      q = __fmul_rn(fp8_e4m3_round_dev(clamp_dev(v[j] / s, -k_fp8_max_dev, k_fp8_max_dev)), s);
+    ob[i] = q;
+  }
+}
+
 // HADAMARD_FP4 rows of d = 32 E (E = 2..32, a power of two; V4's indexer heads:
 // d = 128): one warp per row, 8 rows per block, the row in registers — lane l
 // holds x[E l, E l + E) (16-byte loads). Butterflies of stride h < E inside a
@@ -317,6 +359,34 @@ void launch_rope(const CudaContext& ctx, const RopeOp& op) {
   launch_kernel(rope_kernel, grid_for(total, 256), 256, 0, ctx.stream, op.x.f32(), op.pos.i32(), d, per_tok, total, rt,
                 op.inverse);
   CUDA_CHECK_LAUNCH();
+}
+
+void launch_act_quant(cudaStream_t stream, float* out, const float* x, int64_t d, int64_t rows, ActQuant q) {
+  const int B = act_quant_block(q);
+  if (B == 0) {
+    if (out != x && rows * d > 0)
+      CUDA_CHECK(
+          cudaMemcpyAsync(out, x, static_cast<size_t>(rows * d) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  const int64_t per_row = (d + B - 1) / B, n_blocks = rows * per_row;
+  if (n_blocks == 0) return;
+  const int64_t grid = (n_blocks + 7) / 8;  // 8 warps per block
+  DSV4_ASSERT(grid <= 0x7fffffff, "act_quant: %lld rows of %lld", static_cast<long long>(rows),
+              static_cast<long long>(d));
+  if (B == 128)
+    launch_kernel(act_quant_kernel<128>, static_cast<unsigned>(grid), 256, 0, stream, out, x, d, per_row, n_blocks,
+                  q == ActQuant::INT8_32);
+  else
+    launch_kernel(act_quant_kernel<32>, static_cast<unsigned>(grid), 256, 0, stream, out, x, d, per_row, n_blocks,
+                  q == ActQuant::INT8_32);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_act_quant(const CudaContext& ctx, const ActQuantOp& op) {
+  const int64_t d = op.x.ne[0], rows = op.x.n_rows();
+  DSV4_ASSERT(op.out.ne[0] == d && op.out.n_rows() == rows, "act_quant: shapes");
+  launch_act_quant(ctx.stream, op.out.f32(), op.x.f32(), d, rows, op.quant);
 }
 
 void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op) {

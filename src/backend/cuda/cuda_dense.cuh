@@ -10,6 +10,9 @@ namespace dsv4::cuda {
 void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op);
 void launch_rope(const CudaContext& ctx, const RopeOp& op);
 void launch_quant_sim(const CudaContext& ctx, const QuantSimOp& op);
+void launch_act_quant(const CudaContext& ctx, const ActQuantOp& op);
+// out = x with each of `rows` rows of d floats (consecutive) quantised by q (ActQuantOp); out may be x.
+void launch_act_quant(cudaStream_t stream, float* out, const float* x, int64_t d, int64_t rows, ActQuant q);
 void launch_store_rows(const CudaContext& ctx, const StoreRowsOp& op);
 // The ops of single-token sequences in one launch (cuda_seqs.cuh), the others one by one.
 void launch_store_rows_seqs(const CudaContext& ctx, std::span<const StoreRowsOp> ops);

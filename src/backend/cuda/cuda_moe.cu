@@ -15,7 +15,8 @@
 // moe_experts: every (token t, slot i) assignment a = t*k + i is independent:
 //   1. gate rows:  g[a, f] = W_gate[e_a, f, :] · x[t]   (expert id read on the device)
 //   2. up rows:    u[a, f] = W_up[e_a, f, :] · x[t]
-//   3. mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a   (weight before the down projection)
+//   3. mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a   (weight before the down projection), then
+//      quantised per row by MoeExpertsOp::mid_quant (fast numerics; launch_act_quant)
 //   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
 //   Steps 1, 2, 4, decode (n < CudaContext::expert_group_min, 65 by default): the matvec of cuda_matmul.cu
@@ -52,6 +53,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_expert_imma.cuh"
 #include "backend/cuda/cuda_expert_prefetch.cuh"
@@ -890,6 +892,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     host_task.n_tokens = n;
     host_task.k = k;
     host_task.clamp = op.clamp;
+    host_task.mid_quant = op.mid_quant;
   }
   // Gather: slots2 [E], list [E], count, ex2 [n_assign]; then the three matrices' stages of gather_cap experts each.
   const size_t gather_idx_pad =
@@ -987,6 +990,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
                     op.clamp);
       CUDA_CHECK_LAUNCH();
+      launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);  // fast numerics: mid as the CPU rounds it
       if (big_min > 0) expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
       if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1);
     } else {
@@ -1003,6 +1007,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
                       op.clamp);
         CUDA_CHECK_LAUNCH();
       }
+      launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);
       expert_matvec(ctx, y, D, down, wd, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
     }
   }

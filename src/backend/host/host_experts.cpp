@@ -113,8 +113,10 @@ int64_t HostExperts::run(const HostExpertTask& t) {
                  mid[j * F + f] = gt * (1.0f / (1.0f + std::exp(-gt))) * up * t.weights[a];
                }
              });
-  for (int64_t j = 0; j < n_mine; ++j)
+  for (int64_t j = 0; j < n_mine; ++j) {
+    act_quant_row(mid + j * F, F, t.mid_quant);
     quant::quantize_act(t.down.type, mid + j * F, mq + static_cast<size_t>(j) * mq_stride, F);
+  }
   team_->run(static_cast<size_t>(n_mine * D), chunk_rows(static_cast<size_t>(n_mine * D), team_->size()),
              [&](size_t b, size_t e) {
                for (size_t item = b; item < e; ++item) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/act_quant.h"
 #include "core/ggml_type.h"
 
 namespace dsv4 {
@@ -42,7 +43,8 @@ struct HostExpertTask {
   const int32_t* experts = nullptr;  // [n_tokens * k]: < 0 marks the host's assignments (-1 - expert)
   const float* weights = nullptr;    // [n_tokens * k] routing weights
   float clamp = 10.0f;
-  float* y = nullptr;  // [n_tokens * k, D] out
+  ActQuant mid_quant = ActQuant::NONE;  // MoeExpertsOp::mid_quant: applied to mid before its int8 rows
+  float* y = nullptr;                   // [n_tokens * k, D] out
 };
 
 class HostExperts {

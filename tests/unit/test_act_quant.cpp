@@ -1,0 +1,150 @@
+// Activation quantisation of `fast` numerics (core/act_quant.h) against an
+// independent formulation: every output is the nearest point of the block's
+// grid (all 256 e4m3 codes times the block's scale, or the integers -127..127
+// times it), found by exhaustive search, ties to the even code; plus the scale
+// rule's edges (exact powers of two, the 1e-4 floor), block independence, a
+// short last block, and NaN/Inf.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/act_quant.h"
+#include "core/float_conv.h"
+
+using namespace dsv4;
+
+namespace {
+
+// The nearest of the codes' values to v (ties: the code whose lowest mantissa bit is 0).
+float nearest_e4m3(float v) {
+  float best = 0.0f, best_d = std::numeric_limits<float>::infinity();
+  int best_code = 0;
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN codes of e4m3fn
+    const float g = fp8_e4m3_decode(static_cast<uint8_t>(c));
+    const float d = std::fabs(g - v);
+    if (d < best_d || (d == best_d && (best_code & 1) && !(c & 1))) best = g, best_d = d, best_code = c;
+  }
+  return best;
+}
+
+// Block [b0, b1) of x quantised by exhaustive search over the grid of its scale.
+void oracle_block(const std::vector<float>& x, std::vector<float>& out, size_t b0, size_t b1, ActQuant q) {
+  float amax = 1e-4f;
+  for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float qmax = q == ActQuant::FP8_128 ? 448.0f : 127.0f;
+  // s = the smallest power of two with amax / s <= qmax.
+  float s = 0x1p-126f;
+  while (amax / s > qmax) s *= 2.0f;
+  for (size_t i = b0; i < b1; ++i) {
+    const float v = x[i] / s;
+    float r;
+    if (q == ActQuant::FP8_128) {
+      r = nearest_e4m3(v);
+    } else {
+      r = std::floor(v);
+      const float frac = v - r;
+      if (frac > 0.5f || (frac == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
+      r = std::clamp(r, -127.0f, 127.0f);
+    }
+    out[i] = std::copysign(r * s, x[i]);
+  }
+}
+
+std::vector<float> oracle(const std::vector<float>& x, ActQuant q) {
+  std::vector<float> out(x.size());
+  const size_t B = static_cast<size_t>(act_quant_block(q));
+  for (size_t b0 = 0; b0 < x.size(); b0 += B) oracle_block(x, out, b0, std::min(x.size(), b0 + B), q);
+  return out;
+}
+
+std::vector<float> quantised(std::vector<float> x, ActQuant q) {
+  act_quant_row(x.data(), static_cast<int64_t>(x.size()), q);
+  return x;
+}
+
+void expect_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(f32_bits(a[i]), f32_bits(b[i])) << what << " at " << i << ": " << a[i] << " vs " << b[i];
+}
+
+}  // namespace
+
+TEST(ActQuant, NamesAndBlocks) {
+  for (ActQuant q : {ActQuant::NONE, ActQuant::FP8_128, ActQuant::INT8_32})
+    EXPECT_EQ(*act_quant_from_name(act_quant_name(q)), q);
+  EXPECT_FALSE(act_quant_from_name("fp4").has_value());
+  EXPECT_EQ(act_quant_block(ActQuant::FP8_128), 128);
+  EXPECT_EQ(act_quant_block(ActQuant::INT8_32), 32);
+  std::vector<float> x = {1.3f, -2.7f};
+  EXPECT_EQ(quantised(x, ActQuant::NONE), x);
+}
+
+TEST(ActQuant, MatchesExhaustiveNearestOnRandomRows) {
+  std::mt19937 g(7);
+  for (ActQuant q : {ActQuant::FP8_128, ActQuant::INT8_32})
+    for (int trial = 0; trial < 40; ++trial) {
+      // Widths with short last blocks; magnitudes from 1e-8 to 1e6, some rows spanning decades.
+      const size_t d = 1 + g() % 700;
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::uniform_real_distribution<float> ex(-8.0f, 6.0f);
+      const float base = std::pow(10.0f, ex(g));
+      std::vector<float> x(d);
+      for (auto& v : x) v = nd(g) * base * (trial % 3 == 0 ? std::pow(10.0f, ex(g) / 3.0f) : 1.0f);
+      expect_bits(quantised(x, q), oracle(x, q), act_quant_name(q));
+    }
+}
+
+TEST(ActQuant, ScaleRuleAtItsEdges) {
+  // amax exactly 448: s = 1, the smallest subnormal survives; just above: s = 2, it rounds to 0 (a tie).
+  std::vector<float> x(128, 0.0f);
+  x[0] = 448.0f;
+  x[1] = 0x1p-9f;
+  EXPECT_EQ(quantised(x, ActQuant::FP8_128)[1], 0x1p-9f);
+  x[0] = 449.0f;
+  const auto y = quantised(x, ActQuant::FP8_128);
+  EXPECT_EQ(y[0], 448.0f);  // 224.5 -> 224 (quantum 16), times 2
+  EXPECT_EQ(y[1], 0.0f);
+  // int8: amax 127 -> s = 1 (2.5 ties to 2, 3.5 to 4); amax 127.5 -> s = 2.
+  std::vector<float> z(32, 0.0f);
+  z[0] = 127.0f, z[1] = 2.5f, z[2] = 3.5f, z[3] = -0.5f;
+  const auto zq = quantised(z, ActQuant::INT8_32);
+  EXPECT_EQ(zq[1], 2.0f);
+  EXPECT_EQ(zq[2], 4.0f);
+  EXPECT_EQ(f32_bits(zq[3]), f32_bits(-0.0f));
+  z[0] = 127.5f;
+  EXPECT_EQ(quantised(z, ActQuant::INT8_32)[1], 2.0f);  // 1.25 -> 1, times 2
+  // The 1e-4 floor: an all-zero block stays zero, a block of 1e-6 uses s = 2^-22 (not its own amax).
+  EXPECT_EQ(quantised(std::vector<float>(128, 0.0f), ActQuant::FP8_128), std::vector<float>(128, 0.0f));
+  const auto tiny = quantised(std::vector<float>(4, 1e-6f), ActQuant::FP8_128);
+  EXPECT_EQ(tiny[0], fp8_e4m3_round(1e-6f / 0x1p-22f) * 0x1p-22f);
+  EXPECT_NE(tiny[0], 1e-6f);
+}
+
+TEST(ActQuant, BlocksAreIndependentAndTheLastMayBeShort) {
+  std::vector<float> x(130, 0.3f);
+  x[5] = 1000.0f;  // only the first block's scale grows
+  const auto y = quantised(x, ActQuant::FP8_128);
+  EXPECT_EQ(y[6], fp8_e4m3_round(0.3f / 4.0f) * 4.0f);
+  EXPECT_EQ(y[128], fp8_e4m3_round(0.3f / 0x1p-10f) * 0x1p-10f);  // 2 values: amax 0.3, s = 2^-10
+  EXPECT_EQ(y[129], y[128]);
+}
+
+TEST(ActQuant, NanStaysAndInfinityPoisonsOnlyItsBlock) {
+  for (ActQuant q : {ActQuant::FP8_128, ActQuant::INT8_32}) {
+    const size_t B = static_cast<size_t>(act_quant_block(q));
+    std::vector<float> x(2 * B, 1.5f);
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    const auto y = quantised(x, q);
+    EXPECT_TRUE(std::isnan(y[3]));
+    EXPECT_EQ(y[4], 1.5f);
+    x[3] = -std::numeric_limits<float>::infinity();
+    const auto z = quantised(x, q);
+    for (size_t i = 0; i < B; ++i) EXPECT_TRUE(std::isnan(z[i])) << i;
+    for (size_t i = B; i < 2 * B; ++i) EXPECT_EQ(z[i], 1.5f) << i;
+  }
+}
