@@ -540,13 +540,14 @@ Tensor Model::act_in(const Tensor& x, const Tensor& dst) {
   return dst;
 }
 
-void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w) {
+void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w, ActQuant x_quant) {
   // MatmulsOp per weight type, in first-seen order, at most k_max each.
   std::vector<bool> done(out_w.size(), false);
   for (size_t i = 0; i < out_w.size(); ++i) {
     if (done[i]) continue;
     MatmulsOp op;
     op.x = x;
+    op.x_quant = x_quant;
     for (size_t j = i; j < out_w.size() && op.count < MatmulsOp::k_max; ++j) {
       if (done[j] || out_w[j].second.type != out_w[i].second.type) continue;
       op.out[op.count] = out_w[j].first;
@@ -604,7 +605,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
       lin.insert(lin.end(), other.begin(), other.end());
       other.clear();
     }
-    project(xq, lin);
+    project(xq, lin, act_quant());
     if (!other.empty()) project(xn, other);
   }
 
@@ -612,7 +613,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps});
   act_in(qa, qa);  // the input of wq_b and the indexer's wq_b
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
-  backend_.matmul({q.reshape(H * hd, n), L[LT::ATTN_Q_B], qa});
+  backend_.matmul({.out = q.reshape(H * hd, n), .w = L[LT::ATTN_Q_B], .x = qa, .x_quant = act_quant()});
   backend_.rms_norm({.out = q.reshape(hd, H * n),
                      .x = q.reshape(hd, H * n),
                      .w = Tensor{},
@@ -666,7 +667,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
                       .reshape(dI, HI * options_.max_batch)
                       .rows(0, HI * n)
                       .reshape(dI, HI, n);
-      backend_.matmul({iq.reshape(HI * dI, n), L[LT::INDEXER_ATTN_Q_B], qa});
+      backend_.matmul({.out = iq.reshape(HI * dI, n), .w = L[LT::INDEXER_ATTN_Q_B], .x = qa, .x_quant = act_quant()});
       backend_.rope({.x = iq, .pos = pos, .rope = rope, .inverse = false});
       backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
       backend_.scale({iw, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(HI))});
@@ -723,7 +724,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   Tensor la = s.la.rows(0, n);
   backend_.matmul(
       {.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
-  backend_.matmul({s.y.rows(0, n), L[LT::ATTN_OUTPUT_B], act_in(la, la)});
+  backend_.matmul({.out = s.y.rows(0, n), .w = L[LT::ATTN_OUTPUT_B], .x = act_in(la, la), .x_quant = act_quant()});
 }
 
 Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
@@ -745,7 +746,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   // The experts' input: xn, quantised in fast numerics (the router reads xn itself).
   const Tensor xq = act_in(xn, s.xq ? s.xq.rows(0, n) : Tensor{});
   auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xq, W_up xq), quantised in fast numerics
-    project(xq, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}});
+    project(xq, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}}, act_quant());
     backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp});
     act_in(h, h);
   };
@@ -753,7 +754,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   if (branch) {
     backend_.branch_begin();
     shexp_hidden();
-    backend_.matmul({s.sh_y, L[LT::FFN_DOWN_SHEXP], h});
+    backend_.matmul({.out = s.sh_y, .w = L[LT::FFN_DOWN_SHEXP], .x = h, .x_quant = act_quant()});
     backend_.branch_end();
   }
   // Router (§6.1–§6.3) and routed experts (§6.4).
@@ -779,6 +780,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
                         .clamp = clamp,
                         .accumulate = false,
                         .mid_quant = act_quant(),
+                        .x_quant = act_quant(),
                         .slots = L.slots,
                         .gate_host = L.gate_host,
                         .up_host = L.up_host,
@@ -793,7 +795,8 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
                      .w = L[LT::FFN_DOWN_SHEXP],
                      .x = h,
                      .groups = 1,
-                     .accumulate = /*accumulate=*/true});  // y += W_down h
+                     .accumulate = /*accumulate=*/true,
+                     .x_quant = act_quant()});  // y += W_down h
   }
   return {};
 }
@@ -1119,10 +1122,14 @@ Status Model::mtp_fill(KvState& st, const int32_t* next, const Tensor& hidden, i
   Tensor e = s.u.rows(0, rows), ye = s.ys.rows(0, rows), hn = s.xn.rows(0, rows);
   backend_.embed({e.reshape(D, hc, n), global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
   backend_.rms_norm({.out = e, .x = e, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
-  backend_.matmul({ye, mtp_head_[static_cast<size_t>(MT::E_PROJ)], act_in(e, e)});
+  backend_.matmul(
+      {.out = ye, .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = act_in(e, e), .x_quant = act_quant()});
   const Tensor x = hidden.reshape(D * hc, hidden.n_elements() / (D * hc)).rows(0, n).reshape(D, rows);
   backend_.rms_norm({.out = hn, .x = x, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
-  backend_.matmul({state.reshape(D, rows), mtp_head_[static_cast<size_t>(MT::H_PROJ)], act_in(hn, hn)});
+  backend_.matmul({.out = state.reshape(D, rows),
+                   .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)],
+                   .x = act_in(hn, hn),
+                   .x_quant = act_quant()});
   backend_.add({state.reshape(D, rows), ye});
   const Segment seg{&st, 0, n};
   block(mtp_block_, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, P.n_layer, false, n);
@@ -1151,13 +1158,19 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, 
   backend_.embed({emb, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(1)});
   Tensor e_row = emb.reshape(D, hc).rows(0, 1);
   backend_.rms_norm({.out = e, .x = e_row, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
-  backend_.matmul({s.ys.rows(0, 1), mtp_head_[static_cast<size_t>(MT::E_PROJ)], act_in(e, e)});
+  backend_.matmul({.out = s.ys.rows(0, 1),
+                   .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)],
+                   .x = act_in(e, e),
+                   .x_quant = act_quant()});
   Tensor hnorm = s.h.rows(0, 1);
   for (int64_t i = 0; i < hc; ++i) {
     Tensor xi = (chain ? st.mtp_hidden : st.last_hidden).rows(i, 1);
     backend_.rms_norm({.out = hnorm, .x = xi, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
     Tensor yi = state.reshape(D, hc).rows(i, 1);
-    backend_.matmul({yi, mtp_head_[static_cast<size_t>(MT::H_PROJ)], act_in(hnorm, hnorm)});
+    backend_.matmul({.out = yi,
+                     .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)],
+                     .x = act_in(hnorm, hnorm),
+                     .x_quant = act_quant()});
     backend_.add({yi, s.ys.rows(0, 1)});
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.

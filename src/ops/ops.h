@@ -127,6 +127,11 @@ struct MatmulOp {
   Tensor x;    // [n, cols * groups] f32
   int groups = 1;
   bool accumulate = false;
+  // x is an ActQuantOp's output of this format (NONE: any f32). A promise a backend may use, changing no
+  // result beyond f32 rounding: every value is q 2^k with at most 8 significant bits, so a split of x
+  // into f16 hi + lo under a power-of-two scale has lo = 0 (but for values more than 2^21 below their row's
+  // largest, whose lo a backend may drop).
+  ActQuant x_quant = ActQuant::NONE;
 };
 
 // Matmuls of one input: out[i] = W[i] x for i < count, each exactly
@@ -139,6 +144,7 @@ struct MatmulsOp {
   Tensor out[k_max];
   Tensor w[k_max];
   int count = 0;
+  ActQuant x_quant = ActQuant::NONE;  // as MatmulOp::x_quant
 };
 
 // Rotates the last n_rot dims of every row of x in place by angle pos*omega_j
@@ -274,6 +280,7 @@ struct MoeExpertsOp {
   // The mid vector (the SwiGLU times the routing weight, the down projection's input) quantised like
   // ActQuantOp before the down projection (`fast` numerics); NONE: kept f32.
   ActQuant mid_quant = ActQuant::NONE;
+  ActQuant x_quant = ActQuant::NONE;  // x is an ActQuantOp's output (the promise of MatmulOp::x_quant)
   // Experts partly in host memory (empty: all in gate/up/down as above). slots [E] i32: expert e's
   // index in gate/up/down, which then hold only the resident experts ([E_dev, ...], E_dev may be 0),
   // or -1: its rows are expert e of gate_host/up_host/down_host ([E, ...], Backend::map_host_weight:
@@ -407,7 +414,7 @@ class Backend {
   virtual void rms_norm(const RmsNormOp& op) = 0;
   virtual void matmul(const MatmulOp& op) = 0;
   virtual void matmuls(const MatmulsOp& op) {  // default: one matmul each
-    for (int i = 0; i < op.count; ++i) matmul({op.out[i], op.w[i], op.x});
+    for (int i = 0; i < op.count; ++i) matmul({.out = op.out[i], .w = op.w[i], .x = op.x, .x_quant = op.x_quant});
   }
   virtual void rope(const RopeOp& op) = 0;
   virtual void quant_sim(const QuantSimOp& op) = 0;

@@ -159,7 +159,8 @@ void cases_matmul(Harness& h) {
     std::vector<int64_t> ns;
     bool flash;
     const char* what;
-    float xscale = 1.0f;  // x = xscale * N(0, 1)
+    float xscale = 1.0f;           // x = xscale * N(0, 1)
+    ActQuant xq = ActQuant::NONE;  // x quantised so (each row), and MatmulOp::x_quant says so
   };
   const std::vector<C> cases = {
       // tiny model shapes (D = 256, q_lora 64, H*hd = 512, o_groups 2 x 64, vocab 512)
@@ -208,6 +209,14 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 66, 256, 1, {128}, false, "q8_0, rows % 4 = 2, GEMM path (scale-out 1 row per thread)"},
       {G::Q8_0, 64, 1024, 1, {130}, false, "q8_0, GEMM in 2 K slices"},
       {G::IQ2_XXS, 64, 4096, 1, {128}, false, "iq2_xxs, GEMM in 6 K slices"},
+      // x from an activation quantiser (fast numerics): the GEMM drops the x_lo third (K' = 2 cols); the
+      // other paths read x as they always do
+      {G::Q8_0, 64, 256, 1, {1, 9, 130}, false, "q8_0, x int8-32", 1.0f, ActQuant::INT8_32},
+      {G::Q8_0, 64, 1024, 1, {130}, false, "q8_0, x int8-32, GEMM in K slices", 1.0f, ActQuant::INT8_32},
+      {G::IQ2_XXS, 256, 512, 1, {129}, false, "iq2_xxs, x int8-32, GEMM path", 1.0f, ActQuant::INT8_32},
+      {G::Q8_0, 128, 256, 2, {150}, false, "q8_0 grouped x2, x int8-32, GEMM path", 1.0f, ActQuant::INT8_32},
+      {G::F16, 300, 96, 1, {200}, false, "f16, x fp8-128, GEMM path", 1.0f, ActQuant::FP8_128},
+      {G::Q8_0, 64, 256, 1, {130}, false, "q8_0, x fp8-128 |x| ~ 1e6, GEMM path", 1e6f, ActQuant::FP8_128},
       // small batches on few row blocks: the tensor-core tile in K slices of whole 8-unit chunks
       {G::Q8_0, 300, 1024, 1, {3, 16, 32}, false, "q8_0, K slices"},
       {G::Q2_K, 260, 2048, 1, {9, 16}, false, "q2_k, K slices"},
@@ -218,6 +227,7 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 32768, 1024, 1, {1, 2, 64}, true, "flash attn_q_b"},
       {G::Q8_0, 8192, 4096, 8, {1, 2, 16, 256}, true, "flash attn_output_a (8 groups)"},
       {G::Q8_0, 4096, 8192, 1, {1, 16, 256}, true, "flash attn_output_b"},
+      {G::Q8_0, 4096, 8192, 1, {1, 256}, true, "flash attn_output_b, x int8-32", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 4096, 2048, 1, {1, 5, 16}, true, "flash shared expert down"},
       {G::Q8_0, 512, 4096, 1, {1, 16}, true, "flash attn_kv"},
       {G::Q8_0, 129280, 4096, 1, {1, 2}, true, "flash output head"},
@@ -237,10 +247,11 @@ void cases_matmul(Harness& h) {
       const int64_t xw = c.cols * c.groups;
       std::vector<float> xv = random_normal(r, static_cast<size_t>(n * xw));
       for (float& v : xv) v *= c.xscale;
+      for (int64_t t = 0; t < n; ++t) act_quant_row(xv.data() + t * xw, xw, c.xq);
       Pair x = b.f32(xv, Shape(xw, n));
       Pair out = b.out(GgmlType::F32, Shape(c.rows, n));
-      h.cpu.matmul({.out = out.c, .w = w.c, .x = x.c, .groups = c.groups});
-      h.gpu.matmul({.out = out.g, .w = w.g, .x = x.g, .groups = c.groups});
+      h.cpu.matmul({.out = out.c, .w = w.c, .x = x.c, .groups = c.groups, .x_quant = c.xq});
+      h.gpu.matmul({.out = out.g, .w = w.g, .x = x.g, .groups = c.groups, .x_quant = c.xq});
       const std::string s =
           strfmt("%s [%lld,%lld]%s n=%lld (%s)", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
                  c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)n, c.what);
@@ -250,8 +261,8 @@ void cases_matmul(Harness& h) {
         const std::vector<float> base = random_normal(r, static_cast<size_t>(n * c.rows));
         Pair acc = b.f32(base, Shape(c.rows, n));
         Pair sum = b.f32(base, Shape(c.rows, n));
-        h.cpu.matmul({.out = acc.c, .w = w.c, .x = x.c, .groups = c.groups, .accumulate = true});
-        h.gpu.matmul({.out = acc.g, .w = w.g, .x = x.g, .groups = c.groups, .accumulate = true});
+        h.cpu.matmul({.out = acc.c, .w = w.c, .x = x.c, .groups = c.groups, .accumulate = true, .x_quant = c.xq});
+        h.gpu.matmul({.out = acc.g, .w = w.g, .x = x.g, .groups = c.groups, .accumulate = true, .x_quant = c.xq});
         h.report.nmse("matmul", s + " accumulate", b.diff(acc), k_thr_f32);
         h.gpu.add({sum.g, out.g});
         h.report.exact("matmul", s + " accumulate vs matmul, add",
@@ -261,7 +272,7 @@ void cases_matmul(Harness& h) {
         // Batch invariance: each token alone (the decode kernel) vs the batched kernel.
         Pair one = b.out(GgmlType::F32, Shape(c.rows, n));
         for (int64_t t = 0; t < n; ++t)
-          h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups});
+          h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups, .x_quant = c.xq});
         report_batch_invariance(h, "matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
       }
     }
@@ -297,11 +308,13 @@ void cases_matmul(Harness& h) {
     std::vector<int64_t> ns;
     bool flash;
     const char* what;
+    ActQuant xq = ActQuant::NONE;
   };
   const std::vector<M> sets = {
       // (n >= 128: the cuBLAS path with x split once for all matrices, cuda_gemm.cu)
       {{{G::F16, 64}, {G::F16, 8}, {G::F16, 24}}, 256, {1, 3, 129}, false, "tiny f16 x3"},
       {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2, 130}, false, "tiny q8_0 x2"},
+      {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 130}, false, "tiny q8_0 x2, x int8-32", ActQuant::INT8_32},
       {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1, 140}, false, "mixed types (separate launches)"},
       {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1, 2, 256}, true, "flash wq_a + wkv"},
       {{{G::F16, 1024}, {G::F16, 1024}, {G::F16, 64}, {G::F16, 256}, {G::F16, 256}},
@@ -317,10 +330,13 @@ void cases_matmul(Harness& h) {
     std::vector<Pair> ws;
     for (const auto& [t, rows] : m.mats) ws.push_back(b.random_weight(t, Shape(m.cols, rows)));
     for (int64_t n : m.ns) {
-      Pair x = b.f32(random_normal(r, static_cast<size_t>(n * m.cols)), Shape(m.cols, n));
+      std::vector<float> xv = random_normal(r, static_cast<size_t>(n * m.cols));
+      for (int64_t t = 0; t < n; ++t) act_quant_row(xv.data() + t * m.cols, m.cols, m.xq);
+      Pair x = b.f32(xv, Shape(m.cols, n));
       MatmulsOp oc, og;
       oc.x = x.c;
       og.x = x.g;
+      oc.x_quant = og.x_quant = m.xq;
       std::vector<Pair> outs, sep;
       for (size_t i = 0; i < ws.size(); ++i) {
         outs.push_back(b.out(GgmlType::F32, Shape(m.mats[i].second, n)));
@@ -337,7 +353,7 @@ void cases_matmul(Harness& h) {
         const std::string s = strfmt("%s [%lld,%lld] of %zu n=%lld (%s)", ggml_type_name(m.mats[i].first),
                                      (long long)m.mats[i].second, (long long)m.cols, ws.size(), (long long)n, m.what);
         h.report.nmse("matmuls", s, b.diff(outs[i]), k_thr_f32);
-        h.gpu.matmul({sep[i].g, ws[i].g, x.g});
+        h.gpu.matmul({.out = sep[i].g, .w = ws[i].g, .x = x.g, .x_quant = m.xq});
         h.report.exact("matmuls", s + " vs one matmul",
                        diff_f32(b.get_f32(outs[i].g, h.gpu), b.get_f32(sep[i].g, h.gpu)));
       }

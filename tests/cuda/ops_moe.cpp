@@ -315,10 +315,11 @@ void cases_moe(Harness& h) {
                       b.diff(out), k_thr_f32);
       }
     }
-    // The mid vector quantised (MoeExpertsOp::mid_quant, fast numerics) on every path: decode, the tiles, the
-    // grouped GEMM. The GPU's mid agrees with the CPU's to f32 rounding, and a value that lands within that of
-    // an int8 rounding boundary moves by one step (about once per 250,000 values; NMSE ~2e-7 per step at
-    // F = 256): k_thr_sim. And the rounding happened: the result is off the unquantised CPU by far more.
+    // fast numerics: x and the mid vector quantised (MoeExpertsOp::x_quant, mid_quant) on every path: decode,
+    // the tiles, the grouped GEMM (which then drops the x_lo products: n = 600 gives ~150 per expert). The
+    // GPU's mid agrees with the CPU's to f32 rounding, and a value that lands within that of an int8 rounding
+    // boundary moves by one step (about once per 250,000 values; NMSE ~2e-7 per step at F = 256): k_thr_sim.
+    // And the rounding happened: the result is off the CPU without mid_quant by far more.
     {
       struct M {
         G gate_up, down;
@@ -331,7 +332,9 @@ void cases_moe(Harness& h) {
         const int64_t E = 8, F = 256, D = 256, k = 2;
         Pair gate = b.random_weight(m.gate_up, Shape(D, F, E)), up = b.random_weight(m.gate_up, Shape(D, F, E));
         Pair down = b.random_weight(m.down, Shape(F, D, E));
-        Pair x = b.f32(random_normal(r, static_cast<size_t>(m.n * D)), Shape(D, m.n));
+        std::vector<float> xv = random_normal(r, static_cast<size_t>(m.n * D));
+        for (int64_t t = 0; t < m.n; ++t) act_quant_row(xv.data() + t * D, D, ActQuant::INT8_32);
+        Pair x = b.f32(xv, Shape(D, m.n));
         std::vector<int32_t> e(static_cast<size_t>(m.n * k));
         for (size_t i = 0; i < e.size(); ++i) e[i] = static_cast<int32_t>((i % 2 ? 1 : 0) + 2 * r.below(E / 2));
         Pair ex = b.i32(e, Shape(k, m.n));
@@ -345,7 +348,8 @@ void cases_moe(Harness& h) {
                        .experts = ex.c,
                        .weights = wt.c,
                        .clamp = 10.0f,
-                       .mid_quant = ActQuant::INT8_32};
+                       .mid_quant = ActQuant::INT8_32,
+                       .x_quant = ActQuant::INT8_32};
         MoeExpertsOp g{.out = out.g,
                        .x = x.g,
                        .gate = gate.g,
@@ -354,7 +358,8 @@ void cases_moe(Harness& h) {
                        .experts = ex.g,
                        .weights = wt.g,
                        .clamp = 10.0f,
-                       .mid_quant = ActQuant::INT8_32};
+                       .mid_quant = ActQuant::INT8_32,
+                       .x_quant = ActQuant::INT8_32};
         h.cpu.moe_experts(c);
         h.gpu.moe_experts(g);
         c.out = plain.c;

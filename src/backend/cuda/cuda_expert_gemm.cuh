@@ -334,6 +334,7 @@ struct ExpertGemmArgs {
   const __half* xtl;
   const int* e_t;  // the x rows' exponents
   int x_div;
+  bool x_exact;  // x is an activation quantiser's output: xtl is all zeros and is not read
 };
 // True when this binary carries the sm_90a kernel and the device runs it
 // (probed once: a CC 9.0 device and the sm_90a image loaded).

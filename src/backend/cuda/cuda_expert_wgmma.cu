@@ -6,7 +6,10 @@
 // Numerics (cuda_expert_gemm.cuh): producers decode the weights as
 // scaled f16 hi/lo and copy the tile's split x; consumers accumulate w_hi x_hi
 // + w_lo x_hi + w_hi x_lo in f32, per slice of k_wg_slice_chunks chunks into
-// fresh accumulators that are then added with one rounded f32 addition.
+// fresh accumulators that are then added with one rounded f32 addition. When x
+// is an activation quantiser's output (x_exact: MoeExpertsOp::x_quant for gate
+// and up, mid_quant for down) x_lo is 0: two wgmmas per 16 columns and one
+// bulk copy of x per chunk instead of three and two, the same sums.
 // Block: 128 weight rows x the <= 128 assignments of one plan tile
 // (k_wg_tokens: each decoded weight chunk serves up to 128 tokens), 64-column
 // chunks in k_eg_stages shared stages, 384 threads:
@@ -39,6 +42,8 @@
 // Built for sm_90a only (the wgmma instructions); on any other target the
 // kernel is a trap and expert_wgmma_available() says false, so the caller
 // keeps the tile of cuda_mma.cuh. CPU reference: cpu::moe_experts.
+#include <type_traits>
+
 #include "backend/cuda/cuda_expert_gemm.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 
@@ -200,7 +205,7 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t
 
 // The consumers' loop (threads k_wg_producers.. of the block) for N-token wgmmas (N = 32, 64, 96 or 128):
 // part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices.
-template <int N>
+template <int N, bool XE>
 __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt,
                                            int n_chunks, const __half* __restrict__ xth,
                                            const __half* __restrict__ xtl) {
@@ -212,9 +217,9 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
     if (ctid == 0 && c < n_chunks) {
       const int s = c % k_eg_stages;
       const int64_t at = static_cast<int64_t>(c) * r8 * k_eg_bk;
-      mbar_expect(&sm.xbar[s], 2 * r8 * 128);
+      mbar_expect(&sm.xbar[s], (XE ? 1 : 2) * r8 * 128);
       bulk_copy(sm.st[s].xh, xth + at, r8 * 128, &sm.xbar[s]);
-      bulk_copy(sm.st[s].xl, xtl + at, r8 * 128, &sm.xbar[s]);
+      if constexpr (!XE) bulk_copy(sm.st[s].xl, xtl + at, r8 * 128, &sm.xbar[s]);
     }
   };
   copy_x(0);
@@ -240,7 +245,7 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
       const uint64_t bh = wg_desc(st.xh + ks * 128, 128, 1024), bl = wg_desc(st.xl + ks * 128, 128, 1024);
       wgmma_n<N>(part, ah, bh, !(fresh && ks == 0));
       wgmma_n<N>(part, al, bh, 1);
-      wgmma_n<N>(part, ah, bl, 1);
+      if constexpr (!XE) wgmma_n<N>(part, ah, bl, 1);
     }
     wg_commit();
     wg_wait<1>();  // chunk c - 1's wgmmas are complete: its stage may be refilled
@@ -278,7 +283,8 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     expert_wgmma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
                         const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                         const int32_t* __restrict__ n_tiles, const __half* __restrict__ xth,
-                        const __half* __restrict__ xtl, const int* __restrict__ tok_exp, int x_div, QuantTables tab) {
+                        const __half* __restrict__ xtl, const int* __restrict__ tok_exp, int x_div, bool x_exact,
+                        QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
   __trap();  // never launched: expert_wgmma_available() is false for this target
 #else
@@ -356,14 +362,21 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   // The wgmma width follows the tile's assignment count: N = 32, 64, 96 or 128 (block-uniform; one loop per
   // width, so that no wgmma sits in a divergent path: ptxas would serialise them).
   const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
-  if (nt <= 32)
-    wg_consume<32>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
-  else if (nt <= 64)
-    wg_consume<64>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
-  else if (nt <= 96)
-    wg_consume<96>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  auto consume = [&](auto exact) {
+    constexpr bool XE = decltype(exact)::value;
+    if (nt <= 32)
+      wg_consume<32, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+    else if (nt <= 64)
+      wg_consume<64, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+    else if (nt <= 96)
+      wg_consume<96, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+    else
+      wg_consume<128, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+  };
+  if (x_exact)
+    consume(std::true_type{});
   else
-    wg_consume<128>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+    consume(std::false_type{});
 #endif
 }
 
@@ -407,7 +420,7 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R, wr, w.row_bytes(),
-                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, ctx.tables);
+                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, a.x_exact, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {
       DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));

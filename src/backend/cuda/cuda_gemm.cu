@@ -17,6 +17,9 @@
 //   A'[r] = [w_hi | w_lo | w_hi],  B'[t, g] = [x_hi | x_hi | x_lo]
 //   C[t, r] = sum_c (w_hi x_hi + w_lo x_hi + w_hi x_lo)     (w_lo x_lo, ~2^-22 relative, dropped)
 // and the epilogue undoes the scales exactly: out = ldexp(C, -(e_r + e_t)) (+ out).
+// When x is an activation quantiser's output (MatmulOp::x_quant, `fast` numerics) x_lo is 0: the GEMM runs
+// over the first two thirds only, K' = 2 cols (A' and B' keep their layout; lda/ldb stay 3 cols): one
+// third fewer MMAs, the same sums.
 // Accuracy: products within ~2^-21 of f32's. The tensor cores add into their
 // f32 accumulators with truncation (round toward zero), a bias that grows
 // with the length of the accumulation chain: one GEMM over K' = 12,288
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(256)
 // Largest K' per GEMM call (see the accuracy note above).
 constexpr int64_t k_gemm_slice = 2048;
 
-// Slices of K' = 3 cols: the fewest S with K' / S <= k_gemm_slice, K' / S a whole
+// Slices of K' (3 cols, or 2): the fewest S with K' / S <= k_gemm_slice, K' / S a whole
 // number of 8 halves (16-byte aligned slice starts).
 int64_t gemm_slices(int64_t k3) {
   for (int64_t s = (k3 + k_gemm_slice - 1) / k_gemm_slice;; ++s)
@@ -309,7 +312,7 @@ bool gemm_applies(const CudaContext& ctx, GgmlType type, int64_t rows, int64_t c
 // A' and e_r from the cache or split into `own_a` / `own_exp` (scratch), the
 // sliced GEMMs into c, the epilogue into out.
 void gemm_matrix(const CudaContext& ctx, const Tensor& w, int groups, int64_t n, const __half* b, const int* tok_exp,
-                 float* c, __half* own_a, int* own_exp, float* out, bool accumulate) {
+                 float* c, __half* own_a, int* own_exp, float* out, bool accumulate, bool x_exact) {
   const int64_t cols = w.ne[0], rows = w.n_rows(), rows_g = rows / groups;
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
@@ -325,7 +328,8 @@ void gemm_matrix(const CudaContext& ctx, const Tensor& w, int groups, int64_t n,
         CUDA_CHECK_LAUNCH();
         if (cached) cached->filled = true;
       }
-      const int64_t k3 = 3 * cols, slices = gemm_slices(k3), ks = k3 / slices;
+      // K' = 3 cols, or the first 2 cols' worth when x_lo is 0 (x_exact); the layout's stride stays 3 cols.
+      const int64_t k3 = 3 * cols, kk = (x_exact ? 2 : 3) * cols, slices = gemm_slices(kk), ks = kk / slices;
       for (int64_t sl = 0; sl < slices; ++sl)
         ctx.blas->gemm_tn_f16(ctx.stream, static_cast<int>(rows_g), static_cast<int>(n), static_cast<int>(ks),
                               a + sl * ks, static_cast<int>(k3), rows_g * k3, b + sl * ks,
@@ -356,7 +360,7 @@ bool launch_matmul_gemm(const CudaContext& ctx, const MatmulOp& op) {
   CUDA_CHECK_LAUNCH();
   gemm_matrix(ctx, op.w, groups, n, b, tok_exp, reinterpret_cast<float*>(base + layout.c),
               reinterpret_cast<__half*>(base + layout.a), reinterpret_cast<int*>(base + layout.row_exp), op.out.f32(),
-              op.accumulate);
+              op.accumulate, op.x_quant != ActQuant::NONE);
   return true;
 }
 
@@ -382,7 +386,7 @@ bool launch_matmuls_gemm(const CudaContext& ctx, const MatmulsOp& op) {
     const GemmScratch l(op.w[i].n_rows(), cols, 1, n);
     uint8_t* m = base + xl.bytes;
     gemm_matrix(ctx, op.w[i], 1, n, b, tok_exp, reinterpret_cast<float*>(m + l.c), reinterpret_cast<__half*>(m + l.a),
-                reinterpret_cast<int*>(m + l.row_exp), op.out[i].f32(), false);
+                reinterpret_cast<int*>(m + l.row_exp), op.out[i].f32(), false, op.x_quant != ActQuant::NONE);
   }
   return true;
 }

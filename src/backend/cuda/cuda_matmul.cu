@@ -457,7 +457,8 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
           reinterpret_cast<uintptr_t>(op.w[i].data) % 16 == 0;
   if (!one || op.count == 1) {  // separate launches (batches, mixed types), each checked by launch_matmul
     if (n > 1 && launch_matmuls_gemm(ctx, op)) return;  // batches on cuBLAS: x split once for all matrices
-    for (int i = 0; i < op.count; ++i) launch_matmul(ctx, {op.out[i], op.w[i], op.x});
+    for (int i = 0; i < op.count; ++i)
+      launch_matmul(ctx, {.out = op.out[i], .w = op.w[i], .x = op.x, .x_quant = op.x_quant});
     return;
   }
   dispatch_weight_type(op.w[0].type, [&](auto tag) {

@@ -743,11 +743,12 @@ EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const flo
   CUDA_CHECK_LAUNCH();
   return {xth, xtl, e_t};
 }
+// x_exact: x is an activation quantiser's output (ExpertGemmArgs::x_exact).
 void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertPlan& p,
-                 const EgSplit& xs, int x_div) {
+                 const EgSplit& xs, int x_div, bool x_exact) {
   DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
   launch_expert_wgmma(ctx, out, R, w, wr,
-                      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div});
+                      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div, x_exact});
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
@@ -980,8 +981,9 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       plan.eg_cols = std::max(D, F);
       if (big_min > 0) {
         const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k));
-        expert_gemm(ctx, g, F, gate, wg, plan, xs, static_cast<int>(k));
-        expert_gemm(ctx, u, F, up, wu, plan, xs, static_cast<int>(k));
+        const bool x_exact = op.x_quant != ActQuant::NONE;
+        expert_gemm(ctx, g, F, gate, wg, plan, xs, static_cast<int>(k), x_exact);
+        expert_gemm(ctx, u, F, up, wu, plan, xs, static_cast<int>(k), x_exact);
       }
       if (tiles_too) {
         expert_tiles(ctx, g, F, gate, wg, plan, op.x.f32(), n, D, static_cast<int>(k));
@@ -991,7 +993,9 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
                     op.clamp);
       CUDA_CHECK_LAUNCH();
       launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);  // fast numerics: mid as the CPU rounds it
-      if (big_min > 0) expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1);
+      if (big_min > 0)
+        expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1,
+                    op.mid_quant != ActQuant::NONE);
       if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
