@@ -20,7 +20,7 @@
 # (stopped before running anything), else 1 or the failing step's code.
 set -uo pipefail
 GPU_DIR=$(dirname "$(realpath "$0")")/gpu
-SUBCOMMANDS=(check bench ab sweep ops-bench micro ncu-decode load offload spec pipeline)
+SUBCOMMANDS=(check bench ab sweep ops-bench micro ncu-decode load offload spec pipeline numerics)
 
 usage() {
   sed -n '2,/^[^#]/{/^#/!q;s/^# \{0,1\}//;p;}' "$0"

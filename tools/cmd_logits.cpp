@@ -1,6 +1,9 @@
 // dsv4 logits: raw next-token logits at every position of a token sequence
 // (or at chosen positions), for comparisons with other implementations and
-// between backends.
+// between backends; optionally a greedy continuation (--greedy N), whose
+// tokens --tokens-out writes after the given ones, so that other numerics or
+// backends can be compared on the same tokens (scripts/gpu/numerics.sh).
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -17,7 +20,8 @@ namespace dsv4::tools {
 namespace {
 
 struct LogitsArgs {
-  std::string model, tokens, tokens_file, out, positions, expert_stats;
+  std::string model, tokens, tokens_file, out, positions, expert_stats, tokens_out;
+  int greedy = 0;
   Numerics numerics = Numerics::REFERENCE;
   BackendChoice backend = BackendChoice::AUTO;
   int threads = 0, batch = 0;  // 0: the backend's default
@@ -87,7 +91,8 @@ int run_logits(const LogitsArgs& a) {
   o.threads = a.threads;
   o.prefill_batch = a.batch;
   o.expert_stats = a.expert_stats;
-  o.ctx = a.ctx ? a.ctx : static_cast<uint32_t>(std::max<size_t>(ids->size(), 1));
+  if (a.greedy < 0) return fail("--greedy: want a count >= 0");
+  o.ctx = a.ctx ? a.ctx : static_cast<uint32_t>(std::max<size_t>(ids->size() + static_cast<size_t>(a.greedy), 1));
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
   auto session = (*engine)->new_session();
@@ -112,6 +117,32 @@ int run_logits(const LogitsArgs& a) {
       rows.insert(rows.end(), l.begin(), l.end());
     }
     bar.finish();
+  }
+  if (a.greedy > 0) {
+    // The rest of the sequence first (with --positions it may stop short), then each greedy token: the
+    // argmax of the logits before it (ties to the lower id), its own logits appended as a row.
+    const size_t have = (*session)->n_tokens();
+    if (have < ids->size()) {
+      auto st = (*session)->prefill(std::span<const int32_t>(ids->data() + have, ids->size() - have));
+      if (!st) return fail(st.error().message);
+    }
+    for (int i = 0; i < a.greedy; ++i) {
+      const auto& l = (*session)->logits();
+      const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      ids->push_back(next);
+      auto st = (*session)->prefill(std::span<const int32_t>(&ids->back(), 1));
+      if (!st) return fail(st.error().message);
+      const auto& after = (*session)->logits();
+      rows.insert(rows.end(), after.begin(), after.end());
+    }
+  }
+  if (!a.tokens_out.empty()) {
+    std::FILE* t = std::fopen(a.tokens_out.c_str(), "w");
+    if (!t) return fail(strfmt("cannot create %s: %s", a.tokens_out.c_str(), std::strerror(errno)));
+    bool ok = true;
+    for (size_t i = 0; i < ids->size(); ++i) ok = std::fprintf(t, i ? ",%d" : "%d", (*ids)[i]) > 0 && ok;
+    ok = std::fprintf(t, "\n") > 0 && ok;
+    if (std::fclose(t) != 0 || !ok) return fail("writing " + a.tokens_out + " failed (disk full?)");
   }
   std::FILE* f = std::fopen(a.out.c_str(), "wb");
   if (!f) return fail(strfmt("cannot create %s: %s", a.out.c_str(), std::strerror(errno)));
@@ -141,6 +172,13 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--positions", a->positions,
                   "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "
                   "only they run the output head");
+  cmd->add_option("--greedy", a->greedy,
+                  "Then decode N greedy tokens (each the argmax of the logits before it); the logits after each are "
+                  "appended as rows")
+      ->capture_default_str();
+  cmd->add_option("--tokens-out", a->tokens_out,
+                  "Write the whole sequence (the given tokens and the greedy ones) to this file, comma separated: "
+                  "the --tokens-file of a run that compares other numerics or backends on the same tokens");
   add_expert_stats_flag(cmd, &a->expert_stats);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_logits(*a)); });
