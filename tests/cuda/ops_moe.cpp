@@ -340,26 +340,20 @@ void cases_moe(Harness& h) {
         Pair ex = b.i32(e, Shape(k, m.n));
         Pair wt = b.f32(random_uniform(r, static_cast<size_t>(m.n * k), 0.1f, 1.0f), Shape(k, m.n));
         Pair out = b.out(GgmlType::F32, Shape(D, m.n)), plain = b.out(GgmlType::F32, Shape(D, m.n));
-        MoeExpertsOp c{.out = out.c,
-                       .x = x.c,
-                       .gate = gate.c,
-                       .up = up.c,
-                       .down = down.c,
-                       .experts = ex.c,
-                       .weights = wt.c,
-                       .clamp = 10.0f,
-                       .mid_quant = ActQuant::INT8_32,
-                       .x_quant = ActQuant::INT8_32};
-        MoeExpertsOp g{.out = out.g,
-                       .x = x.g,
-                       .gate = gate.g,
-                       .up = up.g,
-                       .down = down.g,
-                       .experts = ex.g,
-                       .weights = wt.g,
-                       .clamp = 10.0f,
-                       .mid_quant = ActQuant::INT8_32,
-                       .x_quant = ActQuant::INT8_32};
+        // The op on one side's tensors (side: &Pair::c, the CPU's, or &Pair::g).
+        auto op = [&](Tensor Pair::*side) {
+          return MoeExpertsOp{.out = out.*side,
+                              .x = x.*side,
+                              .gate = gate.*side,
+                              .up = up.*side,
+                              .down = down.*side,
+                              .experts = ex.*side,
+                              .weights = wt.*side,
+                              .clamp = 10.0f,
+                              .mid_quant = ActQuant::INT8_32,
+                              .x_quant = ActQuant::INT8_32};
+        };
+        MoeExpertsOp c = op(&Pair::c), g = op(&Pair::g);
         h.cpu.moe_experts(c);
         h.gpu.moe_experts(g);
         c.out = plain.c;
