@@ -222,7 +222,7 @@ TEST(HostExperts, MatchesTheReferenceMoeWithinTheActivationQuantisation) {
 // that reference than to the unrounded one by a margin a test could demand.
 TEST(HostExperts, QuantisesTheMidVectorLikeTheReference) {
   std::mt19937 g(12);
-  const int64_t E = 8, F = 512, D = 1024, k = 3, n = 4, na = n * k;
+  const int64_t E = 8, F = 256, D = 512, k = 3, n = 2, na = n * k;
   Experts ex(g, GgmlType::IQ2_XXS, GgmlType::Q2_K, E, F, D);
   std::vector<float> x = normals(g, static_cast<size_t>(n * D)), w(static_cast<size_t>(na), 0.4f);
   std::vector<int32_t> e(static_cast<size_t>(na)), host(static_cast<size_t>(na));
