@@ -26,7 +26,7 @@
 #   test_cuda_ops_nogc  the matmul cases with --no-gemm-cache (the cuBLAS path splitting its weights every
 #                     call; the default keeps them: GemmWeightCache)
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
-#                     both numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
+#                     reference, plain and fast numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
 #   test_cuda_model_mxfp4  the same checks on tiny-mxfp4 (MXFP4 routed experts), 300 tokens
 #   test_cuda_pipeline  tiny model as a layer pipeline over 2 and 3 CUDA backends (one GPU; two when present)
