@@ -331,8 +331,8 @@ uint64_t model_scratch_bytes(const ModelSpec& S, const ModelOptions& options) {
                  static_cast<uint64_t>(S.o_groups) * S.o_lora_rank + 4 * hd + dI * HI + HI + 4 * dI +
                  std::max<uint32_t>(1, S.indexer_top_k) + S.n_expert + 2 * k + 3 * Fs;
   if (end == S.n_layer) row += 2 * D + S.n_vocab;
-  if (options.numerics == Numerics::FAST && options.fast_act != ActQuant::NONE) row += D;  // xq
-  uint64_t b = 4 * (n * row + D + D + D * hc);                                             // + sh_y, mtp_e, mtp_y
+  if (options.act_quant() != ActQuant::NONE) row += D;  // xq
+  uint64_t b = 4 * (n * row + D + D + D * hc);          // + sh_y, mtp_e, mtp_y
   if (options.count_routing) b += 4 * k * n * S.n_layer;
   return b;
 }
@@ -531,7 +531,7 @@ CompressOp Model::indexer_compress(const DeviceLayer& L, LayerState& S, const Te
                      pos, 4, rope_for_ratio(4), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref);
 }
 
-ActQuant Model::act_quant() const { return options_.numerics == Numerics::FAST ? options_.fast_act : ActQuant::NONE; }
+ActQuant Model::act_quant() const { return options_.act_quant(); }
 
 Tensor Model::act_in(const Tensor& x, const Tensor& dst) {
   const ActQuant q = act_quant();

@@ -78,6 +78,8 @@ struct ModelOptions {
   // The activation format of `fast` numerics (core/numerics.h; ignored in the others). The engine always
   // uses the default; tests set FP8_128 (DeepSeek's own act_quant) to compare the two.
   ActQuant fast_act = ActQuant::INT8_32;
+  // The linear layers' activation quantisation these options give: fast_act in fast numerics, else NONE.
+  ActQuant act_quant() const { return numerics == Numerics::FAST ? fast_act : ActQuant::NONE; }
   // Compact KV rows in reference numerics (see LayerState); off = f32 rows, for
   // tests that check the compact state changes nothing.
   bool compact_kv = true;

@@ -84,20 +84,32 @@ expected<std::unique_ptr<Engine>> load_engine(const std::string& gguf, const std
   return Engine::load(o);
 }
 
-Compare run(const std::string& gguf, const Golden& g, const std::string& numerics) {
+// Every position's logits of every sequence in `numerics`.
+std::vector<std::vector<float>> all_logits(const std::string& gguf, const Golden& g, const std::string& numerics) {
+  std::vector<std::vector<float>> out;
   auto e = load_engine(gguf, numerics);
   EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
-  Compare c;
-  if (!e) return c;
-  for (size_t i = 0; i < g.sequences.size(); ++i) {
+  if (!e) return out;
+  for (const auto& seq : g.sequences) {
     auto s = (*e)->new_session();
-    auto lg = (*s)->prefill_all_logits(g.sequences[i]);
+    auto lg = (*s)->prefill_all_logits(seq);
     EXPECT_TRUE(lg.has_value());
-    if (!lg) continue;
-    for (size_t p = 0; p < g.sequences[i].size(); ++p)
-      golden::compare(&g.logits[i][p * g.vocab], &(*lg)[p * g.vocab], g.vocab, c);
+    out.push_back(lg ? *lg : std::vector<float>(seq.size() * g.vocab, 0.0f));
   }
+  return out;
+}
+
+Compare compare_all(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& ours,
+                    uint32_t V) {
+  Compare c;
+  for (size_t i = 0; i < ref.size() && i < ours.size(); ++i)
+    for (size_t p = 0; p < ref[i].size() / V; ++p) golden::compare(&ref[i][p * V], &ours[i][p * V], V, c);
   return c;
+}
+
+// `numerics` on the engine against transformers' logits, every position of every sequence.
+Compare run(const std::string& gguf, const Golden& g, const std::string& numerics) {
+  return compare_all(g.logits, all_logits(gguf, g, numerics), g.vocab);
 }
 
 }  // namespace
@@ -134,29 +146,6 @@ TEST(Golden, ReferenceNumericsStayClose) {
               c.positions, c.max_rel, c.kl_sum / c.positions);
   EXPECT_GE(double(c.top1_same) / c.positions, 0.9);
   EXPECT_LE(c.kl_sum / c.positions, 0.02);
-}
-
-// Every position's logits of every sequence in `numerics`.
-std::vector<std::vector<float>> all_logits(const std::string& gguf, const Golden& g, const std::string& numerics) {
-  std::vector<std::vector<float>> out;
-  auto e = load_engine(gguf, numerics);
-  EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
-  if (!e) return out;
-  for (const auto& seq : g.sequences) {
-    auto s = (*e)->new_session();
-    auto lg = (*s)->prefill_all_logits(seq);
-    EXPECT_TRUE(lg.has_value());
-    out.push_back(lg ? *lg : std::vector<float>(seq.size() * g.vocab, 0.0f));
-  }
-  return out;
-}
-
-Compare compare_all(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& ours,
-                    uint32_t V) {
-  Compare c;
-  for (size_t i = 0; i < ref.size() && i < ours.size(); ++i)
-    for (size_t p = 0; p < ref[i].size() / V; ++p) golden::compare(&ref[i][p * V], &ours[i][p * V], V, c);
-  return c;
 }
 
 // Every position's logits of every sequence from the Model itself in fast numerics with activation format

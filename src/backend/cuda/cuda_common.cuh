@@ -282,6 +282,12 @@ DSV4_HD float fp8_e4m3_round_dev(float v) {
   return copysignf(r, v);
 }
 
+// One value of an FP8 block under its scale s: e4m3(clamp(v / s, -448, 448)) * s (the host's fp8_block_round
+// per value; v / s is exact for a power-of-two s).
+__device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
+  return __fmul_rn(fp8_e4m3_round_dev(clamp_dev(v / s, -k_fp8_max_dev, k_fp8_max_dev)), s);
+}
+
 // Nearest E2M1 value, ties to the even code; saturates at +-6 (the storage
 // codec's rounding, core/kv_rows.h; checked against fp4_e2m1_round by test_cuda_decode).
 DSV4_HD float fp4_e2m1_round_dev(float v) { return kv_e2m1_value(kv_e2m1_code(v)); }

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(256)
     else if (int8)
       q = __fmul_rn(clamp_dev(rintf(v[j] / s), -127.0f, 127.0f), s);
     else
-      q = __fmul_rn(fp8_e4m3_round_dev(clamp_dev(v[j] / s, -k_fp8_max_dev, k_fp8_max_dev)), s);
+      q = fp8_block_value_dev(v[j], s);
     ob[i] = q;
   }
 }

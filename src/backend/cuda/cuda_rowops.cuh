@@ -111,12 +111,8 @@ __device__ __forceinline__ void block_fp8_sim_row(float* x, int64_t d, int n_qua
     if (i1 < b1) amax = fmaxf(amax, fabsf(v1));
     amax = warp_max_all(amax);
     const float scale = pow2_ceil_dev(amax / k_fp8_max_dev);
-    if (i0 < b1)
-      x[i0] =
-          bf16_round_dev(__fmul_rn(fp8_e4m3_round_dev(clamp_dev(v0 / scale, -k_fp8_max_dev, k_fp8_max_dev)), scale));
-    if (i1 < b1)
-      x[i1] =
-          bf16_round_dev(__fmul_rn(fp8_e4m3_round_dev(clamp_dev(v1 / scale, -k_fp8_max_dev, k_fp8_max_dev)), scale));
+    if (i0 < b1) x[i0] = bf16_round_dev(fp8_block_value_dev(v0, scale));
+    if (i1 < b1) x[i1] = bf16_round_dev(fp8_block_value_dev(v1, scale));
   }
   for (int64_t i = n_quant + threadIdx.x; i < d; i += blockDim.x) x[i] = bf16_round_dev(x[i]);
 }
