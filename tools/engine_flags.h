@@ -108,6 +108,10 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--no-int-dot", [s] { s->int_dot = false; },
          "Decode experts' IQ2_XXS/Q2_K rows on the float matvec instead of integer tensor-core MMAs")
       ->group(group);
+  cmd->add_flag_callback(
+         "--no-int8-matvec", [s] { s->int8_matvec = false; },
+         "With --numerics fast: decode matvecs of Q8_0 weights on the float matvec instead of int8 dot products")
+      ->group(group);
   cmd->add_option_function<std::string>(
          "--cublas", [s](const std::string& v) { (void)parse_cublas(v, *s); },
          "Prefill matmuls on cuBLAS: auto (libcublas.so.13 when it loads, else the built-in tile), off, or the path "

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/act_quant.h"
 #include "core/kv_rows.h"
 #include "cuda_test_util.h"
 
@@ -46,6 +47,7 @@ struct Opts {
   bool tensor_cores = true;
   std::string cublas = "auto";
   bool int_dot = true;
+  bool int8_matvec = true;
   int64_t gemm_min_tokens = 128;
   std::string expert_gemm = "auto";
   bool gemm_cache = true;
@@ -61,9 +63,11 @@ Tensor upload(Backend& gpu, GgmlType t, const std::vector<uint8_t>& bytes, int64
   return *w;
 }
 
-Tensor f32_input(Backend& gpu, Rng& r, int64_t n0, int64_t n1) {
+// n1 rows of n0 N(0, 1) values, each row quantised as q says (ActQuant::NONE: as drawn).
+Tensor f32_input(Backend& gpu, Rng& r, int64_t n0, int64_t n1, ActQuant q = ActQuant::NONE) {
   Tensor t = gpu.alloc(GgmlType::F32, n0, n1);
-  const std::vector<float> v = random_normal(r, static_cast<size_t>(n0 * n1));
+  std::vector<float> v = random_normal(r, static_cast<size_t>(n0 * n1));
+  for (int64_t i = 0; i < n1; ++i) act_quant_row(v.data() + i * n0, n0, q);
   gpu.write(t, v.data(), v.size() * sizeof(float));
   return t;
 }
@@ -110,18 +114,23 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
     GgmlType t;
     int64_t rows, cols;
     int groups;
+    ActQuant xq = ActQuant::NONE;  // x as --numerics fast quantises it (the int8 matvec for Q8_0 at n = 1)
   };
   using G = GgmlType;
-  // The matmuls of one Flash layer (model-spec.md §12), largest first.
+  constexpr ActQuant I8 = ActQuant::INT8_32;
+  // The matmuls of one Flash layer (model-spec.md §12), largest first; then those whose x `fast` quantises.
   const C cases[] = {
-      {G::Q8_0, 32768, 1024, 1}, {G::Q8_0, 4096, 8192, 1}, {G::Q8_0, 8192, 4096, 8}, {G::Q8_0, 2048, 4096, 1},
-      {G::Q8_0, 4096, 2048, 1},  {G::Q8_0, 1024, 4096, 1}, {G::Q8_0, 512, 4096, 1},  {G::F16, 8192, 1024, 1},
-      {G::F16, 1024, 4096, 1},   {G::F16, 512, 4096, 1},   {G::F16, 256, 4096, 1},   {G::F16, 64, 4096, 1},
+      {G::Q8_0, 32768, 1024, 1},     {G::Q8_0, 4096, 8192, 1},     {G::Q8_0, 8192, 4096, 8},
+      {G::Q8_0, 2048, 4096, 1},      {G::Q8_0, 4096, 2048, 1},     {G::Q8_0, 1024, 4096, 1},
+      {G::Q8_0, 512, 4096, 1},       {G::F16, 8192, 1024, 1},      {G::F16, 1024, 4096, 1},
+      {G::F16, 512, 4096, 1},        {G::F16, 256, 4096, 1},       {G::F16, 64, 4096, 1},
+      {G::Q8_0, 32768, 1024, 1, I8}, {G::Q8_0, 4096, 8192, 1, I8}, {G::Q8_0, 4096, 2048, 1, I8},
+      {G::Q8_0, 8192, 1024, 1, I8},  {G::Q8_0, 1024, 4096, 1, I8},
   };
   for (const C& c : cases) {
-    const std::string name =
-        strfmt("matmul %s %lldx%lld%s n=%lld", ggml_type_name(c.t), (long long)c.rows, (long long)c.cols,
-               c.groups > 1 ? strfmt(" g%d", c.groups).c_str() : "", (long long)o.n);
+    const std::string name = strfmt("matmul %s %lldx%lld%s%s n=%lld", ggml_type_name(c.t), (long long)c.rows,
+                                    (long long)c.cols, c.groups > 1 ? strfmt(" g%d", c.groups).c_str() : "",
+                                    c.xq == ActQuant::NONE ? "" : " x-int8", (long long)o.n);
     if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
     const double wbytes =
         static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(c.rows);
@@ -129,11 +138,11 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
     const std::vector<uint8_t> bytes = random_weight(r, c.t, c.cols, c.rows);  // one random matrix, copied
     std::vector<Tensor> ws;
     for (int i = 0; i < copies; ++i) ws.push_back(upload(gpu, c.t, bytes, c.cols, c.rows));
-    Tensor x = f32_input(gpu, r, c.cols * c.groups, o.n);
+    Tensor x = f32_input(gpu, r, c.cols * c.groups, o.n, c.xq);
     Tensor out = gpu.alloc(GgmlType::F32, c.rows, o.n);
     const int reps = o.reps > 0 ? o.reps : copies;
     const double sec = time_ops(gpu, reps, [&](int i) {
-      gpu.matmul({.out = out, .w = ws[static_cast<size_t>(i % copies)], .x = x, .groups = c.groups});
+      gpu.matmul({.out = out, .w = ws[static_cast<size_t>(i % copies)], .x = x, .groups = c.groups, .x_quant = c.xq});
     });
     row(name.c_str(), sec, wbytes,
         2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(o.n));
@@ -152,15 +161,18 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
     G t;
     std::vector<int64_t> rows;
     int64_t cols;
+    ActQuant xq = ActQuant::NONE;
   };
   const C cases[] = {{G::Q8_0, {1024, 512}, 4096},
                      {G::Q8_0, {2048, 2048}, 4096},
                      {G::F16, {1024, 1024, 64, 256, 256}, 4096},
-                     {G::F16, {512, 512}, 4096}};
+                     {G::F16, {512, 512}, 4096},
+                     {G::Q8_0, {1024, 512}, 4096, ActQuant::INT8_32},
+                     {G::Q8_0, {2048, 2048}, 4096, ActQuant::INT8_32}};
   for (const C& c : cases) {
     std::string name = strfmt("matmuls %s ", ggml_type_name(c.t));
     for (size_t i = 0; i < c.rows.size(); ++i) name += strfmt("%s%lld", i ? "+" : "", (long long)c.rows[i]);
-    name += strfmt("x%lld n=%lld", (long long)c.cols, (long long)o.n);
+    name += strfmt("x%lld%s n=%lld", (long long)c.cols, c.xq == ActQuant::NONE ? "" : " x-int8", (long long)o.n);
     if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
     double wbytes = 0;
     for (int64_t rows : c.rows)
@@ -173,11 +185,12 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
       for (int i = 0; i < copies; ++i) ws[static_cast<size_t>(i)].push_back(upload(gpu, c.t, bytes, c.cols, rows));
       outs.push_back(gpu.alloc(GgmlType::F32, rows, o.n));
     }
-    Tensor x = f32_input(gpu, r, c.cols, o.n);
+    Tensor x = f32_input(gpu, r, c.cols, o.n, c.xq);
     const int reps = o.reps > 0 ? o.reps : copies;
     const double sec = time_ops(gpu, reps, [&](int i) {
       MatmulsOp op;
       op.x = x;
+      op.x_quant = c.xq;
       op.count = static_cast<int>(c.rows.size());
       for (int k = 0; k < op.count; ++k) {
         op.w[k] = ws[static_cast<size_t>(i % copies)][static_cast<size_t>(k)];
@@ -380,7 +393,8 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
 
 const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
-    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
+    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-gemm-cache]\n"
+    "                      [--expert-gemm auto|on|off|N]\n"
     "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
@@ -388,6 +402,7 @@ const char* k_usage =
     "  --cublas L          matmuls of >= --gemm-min-tokens tokens on cuBLAS: auto, off (the tile) or a library path\n"
     "  --gemm-min-tokens N the cuBLAS threshold (default 128)\n"
     "  --no-int-dot        decode experts on the float matvec\n"
+    "  --no-int8-matvec    Q8_0 matvecs of int8-quantised x (the x-int8 cases) on the float matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
     "                      auto (default: N = 64), on (every expert), off (the tile), or N\n";
@@ -504,6 +519,8 @@ int main(int argc, char** argv) {
       o.gemm_min_tokens = std::atoll(value());
     else if (a == "--no-int-dot")
       o.int_dot = false;
+    else if (a == "--no-int8-matvec")
+      o.int8_matvec = false;
     else if (a == "--no-gemm-cache")
       o.gemm_cache = false;
     else if (a == "--expert-gemm" && i + 1 < argc)
@@ -532,6 +549,7 @@ int main(int argc, char** argv) {
   }
   gopt.gemm_min_tokens = o.gemm_min_tokens;
   gopt.int_dot = o.int_dot;
+  gopt.int8_matvec = o.int8_matvec;
   auto eg = parse_expert_gemm(o.expert_gemm);
   if (!eg) {
     std::fprintf(stderr, "bench_cuda_ops: --expert-gemm: %s\n", eg.error().message.c_str());

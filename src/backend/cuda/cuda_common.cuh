@@ -94,6 +94,9 @@ struct CudaContext {
   // digit-split x on integer MMAs (cuda_idot.cuh, cuda_expert_imma.cuh): on with tensor cores (the same f32-rounding
   // contract); CudaBackendOptions::int_dot = false (--no-int-dot) turns it off.
   bool int_dot = false;
+  // Decode matvecs of Q8_0 weights with an int8-32 quantised x (MatmulOp::x_quant, `fast` numerics) as dp4a
+  // dot products (cuda_matmul.cu): on with tensor cores (the same contract); CudaOptions::int8_matvec.
+  bool int8_matvec = false;
   // cuBLAS for the prefill matmuls of at least gemm_min_tokens tokens
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.
   Blas* blas = nullptr;

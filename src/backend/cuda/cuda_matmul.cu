@@ -27,6 +27,10 @@
 //   and the block's rows share one group — read from global memory, a lane's
 //   32-float unit is 128 bytes away from its neighbour's and the Q8_0 matvecs
 //   were L1-bound at ~1.3 TB/s. Grid: ceil(rows / 8R) blocks.
+// * int8 matvec (n == 1, Q8_0 weights, x an INT8_32 activation quantiser's
+//   output: MatmulOp::x_quant, `fast` numerics; CudaContext::int8_matvec): the
+//   same warps, rows and staged ring, x copied as int8 codes and per-unit
+//   scales and every unit's dot product as 8 dp4a (matvec_i8_kernel below).
 // * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS/MXFP4, and F16 with rows of whole
 //   32-element units; CudaBackendOptions::tensor_cores,
 //   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
@@ -74,6 +78,22 @@ struct MvSet {
   int count;
 };
 
+// This block's matrix of the set, selected with constant indices only (a
+// run-time index into the parameter arrays would copy them to local memory).
+struct MvMatrix {
+  const uint8_t* w;
+  float* out;
+  int64_t rows;
+  unsigned first;  // its first block
+};
+__device__ __forceinline__ MvMatrix mv_matrix(const MvSet& set) {
+  MvMatrix m{set.w[0], set.out[0], set.rows[0], 0};
+#pragma unroll
+  for (int i = 1; i < MatmulsOp::k_max; ++i)
+    if (i < set.count && blockIdx.x >= set.first[i]) m = {set.w[i], set.out[i], set.rows[i], set.first[i]};
+  return m;
+}
+
 template <GgmlType T, int R, int S, bool XS>
 __global__ void __launch_bounds__(256)
     matvec_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
@@ -86,20 +106,7 @@ __global__ void __launch_bounds__(256)
   const size_t x_bytes = XS ? static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float) : 0;
   auto* stage =
       reinterpret_cast<typename UnitStaging<T>::Vec*>(mv_smem + x_bytes + warp * stage_bytes_per_warp<T, R, S>());
-  // This block's matrix, selected with constant indices only (a run-time index
-  // into the parameter arrays would copy them to local memory).
-  const uint8_t* w = set.w[0];
-  float* out = set.out[0];
-  int64_t rows = set.rows[0];
-  unsigned first = 0;
-#pragma unroll
-  for (int i = 1; i < MatmulsOp::k_max; ++i)
-    if (i < set.count && blockIdx.x >= set.first[i]) {
-      w = set.w[i];
-      out = set.out[i];
-      rows = set.rows[i];
-      first = set.first[i];
-    }
+  const auto [w, out, rows, first] = mv_matrix(set);
   const int64_t r_blk = static_cast<int64_t>(blockIdx.x - first) * k_mv_warps * R;
   const int64_t r0 = r_blk + warp * R;
   // XS: every row of the block is in one group (the launcher checks); else the
@@ -125,6 +132,116 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < R; ++i)
       if (i < nr) out[r0 + i] = acc ? out[r0 + i] + s[i] : s[i];
+}
+
+// The int8 matvec (`fast` numerics): Q8_0 weights, x an INT8_32 activation
+// quantiser's output, i.e. x_j = q_j 2^e per 32-value unit with |q_j| <= 127
+// (MatmulOp::x_quant). With the weight unit d c_j,
+//   sum_j w_j x_j = (d 2^e) sum_j c_j q_j,
+// the inner sum exact in int32: 8 dp4a per unit where the float matvec decodes
+// and multiplies 32 floats. The block recovers the codes from x itself
+// (block_stage_x_i8, while its first weight loads are in flight): with
+// amax = max_j |x_j| = f 2^E (f in [0.5, 1)), e' = E - 7 is at most the
+// quantiser's e (its largest code has fewer than 8 bits), so every x_j 2^-e'
+// is an integer of magnitude below 128 whatever exponent the quantiser chose.
+// A unit holding a non-finite value gets a NaN scale (its dot products are NaN).
+// Per lane: units lane, lane + 32, ... of each row through the float matvec's
+// staged ring, acc = fma(float(isum), d 2^e', acc) (one rounding per unit),
+// then warp_sum: a different summation order from the float matvec (the fast
+// contract: within f32 rounding of the CPU's dot products).
+// Shared memory: [unit u's 32 codes at k_x8_stride u bytes][n_units float
+// scales][k_mv_warps x stage_bytes_per_warp<Q8_0, R, S>()]; 16-byte code loads
+// at 48-byte strides hit 32 distinct banks in each quarter warp.
+constexpr int k_x8_stride = 48;
+__host__ __device__ constexpr size_t x8_shared_bytes(int64_t n_units) {
+  return (static_cast<size_t>(n_units) * (k_x8_stride + sizeof(float)) + 15) / 16 * 16;
+}
+
+// dst = the int8 copy of x (n_units units of 32 floats) in matvec_i8_kernel's
+// layout; one warp per unit. Every thread of the block calls it; the caller synchronises.
+__device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
+  for (int64_t u = warp; u < n_units; u += warps) {
+    const float v = x[u * 32 + lane];
+    const bool finite = __all_sync(k_full_mask, isfinite(v));
+    int E = 0;
+    frexpf(warp_max_all(fabsf(v)), &E);
+    const int e = E - 7;
+    reinterpret_cast<int8_t*>(dst)[u * k_x8_stride + lane] =
+        static_cast<int8_t>(finite ? __float2int_rn(scalbnf(v, -e)) : 0);
+    if (lane == 0) scale[u] = finite ? scalbnf(1.0f, e) : __int_as_float(0x7fc00000);
+  }
+}
+
+// sum_j c_j q_j of Q8_0 unit l of a 4-byte aligned staged chunk (the words
+// decode_words reads) with the x codes xw (4 per word), and the unit's scale d.
+__device__ __forceinline__ int q8_unit_dot_i8(const uint8_t* base, int l, const int (&xw)[8], float& d) {
+  const size_t off = static_cast<size_t>(l) * 34;
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(base + (off & ~size_t{3}));
+  const unsigned sh = static_cast<unsigned>(off & 2) * 8;  // 0 or 16 bits
+  uint32_t v[9];
+#pragma unroll
+  for (int i = 0; i < 9; ++i) v[i] = p[i];
+  d = f16_bits_to_f32(static_cast<uint16_t>(v[0] >> sh));
+  int s = 0;
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    // codes 4m .. 4m+3 = block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32).
+    const auto c = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh));
+    s = __dp4a(static_cast<int>(c), xw[m], s);
+  }
+  return s;
+}
+
+// The int8 matvec; parameters as matvec_kernel's (tab unused), x always staged (XS).
+template <int R, int S>
+__global__ void __launch_bounds__(256)
+    matvec_i8_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
+                     const float* __restrict__ x, bool acc, QuantTables) {
+  constexpr GgmlType T = GgmlType::Q8_0;
+  extern __shared__ __align__(16) unsigned char mv_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto* stage = reinterpret_cast<uint4*>(mv_smem + x8_shared_bytes(n_units) + warp * stage_bytes_per_warp<T, R, S>());
+  const auto [w, out, rows, first] = mv_matrix(set);
+  const int64_t r_blk = static_cast<int64_t>(blockIdx.x - first) * k_mv_warps * R;
+  const int64_t r0 = r_blk + warp * R;
+  const float* xr = x + (r_blk / rows_per_group) * cols;  // every row of the block is in one group (the launcher)
+  auto prologue = [&] {
+    pdl_enter();
+    block_stage_x_i8(mv_smem, xr, n_units);
+    __syncthreads();
+  };
+  if (r0 >= rows) {  // whole warps only; they still join the prologue
+    prologue();
+    return;
+  }
+  const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
+  const uint8_t* rp[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
+  const auto* xscale = reinterpret_cast<const float*>(mv_smem + n_units * k_x8_stride);
+  float a[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) a[i] = 0.0f;
+  warp_rows_staged<T, R, S>(rp, n_units, lane, stage, prologue, [&](int64_t u, auto&& row_buf) {
+    const auto* xc = reinterpret_cast<const int4*>(mv_smem + u * k_x8_stride);
+    const int4 lo = xc[0], hi = xc[1];
+    const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const float sx = xscale[u];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      float d;
+      const int s = q8_unit_dot_i8(row_buf(i), lane, xw, d);
+      a[i] = fmaf(__int2float_rn(s), d * sx, a[i]);
+    }
+  });
+#pragma unroll
+  for (int i = 0; i < R; ++i) a[i] = warp_sum(a[i]);
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < nr) out[r0 + i] = acc ? out[r0 + i] + a[i] : a[i];
 }
 
 // Calls f(std::integral_constant<int, S>{}) for a staging depth S in 1..4
@@ -156,21 +273,29 @@ void with_stages(int st, F&& f) {
 // 17.2 -> 14.2 us (S = 3), 1024x4096 3.75 -> 3.11 and 512x4096 3.31 -> 2.79
 // (S = 4), 32768x1024 14.4 -> 14.0 (S = 1: one chunk per row); 8192x4096 g8
 // stays at S = 2 (12.6 us; S = 3 or 4 halves the blocks per SM: 15+ us).
+// The int8 matvec (matvec_i8_kernel) instead when xq says x is an int8-32
+// quantiser's output, the weights are Q8_0 and staged, and ctx.int8_matvec.
 template <GgmlType T, int R>
 void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
-                     int64_t cols, const float* x, bool acc) {
+                     int64_t cols, const float* x, bool acc, ActQuant xq) {
   constexpr int U = WeightUnit<T>::U;
   set.first[0] = 0;
   for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
   const dim3 grid(set.first[set.count], 1);
   const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float);
   // (A set's matrices all read group 0: rows_per_group >= every matrix's rows.)
-  const bool xs = (set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0) &&
-                  x_bytes <= k_max_x_shared_bytes;
-  // kernel<T, R, S, xs> and its dynamic shared memory, for f(kernel, smem).
+  const bool one_group = set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0;
+  const bool xs = one_group && x_bytes <= k_max_x_shared_bytes;
+  bool stageable = UnitStaging<T>::chunk_bytes > 0;
+  for (int i = 0; i < set.count; ++i) stageable = stageable && can_stage<T>(set.w[i], row_bytes);
+  const bool i8 = T == GgmlType::Q8_0 && xq == ActQuant::INT8_32 && ctx.int8_matvec && stageable && one_group &&
+                  x8_shared_bytes(n_units) <= k_max_x_shared_bytes;
+  // kernel<T, R, S, xs> (or the int8 one) and its dynamic shared memory, for f(kernel, smem).
   auto with_kernel = [&](auto stages_tag, auto&& f) {
     constexpr int S = decltype(stages_tag)::value;
     const size_t stage = static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R, S>();
+    if constexpr (T == GgmlType::Q8_0 && S > 0)
+      if (i8) return f(matvec_i8_kernel<R, S>, x8_shared_bytes(n_units) + stage);
     if (xs)
       f(matvec_kernel<T, R, S, true>, x_bytes + stage);
     else
@@ -181,8 +306,6 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
     launch_kernel(kernel, grid, 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units, cols, x, acc,
                   ctx.tables);
   };
-  bool stageable = UnitStaging<T>::chunk_bytes > 0;
-  for (int i = 0; i < set.count; ++i) stageable = stageable && can_stage<T>(set.w[i], row_bytes);
   if constexpr (UnitStaging<T>::chunk_bytes > 0) {
     if (stageable) {
       const int64_t chunks = ceil_div(n_units, 32);
@@ -211,7 +334,7 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
 // group) and still gives every SM a block.
 template <GgmlType T>
 void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
-                   int64_t cols, const float* x, bool acc) {
+                   int64_t cols, const float* x, bool acc, ActQuant xq) {
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
   auto fits = [&](int64_t r) {
     int64_t blocks = 0;
@@ -222,11 +345,11 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
     return blocks >= sms;
   };
   if (fits(4))
-    launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+    launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
   else if (fits(2))
-    launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+    launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
   else
-    launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc);
+    launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
 }
 
 template <GgmlType T>
@@ -396,7 +519,7 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
       set.out[0] = out;
       set.rows[0] = rows;
       set.count = 1;
-      launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate);
+      launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate, op.x_quant);
     } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0) {
       if constexpr (mma_tile_type<T>()) {
         // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
@@ -476,7 +599,7 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
     // rows_per_group: any value >= every matrix's rows (x is read from row 0 of the one group).
     int64_t max_rows = 1;
     for (int i = 0; i < op.count; ++i) max_rows = std::max(max_rows, set.rows[i]);
-    launch_matvec<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), false);
+    launch_matvec<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), false, op.x_quant);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -173,6 +173,7 @@ std::string CudaOptions::describe() const {
   auto add = [&s](const std::string& w) { s += (s.empty() ? "" : " ") + w; };
   if (tensor_cores != d.tensor_cores) add("tensor_cores=off");
   if (int_dot != d.int_dot) add("int_dot=off");
+  if (int8_matvec != d.int8_matvec) add("int8_matvec=off");
   if (cublas == CublasMode::OFF) add("cublas=off");
   if (cublas == CublasMode::LIBRARY) add("cublas=" + cublas_library);
   if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));

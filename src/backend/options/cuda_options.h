@@ -62,6 +62,9 @@ struct CudaOptions {
   // Decode experts' IQ2_XXS/Q2_K rows as integer dot products on int8 MMAs
   // (cuda_idot.cuh, cuda_expert_imma.cuh; tensor cores only); false: the float matvec.
   bool int_dot = true;
+  // Decode matvecs of Q8_0 weights whose x is an int8-32 activation quantiser's output (`fast` numerics) as
+  // int8 dot products (dp4a; cuda_matmul.cu; tensor cores only); false: the float matvec.
+  bool int8_matvec = true;
   // cuBLAS for the prefill matmuls (cuda_gemm.cu; tensor cores only).
   CublasMode cublas = CublasMode::AUTO;
   std::string cublas_library;  // LIBRARY: the path to dlopen
