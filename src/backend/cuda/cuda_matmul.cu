@@ -94,6 +94,17 @@ __device__ __forceinline__ MvMatrix mv_matrix(const MvSet& set) {
   return m;
 }
 
+// A warp's R row pointers from row r0 (rows past the matrix repeat row r0, so
+// that every lane runs the same code); returns how many are real.
+template <int R>
+__device__ __forceinline__ int mv_warp_rows(const uint8_t* w, int64_t r0, int64_t rows, size_t row_bytes,
+                                            const uint8_t* (&rp)[R]) {
+  const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
+#pragma unroll
+  for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
+  return nr;
+}
+
 template <GgmlType T, int R, int S, bool XS>
 __global__ void __launch_bounds__(256)
     matvec_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
@@ -119,10 +130,8 @@ __global__ void __launch_bounds__(256)
     prologue();
     return;
   }
-  const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
   const uint8_t* rp[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
+  const int nr = mv_warp_rows(w, r0, rows, row_bytes, rp);
   float s[R];
   if constexpr (XS)
     warp_rows_dot<T, R, S>(rp, n_units, XShared{reinterpret_cast<const float*>(mv_smem)}, lane, tb, stage, s, prologue);
@@ -216,10 +225,8 @@ __global__ void __launch_bounds__(256)
     prologue();
     return;
   }
-  const int nr = static_cast<int>(rows - r0 < R ? rows - r0 : R);
   const uint8_t* rp[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) rp[i] = w + (r0 + (i < nr ? i : 0)) * row_bytes;
+  const int nr = mv_warp_rows(w, r0, rows, row_bytes, rp);
   const auto* xscale = reinterpret_cast<const float*>(mv_smem + n_units * k_x8_stride);
   float a[R];
 #pragma unroll
