@@ -6,6 +6,11 @@
 //      by generate() with proposals that replay it (always right): tokens per pass must be k + 1,
 //      and the output must equal the recording. (A random-weight model has no real acceptance: this
 //      is the ceiling any drafter can reach.)
+//   2b. Agreement, teacher-forced: passes of 1 + k recorded tokens, all kept; per row, whether the pass's
+//      argmax is the recorded next token (single-token decode's choice). Where it is not, a verify pass
+//      resolves a near-tie differently (none on the CPU, nor on CUDA's FFMA tiles: the same sums); a drafter
+//      proposing the recorded tokens then gets 1 + the agreeing prefix per pass. Unlike 2, one such row
+//      does not make the later proposals wrong, so this counts how often, not from where.
 //   3. With --mtp or --dspark: generate() with the drafter's proposals (--draft): acceptance and speed.
 //   4. Projection: with i.i.d. acceptance a per proposal, a pass of k proposals gives
 //      E = (1 - a^(k+1)) / (1 - a) tokens at cost(k), so speed = E / cost(k) x the decode rate; shown
@@ -108,6 +113,34 @@ Status bench_speculation(Engine& engine, Session& session, const SpeculationBenc
     out("%d,%llu,%.3f,%d,%s,%.2f,%.2f\n", k, static_cast<unsigned long long>(r.spec.passes), per_pass, k + 1,
         same_as(r.tokens, plain.tokens).c_str(), r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0,
         plain_tps);
+  }
+
+  // 2b. Teacher-forced agreement with single-token decode.
+  out("# teacher-forced: passes of 1 + k recorded tokens (all kept); rows whose argmax is not decode's token\n");
+  out("k,passes,rows,rows_differing,tokens_per_pass\n");
+  for (int k = 1; k <= b.max_k; ++k) {
+    DSV4_TRY(session.rewind(frontier));
+    const size_t T = plain.tokens.size(), n = static_cast<size_t>(k) + 1;
+    uint64_t passes = 0, rows = 0, differing = 0, produced = 0;
+    for (size_t p = 0; p + n < T; p += n) {  // row j predicts plain.tokens[p + j + 1]
+      const std::span<const int32_t> in(plain.tokens.data() + p, n);
+      DSV4_TRY(session.verify(in, [&](std::span<const float> all) {
+        const size_t V = all.size() / n;
+        bool prefix = true;
+        ++produced;  // the pass's own token
+        for (size_t j = 0; j < n; ++j) {
+          const bool same = argmax(all.subspan(j * V, V)) == plain.tokens[p + j + 1];
+          differing += same ? 0 : 1;
+          prefix = prefix && same;
+          if (prefix && j + 1 < n) ++produced;  // proposal j + 1 accepted
+        }
+        return n;
+      }));
+      ++passes;
+      rows += n;
+    }
+    out("%d,%llu,%llu,%llu,%.3f\n", k, static_cast<unsigned long long>(passes), static_cast<unsigned long long>(rows),
+        static_cast<unsigned long long>(differing), passes ? static_cast<double>(produced) / passes : 0.0);
   }
 
   // 3. The MTP block's own proposals.

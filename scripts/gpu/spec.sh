@@ -8,10 +8,13 @@
 #      a decode step for k = 1..K (GEN passes each), proposals that replay the greedy continuation (tokens per
 #      pass, and whether the output stays the plain one), the projection at published acceptance rates;
 #   2. tiny with TINY_GEN tokens: the same, where "same_output" says from which token a batched verify pass
-#      first resolves a near-tie differently from single-token decode (CUDA is not bitwise across batch sizes).
+#      first resolves a near-tie differently from single-token decode (CUDA is not bitwise across batch sizes),
+#      and the teacher-forced table counts the rows whose argmax differs from decode's;
+#   3. both again with --no-tensor-cores (FFMA tiles: a verify pass sums as decode does, so no row may differ
+#      and replayed proposals give k + 1 tokens a pass on CUDA too).
 #
 #   device tool: command "scripts/gpu.sh spec", carry ["build-device"]
-# Output: spec-flash-q2.csv, spec-tiny.csv in ./out ($OUT with the device tool), also printed.
+# Output: spec-flash-q2.csv, spec-tiny.csv, spec-*-ffma.csv in ./out ($OUT with the device tool), also printed.
 GPU_NAME=spec
 # shellcheck source=scripts/gpu/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -32,5 +35,9 @@ gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" -
   --verify "$K" --csv "$LOG/spec-flash-q2.csv" || rc=1
 gpu_run timeout 300 "$GPU_RUN/bin/dsv4" bench --synthetic tiny --ctx-start "$CTX" --gen-tokens "$TINY_GEN" \
   --verify "$K" --csv "$LOG/spec-tiny.csv" || rc=1
+gpu_run timeout 300 "$GPU_RUN/bin/dsv4" bench --synthetic tiny --ctx-start "$CTX" --gen-tokens "$TINY_GEN" \
+  --verify "$K" --no-tensor-cores --csv "$LOG/spec-tiny-ffma.csv" || rc=1
+gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
+  --verify "$K" --no-tensor-cores --csv "$LOG/spec-flash-q2-ffma.csv" || rc=1
 gpu_dry_run && exit 0
 exit $rc

@@ -26,6 +26,11 @@
 //      median 7.4e-5, top-1 same at 97% of positions). A kernel bug moves
 //      logits by O(1) (NMSE ~1), far above both thresholds;
 //    * outliers <= 5% of positions (T_pos: plain 1e-7, reference 1e-2);
+//    fast numerics (reference's roundings plus int8 activations): a value
+//    within f32 rounding of an int8 rounding boundary crosses it now and then
+//    (a step of 1/127 of its block's largest), which moves the logits ~10x
+//    further than reference's bf16 steps (measured on an H200: median 7e-4
+//    to 1e-3, 6-8% of positions over 1e-2): T_med 3e-3, outliers <= 20%;
 //    * top-1 identical at every non-outlier position, except where the CPU's
 //      top-2 margin is within 4x the largest logit difference (a near-tie).
 //   A systematic kernel bug fails the median; one confined to a few positions
@@ -120,7 +125,7 @@ struct Verdict {
 
 // Compares CUDA and CPU logits [n][V] position by position with the rules of the header.
 void compare_positions(Verdict& v, const char* what, const std::vector<float>& got, const std::vector<float>& want,
-                       int64_t V, double t_med, double t_pos) {
+                       int64_t V, double t_med, double t_pos, double max_outlier_share) {
   const int64_t n = static_cast<int64_t>(want.size()) / V;
   std::vector<double> nmse(static_cast<size_t>(n));
   int64_t bad_nonfinite = 0, top1_fail = 0, top1_near_tie = 0, top1_outlier = 0;
@@ -157,8 +162,9 @@ void compare_positions(Verdict& v, const char* what, const std::vector<float>& g
   v.add(bad_nonfinite == 0,
         strfmt("%s: logits finite where the CPU's are (%lld bad)", what, static_cast<long long>(bad_nonfinite)));
   v.add(med <= t_med, strfmt("%s: median NMSE %.2e <= %.0e", what, med, t_med));
-  v.add(static_cast<int64_t>(outliers.size()) * 20 <= n, strfmt("%s: %zu of %lld positions over %.0e (<= 5%%)", what,
-                                                                outliers.size(), static_cast<long long>(n), t_pos));
+  v.add(static_cast<double>(outliers.size()) <= max_outlier_share * static_cast<double>(n),
+        strfmt("%s: %zu of %lld positions over %.0e (<= %.0f%%)", what, outliers.size(), static_cast<long long>(n),
+               t_pos, 100.0 * max_outlier_share));
   v.add(top1_fail == 0,
         strfmt("%s: top-1 identical (except near-ties/outliers; %lld flips)", what, static_cast<long long>(top1_fail)));
 }
@@ -239,11 +245,11 @@ int main(int argc, char** argv) {
     }
     if (left > 0) ragged.push_back(left);
   }
-  // fast numerics: reference's roundings plus int8 activations, whose rounding boundaries a value within f32
-  // rounding of one crosses now and then (one step of 1/127 of its block): reference's bounds.
+  // The bounds per numerics: see the file comment.
   for (Numerics num : {Numerics::REFERENCE, Numerics::PLAIN, Numerics::FAST}) {
     const bool ref = simulates_storage(num);
-    const double t_med = ref ? 1e-3 : 1e-10, t_pos = ref ? 1e-2 : 1e-7;
+    const bool fast = num == Numerics::FAST;
+    const double t_med = fast ? 3e-3 : ref ? 1e-3 : 1e-10, t_pos = ref ? 1e-2 : 1e-7, share = fast ? 0.2 : 0.05;
     const char* nn = numerics_name(num);
     std::printf("== numerics %s\n", nn);
     const auto t0 = std::chrono::steady_clock::now();
@@ -254,9 +260,10 @@ int main(int argc, char** argv) {
     std::printf("  prefill of %lld tokens: cpu %.2f s, cuda %.3f s (incl. weight upload)\n",
                 static_cast<long long>(n_tokens), std::chrono::duration<double>(t1 - t0).count(),
                 std::chrono::duration<double>(t2 - t1).count());
-    compare_positions(v, strfmt("%s cuda vs cpu", nn).c_str(), g.logits, c.logits, V, t_med, t_pos);
+    compare_positions(v, strfmt("%s cuda vs cpu", nn).c_str(), g.logits, c.logits, V, t_med, t_pos, share);
     const Run gf = run_model(**gpu_ffma, **mf, nullptr, num, 1024, whole, toks);
-    compare_positions(v, strfmt("%s cuda (FFMA tiles) vs cpu", nn).c_str(), gf.logits, c.logits, V, t_med, t_pos);
+    compare_positions(v, strfmt("%s cuda (FFMA tiles) vs cpu", nn).c_str(), gf.logits, c.logits, V, t_med, t_pos,
+                      share);
     {
       // The draft reads the last position's final state: only comparable when that position is not an outlier.
       const int64_t last = n_tokens - 1;
@@ -279,7 +286,7 @@ int main(int argc, char** argv) {
                                   static_cast<long long>(d.n_diff)));
       const Run bt = run_model(**gpu, **mf, nullptr, num, batch, whole, toks);
       compare_positions(v, strfmt("%s cuda batch %d vs cuda whole", nn, batch).c_str(), bt.logits, g.logits, V, t_med,
-                        t_pos);
+                        t_pos, share);
     }
     const Run rf = run_model(**gpu_ffma, **mf, nullptr, num, 512, ragged, toks);
     const Diff d = diff_f32(rf.logits, gf.logits);
@@ -287,7 +294,7 @@ int main(int argc, char** argv) {
                                 static_cast<long long>(d.n_diff)));
     const Run rg = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks);
     compare_positions(v, strfmt("%s cuda ragged prefill calls vs cuda whole", nn).c_str(), rg.logits, g.logits, V,
-                      t_med, t_pos);
+                      t_med, t_pos, share);
     if (ref) {
       // Compact KV rows (KV_FP8/KV_FP4) hold the simulated values exactly: f32 rows give the same logits.
       const Run rf32 = run_model(**gpu, **mf, nullptr, num, 512, ragged, toks, false);

@@ -166,20 +166,35 @@ __host__ __device__ constexpr size_t x8_shared_bytes(int64_t n_units) {
   return (static_cast<size_t>(n_units) * (k_x8_stride + sizeof(float)) + 15) / 16 * 16;
 }
 
-// dst = the int8 copy of x (n_units units of 32 floats) in matvec_i8_kernel's
-// layout; one warp per unit. Every thread of the block calls it; the caller synchronises.
+// dst = the int8 copy of x (n_units units of 32 floats, 16-byte aligned) in
+// matvec_i8_kernel's layout: one thread per 4 values, 8 threads per unit (the
+// unit's max by 3 shuffles), the exponents from the float bits. Under the
+// promise max|x| is 0 or at least the quantiser's smallest scale (2^-20), so
+// 2^-e' and 2^e' are normal floats; a zero unit gets codes 0 and scale 1.
+// Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises.
 __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
-  for (int64_t u = warp; u < n_units; u += warps) {
-    const float v = x[u * 32 + lane];
-    const bool finite = __all_sync(k_full_mask, isfinite(v));
-    int E = 0;
-    frexpf(warp_max_all(fabsf(v)), &E);
-    const int e = E - 7;
-    reinterpret_cast<int8_t*>(dst)[u * k_x8_stride + lane] =
-        static_cast<int8_t>(finite ? __float2int_rn(scalbnf(v, -e)) : 0);
-    if (lane == 0) scale[u] = finite ? scalbnf(1.0f, e) : __int_as_float(0x7fc00000);
+  const int64_t n4 = n_units * 8;  // whole units per 8 lanes: a lane group is all in or all out
+  for (int64_t i0 = 0; i0 < n4; i0 += blockDim.x) {
+    const int64_t i = i0 + threadIdx.x;
+    const float4 v = i < n4 ? reinterpret_cast<const float4*>(x)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int finite = isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w);
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(k_full_mask, m, o));
+      finite &= __shfl_xor_sync(k_full_mask, finite, o);
+    }
+    if (i >= n4) continue;
+    // m = f 2^E with f in [0.5, 1): E = biased exponent - 126; e' = E - 7 (clamped for units outside the promise).
+    const int e = m > 0.0f ? max((__float_as_int(m) >> 23) - 133, -100) : 0;
+    const float inv = __int_as_float((127 - e) << 23);  // 2^-e', exact products
+    const uint32_t q = (__float2int_rn(v.x * inv) & 0xff) | (__float2int_rn(v.y * inv) & 0xff) << 8 |
+                       (__float2int_rn(v.z * inv) & 0xff) << 16 |
+                       static_cast<uint32_t>(__float2int_rn(v.w * inv)) << 24;
+    const int64_t u = i >> 3;
+    *reinterpret_cast<uint32_t*>(dst + u * k_x8_stride + (i & 7) * 4) = q;
+    if ((i & 7) == 0) scale[u] = finite ? __int_as_float((127 + e) << 23) : __int_as_float(0x7fc00000);
   }
 }
 
