@@ -133,6 +133,13 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
           ""))
       ->capture_default_str()
       ->group(group);
+  cmd->add_option("--ffma-max-tokens", s->ffma_max_tokens,
+                  "Batched matmuls of at most N tokens (verify passes, small batched steps) on the FFMA tile, in the "
+                  "decode matvec's summation order, instead of tensor cores; 0: none")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{0}, int64_t{64}))
+      ->capture_default_str()
+      ->group(group);
   cmd->add_flag_callback(
          "--no-cuda-branches", [s] { s->branches = false; },
          "Every op on one stream (default: the shared expert runs on a second stream)")

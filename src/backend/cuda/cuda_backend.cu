@@ -137,6 +137,7 @@ class CudaBackend final : public Backend {
     // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();
     ctx_.gemm_min_tokens = opts_.gemm_min_tokens;
+    ctx_.ffma_max_tokens = opts_.ffma_max_tokens;
     // Not with an explicit --gpu-memory budget: the cache would live outside it (auto budgets leave it the
     // memory the placement does not take).
     if (blas_ && ctx_.tensor_cores && opts_.gemm_weight_cache && opts_.gpu_memory == 0) {

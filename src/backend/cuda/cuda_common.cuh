@@ -101,6 +101,8 @@ struct CudaContext {
   // (cuda_gemm.cu); nullptr: not loaded, off, or on the branch stream.
   Blas* blas = nullptr;
   int64_t gemm_min_tokens = 128;
+  // Batched matmuls of at most this many tokens on the FFMA tile (CudaOptions::ffma_max_tokens).
+  int64_t ffma_max_tokens = 0;
   // A graph is being recorded (Backend::capture_begin): matmuls stay off cuBLAS (its weight cache allocates).
   bool capturing = false;
   // The split weights of the cuBLAS matmuls kept across calls; nullptr: split per call.

@@ -42,7 +42,8 @@
 //   adds in slice order. Within ~1e-13 NMSE of the f32 dot products, but not
 //   bitwise equal to the matvec. Grid: (ceil(rows_per_group / 256), G,
 //   ceil(n / BN) x slices).
-// * tiled FFMA (n > 1: the other weight types, or tensor cores off): weight_tile
+// * tiled FFMA (n > 1: the other weight types, tensor cores off, or batches of at
+//   most CudaContext::ffma_max_tokens tokens): weight_tile
 //   of cuda_tile.cuh, 32 rows x 8 tokens per 256-thread block, x staged in shared
 //   memory; each decoded weight unit is reused for 8 tokens. Same summation
 //   order as the matvec (bitwise batch-invariant).
@@ -542,7 +543,7 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
       set.rows[0] = rows;
       set.count = 1;
       launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate, op.x_quant);
-    } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0) {
+    } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0 && n > ctx.ffma_max_tokens) {
       if constexpr (mma_tile_type<T>()) {
         // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
         // The tile walks units of 32 elements (F16: four of its 8-element decode units).

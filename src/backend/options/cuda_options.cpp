@@ -153,6 +153,8 @@ Status CudaOptions::check() const {
   if (gemm_min_tokens < 2)
     return make_error("--gemm-min-tokens %lld: the cuBLAS matmul threshold must be at least 2 tokens",
                       static_cast<long long>(gemm_min_tokens));
+  if (ffma_max_tokens < 0 || ffma_max_tokens > 64)
+    return make_error("--ffma-max-tokens %lld: want 0 to 64", static_cast<long long>(ffma_max_tokens));
   if (cublas == CublasMode::LIBRARY && cublas_library.empty())
     return make_error("--cublas: empty (want auto, off or the path of libcublas)");
   if (expert_gemm_min < 0 || expert_gemm_min > 1000000)
@@ -177,6 +179,7 @@ std::string CudaOptions::describe() const {
   if (cublas == CublasMode::OFF) add("cublas=off");
   if (cublas == CublasMode::LIBRARY) add("cublas=" + cublas_library);
   if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));
+  if (ffma_max_tokens != d.ffma_max_tokens) add("ffma_max_tokens=" + std::to_string(ffma_max_tokens));
   if (branches != d.branches) add("branches=off");
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
