@@ -210,12 +210,13 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 64, 1024, 1, {130}, false, "q8_0, GEMM in 2 K slices"},
       {G::IQ2_XXS, 64, 4096, 1, {128}, false, "iq2_xxs, GEMM in 6 K slices"},
       // x from an activation quantiser (fast numerics): the GEMM drops the x_lo third (K' = 2 cols); a Q8_0
-      // matvec of int8-32 x runs as int8 dot products (tensor cores on; codes recovered from x per unit: scales
-      // far from 1, rows in groups); the other paths read x as they always do
-      {G::Q8_0, 64, 256, 1, {1, 9, 130}, false, "q8_0, x int8-32", 1.0f, ActQuant::INT8_32},
-      {G::Q8_0, 64, 256, 1, {1}, false, "q8_0, x int8-32 |x| ~ 1e-6", 1e-6f, ActQuant::INT8_32},
-      {G::Q8_0, 64, 256, 1, {1}, false, "q8_0, x int8-32 |x| ~ 1e6", 1e6f, ActQuant::INT8_32},
-      {G::Q8_0, 256, 1024, 2, {1}, false, "q8_0 grouped x2, x int8-32 (a group per block)", 1.0f, ActQuant::INT8_32},
+      // matvec of int8-32 x and >= 4096 rows runs as int8 dot products (tensor cores on; codes recovered from x
+      // per unit: scales far from 1, rows in groups); the other paths read x as they always do
+      {G::Q8_0, 64, 256, 1, {1, 9, 130}, false, "q8_0, x int8-32 (64 rows: float matvec)", 1.0f, ActQuant::INT8_32},
+      {G::Q8_0, 4096, 256, 1, {1}, false, "q8_0, x int8-32 (int8 matvec)", 1.0f, ActQuant::INT8_32},
+      {G::Q8_0, 4096, 256, 1, {1}, false, "q8_0, x int8-32 |x| ~ 1e-6", 1e-6f, ActQuant::INT8_32},
+      {G::Q8_0, 4096, 256, 1, {1}, false, "q8_0, x int8-32 |x| ~ 1e6", 1e6f, ActQuant::INT8_32},
+      {G::Q8_0, 8192, 512, 2, {1}, false, "q8_0 grouped x2, x int8-32 (a group per block)", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 300, 96, 1, {1}, false, "q8_0, x int8-32, rows not staged (float matvec)", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 64, 1024, 1, {130}, false, "q8_0, x int8-32, GEMM in K slices", 1.0f, ActQuant::INT8_32},
       {G::IQ2_XXS, 256, 512, 1, {129}, false, "iq2_xxs, x int8-32, GEMM path", 1.0f, ActQuant::INT8_32},
@@ -322,6 +323,7 @@ void cases_matmul(Harness& h) {
       {{{G::F16, 64}, {G::F16, 8}, {G::F16, 24}}, 256, {1, 3, 129}, false, "tiny f16 x3"},
       {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2, 130}, false, "tiny q8_0 x2"},
       {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 130}, false, "tiny q8_0 x2, x int8-32", ActQuant::INT8_32},
+      {{{G::Q8_0, 4096}, {G::Q8_0, 512}}, 256, {1}, false, "q8_0 x2, x int8-32 (int8 matvec)", ActQuant::INT8_32},
       {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1, 140}, false, "mixed types (separate launches)"},
       {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1, 2, 256}, true, "flash wq_a + wkv"},
       {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1}, true, "flash wq_a + wkv, x int8-32", ActQuant::INT8_32},

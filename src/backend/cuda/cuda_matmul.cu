@@ -297,7 +297,13 @@ void with_stages(int st, F&& f) {
 // (S = 4), 32768x1024 14.4 -> 14.0 (S = 1: one chunk per row); 8192x4096 g8
 // stays at S = 2 (12.6 us; S = 3 or 4 halves the blocks per SM: 15+ us).
 // The int8 matvec (matvec_i8_kernel) instead when xq says x is an int8-32
-// quantiser's output, the weights are Q8_0 and staged, and ctx.int8_matvec.
+// quantiser's output, the weights are Q8_0 and staged, ctx.int8_matvec, and
+// the launch has at least k_i8_min_rows rows. Measured on the H200
+// (bench_cuda_ops --filter x-int8, µs int8 / float): 32768x1024 11.14 / 14.16,
+// 8192x1024 3.52 / 3.89, 4096x8192 14.25 / 14.43, 4096x2048 4.05 / 4.25,
+// 2048+2048x4096 6.81 / 8.09; but 1024x4096 3.67 / 3.07 and 1024+512x4096
+// 4.29 / 3.97: with few blocks the per-block x conversion is not amortised.
+constexpr int64_t k_i8_min_rows = 4096;
 template <GgmlType T, int R>
 void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                      int64_t cols, const float* x, bool acc, ActQuant xq) {
@@ -311,8 +317,10 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
   const bool xs = one_group && x_bytes <= k_max_x_shared_bytes;
   bool stageable = UnitStaging<T>::chunk_bytes > 0;
   for (int i = 0; i < set.count; ++i) stageable = stageable && can_stage<T>(set.w[i], row_bytes);
+  int64_t total_rows = 0;
+  for (int i = 0; i < set.count; ++i) total_rows += set.rows[i];
   const bool i8 = T == GgmlType::Q8_0 && xq == ActQuant::INT8_32 && ctx.int8_matvec && stageable && one_group &&
-                  x8_shared_bytes(n_units) <= k_max_x_shared_bytes;
+                  total_rows >= k_i8_min_rows && x8_shared_bytes(n_units) <= k_max_x_shared_bytes;
   // kernel<T, R, S, xs> (or the int8 one) and its dynamic shared memory, for f(kernel, smem).
   auto with_kernel = [&](auto stages_tag, auto&& f) {
     constexpr int S = decltype(stages_tag)::value;
