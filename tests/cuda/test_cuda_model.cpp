@@ -30,7 +30,7 @@
 //    within f32 rounding of an int8 rounding boundary crosses it now and then
 //    (a step of 1/127 of its block's largest), which moves the logits ~10x
 //    further than reference's bf16 steps (measured on an H200: median 7e-4
-//    to 1e-3, 6-8% of positions over 1e-2): T_med 3e-3, outliers <= 20%;
+//    to 1.1e-3, 6-9% of positions over 1e-2): T_med 3e-3, outliers <= 20%;
 //    * top-1 identical at every non-outlier position, except where the CPU's
 //      top-2 margin is within 4x the largest logit difference (a near-tie).
 //   A systematic kernel bug fails the median; one confined to a few positions

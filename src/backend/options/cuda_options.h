@@ -62,17 +62,19 @@ struct CudaOptions {
   // Decode experts' IQ2_XXS/Q2_K rows as integer dot products on int8 MMAs
   // (cuda_idot.cuh, cuda_expert_imma.cuh; tensor cores only); false: the float matvec.
   bool int_dot = true;
-  // Decode matvecs of Q8_0 weights whose x is an int8-32 activation quantiser's output (`fast` numerics) as
-  // int8 dot products (dp4a; cuda_matmul.cu; tensor cores only); false: the float matvec.
+  // Decode matvecs of Q8_0 weights whose x is an int8-32 activation quantiser's output (`fast` numerics;
+  // launches of >= 4,096 rows, where it measured faster) as int8 dot products (dp4a; cuda_matmul.cu; tensor
+  // cores only); false: the float matvec.
   bool int8_matvec = true;
   // cuBLAS for the prefill matmuls (cuda_gemm.cu; tensor cores only).
   CublasMode cublas = CublasMode::AUTO;
   std::string cublas_library;  // LIBRARY: the path to dlopen
   // Matmuls of at least this many tokens (>= 2) go to cuBLAS.
   int64_t gemm_min_tokens = 128;
-  // Batched matmuls of at most this many tokens run on the FFMA tile even with tensor cores: the decode
+  // Batched matmuls of at most this many tokens run on the FFMA tile even with tensor cores: the float decode
   // matvec's summation order, so a verify pass or a small batched step gives each row's matmuls the decode
-  // step's bits (0: none; at most 64).
+  // step's bits (reference and plain numerics; measured ~28% slower than the tensor-core tile at 3 tokens;
+  // 0: none; at most 64).
   int64_t ffma_max_tokens = 0;
   // The shared expert on a second stream beside the router and routed experts; false: one stream.
   bool branches = true;
