@@ -199,23 +199,14 @@ __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float
   }
 }
 
-// sum_j c_j q_j of Q8_0 unit l of a 4-byte aligned staged chunk (the words
-// decode_words reads) with the x codes xw (4 per word), and the unit's scale d.
+// sum_j c_j q_j of Q8_0 unit l of a 4-byte aligned staged chunk with the x
+// codes xw (4 per word), and the unit's scale d.
 __device__ __forceinline__ int q8_unit_dot_i8(const uint8_t* base, int l, const int (&xw)[8], float& d) {
-  const size_t off = static_cast<size_t>(l) * 34;
-  const uint32_t* p = reinterpret_cast<const uint32_t*>(base + (off & ~size_t{3}));
-  const unsigned sh = static_cast<unsigned>(off & 2) * 8;  // 0 or 16 bits
-  uint32_t v[9];
-#pragma unroll
-  for (int i = 0; i < 9; ++i) v[i] = p[i];
-  d = f16_bits_to_f32(static_cast<uint16_t>(v[0] >> sh));
+  uint32_t c[8];
+  WeightUnit<GgmlType::Q8_0>::unit_words(base, l, d, c);
   int s = 0;
 #pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    // codes 4m .. 4m+3 = block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32).
-    const auto c = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh));
-    s = __dp4a(static_cast<int>(c), xw[m], s);
-  }
+  for (int m = 0; m < 8; ++m) s = __dp4a(static_cast<int>(c[m]), xw[m], s);
   return s;
 }
 

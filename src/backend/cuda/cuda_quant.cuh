@@ -126,10 +126,11 @@ struct WeightUnit<GgmlType::Q8_0> {
       w[2 * i + 1] = d * s8_f32(q2x, 1);
     }
   }
-  // The same from a 4-byte aligned copy (the staged matvec's shared memory): the
-  // unit's 34 bytes read as the 9 aligned words that hold them (half the loads of
-  // decode's 17 two-byte ones), bytes picked with funnel shifts. Same floats.
-  DSV4_HD static void decode_words(const uint8_t* base, int64_t u, float* w) {
+  // Unit u of a 4-byte aligned copy (the staged matvec's shared memory) as its
+  // scale d and 8 words of 4 signed codes each (qs[4m .. 4m+3] in word m): the
+  // unit's 34 bytes read as the 9 aligned words that hold them (half the loads
+  // of decode's 17 two-byte ones), bytes picked with funnel shifts.
+  DSV4_HD static void unit_words(const uint8_t* base, int64_t u, float& d, uint32_t (&q)[8]) {
     const size_t off = static_cast<size_t>(u) * 34;
     const uint32_t* p = reinterpret_cast<const uint32_t*>(base + (off & ~size_t{3}));
     const unsigned sh = static_cast<unsigned>(off & 2) * 8;  // 0 or 16 bits
@@ -137,12 +138,19 @@ struct WeightUnit<GgmlType::Q8_0> {
     DSV4_UNROLL
     for (int i = 0; i < 9; ++i) v[i] = ld(p + i);
     // Byte k of the block is byte k + sh/8 of the word stream v.
-    const float d = f16_bits_to_f32(static_cast<uint16_t>(v[0] >> sh));
+    d = f16_bits_to_f32(static_cast<uint16_t>(v[0] >> sh));
+    DSV4_UNROLL
+    for (int m = 0; m < 8; ++m)  // block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32)
+      q[m] = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh));
+  }
+  // decode from a 4-byte aligned copy (unit_words). Same floats.
+  DSV4_HD static void decode_words(const uint8_t* base, int64_t u, float* w) {
+    float d;
+    uint32_t q[8];
+    unit_words(base, u, d, q);
     DSV4_UNROLL
     for (int m = 0; m < 8; ++m) {
-      // qs[4m .. 4m+3] = block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32).
-      const uint32_t q4x =
-          static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh)) ^ 0x80808080u;
+      const uint32_t q4x = q[m] ^ 0x80808080u;
       DSV4_UNROLL
       for (int j = 0; j < 4; ++j) w[4 * m + j] = d * s8_f32(q4x, j);
     }
