@@ -173,3 +173,44 @@ TEST(StepReplay, BatchedDecodeStepsReplayPerSessionSetInAnyItemOrder) {
   EXPECT_EQ(be.replays() - replays0, 9 + 8 + 10);
   for (KvState& s : st) m.free_state(s);
 }
+
+// Verify passes (Model::verify: 2 .. k_max_verify tokens, logits of every row)
+// are recorded per (state, length) on a length's second pass, whatever lengths
+// come between, and replayed after. Each pass's logits equal the prefill's rows
+// bit for bit whatever prefix the commits keep (positions, frontiers and the
+// rows a pass logs for commit all come from device tensors, never from the
+// recording).
+TEST(StepReplay, VerifyPassesReplayPerLengthAndEqualPrefill) {
+  Tiny tiny;
+  ASSERT_TRUE(tiny.mf);
+  RecordingBackend be(make_cpu_backend(2));
+  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  Model& m = **model;
+  const size_t V = m.spec().n_vocab, N = 120, P = 9;
+  const std::vector<int32_t> t = tokens(N, m.spec().n_vocab, 13);
+  std::vector<float> want(N * V);
+  KvState s = m.new_state(256);
+  ASSERT_TRUE(m.forward(s, t.data(), static_cast<int64_t>(N), 0, want.data(), true).has_value());
+  m.reset_state(s);
+  ASSERT_TRUE(m.forward(s, t.data(), static_cast<int64_t>(P), 0, nullptr, false).has_value());
+  const int captures0 = be.captures(), replays0 = be.replays();
+  const size_t lens[] = {3, 4, 3, 2, 4, 4, 2, 3};
+  std::vector<float> lg(Model::k_max_verify * V);
+  size_t at = P, passes = 0;
+  for (; at + 4 <= N; ++passes) {
+    const size_t n = lens[passes % std::size(lens)];
+    ASSERT_TRUE(m.verify(s, t.data() + at, static_cast<int64_t>(n), static_cast<int64_t>(at), lg.data()).has_value());
+    for (size_t r = 0; r < n; ++r)
+      ASSERT_EQ(0, std::memcmp(lg.data() + r * V, want.data() + (at + r) * V, V * sizeof(float)))
+          << "pass " << passes << " (" << n << " rows at " << at << "), row " << r;
+    const size_t keep = 1 + (passes * 5) % n;  // 1 .. n: always a step forward
+    ASSERT_TRUE(m.commit(s, static_cast<int64_t>(keep)).has_value());
+    at += keep;
+  }
+  ASSERT_GE(passes, 40u);
+  // Lengths 2, 3 and 4: each eager on its first pass, recorded on its second, replayed from then on.
+  EXPECT_EQ(be.captures() - captures0, 3);
+  EXPECT_EQ(be.replays() - replays0, static_cast<int>(passes) - 3);
+  m.free_state(s);
+}
