@@ -112,6 +112,11 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--no-int8-matvec", [s] { s->int8_matvec = false; },
          "With --numerics fast: decode matvecs of Q8_0 weights on the float matvec instead of int8 dot products")
       ->group(group);
+  cmd->add_flag_callback(
+         "--no-token-matvec", [s] { s->token_matvec = false; },
+         "Batched matmuls of 2-8 tokens of Q8_0 weights on the tiles instead of the token matvec (which reads each "
+         "weight once and gives each token the decode step's sums)")
+      ->group(group);
   cmd->add_option_function<std::string>(
          "--cublas", [s](const std::string& v) { (void)parse_cublas(v, *s); },
          "Prefill matmuls on cuBLAS: auto (libcublas.so.13 when it loads, else the built-in tile), off, or the path "
@@ -143,6 +148,11 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
   cmd->add_flag_callback(
          "--no-cuda-branches", [s] { s->branches = false; },
          "Every op on one stream (default: the shared expert runs on a second stream)")
+      ->group(group);
+  cmd->add_flag_callback(
+         "--no-cuda-graphs", [s] { s->graphs = false; },
+         "Launch every op as it is issued (default: decode steps and verify passes are recorded once as CUDA graphs "
+         "and replayed)")
       ->group(group);
   cmd->add_option_function<std::string>(
          "--expert-gemm", [s](const std::string& v) { s->expert_gemm_min = *parse_expert_gemm(v); },

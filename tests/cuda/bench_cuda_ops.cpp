@@ -48,6 +48,7 @@ struct Opts {
   std::string cublas = "auto";
   bool int_dot = true;
   bool int8_matvec = true;
+  bool token_matvec = true;
   int64_t gemm_min_tokens = 128;
   std::string expert_gemm = "auto";
   bool gemm_cache = true;
@@ -393,8 +394,8 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
 
 const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
-    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-gemm-cache]\n"
-    "                      [--expert-gemm auto|on|off|N]\n"
+    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-token-matvec]\n"
+    "                      [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
     "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
@@ -403,6 +404,7 @@ const char* k_usage =
     "  --gemm-min-tokens N the cuBLAS threshold (default 128)\n"
     "  --no-int-dot        decode experts on the float matvec\n"
     "  --no-int8-matvec    Q8_0 matvecs of int8-quantised x (the x-int8 cases) on the float matvec\n"
+    "  --no-token-matvec   Q8_0 matmuls of 2..8 tokens on the tiles instead of the token matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
     "                      auto (default: N = 64), on (every expert), off (the tile), or N\n";
@@ -521,6 +523,8 @@ int main(int argc, char** argv) {
       o.int_dot = false;
     else if (a == "--no-int8-matvec")
       o.int8_matvec = false;
+    else if (a == "--no-token-matvec")
+      o.token_matvec = false;
     else if (a == "--no-gemm-cache")
       o.gemm_cache = false;
     else if (a == "--expert-gemm" && i + 1 < argc)
@@ -550,6 +554,7 @@ int main(int argc, char** argv) {
   gopt.gemm_min_tokens = o.gemm_min_tokens;
   gopt.int_dot = o.int_dot;
   gopt.int8_matvec = o.int8_matvec;
+  gopt.token_matvec = o.token_matvec;
   auto eg = parse_expert_gemm(o.expert_gemm);
   if (!eg) {
     std::fprintf(stderr, "bench_cuda_ops: --expert-gemm: %s\n", eg.error().message.c_str());

@@ -185,6 +185,13 @@ void cases_matmul(Harness& h) {
       // tensor-core tile edges: tokens per block 8/16/32 and their remainders, rows % 256 != 0,
       // chunks of 4 units cut short, x beyond the f16 range and far below it
       {G::Q8_0, 300, 96, 1, {2, 40, 70}, false, "q8_0, 3 units per row"},
+      // the token matvec (Q8_0 rows of whole 8-unit chunks, 2..8 tokens): bitwise the decode matvec per token;
+      // 1 or 2 rows per warp, x copied per token or (groups not aligned to blocks, copies too large) read from
+      // global memory
+      {G::Q8_0, 1000, 512, 1, {2, 3, 4, 5, 6, 7, 8}, false, "q8_0 token matvec, rows % 8 != 0"},
+      {G::Q8_0, 4096, 256, 1, {3, 8}, false, "q8_0 token matvec, 2 rows per warp"},
+      {G::Q8_0, 60, 256, 3, {2, 7}, false, "q8_0 grouped x3, 20 rows a group (token matvec, global x)"},
+      {G::Q8_0, 256, 256, 1, {4}, false, "q8_0 token matvec, |x| ~ 1e30", 1e30f},
       {G::IQ2_XXS, 512, 512, 1, {12, 33, 64}, false, "iq2_xxs, 16 units per row"},
       {G::Q2_K, 260, 256, 1, {16, 50}, false, "q2_k, rows % 256 = 4"},
       {G::Q4_K, 256, 768, 2, {23}, false, "q4_k grouped x2, 12 units"},
@@ -230,9 +237,9 @@ void cases_matmul(Harness& h) {
       {G::IQ2_XXS, 256, 2304, 1, {7}, false, "iq2_xxs, 72 units in 9 K slices"},
       // DeepSeek V4 Flash shapes
       {G::Q8_0, 1024, 4096, 1, {1, 3, 8, 16, 32}, true, "flash attn_q_a"},
-      {G::Q8_0, 32768, 1024, 1, {1, 2, 64}, true, "flash attn_q_b"},
+      {G::Q8_0, 32768, 1024, 1, {1, 2, 3, 6, 64}, true, "flash attn_q_b"},
       {G::Q8_0, 8192, 4096, 8, {1, 2, 16, 256}, true, "flash attn_output_a (8 groups)"},
-      {G::Q8_0, 4096, 8192, 1, {1, 16, 256}, true, "flash attn_output_b"},
+      {G::Q8_0, 4096, 8192, 1, {1, 4, 6, 16, 256}, true, "flash attn_output_b"},
       {G::Q8_0, 4096, 8192, 1, {1, 256}, true, "flash attn_output_b, x int8-32", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 32768, 1024, 1, {1}, true, "flash attn_q_b, x int8-32", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 4096, 2048, 1, {1}, true, "flash shared expert down, x int8-32", 1.0f, ActQuant::INT8_32},
@@ -277,11 +284,17 @@ void cases_matmul(Harness& h) {
                        diff_f32(b.get_f32(acc.g, h.gpu), b.get_f32(sum.g, h.gpu)));
       }
       if (n > 1) {
-        // Batch invariance: each token alone (the decode kernel) vs the batched kernel.
+        // Batch invariance: each token alone (the decode kernel) vs the batched kernel; bitwise on the
+        // token matvec whatever the tensor-core switch says.
         Pair one = b.out(GgmlType::F32, Shape(c.rows, n));
         for (int64_t t = 0; t < n; ++t)
           h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups, .x_quant = c.xq});
-        report_batch_invariance(h, "matmul n vs 1", s, diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu)));
+        const Diff d = diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu));
+        const bool token_matvec = c.t == G::Q8_0 && n <= 8 && c.cols % 256 == 0 && c.xq == ActQuant::NONE;
+        if (token_matvec)
+          h.report.exact("matmul n vs 1", s + " token matvec", d);
+        else
+          report_batch_invariance(h, "matmul n vs 1", s, d);
       }
     }
   }
@@ -321,7 +334,7 @@ void cases_matmul(Harness& h) {
   const std::vector<M> sets = {
       // (n >= 128: the cuBLAS path with x split once for all matrices, cuda_gemm.cu)
       {{{G::F16, 64}, {G::F16, 8}, {G::F16, 24}}, 256, {1, 3, 129}, false, "tiny f16 x3"},
-      {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2, 130}, false, "tiny q8_0 x2"},
+      {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 2, 3, 8, 130}, false, "tiny q8_0 x2"},
       {{{G::Q8_0, 64}, {G::Q8_0, 32}}, 256, {1, 130}, false, "tiny q8_0 x2, x int8-32", ActQuant::INT8_32},
       {{{G::Q8_0, 4096}, {G::Q8_0, 512}}, 256, {1}, false, "q8_0 x2, x int8-32 (int8 matvec)", ActQuant::INT8_32},
       {{{G::Q8_0, 64}, {G::F16, 32}, {G::Q8_0, 16}}, 256, {1, 140}, false, "mixed types (separate launches)"},
@@ -332,7 +345,7 @@ void cases_matmul(Harness& h) {
        {1},
        true,
        "flash compressors + indexer"},
-      {{{G::Q8_0, 2048}, {G::Q8_0, 2048}}, 4096, {1}, true, "flash shared expert gate + up"},
+      {{{G::Q8_0, 2048}, {G::Q8_0, 2048}}, 4096, {1, 3, 6}, true, "flash shared expert gate + up"},
   };
   for (const M& m : sets) {
     if (m.flash && !h.flash) continue;

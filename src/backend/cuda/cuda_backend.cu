@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
     ctx_.int_dot = ctx_.tensor_cores && opts_.int_dot;
     ctx_.int8_matvec = ctx_.tensor_cores && opts_.int8_matvec;
+    ctx_.token_matvec = opts_.token_matvec;
     // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();
     ctx_.gemm_min_tokens = opts_.gemm_min_tokens;
@@ -267,7 +268,7 @@ class CudaBackend final : public Backend {
   // Decode-step graphs. A recording is valid while no tensor was freed and the
   // scratch buffer did not move since it was made (replay checks both).
   bool capture_begin() override {
-    if (profiling_) return false;  // per-op events need eager launches
+    if (profiling_ || !opts_.graphs) return false;  // per-op events need eager launches
     use_device();
     DSV4_ASSERT(!capturing_, "capture_begin while recording");
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));

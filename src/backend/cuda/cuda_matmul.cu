@@ -31,6 +31,11 @@
 //   output: MatmulOp::x_quant, `fast` numerics; CudaContext::int8_matvec): the
 //   same warps, rows and staged ring, x copied as int8 codes and per-unit
 //   scales and every unit's dot product as 8 dp4a (matvec_i8_kernel below).
+// * token matvec (2 <= n <= 8, Q8_0 rows of whole 8-unit chunks: a verify
+//   pass, a small batched decode step; matvec_tokens_kernel): the matvec's
+//   warps and staged ring with each weight unit applied to every token's x, so
+//   the weights are read once and every token's outputs are bitwise the
+//   single-token matvec's (tensor cores on or off). MatmulsOp sets too.
 // * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS/MXFP4, and F16 with rows of whole
 //   32-element units; CudaBackendOptions::tensor_cores,
 //   the default): x split once into f16 hi/lo (mma_split_x), then mma_tile of
@@ -258,6 +263,92 @@ __global__ void __launch_bounds__(256)
       if (i < nr) out[r0 + i] = acc ? out[r0 + i] + a[i] : a[i];
 }
 
+// The token matvec: a batch of 2 <= nt <= NT tokens (a verify pass, a small
+// batched decode step) against Q8_0 weights through the matvec's warps, rows
+// and staged ring, so each weight is read once for every token. Per row, token
+// and lane the float matvec's summation order (units lane, lane + 32, ...,
+// elements in order, acc = fma(w, x, acc), then warp_sum) and its weights
+// (unit_words / word_floats, as decode_words): every output element is bitwise
+// the one a single-token matvec of that token gives. Per unit and lane: the R
+// rows' scale and code words, then per word m the R x 4 weights, reused for
+// each token's 4 x values (one 16-byte load from token t's XShared copy, or
+// from global memory). Out: out[t * rows + r] (each matrix of the set its own
+// rows). Tokens >= nt are skipped (a warp-uniform branch).
+// Dynamic shared memory: [XS: nt x-copies of x_shared_floats<32>(n_units) floats][k_mv_warps x stage_bytes_per_warp].
+template <int R, int S, bool XS, int NT>
+__global__ void __launch_bounds__(256)
+    matvec_tokens_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
+                         const float* __restrict__ x, int64_t x_stride, int nt, bool acc) {
+  constexpr GgmlType T = GgmlType::Q8_0;
+  constexpr int U = WeightUnit<T>::U;
+  extern __shared__ __align__(16) unsigned char mv_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t xf = XS ? x_shared_floats<U>(n_units) : 0;  // floats of one token's copy
+  auto* stage = reinterpret_cast<uint4*>(mv_smem + static_cast<size_t>(nt * xf) * sizeof(float) +
+                                         warp * stage_bytes_per_warp<T, R, S>());
+  const auto [w, out, rows, first] = mv_matrix(set);
+  const int64_t r_blk = static_cast<int64_t>(blockIdx.x - first) * k_mv_warps * R;
+  const int64_t r0 = r_blk + warp * R;
+  // XS: every row of the block is in one group (the launcher checks); else the warp's R rows share one group.
+  const float* xg = x + ((XS ? r_blk : r0) / rows_per_group) * cols;
+  auto* xs = reinterpret_cast<float*>(mv_smem);
+  auto prologue = [&] {
+    pdl_enter();
+    if constexpr (XS) {
+      for (int t = 0; t < nt; ++t) block_stage_x<U>(xs + t * xf, xg + t * x_stride, n_units);
+      __syncthreads();
+    }
+  };
+  if (r0 >= rows) {  // whole warps only (the shuffles below need all 32 lanes); they still join the prologue
+    prologue();
+    return;
+  }
+  const uint8_t* rp[R];
+  const int nr = mv_warp_rows(w, r0, rows, row_bytes, rp);
+  float a[NT][R];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < R; ++i) a[t][i] = 0.0f;
+  warp_rows_staged<T, R, S>(rp, n_units, lane, stage, prologue, [&](int64_t u, auto&& row_buf) {
+    float d[R];
+    uint32_t q[R][8];
+#pragma unroll
+    for (int i = 0; i < R; ++i) WeightUnit<T>::unit_words(row_buf(i), lane, d[i], q[i]);
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      float wm[R][4];
+#pragma unroll
+      for (int i = 0; i < R; ++i) WeightUnit<T>::word_floats(d[i], q[i][m], wm[i]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= nt) break;
+        const float4 xv = XS ? *reinterpret_cast<const float4*>(xs + t * xf + u * (U + 4) + 4 * m)
+                             : ld(reinterpret_cast<const float4*>(xg + t * x_stride + u * U) + m);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          a[t][i] = fmaf(wm[i][0], xv.x, a[t][i]);
+          a[t][i] = fmaf(wm[i][1], xv.y, a[t][i]);
+          a[t][i] = fmaf(wm[i][2], xv.z, a[t][i]);
+          a[t][i] = fmaf(wm[i][3], xv.w, a[t][i]);
+        }
+      }
+    }
+  });
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float v = warp_sum(a[t][i]);
+      if (lane == 0 && i < nr) {
+        float& o = out[t * rows + r0 + i];
+        o = acc ? o + v : v;
+      }
+    }
+  }
+}
+
 // Calls f(std::integral_constant<int, S>{}) for a staging depth S in 1..4
 // (1..2 unless Deep: the instances that are launched).
 template <bool Deep, class F>
@@ -372,6 +463,69 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
     launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
   else
     launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
+}
+
+// The token matvec's launch (matvec_tokens_kernel) for a batch of 2 .. k_tokens_max tokens of Q8_0 weights:
+// NT = 2, 4 or 8 (the smallest that holds n), R = 2 rows per warp when every
+// matrix's rows (per group) are even and that still gives every SM a block,
+// else 1; S = 2 staged chunks per warp; x copied to shared memory (n copies)
+// when the block's rows share one group and the copies fit in
+// k_max_x_tokens_bytes (Flash: rows of 4,096 for up to 8 tokens), else read
+// from global memory. Returns false (nothing launched) when the weights cannot
+// be staged, x is not 16-byte aligned or ctx.token_matvec is off: the caller takes another kernel.
+constexpr int k_tokens_max = 8;
+constexpr size_t k_max_x_tokens_bytes = 160 * 1024;
+bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
+                          int64_t cols, const float* x, int64_t x_stride, int64_t n, bool acc) {
+  constexpr GgmlType T = GgmlType::Q8_0;
+  constexpr int U = WeightUnit<T>::U;
+  if (!ctx.token_matvec || n < 2 || n > k_tokens_max || reinterpret_cast<uintptr_t>(x) % 16 != 0 || x_stride % 4 != 0)
+    return false;
+  for (int i = 0; i < set.count; ++i)
+    if (!can_stage<T>(set.w[i], row_bytes)) return false;
+  const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
+  auto blocks = [&](int64_t r) {
+    int64_t b = 0;
+    for (int i = 0; i < set.count; ++i) {
+      if ((set.count == 1 ? rows_per_group : set.rows[i]) % r != 0) return int64_t{0};
+      b += ceil_div(set.rows[i], k_mv_warps * r);
+    }
+    return b;
+  };
+  const int R = blocks(2) >= sms ? 2 : 1;
+  set.first[0] = 0;
+  for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
+  const bool one_group = set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0;
+  const size_t x_bytes = static_cast<size_t>(n * x_shared_floats<U>(n_units)) * sizeof(float);
+  const bool xs = one_group && x_bytes <= k_max_x_tokens_bytes;
+  auto go = [&](auto r_tag, auto xs_tag, auto nt_tag) {
+    constexpr int Rc = decltype(r_tag)::value, NT = decltype(nt_tag)::value;
+    constexpr bool XS = decltype(xs_tag)::value;
+    auto kernel = matvec_tokens_kernel<Rc, 2, XS, NT>;
+    const size_t smem = (XS ? x_bytes : 0) + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, Rc, 2>();
+    allow_smem(kernel, smem);
+    launch_kernel(kernel, dim3(set.first[set.count], 1), 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units,
+                  cols, x, x_stride, static_cast<int>(n), acc);
+  };
+  auto with_nt = [&](auto r_tag, auto xs_tag) {
+    if (n <= 2)
+      go(r_tag, xs_tag, std::integral_constant<int, 2>{});
+    else if (n <= 4)
+      go(r_tag, xs_tag, std::integral_constant<int, 4>{});
+    else
+      go(r_tag, xs_tag, std::integral_constant<int, 8>{});
+  };
+  auto with_xs = [&](auto r_tag) {
+    if (xs)
+      with_nt(r_tag, std::true_type{});
+    else
+      with_nt(r_tag, std::false_type{});
+  };
+  if (R == 2)
+    with_xs(std::integral_constant<int, 2>{});
+  else
+    with_xs(std::integral_constant<int, 1>{});
+  return true;
 }
 
 template <GgmlType T>
@@ -535,13 +689,17 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     const auto* w = static_cast<const uint8_t*>(op.w.data);
     const float* x = op.x.f32();
     float* out = op.out.f32();
+    MvSet set{};
+    set.w[0] = w;
+    set.out[0] = out;
+    set.rows[0] = rows;
+    set.count = 1;
     if (n == 1 && x_aligned) {
-      MvSet set{};
-      set.w[0] = w;
-      set.out[0] = out;
-      set.rows[0] = rows;
-      set.count = 1;
       launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate, op.x_quant);
+    } else if (T == GgmlType::Q8_0 && x_aligned &&
+               launch_matvec_tokens(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, x_stride, n,
+                                    op.accumulate)) {
+      // (launched)
     } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0 && n > ctx.ffma_max_tokens) {
       if constexpr (mma_tile_type<T>()) {
         // x split once (all groups), then tokens per block: 32, unless that leaves SMs idle (then 16, 8).
@@ -594,13 +752,29 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
   DSV4_ASSERT(op.count >= 0 && op.count <= MatmulsOp::k_max, "matmuls: %d matrices", op.count);
   if (op.count == 0) return;
   const int64_t cols = op.w[0].ne[0], n = op.x.n_rows();
-  bool one = n == 1 && op.x.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 &&
-             cols % 4 == 0 && op.x.ne[0] == cols;
+  // One launch for the set: a single token (the matvec), or 2 .. k_tokens_max of Q8_0 weights (the token matvec).
+  bool one = (n == 1 || (n <= k_tokens_max && op.w[0].type == GgmlType::Q8_0)) && op.x.type == GgmlType::F32 &&
+             reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 && op.x.ne[0] == cols;
   for (int i = 0; i < op.count && one; ++i)
     one = op.w[i].type == op.w[0].type && op.w[i].ne[0] == cols && op.w[i].row_bytes() == op.w[0].row_bytes() &&
-          op.out[i].type == GgmlType::F32 && op.out[i].ne[0] == op.w[i].n_rows() && op.out[i].n_rows() == 1 &&
+          op.out[i].type == GgmlType::F32 && op.out[i].ne[0] == op.w[i].n_rows() && op.out[i].n_rows() == n &&
           reinterpret_cast<uintptr_t>(op.w[i].data) % 16 == 0;
-  if (!one || op.count == 1) {  // separate launches (batches, mixed types), each checked by launch_matmul
+  MvSet set{};
+  set.count = op.count;
+  int64_t max_rows = 1;  // rows_per_group: any value >= every matrix's rows (x is read from row 0 of the one group)
+  for (int i = 0; i < op.count && one; ++i) {
+    set.w[i] = static_cast<const uint8_t*>(op.w[i].data);
+    set.out[i] = op.out[i].f32();
+    set.rows[i] = op.w[i].n_rows();
+    max_rows = std::max(max_rows, set.rows[i]);
+  }
+  if (one && n > 1 && op.count > 1 && cols % 32 == 0) {
+    if (launch_matvec_tokens(ctx, set, op.w[0].row_bytes(), max_rows, cols / 32, cols, op.x.f32(), cols, n, false)) {
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  if (!one || n > 1 || op.count == 1) {  // separate launches (batches, mixed types), each checked by launch_matmul
     if (n > 1 && launch_matmuls_gemm(ctx, op)) return;  // batches on cuBLAS: x split once for all matrices
     for (int i = 0; i < op.count; ++i)
       launch_matmul(ctx, {.out = op.out[i], .w = op.w[i], .x = op.x, .x_quant = op.x_quant});
@@ -611,16 +785,6 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
     constexpr int U = WeightUnit<T>::U;
     DSV4_ASSERT(cols % U == 0, "matmuls: %s rows of %lld elements are not a multiple of %d", ggml_type_name(T),
                 static_cast<long long>(cols), U);
-    MvSet set{};
-    set.count = op.count;
-    for (int i = 0; i < op.count; ++i) {
-      set.w[i] = static_cast<const uint8_t*>(op.w[i].data);
-      set.out[i] = op.out[i].f32();
-      set.rows[i] = op.w[i].n_rows();
-    }
-    // rows_per_group: any value >= every matrix's rows (x is read from row 0 of the one group).
-    int64_t max_rows = 1;
-    for (int i = 0; i < op.count; ++i) max_rows = std::max(max_rows, set.rows[i]);
     launch_matvec<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), false, op.x_quant);
     CUDA_CHECK_LAUNCH();
   });

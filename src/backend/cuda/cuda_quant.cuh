@@ -143,6 +143,12 @@ struct WeightUnit<GgmlType::Q8_0> {
     for (int m = 0; m < 8; ++m)  // block bytes 2+4m .. 5+4m = stream bits [16 + sh + 32m, +32)
       q[m] = static_cast<uint32_t>(((static_cast<uint64_t>(v[m + 1]) << 32) | v[m]) >> (16 + sh));
   }
+  // The 4 weights of word q (codes 4m .. 4m+3 of unit_words) with the unit's scale d: w[4m + j] = w4[j].
+  DSV4_HD static void word_floats(float d, uint32_t q, float (&w4)[4]) {
+    const uint32_t q4x = q ^ 0x80808080u;
+    DSV4_UNROLL
+    for (int j = 0; j < 4; ++j) w4[j] = d * s8_f32(q4x, j);
+  }
   // decode from a 4-byte aligned copy (unit_words). Same floats.
   DSV4_HD static void decode_words(const uint8_t* base, int64_t u, float* w) {
     float d;
@@ -150,9 +156,10 @@ struct WeightUnit<GgmlType::Q8_0> {
     unit_words(base, u, d, q);
     DSV4_UNROLL
     for (int m = 0; m < 8; ++m) {
-      const uint32_t q4x = q[m] ^ 0x80808080u;
+      float w4[4];
+      word_floats(d, q[m], w4);
       DSV4_UNROLL
-      for (int j = 0; j < 4; ++j) w[4 * m + j] = d * s8_f32(q4x, j);
+      for (int j = 0; j < 4; ++j) w[4 * m + j] = w4[j];
     }
   }
 };

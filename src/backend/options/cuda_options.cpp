@@ -176,11 +176,13 @@ std::string CudaOptions::describe() const {
   if (tensor_cores != d.tensor_cores) add("tensor_cores=off");
   if (int_dot != d.int_dot) add("int_dot=off");
   if (int8_matvec != d.int8_matvec) add("int8_matvec=off");
+  if (token_matvec != d.token_matvec) add("token_matvec=off");
   if (cublas == CublasMode::OFF) add("cublas=off");
   if (cublas == CublasMode::LIBRARY) add("cublas=" + cublas_library);
   if (gemm_min_tokens != d.gemm_min_tokens) add("gemm_min_tokens=" + std::to_string(gemm_min_tokens));
   if (ffma_max_tokens != d.ffma_max_tokens) add("ffma_max_tokens=" + std::to_string(ffma_max_tokens));
   if (branches != d.branches) add("branches=off");
+  if (graphs != d.graphs) add("graphs=off");
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
   if (expert_group_min != d.expert_group_min) add("expert_group_min=" + std::to_string(expert_group_min));
