@@ -114,8 +114,8 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->group(group);
   cmd->add_flag_callback(
          "--no-token-matvec", [s] { s->token_matvec = false; },
-         "Batched matmuls of 2-8 tokens of Q8_0 weights on the tiles instead of the token matvec (which reads each "
-         "weight once and gives each token the decode step's sums)")
+         "Batched matmuls of 2-8 tokens (Q8_0, F16, BF16, F32 weights) on the tiles instead of the token matvec "
+         "(which reads each weight once and gives each token the decode step's sums)")
       ->group(group);
   cmd->add_option_function<std::string>(
          "--cublas", [s](const std::string& v) { (void)parse_cublas(v, *s); },

@@ -185,13 +185,18 @@ void cases_matmul(Harness& h) {
       // tensor-core tile edges: tokens per block 8/16/32 and their remainders, rows % 256 != 0,
       // chunks of 4 units cut short, x beyond the f16 range and far below it
       {G::Q8_0, 300, 96, 1, {2, 40, 70}, false, "q8_0, 3 units per row"},
-      // the token matvec (Q8_0 rows of whole 8-unit chunks, 2..8 tokens): bitwise the decode matvec per token;
+      // the token matvec (2..8 tokens; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16): bitwise the decode matvec
+      // per token;
       // 1 or 2 rows per warp, x copied per token or (groups not aligned to blocks, copies too large) read from
       // global memory
       {G::Q8_0, 1000, 512, 1, {2, 3, 4, 5, 6, 7, 8}, false, "q8_0 token matvec, rows % 8 != 0"},
       {G::Q8_0, 4096, 256, 1, {3, 8}, false, "q8_0 token matvec, 2 rows per warp"},
       {G::Q8_0, 60, 256, 3, {2, 7}, false, "q8_0 grouped x3, 20 rows a group (token matvec, global x)"},
       {G::Q8_0, 256, 256, 1, {4}, false, "q8_0 token matvec, |x| ~ 1e30", 1e30f},
+      {G::F32, 24, 1024, 1, {5}, false, "f32 token matvec"},
+      {G::BF16, 100, 264, 1, {3, 8}, false, "bf16 token matvec, rows % 8 != 0"},
+      {G::F16, 256, 512, 2, {3}, false, "f16 grouped x2 token matvec"},
+      {G::F16, 2048, 1024, 1, {2, 6}, false, "f16 token matvec, 2 rows per warp"},
       {G::IQ2_XXS, 512, 512, 1, {12, 33, 64}, false, "iq2_xxs, 16 units per row"},
       {G::Q2_K, 260, 256, 1, {16, 50}, false, "q2_k, rows % 256 = 4"},
       {G::Q4_K, 256, 768, 2, {23}, false, "q4_k grouped x2, 12 units"},
@@ -246,7 +251,7 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 4096, 2048, 1, {1, 5, 16}, true, "flash shared expert down"},
       {G::Q8_0, 512, 4096, 1, {1, 16}, true, "flash attn_kv"},
       {G::Q8_0, 129280, 4096, 1, {1, 2}, true, "flash output head"},
-      {G::F16, 1024, 4096, 1, {1, 9, 64}, true, "flash compressor kv"},
+      {G::F16, 1024, 4096, 1, {1, 3, 7, 9, 64}, true, "flash compressor kv"},
       {G::F16, 256, 4096, 1, {1, 4}, true, "flash router"},
       {G::IQ2_XXS, 2048, 4096, 1, {1, 3, 48}, true, "flash expert gate (one expert)"},
       {G::Q2_K, 4096, 2048, 1, {1, 3, 48}, true, "flash expert down (one expert)"},
@@ -290,7 +295,9 @@ void cases_matmul(Harness& h) {
         for (int64_t t = 0; t < n; ++t)
           h.gpu.matmul({.out = one.g.rows(t, 1), .w = w.g, .x = x.g.rows(t, 1), .groups = c.groups, .x_quant = c.xq});
         const Diff d = diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu));
-        const bool token_matvec = c.t == G::Q8_0 && n <= 8 && c.cols % 256 == 0 && c.xq == ActQuant::NONE;
+        const bool token_matvec =
+            n <= 8 && c.xq == ActQuant::NONE &&
+            ((c.t == G::Q8_0 && c.cols % 256 == 0) || c.t == G::F32 || c.t == G::F16 || c.t == G::BF16);
         if (token_matvec)
           h.report.exact("matmul n vs 1", s + " token matvec", d);
         else
@@ -342,7 +349,7 @@ void cases_matmul(Harness& h) {
       {{{G::Q8_0, 1024}, {G::Q8_0, 512}}, 4096, {1}, true, "flash wq_a + wkv, x int8-32", ActQuant::INT8_32},
       {{{G::F16, 1024}, {G::F16, 1024}, {G::F16, 64}, {G::F16, 256}, {G::F16, 256}},
        4096,
-       {1},
+       {1, 3, 6},
        true,
        "flash compressors + indexer"},
       {{{G::Q8_0, 2048}, {G::Q8_0, 2048}}, 4096, {1, 3, 6}, true, "flash shared expert gate + up"},

@@ -31,9 +31,9 @@
 //   output: MatmulOp::x_quant, `fast` numerics; CudaContext::int8_matvec): the
 //   same warps, rows and staged ring, x copied as int8 codes and per-unit
 //   scales and every unit's dot product as 8 dp4a (matvec_i8_kernel below).
-// * token matvec (2 <= n <= 8, Q8_0 rows of whole 8-unit chunks: a verify
-//   pass, a small batched decode step; matvec_tokens_kernel): the matvec's
-//   warps and staged ring with each weight unit applied to every token's x, so
+// * token matvec (2 <= n <= 8; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16:
+//   a verify pass, a small batched decode step; matvec_tokens_kernel): the
+//   matvec's warps (Q8_0: and staged ring) with each weight applied to every token's x, so
 //   the weights are read once and every token's outputs are bitwise the
 //   single-token matvec's (tensor cores on or off). MatmulsOp sets too.
 // * tensor cores (n > 1, Q8_0/Q2_K/Q4_K/IQ2_XXS/MXFP4, and F16 with rows of whole
@@ -264,28 +264,33 @@ __global__ void __launch_bounds__(256)
 }
 
 // The token matvec: a batch of 2 <= nt <= NT tokens (a verify pass, a small
-// batched decode step) against Q8_0 weights through the matvec's warps, rows
-// and staged ring, so each weight is read once for every token. Per row, token
-// and lane the float matvec's summation order (units lane, lane + 32, ...,
-// elements in order, acc = fma(w, x, acc), then warp_sum) and its weights
-// (unit_words / word_floats, as decode_words): every output element is bitwise
-// the one a single-token matvec of that token gives. Per unit and lane: the R
-// rows' scale and code words, then per word m the R x 4 weights, reused for
-// each token's 4 x values (one 16-byte load from token t's XShared copy, or
-// from global memory). Out: out[t * rows + r] (each matrix of the set its own
-// rows). Tokens >= nt are skipped (a warp-uniform branch).
-// Dynamic shared memory: [XS: nt x-copies of x_shared_floats<32>(n_units) floats][k_mv_warps x stage_bytes_per_warp].
-template <int R, int S, bool XS, int NT>
+// batched decode step) against Q8_0 or 16-byte-unit (F32/F16/BF16) weights
+// through the matvec's warps and rows, so each weight is read once for every
+// token. Per row, token and lane the float matvec's summation order (units
+// lane, lane + 32, ..., elements in order, acc = fma(w, x, acc), then
+// warp_sum) and its weights: every output element is bitwise the one a
+// single-token matvec of that token gives. Q8_0: through the staged ring; per
+// unit and lane the R rows' scale and code words, then per word m the R x 4
+// weights (word_floats, as decode_words). 16-byte units: B units of the R rows
+// per lane in flight in registers (as the single-token matvec). Each group of
+// R x 4 weights is reused for every token's 4 x values (one 16-byte load from
+// token t's XShared copy, or from global memory). Out: out[t * rows + r] (each
+// matrix of the set its own rows). Tokens >= nt are skipped (a warp-uniform
+// branch).
+// Dynamic shared memory: [XS: nt x-copies of x_shared_floats<U>(n_units)
+// floats][Q8_0: k_mv_warps x stage_bytes_per_warp<Q8_0, R, S>()].
+template <GgmlType T>
+constexpr bool token_matvec_type() {
+  return T == GgmlType::Q8_0 || T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16;
+}
+template <GgmlType T, int R, int S, bool XS, int NT>
 __global__ void __launch_bounds__(256)
     matvec_tokens_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
                          const float* __restrict__ x, int64_t x_stride, int nt, bool acc) {
-  constexpr GgmlType T = GgmlType::Q8_0;
   constexpr int U = WeightUnit<T>::U;
   extern __shared__ __align__(16) unsigned char mv_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t xf = XS ? x_shared_floats<U>(n_units) : 0;  // floats of one token's copy
-  auto* stage = reinterpret_cast<uint4*>(mv_smem + static_cast<size_t>(nt * xf) * sizeof(float) +
-                                         warp * stage_bytes_per_warp<T, R, S>());
   const auto [w, out, rows, first] = mv_matrix(set);
   const int64_t r_blk = static_cast<int64_t>(blockIdx.x - first) * k_mv_warps * R;
   const int64_t r0 = r_blk + warp * R;
@@ -310,31 +315,69 @@ __global__ void __launch_bounds__(256)
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < R; ++i) a[t][i] = 0.0f;
-  warp_rows_staged<T, R, S>(rp, n_units, lane, stage, prologue, [&](int64_t u, auto&& row_buf) {
-    float d[R];
-    uint32_t q[R][8];
+  // a[t][i] += the weights w4[i][0..3] (elements e0 .. e0 + 3 of unit u of row i) times token t's x there.
+  auto fma4 = [&](int64_t u, int e0, const float(&w4)[R][4]) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) WeightUnit<T>::unit_words(row_buf(i), lane, d[i], q[i]);
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      const float4 xv = XS ? *reinterpret_cast<const float4*>(xs + t * xf + u * (U + 4) + e0)
+                           : ld(reinterpret_cast<const float4*>(xg + t * x_stride + u * U + e0));
 #pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      float wm[R][4];
+      for (int i = 0; i < R; ++i) {
+        a[t][i] = fmaf(w4[i][0], xv.x, a[t][i]);
+        a[t][i] = fmaf(w4[i][1], xv.y, a[t][i]);
+        a[t][i] = fmaf(w4[i][2], xv.z, a[t][i]);
+        a[t][i] = fmaf(w4[i][3], xv.w, a[t][i]);
+      }
+    }
+  };
+  if constexpr (T == GgmlType::Q8_0) {
+    auto* stage = reinterpret_cast<uint4*>(mv_smem + static_cast<size_t>(nt * xf) * sizeof(float) +
+                                           warp * stage_bytes_per_warp<T, R, S>());
+    warp_rows_staged<T, R, S>(rp, n_units, lane, stage, prologue, [&](int64_t u, auto&& row_buf) {
+      float d[R];
+      uint32_t q[R][8];
 #pragma unroll
-      for (int i = 0; i < R; ++i) WeightUnit<T>::word_floats(d[i], q[i][m], wm[i]);
+      for (int i = 0; i < R; ++i) WeightUnit<T>::unit_words(row_buf(i), lane, d[i], q[i]);
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (t >= nt) break;
-        const float4 xv = XS ? *reinterpret_cast<const float4*>(xs + t * xf + u * (U + 4) + 4 * m)
-                             : ld(reinterpret_cast<const float4*>(xg + t * x_stride + u * U) + m);
+      for (int m = 0; m < 8; ++m) {
+        float wm[R][4];
 #pragma unroll
-        for (int i = 0; i < R; ++i) {
-          a[t][i] = fmaf(wm[i][0], xv.x, a[t][i]);
-          a[t][i] = fmaf(wm[i][1], xv.y, a[t][i]);
-          a[t][i] = fmaf(wm[i][2], xv.z, a[t][i]);
-          a[t][i] = fmaf(wm[i][3], xv.w, a[t][i]);
+        for (int i = 0; i < R; ++i) WeightUnit<T>::word_floats(d[i], q[i][m], wm[i]);
+        fma4(u, 4 * m, wm);
+      }
+    });
+  } else {
+    constexpr int B = 4;                                // units per lane in flight
+    for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
+      uint4 raw[B][R];
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int64_t u = c0 + 32 * b + lane;
+        if (u < n_units)
+#pragma unroll
+          for (int i = 0; i < R; ++i) raw[b][i] = ld(reinterpret_cast<const uint4*>(rp[i]) + u);
+      }
+      if (c0 == 0) prologue();
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int64_t u = c0 + 32 * b + lane;
+        if (u >= n_units) continue;
+        float wf[R][U];
+#pragma unroll
+        for (int i = 0; i < R; ++i) WeightUnit<T>::decode_vec(raw[b][i], wf[i]);
+#pragma unroll
+        for (int e0 = 0; e0 < U; e0 += 4) {
+          float w4[R][4];
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w4[i][j] = wf[i][e0 + j];
+          fma4(u, e0, w4);
         }
       }
     }
-  });
+  }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     if (t >= nt) break;
@@ -465,24 +508,32 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
     launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
 }
 
-// The token matvec's launch (matvec_tokens_kernel) for a batch of 2 .. k_tokens_max tokens of Q8_0 weights:
+// The token matvec's launch (matvec_tokens_kernel) for a batch of 2 .. k_tokens_max tokens:
 // NT = 2, 4 or 8 (the smallest that holds n), R = 2 rows per warp when every
 // matrix's rows (per group) are even and that still gives every SM a block,
-// else 1; S = 2 staged chunks per warp; x copied to shared memory (n copies)
-// when the block's rows share one group and the copies fit in
-// k_max_x_tokens_bytes (Flash: rows of 4,096 for up to 8 tokens), else read
-// from global memory. Returns false (nothing launched) when the weights cannot
-// be staged, x is not 16-byte aligned or ctx.token_matvec is off: the caller takes another kernel.
+// else 1; Q8_0: S = 2 staged chunks per warp; x copied to shared memory (n
+// copies) when the block's rows share one group and the copies fit in
+// k_max_x_tokens_bytes (Flash: rows of 4,096 for up to 8 Q8_0 or 6 F16
+// tokens), else read from global memory. Returns false (nothing launched) when
+// the weights cannot be staged (Q8_0) or are not 16-byte aligned, x is not,
+// or ctx.token_matvec is off: the caller takes another kernel.
 constexpr int k_tokens_max = 8;
 constexpr size_t k_max_x_tokens_bytes = 160 * 1024;
+template <GgmlType T>
 bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                           int64_t cols, const float* x, int64_t x_stride, int64_t n, bool acc) {
-  constexpr GgmlType T = GgmlType::Q8_0;
+  static_assert(token_matvec_type<T>());
   constexpr int U = WeightUnit<T>::U;
-  if (!ctx.token_matvec || n < 2 || n > k_tokens_max || reinterpret_cast<uintptr_t>(x) % 16 != 0 || x_stride % 4 != 0)
+  if (!ctx.token_matvec || n < 2 || n > k_tokens_max || reinterpret_cast<uintptr_t>(x) % 16 != 0 || x_stride % 4 != 0 ||
+      cols % U != 0)
     return false;
-  for (int i = 0; i < set.count; ++i)
-    if (!can_stage<T>(set.w[i], row_bytes)) return false;
+  for (int i = 0; i < set.count; ++i) {
+    if constexpr (T == GgmlType::Q8_0) {
+      if (!can_stage<T>(set.w[i], row_bytes)) return false;
+    } else if (reinterpret_cast<uintptr_t>(set.w[i]) % 16 != 0 || row_bytes % 16 != 0) {
+      return false;
+    }
+  }
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
   auto blocks = [&](int64_t r) {
     int64_t b = 0;
@@ -501,8 +552,9 @@ bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, i
   auto go = [&](auto r_tag, auto xs_tag, auto nt_tag) {
     constexpr int Rc = decltype(r_tag)::value, NT = decltype(nt_tag)::value;
     constexpr bool XS = decltype(xs_tag)::value;
-    auto kernel = matvec_tokens_kernel<Rc, 2, XS, NT>;
-    const size_t smem = (XS ? x_bytes : 0) + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, Rc, 2>();
+    constexpr int S = T == GgmlType::Q8_0 ? 2 : 0;
+    auto kernel = matvec_tokens_kernel<T, Rc, S, XS, NT>;
+    const size_t smem = (XS ? x_bytes : 0) + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, Rc, S>();
     allow_smem(kernel, smem);
     launch_kernel(kernel, dim3(set.first[set.count], 1), 256, smem, ctx.stream, set, row_bytes, rows_per_group, n_units,
                   cols, x, x_stride, static_cast<int>(n), acc);
@@ -694,11 +746,16 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
     set.out[0] = out;
     set.rows[0] = rows;
     set.count = 1;
+    // Launches the token matvec when it applies (n in 2 .. k_tokens_max; launch_matvec_tokens).
+    auto token_matvec = [&] {
+      if constexpr (token_matvec_type<T>())
+        return x_aligned && launch_matvec_tokens<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x,
+                                                    x_stride, n, op.accumulate);
+      return false;
+    };
     if (n == 1 && x_aligned) {
       launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate, op.x_quant);
-    } else if (T == GgmlType::Q8_0 && x_aligned &&
-               launch_matvec_tokens(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, x_stride, n,
-                                    op.accumulate)) {
+    } else if (token_matvec()) {
       // (launched)
     } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0 && n > ctx.ffma_max_tokens) {
       if constexpr (mma_tile_type<T>()) {
@@ -752,8 +809,10 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
   DSV4_ASSERT(op.count >= 0 && op.count <= MatmulsOp::k_max, "matmuls: %d matrices", op.count);
   if (op.count == 0) return;
   const int64_t cols = op.w[0].ne[0], n = op.x.n_rows();
-  // One launch for the set: a single token (the matvec), or 2 .. k_tokens_max of Q8_0 weights (the token matvec).
-  bool one = (n == 1 || (n <= k_tokens_max && op.w[0].type == GgmlType::Q8_0)) && op.x.type == GgmlType::F32 &&
+  // One launch for the set: a single token (the matvec), or 2 .. k_tokens_max (the token matvec's types).
+  bool token_type = false;
+  dispatch_weight_type(op.w[0].type, [&](auto tag) { token_type = token_matvec_type<decltype(tag)::value>(); });
+  bool one = (n == 1 || (n <= k_tokens_max && token_type)) && op.x.type == GgmlType::F32 &&
              reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 && op.x.ne[0] == cols;
   for (int i = 0; i < op.count && one; ++i)
     one = op.w[i].type == op.w[0].type && op.w[i].ne[0] == cols && op.w[i].row_bytes() == op.w[0].row_bytes() &&
@@ -768,8 +827,16 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
     set.rows[i] = op.w[i].n_rows();
     max_rows = std::max(max_rows, set.rows[i]);
   }
-  if (one && n > 1 && op.count > 1 && cols % 32 == 0) {
-    if (launch_matvec_tokens(ctx, set, op.w[0].row_bytes(), max_rows, cols / 32, cols, op.x.f32(), cols, n, false)) {
+  if (one && n > 1 && op.count > 1) {
+    bool launched = false;
+    dispatch_weight_type(op.w[0].type, [&](auto tag) {
+      constexpr GgmlType T = decltype(tag)::value;
+      constexpr int U = WeightUnit<T>::U;
+      if constexpr (token_matvec_type<T>())
+        launched = cols % U == 0 && launch_matvec_tokens<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols,
+                                                            op.x.f32(), cols, n, false);
+    });
+    if (launched) {
       CUDA_CHECK_LAUNCH();
       return;
     }

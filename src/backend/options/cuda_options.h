@@ -66,8 +66,8 @@ struct CudaOptions {
   // launches of >= 4,096 rows, where it measured faster) as int8 dot products (dp4a; cuda_matmul.cu; tensor
   // cores only); false: the float matvec.
   bool int8_matvec = true;
-  // Batched matmuls of 2 .. 8 tokens of Q8_0 weights on the token matvec (cuda_matmul.cu: each weight read
-  // once, every token's outputs bitwise the decode matvec's); false: the tiles, as larger batches.
+  // Batched matmuls of 2 .. 8 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu: each
+  // weight read once, every token's outputs bitwise the decode matvec's); false: the tiles, as larger batches.
   bool token_matvec = true;
   // cuBLAS for the prefill matmuls (cuda_gemm.cu; tensor cores only).
   CublasMode cublas = CublasMode::AUTO;
