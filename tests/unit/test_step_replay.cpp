@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/forward.h"
@@ -39,15 +40,29 @@ struct Tiny : test::TinyFile {
 
 std::vector<int32_t> tokens(size_t n, uint32_t vocab, uint32_t seed) { return test::random_tokens(n, vocab, seed); }
 
+// The tiny model on a recording backend (error: why it could not be made).
+struct Replay {
+  Tiny tiny;
+  RecordingBackend be;
+  std::unique_ptr<Model> model;
+  std::string error = "no tiny model file";
+  explicit Replay(bool branches = false) : be(make_cpu_backend(2), branches) {
+    if (!tiny.mf) return;
+    auto m = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
+    if (m.has_value())
+      model = std::move(*m);
+    else
+      error = m.error().message;
+  }
+};
+
 }  // namespace
 
 TEST(StepReplay, ReplayedDecodeEqualsPrefillAndGoesStaleOnFreeAndSwitch) {
-  Tiny tiny;
-  ASSERT_TRUE(tiny.mf);
-  RecordingBackend be(make_cpu_backend(2));
-  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
-  ASSERT_TRUE(model.has_value()) << model.error().message;
-  Model& m = **model;
+  Replay replay;
+  ASSERT_TRUE(replay.model) << replay.error;
+  RecordingBackend& be = replay.be;
+  Model& m = *replay.model;
   const int64_t V = m.spec().n_vocab;
   const size_t N = 48, off = 200;
   const std::vector<int32_t> t = tokens(off + N, m.spec().n_vocab, 5);
@@ -91,12 +106,10 @@ TEST(StepReplay, ReplayedDecodeEqualsPrefillAndGoesStaleOnFreeAndSwitch) {
 }
 
 TEST(StepReplay, DecodeWithBranchesEqualsPrefill) {
-  Tiny tiny;
-  ASSERT_TRUE(tiny.mf);
-  RecordingBackend be(make_cpu_backend(2), /*branches=*/true);
-  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
-  ASSERT_TRUE(model.has_value()) << model.error().message;
-  Model& m = **model;
+  Replay replay(/*branches=*/true);
+  ASSERT_TRUE(replay.model) << replay.error;
+  RecordingBackend& be = replay.be;
+  Model& m = *replay.model;
   ASSERT_GT(m.spec().n_expert_shared, 0u) << "the tiny preset has a shared expert";
   const int64_t V = m.spec().n_vocab;
   const size_t N = 24;
@@ -122,12 +135,10 @@ TEST(StepReplay, DecodeWithBranchesEqualsPrefill) {
 // or joining changes the set (another recording), a prompt chunk in the step
 // runs eagerly. Every item's logits equal its sequence's prefill bit for bit.
 TEST(StepReplay, BatchedDecodeStepsReplayPerSessionSetInAnyItemOrder) {
-  Tiny tiny;
-  ASSERT_TRUE(tiny.mf);
-  RecordingBackend be(make_cpu_backend(2));
-  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
-  ASSERT_TRUE(model.has_value()) << model.error().message;
-  Model& m = **model;
+  Replay replay;
+  ASSERT_TRUE(replay.model) << replay.error;
+  RecordingBackend& be = replay.be;
+  Model& m = *replay.model;
   const int64_t V = m.spec().n_vocab;
   constexpr size_t S = 3, N = 40, P = 5;  // sessions; tokens each; session 2's prompt, fed as one chunk
   std::vector<std::vector<int32_t>> t(S);
@@ -181,12 +192,10 @@ TEST(StepReplay, BatchedDecodeStepsReplayPerSessionSetInAnyItemOrder) {
 // rows a pass logs for commit all come from device tensors, never from the
 // recording).
 TEST(StepReplay, VerifyPassesReplayPerLengthAndEqualPrefill) {
-  Tiny tiny;
-  ASSERT_TRUE(tiny.mf);
-  RecordingBackend be(make_cpu_backend(2));
-  auto model = Model::create(be, tiny.mf->weights, nullptr, ModelOptions{});
-  ASSERT_TRUE(model.has_value()) << model.error().message;
-  Model& m = **model;
+  Replay replay;
+  ASSERT_TRUE(replay.model) << replay.error;
+  RecordingBackend& be = replay.be;
+  Model& m = *replay.model;
   const size_t V = m.spec().n_vocab, N = 120, P = 9;
   const std::vector<int32_t> t = tokens(N, m.spec().n_vocab, 13);
   std::vector<float> want(N * V);

@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(256)
 // warp_sum) and its weights: every output element is bitwise the one a
 // single-token matvec of that token gives. Q8_0: through the staged ring; per
 // unit and lane the R rows' scale and code words, then per word m the R x 4
-// weights (word_floats, as decode_words). 16-byte units: B units of the R rows
-// per lane in flight in registers (as the single-token matvec). Each group of
+// weights (word_floats, as decode_words). 16-byte units: 4 units of the R rows
+// per lane in flight in registers (warp_rows_vec, as the single-token matvec). Each group of
 // R x 4 weights is reused for every token's 4 x values (one 16-byte load from
 // token t's XShared copy, or from global memory). Out: out[t * rows + r] (each
 // matrix of the set its own rows). Tokens >= nt are skipped (a warp-uniform
@@ -348,35 +348,20 @@ __global__ void __launch_bounds__(256)
       }
     });
   } else {
-    constexpr int B = 4;                                // units per lane in flight
-    for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
-      uint4 raw[B][R];
+    warp_rows_vec<4, R>(rp, n_units, lane, prologue, [&](int64_t u, const uint4(&raw)[R]) {
+      float wf[R][U];
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int64_t u = c0 + 32 * b + lane;
-        if (u < n_units)
+      for (int i = 0; i < R; ++i) WeightUnit<T>::decode_vec(raw[i], wf[i]);
 #pragma unroll
-          for (int i = 0; i < R; ++i) raw[b][i] = ld(reinterpret_cast<const uint4*>(rp[i]) + u);
+      for (int e0 = 0; e0 < U; e0 += 4) {
+        float w4[R][4];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w4[i][j] = wf[i][e0 + j];
+        fma4(u, e0, w4);
       }
-      if (c0 == 0) prologue();
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int64_t u = c0 + 32 * b + lane;
-        if (u >= n_units) continue;
-        float wf[R][U];
-#pragma unroll
-        for (int i = 0; i < R; ++i) WeightUnit<T>::decode_vec(raw[b][i], wf[i]);
-#pragma unroll
-        for (int e0 = 0; e0 < U; e0 += 4) {
-          float w4[R][4];
-#pragma unroll
-          for (int i = 0; i < R; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w4[i][j] = wf[i][e0 + j];
-          fma4(u, e0, w4);
-        }
-      }
-    }
+    });
   }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {

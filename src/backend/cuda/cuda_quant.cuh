@@ -587,6 +587,32 @@ __device__ __forceinline__ void warp_rows_staged(const uint8_t* const (&rows)[R]
   }
 }
 
+// The register path of the matvecs for 16-byte units (F32/F16/BF16): lane l
+// walks units l, l + 32, ... in order, loading B units of each of the R rows
+// before using any (the loads in flight); unit_fn(u, raw) with raw[i] row i's
+// unit u. on_issued() as warp_rows_staged's (once, every lane, after the first
+// loads). Every lane of the warp must call it.
+template <int B, int R, class OnIssued, class UnitFn>
+__device__ __forceinline__ void warp_rows_vec(const uint8_t* const (&rows)[R], int64_t n_units, int lane,
+                                              OnIssued&& on_issued, UnitFn&& unit_fn) {
+  for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
+    uint4 raw[B][R];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int64_t u = c0 + 32 * b + lane;
+      if (u < n_units)
+#pragma unroll
+        for (int i = 0; i < R; ++i) raw[b][i] = ld(reinterpret_cast<const uint4*>(rows[i]) + u);
+    }
+    if (c0 == 0) on_issued();
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int64_t u = c0 + 32 * b + lane;
+      if (u < n_units) unit_fn(u, raw[b]);
+    }
+  }
+}
+
 // Lane-strided dot products of R weight rows with one f32 vector x (n_units *
 // U floats, read through the XGlobal/XShared view xv); sums[i] is valid in lane
 // 0 (and garbage for i >= nr: those rows repeat rows[0] so that every lane runs
@@ -633,23 +659,10 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const (&rows)[R], i
       });
     });
   } else if constexpr (T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16) {
-    constexpr int B = R >= 16 ? 1 : 16 / R;             // units per lane in flight
-    for (int64_t c0 = 0; c0 < n_units; c0 += 32 * B) {  // warp-uniform trip count
-      uint4 raw[B][R];
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int64_t u = c0 + 32 * b + lane;
-        if (u < n_units)
-#pragma unroll
-          for (int i = 0; i < R; ++i) raw[b][i] = ld(reinterpret_cast<const uint4*>(rows[i]) + u);
-      }
-      if (c0 == 0) on_issued();
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int64_t u = c0 + 32 * b + lane;
-        if (u < n_units) fma_unit(u, [&](int i, float* w) { WeightUnit<T>::decode_vec(raw[b][i], w); });
-      }
-    }
+    constexpr int B = R >= 16 ? 1 : 16 / R;  // units per lane in flight
+    warp_rows_vec<B, R>(rows, n_units, lane, on_issued, [&](int64_t u, const uint4(&raw)[R]) {
+      fma_unit(u, [&](int i, float* w) { WeightUnit<T>::decode_vec(raw[i], w); });
+    });
   } else {
     on_issued();
     for (int64_t u = lane; u < n_units; u += 32)
