@@ -114,7 +114,7 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->group(group);
   cmd->add_flag_callback(
          "--no-token-matvec", [s] { s->token_matvec = false; },
-         "Batched matmuls of 2-8 tokens (Q8_0, F16, BF16, F32 weights) on the tiles instead of the token matvec "
+         "Batched matmuls of 2-4 tokens (Q8_0, F16, BF16, F32 weights) on the tiles instead of the token matvec "
          "(which reads each weight once and gives each token the decode step's sums)")
       ->group(group);
   cmd->add_option_function<std::string>(
@@ -151,8 +151,7 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->group(group);
   cmd->add_flag_callback(
          "--no-cuda-graphs", [s] { s->graphs = false; },
-         "Launch every op as it is issued (default: decode steps and verify passes are recorded once as CUDA graphs "
-         "and replayed)")
+         "Launch every op as it is issued (default: decode steps are recorded once as CUDA graphs and replayed)")
       ->group(group);
   cmd->add_option_function<std::string>(
          "--expert-gemm", [s](const std::string& v) { s->expert_gemm_min = *parse_expert_gemm(v); },

@@ -830,14 +830,6 @@ void Model::run_batch(KvState& st, const int32_t* ids, int64_t n, int64_t p0, fl
       DSV4_ASSERT(done, "a decode step recorded just now cannot be replayed");
     }
     step_seen_ = key;
-  } else if (n <= k_max_verify) {  // a verify pass (or a short batch): recorded like a batched decode step
-    std::vector<uint64_t> key = run_key(st, n, logits != nullptr, all_logits);
-    const bool seen = std::find(run_seen_.begin(), run_seen_.end(), key) != run_seen_.end();
-    if (!seen) {
-      if (run_seen_.size() >= k_graphs) run_seen_.erase(run_seen_.begin());
-      run_seen_.push_back(key);
-    }
-    done = replay_or_record(std::move(key), seen, [&] { batch_ops(st, n, logits != nullptr, all_logits); });
   }
   if (!done) batch_ops(st, n, logits != nullptr, all_logits);
   count_routing(n);
@@ -1099,12 +1091,6 @@ bool Model::replay_or_record(std::vector<uint64_t> key, bool may_record, const s
     graphs_.push_back(std::move(g));
   }
   return done;
-}
-
-std::vector<uint64_t> Model::run_key(const KvState& st, int64_t n, bool logits, bool all_logits) {
-  // Leads with a value no batched step's key holds (uid * 2 + 1 < 2^64 - 1).
-  return {~uint64_t{0}, st.uid, static_cast<uint64_t>(n),
-          uint64_t{logits} | uint64_t{all_logits} << 1 | uint64_t{st.spec.logging} << 2};
 }
 
 void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::vector<int64_t>& heads) {

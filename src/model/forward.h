@@ -357,14 +357,12 @@ class Model {
   };
   StepKey step_seen_, step_key_;
   uint64_t step_graph_ = 0;
-  // Recorded steps besides the single-token one, by key: batched decode steps
-  // (per item in uid order: uid * 2 + wants logits; steps of up to
-  // k_batch_graph_rows items), recorded on a key's second consecutive
-  // occurrence (batch_seen_: the first sizes every buffer), and
-  // single-sequence batches of 2 .. k_max_verify tokens, i.e. verify passes
-  // (run_key), recorded on a key's second occurrence among the last k_graphs
-  // such keys (run_seen_: a drafter's proposals vary in length). Replayed
-  // while valid; the least recently used goes beyond k_graphs.
+  // Recorded batched decode steps, by key (per item in uid order: uid * 2 +
+  // wants logits; steps of up to k_batch_graph_rows items): recorded on a key's
+  // second consecutive occurrence (batch_seen_: the first sizes every buffer),
+  // replayed while valid; the least recently used goes beyond k_graphs.
+  // (Verify passes run eagerly: recorded per session and length, flash-q2's
+  // passes measured 0.9-1.8 ms slower on the H200; PERFORMANCE.md.)
   static constexpr size_t k_graphs = 8;
   static constexpr size_t k_batch_graph_rows = 64;
   struct StepGraph {
@@ -374,15 +372,11 @@ class Model {
   };
   std::vector<StepGraph> graphs_;
   std::vector<uint64_t> batch_seen_;
-  std::vector<std::vector<uint64_t>> run_seen_;
   uint64_t graph_clock_ = 0;
   // Replays the recording of `key`; without a valid one and with may_record,
   // records `ops` under key and replays that. Returns false when the ops did
   // not run (the caller issues them eagerly).
   bool replay_or_record(std::vector<uint64_t> key, bool may_record, const std::function<void()>& ops);
-  // run_batch's key of a batch of n > 1 tokens of state st (what its ops depend on besides the device
-  // tensors: the state, n, which logits, whether a verify pass logs its rows).
-  static std::vector<uint64_t> run_key(const KvState& st, int64_t n, bool logits, bool all_logits);
   uint64_t next_state_uid_ = 0;
 };
 

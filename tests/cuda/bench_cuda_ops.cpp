@@ -404,7 +404,7 @@ const char* k_usage =
     "  --gemm-min-tokens N the cuBLAS threshold (default 128)\n"
     "  --no-int-dot        decode experts on the float matvec\n"
     "  --no-int8-matvec    Q8_0 matvecs of int8-quantised x (the x-int8 cases) on the float matvec\n"
-    "  --no-token-matvec   matmuls of 2..8 tokens on the tiles instead of the token matvec\n"
+    "  --no-token-matvec   matmuls of 2..4 tokens on the tiles instead of the token matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
     "                      auto (default: N = 64), on (every expert), off (the tile), or N\n";

@@ -277,7 +277,9 @@ int main(int argc, char** argv) {
       good = good && kept.has_value() && *kept == keep;
       at += keep;
       good = good && (at == 0 || close(s->logits().data(), at - 1));
-      if (!good) std::printf("  %s: first difference at position %zu (pass %zu)\n", name, at, passes);
+      if (!good)
+        std::printf("  %s: first difference at position %zu (pass %zu: %zu rows, %zu kept)\n", name, at, passes, n,
+                    keep);
       ++passes;
     }
     for (; good && at < 360; ++at) good = s->decode(t[at]).has_value() && close(s->logits().data(), at);
@@ -287,6 +289,15 @@ int main(int argc, char** argv) {
   };
   verify_walk(*cuda, true, "FFMA tiles");
   if (cuda_plain) verify_walk(*cuda_plain, false, "plain, tensor cores");
+  // The same walks with every op launched as issued, and with the batches' matmuls on the tiles: the recorded
+  // passes and the token matvec must change nothing the walk can see.
+  CudaOptions eager;
+  eager.graphs = false;
+  if (auto e = load(path, "cuda", 64, "plain", true, eager)) verify_walk(*e, false, "plain, tensor cores, no graphs");
+  CudaOptions tiles;
+  tiles.token_matvec = false;
+  if (auto e = load(path, "cuda", 64, "plain", true, tiles))
+    verify_walk(*e, false, "plain, tensor cores, no token matvec");
 
   // The recorded decode step (a CUDA graph) across session switches and frees:
   // two sessions decode in turns of 5 tokens (each switch re-records), and a

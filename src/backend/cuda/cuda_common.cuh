@@ -97,7 +97,7 @@ struct CudaContext {
   // Decode matvecs of Q8_0 weights with an int8-32 quantised x (MatmulOp::x_quant, `fast` numerics) as dp4a
   // dot products (cuda_matmul.cu): on with tensor cores (the same contract); CudaOptions::int8_matvec.
   bool int8_matvec = false;
-  // Batched matmuls of 2 .. 8 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu);
+  // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu);
   // CudaOptions::token_matvec.
   bool token_matvec = false;
   // cuBLAS for the prefill matmuls of at least gemm_min_tokens tokens

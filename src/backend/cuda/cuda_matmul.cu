@@ -31,8 +31,8 @@
 //   output: MatmulOp::x_quant, `fast` numerics; CudaContext::int8_matvec): the
 //   same warps, rows and staged ring, x copied as int8 codes and per-unit
 //   scales and every unit's dot product as 8 dp4a (matvec_i8_kernel below).
-// * token matvec (2 <= n <= 8; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16:
-//   a verify pass, a small batched decode step; matvec_tokens_kernel): the
+// * token matvec (2 <= n <= 4; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16:
+//   a verify pass of k <= 3, a small batched decode step; matvec_tokens_kernel): the
 //   matvec's warps (Q8_0: and staged ring) with each weight applied to every token's x, so
 //   the weights are read once and every token's outputs are bitwise the
 //   single-token matvec's (tensor cores on or off). MatmulsOp sets too.
@@ -494,16 +494,25 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 }
 
 // The token matvec's launch (matvec_tokens_kernel) for a batch of 2 .. k_tokens_max tokens:
-// NT = 2, 4 or 8 (the smallest that holds n), R = 2 rows per warp when every
+// NT = 2 or 4 (the smallest that holds n), R = 2 rows per warp when every
 // matrix's rows (per group) are even and that still gives every SM a block,
 // else 1; Q8_0: S = 2 staged chunks per warp; x copied to shared memory (n
-// copies) when the block's rows share one group and the copies fit in
-// k_max_x_tokens_bytes (Flash: rows of 4,096 for up to 8 Q8_0 or 6 F16
-// tokens), else read from global memory. Returns false (nothing launched) when
-// the weights cannot be staged (Q8_0) or are not 16-byte aligned, x is not,
-// or ctx.token_matvec is off: the caller takes another kernel.
-constexpr int k_tokens_max = 8;
-constexpr size_t k_max_x_tokens_bytes = 160 * 1024;
+// copies) when the block's rows share one group, else (rare: groups not
+// aligned to blocks) read from global memory. Returns false (nothing launched)
+// when the copies and the ring (counted at R = 2) would take more than
+// k_max_token_smem, which leaves one block per SM (Flash: x of 8,192 columns
+// for 3 Q8_0 tokens), when the weights cannot be staged (Q8_0) or are not
+// 16-byte aligned, x is not, or ctx.token_matvec is off: the caller takes
+// another kernel.
+// Measured on an H100 (bench_cuda_ops --n 3, µs token matvec / tensor-core
+// tile): 32768x1024 21.8 / 26.4, 2048x4096 10.6 / 16.6, 4096x2048 7.8 / 16.2,
+// 8192x4096 g8 27.3 / 30.1, the wq_a+wkv set 9.0 / 23.8, the shared gate+up set
+// 11.8 / 33.2, F16 compressor+indexer set 12.8 / 48.8; but 4096x8192 34.0 /
+// 30.2 (x copies of 110 KiB). At 6 tokens most shapes ran slower than the tile
+// (x copies up to 147 KiB, 1.5-4.6x the FMAs and x loads of the
+// single-token matvec per weight): k_tokens_max = 4.
+constexpr int k_tokens_max = 4;
+constexpr size_t k_max_token_smem = 112 * 1024;
 template <GgmlType T>
 bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                           int64_t cols, const float* x, int64_t x_stride, int64_t n, bool acc) {
@@ -533,11 +542,13 @@ bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, i
   for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
   const bool one_group = set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0;
   const size_t x_bytes = static_cast<size_t>(n * x_shared_floats<U>(n_units)) * sizeof(float);
-  const bool xs = one_group && x_bytes <= k_max_x_tokens_bytes;
+  constexpr int S = T == GgmlType::Q8_0 ? 2 : 0;
+  if (one_group && x_bytes + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, 2, S>() > k_max_token_smem)
+    return false;
+  const bool xs = one_group;
   auto go = [&](auto r_tag, auto xs_tag, auto nt_tag) {
     constexpr int Rc = decltype(r_tag)::value, NT = decltype(nt_tag)::value;
     constexpr bool XS = decltype(xs_tag)::value;
-    constexpr int S = T == GgmlType::Q8_0 ? 2 : 0;
     auto kernel = matvec_tokens_kernel<T, Rc, S, XS, NT>;
     const size_t smem = (XS ? x_bytes : 0) + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, Rc, S>();
     allow_smem(kernel, smem);
@@ -547,10 +558,8 @@ bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, i
   auto with_nt = [&](auto r_tag, auto xs_tag) {
     if (n <= 2)
       go(r_tag, xs_tag, std::integral_constant<int, 2>{});
-    else if (n <= 4)
-      go(r_tag, xs_tag, std::integral_constant<int, 4>{});
     else
-      go(r_tag, xs_tag, std::integral_constant<int, 8>{});
+      go(r_tag, xs_tag, std::integral_constant<int, 4>{});
   };
   auto with_xs = [&](auto r_tag) {
     if (xs)

@@ -66,7 +66,7 @@ struct CudaOptions {
   // launches of >= 4,096 rows, where it measured faster) as int8 dot products (dp4a; cuda_matmul.cu; tensor
   // cores only); false: the float matvec.
   bool int8_matvec = true;
-  // Batched matmuls of 2 .. 8 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu: each
+  // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu: each
   // weight read once, every token's outputs bitwise the decode matvec's); false: the tiles, as larger batches.
   bool token_matvec = true;
   // cuBLAS for the prefill matmuls (cuda_gemm.cu; tensor cores only).
@@ -81,8 +81,8 @@ struct CudaOptions {
   int64_t ffma_max_tokens = 0;
   // The shared expert on a second stream beside the router and routed experts; false: one stream.
   bool branches = true;
-  // Steps that recur (a decode step, a batched decode step, a verify pass) recorded once as a CUDA graph and
-  // replayed (Backend::capture_begin); false: every op launched as it is issued (the A/B of launch costs).
+  // Steps that recur (a decode step, a batched decode step) recorded once as a CUDA graph and replayed
+  // (Backend::capture_begin); false: every op launched as it is issued (the A/B of launch costs).
   bool graphs = true;
   // Programmatic dependent launch on sm_90+ (cuda_launch.cuh); false: plain launches.
   bool pdl = true;
