@@ -1,7 +1,8 @@
 // dsv4 bench --verify K: what speculative decoding costs and gives on this machine, at --ctx-start.
 //
 //   1. Pass cost: a verify pass of 1 + k tokens (Session::verify, keeping one: the session advances
-//      by a token, as a decode step does) against a plain decode step, k = 1..K, --gen-tokens each.
+//      by a token, as a decode step does) against a plain decode step, k = 1..K, --gen-tokens each
+//      after two untimed ones (as the decode steps after an untimed run: sizing, any recording).
 //   2. Self-consistency: the greedy continuation is recorded by plain decoding, then generated again
 //      by generate() with proposals that replay it (always right): tokens per pass must be k + 1,
 //      and the output must equal the recording. (A random-weight model has no real acceptance: this
@@ -74,12 +75,16 @@ Status bench_speculation(Engine& engine, Session& session, const SpeculationBenc
   for (int k = 1; k <= b.max_k; ++k) {
     DSV4_TRY(session.rewind(frontier));
     std::vector<int32_t> rows(static_cast<size_t>(k) + 1);
-    const auto t0 = clock_type::now();
-    for (int i = 0; i < gen; ++i) {
+    auto pass = [&]() -> Status {
       rows[0] = argmax(session.logits());
       for (int j = 1; j <= k; ++j) rows[static_cast<size_t>(j)] = rows[0];  // any tokens: one is kept
       DSV4_TRY(session.verify(rows, [](std::span<const float>) { return size_t{1}; }));
-    }
+      return {};
+    };
+    // Two untimed passes first, as decode_run's warm-up: buffers sized for 1 + k rows, any recording made.
+    for (int i = 0; i < 2; ++i) DSV4_TRY(pass());
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < gen; ++i) DSV4_TRY(pass());
     const double t = seconds_since(t0) / gen;
     cost[static_cast<size_t>(k)] = t / t_decode;
     out("%d,%d,%.3f,%.3f,%.3f\n", k, k + 1, t_decode * 1e3, t * 1e3, t / t_decode);

@@ -361,8 +361,9 @@ class Model {
   // wants logits; steps of up to k_batch_graph_rows items): recorded on a key's
   // second consecutive occurrence (batch_seen_: the first sizes every buffer),
   // replayed while valid; the least recently used goes beyond k_graphs.
-  // (Verify passes run eagerly: recorded per session and length, flash-q2's
-  // passes measured 0.9-1.8 ms slower on the H200; PERFORMANCE.md.)
+  // (Verify passes run eagerly: recorded per session and length, 32 flash-q2
+  // passes took longer, the recording included; replays alone are not
+  // measured yet: PERFORMANCE.md.)
   static constexpr size_t k_graphs = 8;
   static constexpr size_t k_batch_graph_rows = 64;
   struct StepGraph {
