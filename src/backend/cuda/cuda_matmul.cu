@@ -504,13 +504,14 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 // for 3 Q8_0 tokens), when the weights cannot be staged (Q8_0) or are not
 // 16-byte aligned, x is not, or ctx.token_matvec is off: the caller takes
 // another kernel.
-// Measured on an H100 (bench_cuda_ops --n 3, µs token matvec / tensor-core
-// tile): 32768x1024 21.8 / 26.4, 2048x4096 10.6 / 16.6, 4096x2048 7.8 / 16.2,
-// 8192x4096 g8 27.3 / 30.1, the wq_a+wkv set 9.0 / 23.8, the shared gate+up set
-// 11.8 / 33.2, F16 compressor+indexer set 12.8 / 48.8; but 4096x8192 34.0 /
-// 30.2 (x copies of 110 KiB). At 6 tokens most shapes ran slower than the tile
-// (x copies up to 147 KiB, 1.5-4.6x the FMAs and x loads of the
-// single-token matvec per weight): k_tokens_max = 4.
+// Measured on the H200 (bench_cuda_ops --filter matmul --n 3 [--no-token-matvec],
+// µs token matvec / tensor-core tile): 32768x1024 21.4 / 25.3, 2048x4096 10.6 /
+// 16.7, 4096x2048 7.7 / 16.5, 8192x4096 g8 25.3 / 30.1, the wq_a+wkv set 8.8 /
+// 23.9, the shared gate+up set 11.6 / 33.3, the F16 compressor+indexer set
+// 11.5 / 48.3; at n = 4 the same or faster. But (H100, earlier limits)
+// 4096x8192 34.0 / 30.2 at 3 tokens (x copies of 110 KiB: one block per SM),
+// and at 6 tokens most shapes slower than the tile (x copies up to 147 KiB,
+// 6x the FMAs and x loads per weight of the single-token matvec): k_tokens_max = 4.
 constexpr int k_tokens_max = 4;
 constexpr size_t k_max_token_smem = 112 * 1024;
 template <GgmlType T>
