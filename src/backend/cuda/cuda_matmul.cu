@@ -508,7 +508,7 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 // µs token matvec / tensor-core tile): 32768x1024 21.4 / 25.3, 2048x4096 10.6 /
 // 16.7, 4096x2048 7.7 / 16.5, 8192x4096 g8 25.3 / 30.1, the wq_a+wkv set 8.8 /
 // 23.9, the shared gate+up set 11.6 / 33.3, the F16 compressor+indexer set
-// 11.5 / 48.3; at n = 4 the same or faster. But (H100, earlier limits)
+// 11.5 / 48.3; at n = 4 faster or within 5% (F16 64x4096 8.2 / 7.8). But (H100, earlier limits)
 // 4096x8192 34.0 / 30.2 at 3 tokens (x copies of 110 KiB: one block per SM),
 // and at 6 tokens most shapes slower than the tile (x copies up to 147 KiB,
 // 6x the FMAs and x loads per weight of the single-token matvec): k_tokens_max = 4.
