@@ -11,10 +11,13 @@
 #      first resolves a near-tie differently from single-token decode (CUDA is not bitwise across batch sizes),
 #      and the teacher-forced table counts the rows whose argmax differs from decode's;
 #   3. both again with --no-tensor-cores (FFMA tiles: a verify pass sums as decode does, so no row may differ
-#      and replayed proposals give k + 1 tokens a pass on CUDA too).
+#      and replayed proposals give k + 1 tokens a pass on CUDA too);
+#   4. flash-q2 again with --no-token-matvec (passes of 2-4 rows on the tensor-core tile: the A/B of the token
+#      matvec, which gives those rows decode's dense sums).
 #
 #   device tool: command "scripts/gpu.sh spec", carry ["build-device"]
-# Output: spec-flash-q2.csv, spec-tiny.csv, spec-*-ffma.csv in ./out ($OUT with the device tool), also printed.
+# Output: spec-flash-q2.csv, spec-tiny.csv, spec-*-ffma.csv, spec-flash-q2-tile.csv in ./out ($OUT with the
+# device tool), also printed.
 GPU_NAME=spec
 # shellcheck source=scripts/gpu/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -39,5 +42,7 @@ gpu_run timeout 300 "$GPU_RUN/bin/dsv4" bench --synthetic tiny --ctx-start "$CTX
   --verify "$K" --no-tensor-cores --csv "$LOG/spec-tiny-ffma.csv" || rc=1
 gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
   --verify "$K" --no-tensor-cores --csv "$LOG/spec-flash-q2-ffma.csv" || rc=1
+gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
+  --verify "$K" --no-token-matvec --csv "$LOG/spec-flash-q2-tile.csv" || rc=1
 gpu_dry_run && exit 0
 exit $rc
