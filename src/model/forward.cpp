@@ -42,7 +42,7 @@ Model::Model(Backend& backend, const ModelSpec& spec, ModelOptions options)
 
 Model::~Model() {
   if (step_graph_) backend_.drop_replay(step_graph_);
-  for (const StepGraph& g : graphs_) backend_.drop_replay(g.id);
+  for (const BatchGraph& g : batch_graphs_) backend_.drop_replay(g.id);
   for (Tensor* t : sc_->all()) backend_.free(*t);
   for (Tensor* t : {&dspark_x_, &dspark_pos_, &dspark_state_, &dspark_logit_}) backend_.free(*t);
 }
@@ -1023,9 +1023,32 @@ Status Model::step(std::span<const StepItem> items) {
   // recorded on its second occurrence (the first sizes every buffer), replayed after.
   bool done = false;
   if (decode && items.size() <= k_batch_graph_rows) {
-    const bool seen = batch_seen_ == key;
-    batch_seen_ = key;
-    done = replay_or_record(std::move(key), seen, [&] { step_ops(segs, total, heads); });
+    ++batch_clock_;
+    auto it =
+        std::find_if(batch_graphs_.begin(), batch_graphs_.end(), [&](const BatchGraph& g) { return g.key == key; });
+    if (it != batch_graphs_.end()) {
+      done = backend_.replay(it->id);
+      if (done) {
+        it->used = batch_clock_;
+      } else {  // stale (memory moved since the recording), or the backend wants eager ops now
+        backend_.drop_replay(it->id);
+        batch_graphs_.erase(it);
+      }
+    }
+    if (!done && batch_seen_ == key && backend_.capture_begin()) {
+      step_ops(segs, total, heads);
+      BatchGraph g{key, backend_.capture_end(), batch_clock_};
+      done = backend_.replay(g.id);
+      DSV4_ASSERT(done, "a batched decode step recorded just now cannot be replayed");
+      if (batch_graphs_.size() >= k_batch_graphs) {
+        auto lru = std::min_element(batch_graphs_.begin(), batch_graphs_.end(),
+                                    [](const BatchGraph& a, const BatchGraph& b) { return a.used < b.used; });
+        backend_.drop_replay(lru->id);
+        batch_graphs_.erase(lru);
+      }
+      batch_graphs_.push_back(std::move(g));
+    }
+    batch_seen_ = std::move(key);
   }
   for (const StepItem& it : items) it.state->spec.logging = it.all_logits != nullptr;
   if (!done) step_ops(segs, total, heads);
@@ -1058,39 +1081,6 @@ Status Model::step(std::span<const StepItem> items) {
     }
   }
   return {};
-}
-
-bool Model::replay_or_record(std::vector<uint64_t> key, bool may_record, const std::function<void()>& ops) {
-  ++graph_clock_;
-  bool done = false;
-  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const StepGraph& g) { return g.key == key; });
-  if (it != graphs_.end()) {
-    done = backend_.replay(it->id);
-    if (done) {
-      it->used = graph_clock_;
-    } else {  // stale (memory moved since the recording), or the backend wants eager ops now
-      backend_.drop_replay(it->id);
-      graphs_.erase(it);
-    }
-  }
-  if (!done && may_record && backend_.capture_begin()) {
-    ops();
-    StepGraph g{key, backend_.capture_end(), graph_clock_};
-    // (Refused only if the recording itself moved memory, e.g. grew the scratch: then the ops run eagerly.)
-    if (!backend_.replay(g.id)) {
-      backend_.drop_replay(g.id);
-      return false;
-    }
-    done = true;
-    if (graphs_.size() >= k_graphs) {
-      auto lru = std::min_element(graphs_.begin(), graphs_.end(),
-                                  [](const StepGraph& a, const StepGraph& b) { return a.used < b.used; });
-      backend_.drop_replay(lru->id);
-      graphs_.erase(lru);
-    }
-    graphs_.push_back(std::move(g));
-  }
-  return done;
 }
 
 void Model::step_ops(std::span<const Segment> segs, int64_t total, const std::vector<int64_t>& heads) {

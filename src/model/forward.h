@@ -358,26 +358,22 @@ class Model {
   StepKey step_seen_, step_key_;
   uint64_t step_graph_ = 0;
   // Recorded batched decode steps, by key (per item in uid order: uid * 2 +
-  // wants logits; steps of up to k_batch_graph_rows items): recorded on a key's
-  // second consecutive occurrence (batch_seen_: the first sizes every buffer),
-  // replayed while valid; the least recently used goes beyond k_graphs.
-  // (Verify passes run eagerly: recorded per session and length, 32 flash-q2
-  // passes took longer, the recording included; replays alone are not
-  // measured yet: PERFORMANCE.md.)
-  static constexpr size_t k_graphs = 8;
+  // wants logits): recorded on the second consecutive step with one key,
+  // replayed while it recurs; the least recently used goes beyond
+  // k_batch_graphs. Steps of up to k_batch_graph_rows items. (Verify passes
+  // run eagerly: recorded per session and length, 32 flash-q2 passes took
+  // longer, the recording included; replays alone are not measured yet:
+  // PERFORMANCE.md.)
+  static constexpr size_t k_batch_graphs = 8;
   static constexpr size_t k_batch_graph_rows = 64;
-  struct StepGraph {
+  struct BatchGraph {
     std::vector<uint64_t> key;
     uint64_t id = 0;
-    uint64_t used = 0;  // graph_clock_ at the last replay
+    uint64_t used = 0;  // batch_clock_ at the last replay
   };
-  std::vector<StepGraph> graphs_;
+  std::vector<BatchGraph> batch_graphs_;
   std::vector<uint64_t> batch_seen_;
-  uint64_t graph_clock_ = 0;
-  // Replays the recording of `key`; without a valid one and with may_record,
-  // records `ops` under key and replays that. Returns false when the ops did
-  // not run (the caller issues them eagerly).
-  bool replay_or_record(std::vector<uint64_t> key, bool may_record, const std::function<void()>& ops);
+  uint64_t batch_clock_ = 0;
   uint64_t next_state_uid_ = 0;
 };
 

@@ -111,6 +111,26 @@ __device__ __forceinline__ int mv_warp_rows(const uint8_t* w, int64_t r0, int64_
   return nr;
 }
 
+// Host side of a set's launch with R rows per warp (k_mv_warps * R rows per
+// block). mv_fills: R divides every matrix's rows (a single matrix: its rows
+// per group, so a warp's rows share one group) and the blocks give every SM
+// one. mv_layout: fills set.first and returns whether each block's rows share
+// one x group (a set's matrices all read group 0: rows_per_group >= every
+// matrix's rows).
+bool mv_fills(const MvSet& set, int64_t rows_per_group, int64_t r, int64_t sms) {
+  int64_t blocks = 0;
+  for (int i = 0; i < set.count; ++i) {
+    if ((set.count == 1 ? rows_per_group : set.rows[i]) % r != 0) return false;
+    blocks += ceil_div(set.rows[i], k_mv_warps * r);
+  }
+  return blocks >= sms;
+}
+bool mv_layout(MvSet& set, int64_t rows_per_group, int r) {
+  set.first[0] = 0;
+  for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * r);
+  return set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * r) == 0;
+}
+
 template <GgmlType T, int R, int S, bool XS>
 __global__ void __launch_bounds__(256)
     matvec_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
@@ -418,12 +438,9 @@ template <GgmlType T, int R>
 void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                      int64_t cols, const float* x, bool acc, ActQuant xq) {
   constexpr int U = WeightUnit<T>::U;
-  set.first[0] = 0;
-  for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
+  const bool one_group = mv_layout(set, rows_per_group, R);
   const dim3 grid(set.first[set.count], 1);
   const size_t x_bytes = static_cast<size_t>(x_shared_floats<U>(n_units)) * sizeof(float);
-  // (A set's matrices all read group 0: rows_per_group >= every matrix's rows.)
-  const bool one_group = set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0;
   const bool xs = one_group && x_bytes <= k_max_x_shared_bytes;
   bool stageable = UnitStaging<T>::chunk_bytes > 0;
   for (int i = 0; i < set.count; ++i) stageable = stageable && can_stage<T>(set.w[i], row_bytes);
@@ -477,17 +494,9 @@ template <GgmlType T>
 void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                    int64_t cols, const float* x, bool acc, ActQuant xq) {
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
-  auto fits = [&](int64_t r) {
-    int64_t blocks = 0;
-    for (int i = 0; i < set.count; ++i) {
-      if ((set.count == 1 ? rows_per_group : set.rows[i]) % r != 0) return false;
-      blocks += ceil_div(set.rows[i], k_mv_warps * r);
-    }
-    return blocks >= sms;
-  };
-  if (fits(4))
+  if (mv_fills(set, rows_per_group, 4, sms))
     launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
-  else if (fits(2))
+  else if (mv_fills(set, rows_per_group, 2, sms))
     launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
   else
     launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
@@ -529,19 +538,8 @@ bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, i
       return false;
     }
   }
-  const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
-  auto blocks = [&](int64_t r) {
-    int64_t b = 0;
-    for (int i = 0; i < set.count; ++i) {
-      if ((set.count == 1 ? rows_per_group : set.rows[i]) % r != 0) return int64_t{0};
-      b += ceil_div(set.rows[i], k_mv_warps * r);
-    }
-    return b;
-  };
-  const int R = blocks(2) >= sms ? 2 : 1;
-  set.first[0] = 0;
-  for (int i = 0; i < set.count; ++i) set.first[i + 1] = set.first[i] + ceil_div(set.rows[i], k_mv_warps * R);
-  const bool one_group = set.count > 1 || rows_per_group == set.rows[0] || rows_per_group % (k_mv_warps * R) == 0;
+  const int R = mv_fills(set, rows_per_group, 2, ctx.sm_count > 0 ? ctx.sm_count : 132) ? 2 : 1;
+  const bool one_group = mv_layout(set, rows_per_group, R);
   const size_t x_bytes = static_cast<size_t>(n * x_shared_floats<U>(n_units)) * sizeof(float);
   constexpr int S = T == GgmlType::Q8_0 ? 2 : 0;
   if (one_group && x_bytes + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, 2, S>() > k_max_token_smem)
@@ -804,52 +802,47 @@ void launch_matmuls(const CudaContext& ctx, const MatmulsOp& op) {
   DSV4_ASSERT(op.count >= 0 && op.count <= MatmulsOp::k_max, "matmuls: %d matrices", op.count);
   if (op.count == 0) return;
   const int64_t cols = op.w[0].ne[0], n = op.x.n_rows();
-  // One launch for the set: a single token (the matvec), or 2 .. k_tokens_max (the token matvec's types).
-  bool token_type = false;
-  dispatch_weight_type(op.w[0].type, [&](auto tag) { token_type = token_matvec_type<decltype(tag)::value>(); });
-  bool one = (n == 1 || (n <= k_tokens_max && token_type)) && op.x.type == GgmlType::F32 &&
+  // One launch for the set when its matrices share type and width: a single token on the matvec, 2 ..
+  // k_tokens_max on the token matvec where it applies; else (and for batches it refuses) separate launches.
+  bool one = op.count > 1 && n <= k_tokens_max && op.x.type == GgmlType::F32 &&
              reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 && op.x.ne[0] == cols;
   for (int i = 0; i < op.count && one; ++i)
     one = op.w[i].type == op.w[0].type && op.w[i].ne[0] == cols && op.w[i].row_bytes() == op.w[0].row_bytes() &&
           op.out[i].type == GgmlType::F32 && op.out[i].ne[0] == op.w[i].n_rows() && op.out[i].n_rows() == n &&
           reinterpret_cast<uintptr_t>(op.w[i].data) % 16 == 0;
-  MvSet set{};
-  set.count = op.count;
-  int64_t max_rows = 1;  // rows_per_group: any value >= every matrix's rows (x is read from row 0 of the one group)
-  for (int i = 0; i < op.count && one; ++i) {
-    set.w[i] = static_cast<const uint8_t*>(op.w[i].data);
-    set.out[i] = op.out[i].f32();
-    set.rows[i] = op.w[i].n_rows();
-    max_rows = std::max(max_rows, set.rows[i]);
-  }
-  if (one && n > 1 && op.count > 1) {
+  if (one) {
+    MvSet set{};
+    set.count = op.count;
+    int64_t max_rows = 1;  // rows_per_group: any value >= every matrix's rows (x is read from row 0 of the one group)
+    for (int i = 0; i < op.count; ++i) {
+      set.w[i] = static_cast<const uint8_t*>(op.w[i].data);
+      set.out[i] = op.out[i].f32();
+      set.rows[i] = op.w[i].n_rows();
+      max_rows = std::max(max_rows, set.rows[i]);
+    }
     bool launched = false;
     dispatch_weight_type(op.w[0].type, [&](auto tag) {
       constexpr GgmlType T = decltype(tag)::value;
       constexpr int U = WeightUnit<T>::U;
-      if constexpr (token_matvec_type<T>())
-        launched = cols % U == 0 && launch_matvec_tokens<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols,
-                                                            op.x.f32(), cols, n, false);
+      DSV4_ASSERT(cols % U == 0, "matmuls: %s rows of %lld elements are not a multiple of %d", ggml_type_name(T),
+                  static_cast<long long>(cols), U);
+      if (n == 1) {
+        launch_matvec<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), false, op.x_quant);
+        launched = true;
+      } else if constexpr (token_matvec_type<T>()) {
+        launched = launch_matvec_tokens<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), cols, n,
+                                           false);
+      }
     });
     if (launched) {
       CUDA_CHECK_LAUNCH();
       return;
     }
   }
-  if (!one || n > 1 || op.count == 1) {  // separate launches (batches, mixed types), each checked by launch_matmul
-    if (n > 1 && launch_matmuls_gemm(ctx, op)) return;  // batches on cuBLAS: x split once for all matrices
-    for (int i = 0; i < op.count; ++i)
-      launch_matmul(ctx, {.out = op.out[i], .w = op.w[i], .x = op.x, .x_quant = op.x_quant});
-    return;
-  }
-  dispatch_weight_type(op.w[0].type, [&](auto tag) {
-    constexpr GgmlType T = decltype(tag)::value;
-    constexpr int U = WeightUnit<T>::U;
-    DSV4_ASSERT(cols % U == 0, "matmuls: %s rows of %lld elements are not a multiple of %d", ggml_type_name(T),
-                static_cast<long long>(cols), U);
-    launch_matvec<T>(ctx, set, op.w[0].row_bytes(), max_rows, cols / U, cols, op.x.f32(), false, op.x_quant);
-    CUDA_CHECK_LAUNCH();
-  });
+  // Separate launches (batches, mixed types), each checked by launch_matmul.
+  if (n > 1 && launch_matmuls_gemm(ctx, op)) return;  // batches on cuBLAS: x split once for all matrices
+  for (int i = 0; i < op.count; ++i)
+    launch_matmul(ctx, {.out = op.out[i], .w = op.w[i], .x = op.x, .x_quant = op.x_quant});
 }
 
 }  // namespace dsv4::cuda

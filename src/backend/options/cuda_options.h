@@ -74,10 +74,10 @@ struct CudaOptions {
   std::string cublas_library;  // LIBRARY: the path to dlopen
   // Matmuls of at least this many tokens (>= 2) go to cuBLAS.
   int64_t gemm_min_tokens = 128;
-  // Batched matmuls of at most this many tokens run on the FFMA tile even with tensor cores: the float decode
-  // matvec's summation order, so a verify pass or a small batched step gives each row's matmuls the decode
-  // step's bits (reference and plain numerics; measured ~28% slower than the tensor-core tile at 3 tokens;
-  // 0: none; at most 64).
+  // Batched matmuls of at most this many tokens run on the FFMA tile even with tensor cores (those the token
+  // matvec does not take): the float decode matvec's summation order, so a verify pass or a small batched
+  // step gives each row's matmuls the decode step's bits (reference and plain numerics; measured ~28% slower
+  // than the tensor-core tile at 3 tokens; 0: none; at most 64).
   int64_t ffma_max_tokens = 0;
   // The shared expert on a second stream beside the router and routed experts; false: one stream.
   bool branches = true;
