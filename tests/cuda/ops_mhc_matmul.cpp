@@ -148,14 +148,6 @@ void cases_mhc(Harness& h) {
   }
 }
 
-// Whether the token matvec takes a batch of n tokens of x rows of `cols` (cuda_matmul.cu, launch_matvec_tokens):
-// the n padded x copies (units of U floats + 4) and, for Q8_0, the staged ring at 2 rows a warp within 112 KiB.
-bool token_copies_fit(GgmlType t, int64_t cols, int64_t n) {
-  const int64_t U = t == GgmlType::Q8_0 ? 32 : t == GgmlType::F32 ? 4 : 8;
-  const int64_t ring = t == GgmlType::Q8_0 ? 8 * 2 * 2 * 32 * 34 : 0;
-  return n * (cols / U) * (U + 4) * 4 + ring <= 112 * 1024;
-}
-
 void cases_matmul(Harness& h) {
   if (!h.want("matmul")) return;
   Rng& r = h.rng;
@@ -193,9 +185,9 @@ void cases_matmul(Harness& h) {
       // tensor-core tile edges: tokens per block 8/16/32 and their remainders, rows % 256 != 0,
       // chunks of 4 units cut short, x beyond the f16 range and far below it
       {G::Q8_0, 300, 96, 1, {2, 40, 70}, false, "q8_0, 3 units per row"},
-      // the token matvec (2..4 tokens; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16; x copies within
-      // 112 KiB): bitwise the decode matvec per token; 1 or 2 rows per warp, x copied per token or (groups
-      // not aligned to blocks) read from global memory; 5+ tokens on the tiles
+      // the token matvec (2..4 tokens; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16): bitwise the decode
+      // matvec per token; 1 or 2 rows per warp, x copied per token or (groups not aligned to blocks, copies
+      // past 112 KiB) read from global memory; 5+ tokens on the tiles
       {G::Q8_0, 1000, 512, 1, {2, 3, 4, 5}, false, "q8_0 token matvec, rows % 8 != 0"},
       {G::Q8_0, 4096, 256, 1, {3, 4}, false, "q8_0 token matvec, 2 rows per warp"},
       {G::Q8_0, 60, 256, 3, {2, 4}, false, "q8_0 grouped x3, 20 rows a group (token matvec, global x)"},
@@ -204,6 +196,9 @@ void cases_matmul(Harness& h) {
       {G::BF16, 100, 264, 1, {3, 4}, false, "bf16 token matvec, rows % 8 != 0"},
       {G::F16, 256, 512, 2, {3}, false, "f16 grouped x2 token matvec"},
       {G::F16, 2048, 1024, 1, {2, 4}, false, "f16 token matvec, 2 rows per warp"},
+      {G::Q8_0, 256, 16384, 1, {3, 4}, false, "q8_0, 512 units, token matvec x from global memory"},
+      {G::F32, 64, 8192, 1, {2, 4}, false, "f32, token matvec x from global memory"},
+      {G::BF16, 66, 8192, 1, {4}, false, "bf16, rows % 4 = 2, token matvec x from global memory"},
       {G::IQ2_XXS, 512, 512, 1, {12, 33, 64}, false, "iq2_xxs, 16 units per row"},
       {G::Q2_K, 260, 256, 1, {16, 50}, false, "q2_k, rows % 256 = 4"},
       {G::Q4_K, 256, 768, 2, {23}, false, "q4_k grouped x2, 12 units"},
@@ -251,7 +246,7 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 1024, 4096, 1, {1, 3, 8, 16, 32}, true, "flash attn_q_a"},
       {G::Q8_0, 32768, 1024, 1, {1, 2, 3, 4, 64}, true, "flash attn_q_b"},
       {G::Q8_0, 8192, 4096, 8, {1, 2, 16, 256}, true, "flash attn_output_a (8 groups)"},
-      {G::Q8_0, 4096, 8192, 1, {1, 2, 3, 16, 256}, true, "flash attn_output_b"},
+      {G::Q8_0, 4096, 8192, 1, {1, 2, 3, 4, 16, 256}, true, "flash attn_output_b"},
       {G::Q8_0, 4096, 8192, 1, {1, 256}, true, "flash attn_output_b, x int8-32", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 32768, 1024, 1, {1}, true, "flash attn_q_b, x int8-32", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 4096, 2048, 1, {1}, true, "flash shared expert down, x int8-32", 1.0f, ActQuant::INT8_32},
@@ -304,8 +299,7 @@ void cases_matmul(Harness& h) {
         const Diff d = diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu));
         const bool token_matvec =
             n <= 4 && c.xq == ActQuant::NONE &&
-            ((c.t == G::Q8_0 && c.cols % 256 == 0) || c.t == G::F32 || c.t == G::F16 || c.t == G::BF16) &&
-            token_copies_fit(c.t, c.cols, n);
+            ((c.t == G::Q8_0 && c.cols % 256 == 0) || c.t == G::F32 || c.t == G::F16 || c.t == G::BF16);
         if (token_matvec)
           h.report.exact("matmul n vs 1", s + " token matvec", d);
         else

@@ -506,19 +506,19 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 // NT = 2 or 4 (the smallest that holds n), R = 2 rows per warp when every
 // matrix's rows (per group) are even and that still gives every SM a block,
 // else 1; Q8_0: S = 2 staged chunks per warp; x copied to shared memory (n
-// copies) when the block's rows share one group, else (rare: groups not
-// aligned to blocks) read from global memory. Returns false (nothing launched)
-// when the copies and the ring (counted at R = 2) would take more than
-// k_max_token_smem, which leaves one block per SM (Flash: x of 8,192 columns
-// for 3 Q8_0 tokens), when the weights cannot be staged (Q8_0) or are not
-// 16-byte aligned, x is not, or ctx.token_matvec is off: the caller takes
-// another kernel.
+// copies) when the block's rows share one group and the copies and the ring
+// (counted at R = 2) fit in k_max_token_smem, else read from global memory
+// (through L1: Flash's wo_b, x of 8,192 columns, from 3 tokens; and groups not
+// aligned to blocks). Either way each token's sums are the single-token
+// matvec's. Returns false (nothing launched) when the weights cannot be staged
+// (Q8_0) or are not 16-byte aligned, x is not, or ctx.token_matvec is off: the
+// caller takes another kernel.
 // Measured on the H200 (bench_cuda_ops --filter matmul --n 3 [--no-token-matvec],
 // µs token matvec / tensor-core tile): 32768x1024 21.4 / 25.3, 2048x4096 10.6 /
 // 16.7, 4096x2048 7.7 / 16.5, 8192x4096 g8 25.3 / 30.1, the wq_a+wkv set 8.8 /
 // 23.9, the shared gate+up set 11.6 / 33.3, the F16 compressor+indexer set
 // 11.5 / 48.3; at n = 4 faster or within 5% (F16 64x4096 8.2 / 7.8). But (H100, earlier limits)
-// 4096x8192 34.0 / 30.2 at 3 tokens (x copies of 110 KiB: one block per SM),
+// 4096x8192 with shared copies 34.0 / 30.2 at 3 tokens (110 KiB: one block per SM),
 // and at 6 tokens most shapes slower than the tile (x copies up to 147 KiB,
 // 6x the FMAs and x loads per weight of the single-token matvec): k_tokens_max = 4.
 constexpr int k_tokens_max = 4;
@@ -542,9 +542,8 @@ bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, i
   const bool one_group = mv_layout(set, rows_per_group, R);
   const size_t x_bytes = static_cast<size_t>(n * x_shared_floats<U>(n_units)) * sizeof(float);
   constexpr int S = T == GgmlType::Q8_0 ? 2 : 0;
-  if (one_group && x_bytes + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, 2, S>() > k_max_token_smem)
-    return false;
-  const bool xs = one_group;
+  const bool xs =
+      one_group && x_bytes + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, 2, S>() <= k_max_token_smem;
   auto go = [&](auto r_tag, auto xs_tag, auto nt_tag) {
     constexpr int Rc = decltype(r_tag)::value, NT = decltype(nt_tag)::value;
     constexpr bool XS = decltype(xs_tag)::value;
