@@ -186,8 +186,8 @@ void cases_matmul(Harness& h) {
       // chunks of 4 units cut short, x beyond the f16 range and far below it
       {G::Q8_0, 300, 96, 1, {2, 40, 70}, false, "q8_0, 3 units per row"},
       // the token matvec (2..4 tokens; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16): bitwise the decode
-      // matvec per token; 1 or 2 rows per warp, x copied per token or (groups not aligned to blocks, copies
-      // past 112 KiB) read from global memory; 5+ tokens on the tiles
+      // matvec per token; 1 or 2 rows per warp, x copied per token (past 113 KiB: one block per SM) or (groups
+      // not aligned to blocks, copies past 227 KiB) read from global memory; 5+ tokens on the tiles
       {G::Q8_0, 1000, 512, 1, {2, 3, 4, 5}, false, "q8_0 token matvec, rows % 8 != 0"},
       {G::Q8_0, 4096, 256, 1, {3, 4}, false, "q8_0 token matvec, 2 rows per warp"},
       {G::Q8_0, 60, 256, 3, {2, 4}, false, "q8_0 grouped x3, 20 rows a group (token matvec, global x)"},
@@ -196,9 +196,11 @@ void cases_matmul(Harness& h) {
       {G::BF16, 100, 264, 1, {3, 4}, false, "bf16 token matvec, rows % 8 != 0"},
       {G::F16, 256, 512, 2, {3}, false, "f16 grouped x2 token matvec"},
       {G::F16, 2048, 1024, 1, {2, 4}, false, "f16 token matvec, 2 rows per warp"},
+      {G::Q8_0, 256, 8192, 1, {3, 4}, false, "q8_0, 256 units, token matvec, one block per SM"},
       {G::Q8_0, 256, 16384, 1, {3, 4}, false, "q8_0, 512 units, token matvec x from global memory"},
-      {G::F32, 64, 8192, 1, {2, 4}, false, "f32, token matvec x from global memory"},
-      {G::BF16, 66, 8192, 1, {4}, false, "bf16, rows % 4 = 2, token matvec x from global memory"},
+      {G::F32, 64, 8192, 1, {2, 4}, false, "f32, token matvec, one block per SM (2) or global x (4)"},
+      {G::F32, 64, 16384, 1, {4}, false, "f32, token matvec x from global memory"},
+      {G::BF16, 66, 16384, 1, {4}, false, "bf16, rows % 4 = 2, token matvec x from global memory"},
       {G::IQ2_XXS, 512, 512, 1, {12, 33, 64}, false, "iq2_xxs, 16 units per row"},
       {G::Q2_K, 260, 256, 1, {16, 50}, false, "q2_k, rows % 256 = 4"},
       {G::Q4_K, 256, 768, 2, {23}, false, "q4_k grouped x2, 12 units"},

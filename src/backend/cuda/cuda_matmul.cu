@@ -507,22 +507,25 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 // matrix's rows (per group) are even and that still gives every SM a block,
 // else 1; Q8_0: S = 2 staged chunks per warp; x copied to shared memory (n
 // copies) when the block's rows share one group and the copies and the ring
-// (counted at R = 2) fit in k_max_token_smem, else read from global memory
-// (through L1: Flash's wo_b, x of 8,192 columns, from 3 tokens; and groups not
-// aligned to blocks). Either way each token's sums are the single-token
-// matvec's. Returns false (nothing launched) when the weights cannot be staged
-// (Q8_0) or are not 16-byte aligned, x is not, or ctx.token_matvec is off: the
-// caller takes another kernel.
+// (counted at R = 2) fit in k_max_token_smem (Hopper's 227 KiB a block: past
+// 113 KiB one block per SM, as Flash's wo_b, x of 8,192 columns, from 3
+// tokens), else read from global memory (groups not aligned to blocks, or x
+// too long). Either way each token's sums are the single-token matvec's.
+// Returns false (nothing launched) when the weights cannot be staged (Q8_0) or
+// are not 16-byte aligned, x is not, or ctx.token_matvec is off: the caller
+// takes another kernel.
 // Measured on the H200 (bench_cuda_ops --filter matmul --n 3 [--no-token-matvec],
 // µs token matvec / tensor-core tile): 32768x1024 21.4 / 25.3, 2048x4096 10.6 /
 // 16.7, 4096x2048 7.7 / 16.5, 8192x4096 g8 25.3 / 30.1, the wq_a+wkv set 8.8 /
 // 23.9, the shared gate+up set 11.6 / 33.3, the F16 compressor+indexer set
-// 11.5 / 48.3; at n = 4 faster or within 5% (F16 64x4096 8.2 / 7.8). But (H100, earlier limits)
-// 4096x8192 with shared copies 34.0 / 30.2 at 3 tokens (110 KiB: one block per SM),
-// and at 6 tokens most shapes slower than the tile (x copies up to 147 KiB,
-// 6x the FMAs and x loads per weight of the single-token matvec): k_tokens_max = 4.
+// 11.5 / 48.3; at n = 4 faster or within 5% (F16 64x4096 8.2 / 7.8). wo_b
+// 4096x8192 with x from global memory: 80.7 / 30.4 at n = 3, 104.1 / 30.8 at
+// n = 4 (x re-read through L1/L2 by every warp); with shared copies and one
+// block per SM (H100, n = 3): 34.0 / 30.2. At 6 tokens most shapes were slower
+// than the tile (6x the FMAs and x loads per weight of the single-token
+// matvec): k_tokens_max = 4.
 constexpr int k_tokens_max = 4;
-constexpr size_t k_max_token_smem = 112 * 1024;
+constexpr size_t k_max_token_smem = 227 * 1024;
 template <GgmlType T>
 bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
                           int64_t cols, const float* x, int64_t x_stride, int64_t n, bool acc) {
