@@ -194,12 +194,17 @@ void cases_seqs(Harness& h) {
       h.cpu.indexer_scores_seqs(oc);
       h.gpu.indexer_scores_seqs(og);
       for (const IndexerScoresOp& o : og1) h.gpu.indexer_scores(o);
-      Diff d, self;
+      // One NMSE over every sequence's scores: a sequence with few visible rows can have all its scores near 0,
+      // where f32 rounding alone gives a large NMSE (seed 12125571718938178224: 1.8e-10 for one sequence).
+      Diff self;
+      std::vector<float> got, want;
       for (size_t j = 0; j < S; ++j) {
-        d = worst(d, b.diff(sc[j]));
-        self = worst(self, diff_f32(b.get_f32(sc[j].g, h.gpu), b.get_f32(sc1[j].g, h.gpu)));
+        const std::vector<float> g = b.get_f32(sc[j].g, h.gpu), want_j = b.get_f32(sc[j].c, h.cpu);
+        got.insert(got.end(), g.begin(), g.end());
+        want.insert(want.end(), want_j.begin(), want_j.end());
+        self = worst(self, diff_f32(g, b.get_f32(sc1[j].g, h.gpu)));
       }
-      h.report.nmse("indexer_scores_seqs", s, d, k_thr_f32);
+      h.report.nmse("indexer_scores_seqs", s, diff_f32(got, want), k_thr_f32);
       h.report.exact("indexer_scores_seqs == indexer_scores per sequence (cuda)", s, self);
 
       // Top-k of each sequence's scores (the CPU's scores on both sides: exact selections).
