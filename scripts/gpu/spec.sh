@@ -13,11 +13,14 @@
 #   3. both again with --no-tensor-cores (FFMA tiles: a verify pass sums as decode does, so no row may differ
 #      and replayed proposals give k + 1 tokens a pass on CUDA too);
 #   4. flash-q2 again with --no-token-matvec (passes of 2-4 rows on the tensor-core tile: the A/B of the token
-#      matvec, which gives those rows decode's dense sums).
+#      matvec, which gives those rows decode's dense sums);
+#   5. flash-q2 with --no-cuda-graphs: verify passes (k <= 3) against decode steps, and batched steps of 2 and
+#      3 streams, all launched op by op — what a pass costs beyond a batched step of as many rows (its
+#      snapshots, logits read back and commit).
 #
 #   device tool: command "scripts/gpu.sh spec", carry ["build-device"]
-# Output: spec-flash-q2.csv, spec-tiny.csv, spec-*-ffma.csv, spec-flash-q2-tile.csv in ./out ($OUT with the
-# device tool), also printed.
+# Output: spec-flash-q2.csv, spec-tiny.csv, spec-*-ffma.csv, spec-flash-q2-tile.csv, spec-flash-q2-eager.csv,
+# spec-flash-q2-c2-eager.csv, spec-flash-q2-c3-eager.csv in ./out ($OUT with the device tool), also printed.
 GPU_NAME=spec
 # shellcheck source=scripts/gpu/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -44,5 +47,11 @@ gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" -
   --verify "$K" --no-tensor-cores --csv "$LOG/spec-flash-q2-ffma.csv" || rc=1
 gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
   --verify "$K" --no-token-matvec --csv "$LOG/spec-flash-q2-tile.csv" || rc=1
+gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
+  --verify 3 --no-cuda-graphs --csv "$LOG/spec-flash-q2-eager.csv" || rc=1
+for c in 2 3; do
+  gpu_run timeout 900 "$GPU_RUN/bin/dsv4" bench "${flash[@]}" --ctx-start "$CTX" --gen-tokens "$GEN" \
+    --concurrency "$c" --no-cuda-graphs --csv "$LOG/spec-flash-q2-c$c-eager.csv" || rc=1
+done
 gpu_dry_run && exit 0
 exit $rc
