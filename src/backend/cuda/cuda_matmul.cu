@@ -521,7 +521,8 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 // 11.5 / 48.3; at n = 4 faster or within 5% (F16 64x4096 8.2 / 7.8). wo_b
 // 4096x8192 with x from global memory: 80.7 / 30.4 at n = 3, 104.1 / 30.8 at
 // n = 4 (x re-read through L1/L2 by every warp); with shared copies and one
-// block per SM (H100, n = 3): 34.0 / 30.2. At 6 tokens most shapes were slower
+// block per SM (H100): 34.1 / 30.8 at n = 3, 41.0 / 30.8 at n = 4 — kept for
+// decode's sums in every row of a pass. At 6 tokens most shapes were slower
 // than the tile (6x the FMAs and x loads per weight of the single-token
 // matvec): k_tokens_max = 4.
 constexpr int k_tokens_max = 4;
