@@ -148,6 +148,14 @@ void cases_mhc(Harness& h) {
   }
 }
 
+// Whether the token matvec takes a batch of n tokens of x rows of `cols` (cuda_matmul.cu, launch_matvec_tokens):
+// the n padded x copies (units of U floats + 4) and, for Q8_0, the staged ring at 2 rows a warp within 227 KiB.
+bool token_copies_fit(GgmlType t, int64_t cols, int64_t n) {
+  const int64_t U = t == GgmlType::Q8_0 ? 32 : t == GgmlType::F32 ? 4 : 8;
+  const int64_t ring = t == GgmlType::Q8_0 ? 8 * 2 * 2 * 32 * 34 : 0;
+  return n * (cols / U) * (U + 4) * 4 + ring <= 227 * 1024;
+}
+
 void cases_matmul(Harness& h) {
   if (!h.want("matmul")) return;
   Rng& r = h.rng;
@@ -185,9 +193,9 @@ void cases_matmul(Harness& h) {
       // tensor-core tile edges: tokens per block 8/16/32 and their remainders, rows % 256 != 0,
       // chunks of 4 units cut short, x beyond the f16 range and far below it
       {G::Q8_0, 300, 96, 1, {2, 40, 70}, false, "q8_0, 3 units per row"},
-      // the token matvec (2..4 tokens; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16): bitwise the decode
-      // matvec per token; 1 or 2 rows per warp, x copied per token (past 113 KiB: one block per SM) or (groups
-      // not aligned to blocks, copies past 227 KiB) read from global memory; 5+ tokens on the tiles
+      // the token matvec (2..4 tokens; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16; x copies within
+      // 227 KiB): bitwise the decode matvec per token; 1 or 2 rows per warp, x copied per token (past 113 KiB:
+      // one block per SM) or (groups not aligned to blocks) read from global memory; 5+ tokens on the tiles
       {G::Q8_0, 1000, 512, 1, {2, 3, 4, 5}, false, "q8_0 token matvec, rows % 8 != 0"},
       {G::Q8_0, 4096, 256, 1, {3, 4}, false, "q8_0 token matvec, 2 rows per warp"},
       {G::Q8_0, 60, 256, 3, {2, 4}, false, "q8_0 grouped x3, 20 rows a group (token matvec, global x)"},
@@ -197,10 +205,9 @@ void cases_matmul(Harness& h) {
       {G::F16, 256, 512, 2, {3}, false, "f16 grouped x2 token matvec"},
       {G::F16, 2048, 1024, 1, {2, 4}, false, "f16 token matvec, 2 rows per warp"},
       {G::Q8_0, 256, 8192, 1, {3, 4}, false, "q8_0, 256 units, token matvec, one block per SM"},
-      {G::Q8_0, 256, 16384, 1, {3, 4}, false, "q8_0, 512 units, token matvec x from global memory"},
-      {G::F32, 64, 8192, 1, {2, 4}, false, "f32, token matvec, one block per SM (2) or global x (4)"},
-      {G::F32, 64, 16384, 1, {4}, false, "f32, token matvec x from global memory"},
-      {G::BF16, 66, 16384, 1, {4}, false, "bf16, rows % 4 = 2, token matvec x from global memory"},
+      {G::Q8_0, 256, 16384, 1, {3, 4}, false, "q8_0, 512 units: x copies past 227 KiB, the tile"},
+      {G::F32, 64, 8192, 1, {2, 4}, false, "f32, token matvec one block per SM (2), the tile (4)"},
+      {G::BF16, 66, 16384, 1, {4}, false, "bf16, rows % 4 = 2: x copies past 227 KiB, the tile"},
       {G::IQ2_XXS, 512, 512, 1, {12, 33, 64}, false, "iq2_xxs, 16 units per row"},
       {G::Q2_K, 260, 256, 1, {16, 50}, false, "q2_k, rows % 256 = 4"},
       {G::Q4_K, 256, 768, 2, {23}, false, "q4_k grouped x2, 12 units"},
@@ -301,7 +308,8 @@ void cases_matmul(Harness& h) {
         const Diff d = diff_f32(b.get_f32(one.g, h.gpu), b.get_f32(out.g, h.gpu));
         const bool token_matvec =
             n <= 4 && c.xq == ActQuant::NONE &&
-            ((c.t == G::Q8_0 && c.cols % 256 == 0) || c.t == G::F32 || c.t == G::F16 || c.t == G::BF16);
+            ((c.t == G::Q8_0 && c.cols % 256 == 0) || c.t == G::F32 || c.t == G::F16 || c.t == G::BF16) &&
+            token_copies_fit(c.t, c.cols, n);
         if (token_matvec)
           h.report.exact("matmul n vs 1", s + " token matvec", d);
         else

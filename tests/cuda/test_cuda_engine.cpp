@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
     auto s = *eng.new_session();
     bool good = want.has_value() && s->prefill(std::span<const int32_t>(t.data(), 5)).has_value();
     double worst = 0;
-    size_t off = 0, reanchored = 0;  // rows past the bound in this pass; re-anchored passes
+    size_t reanchored = 0;  // passes (or decode steps) with rows past the bound, gone on from a prefill
     auto close = [&](const float* got, size_t pos) {
       std::vector<float> g(got, got + V),
           w(want->begin() + static_cast<long>(pos * V), want->begin() + static_cast<long>((pos + 1) * V));
@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
       const size_t n = std::min<size_t>(1 + r() % Session::max_verify(), 300 - at), keep = r() % (n + 1);
       std::vector<int32_t> rows(t.begin() + static_cast<long>(at), t.begin() + static_cast<long>(at + keep));
       for (size_t j = keep; j < n; ++j) rows.push_back(static_cast<int32_t>(3 + r() % 509));
-      off = 0;
+      size_t off = 0;  // this pass's rows past the bound
       auto kept = s->verify(rows, [&](std::span<const float> all) {
         for (size_t j = 0; j < keep; ++j) off += close(all.data() + j * V, at + j) ? 0 : 1;
         return keep;
@@ -306,8 +306,8 @@ int main(int argc, char** argv) {
     }
     check(good,
           exact ? strfmt("cuda, %s: verify passes keeping any prefix == prefill (bitwise, %zu passes)", name, passes)
-                : strfmt("cuda, %s: verify passes keeping any prefix == prefill (NMSE %.1e <= 1e-7 but %zu "
-                         "re-anchored pass, %zu passes)",
+                : strfmt("cuda, %s: verify passes keeping any prefix == prefill (NMSE %.1e <= 1e-7; %zu "
+                         "pass re-anchored, of %zu)",
                          name, worst, reanchored, passes));
   };
   verify_walk(*cuda, true, "FFMA tiles");

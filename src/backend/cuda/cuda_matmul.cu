@@ -506,14 +506,14 @@ void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, i
 // NT = 2 or 4 (the smallest that holds n), R = 2 rows per warp when every
 // matrix's rows (per group) are even and that still gives every SM a block,
 // else 1; Q8_0: S = 2 staged chunks per warp; x copied to shared memory (n
-// copies) when the block's rows share one group and the copies and the ring
-// (counted at R = 2) fit in k_max_token_smem (Hopper's 227 KiB a block: past
-// 113 KiB one block per SM, as Flash's wo_b, x of 8,192 columns, from 3
-// tokens), else read from global memory (groups not aligned to blocks, or x
-// too long). Either way each token's sums are the single-token matvec's.
-// Returns false (nothing launched) when the weights cannot be staged (Q8_0) or
-// are not 16-byte aligned, x is not, or ctx.token_matvec is off: the caller
-// takes another kernel.
+// copies) when the block's rows share one group, else (rare: groups not
+// aligned to blocks) read from global memory; either way each token's sums are
+// the single-token matvec's. Returns false (nothing launched) when the copies
+// and the ring (counted at R = 2) would pass k_max_token_smem (Hopper's 227 KiB
+// a block; past 113 KiB one block per SM, as Flash's wo_b, x of 8,192 columns,
+// from 3 tokens), when the weights cannot be staged (Q8_0) or are not 16-byte
+// aligned, x is not, or ctx.token_matvec is off: the caller takes another
+// kernel (longer x from global memory measured 2.6-3.4x slower than the tile).
 // Measured on the H200 (bench_cuda_ops --filter matmul --n 3 [--no-token-matvec],
 // µs token matvec / tensor-core tile): 32768x1024 21.4 / 25.3, 2048x4096 10.6 /
 // 16.7, 4096x2048 7.7 / 16.5, 8192x4096 g8 25.3 / 30.1, the wq_a+wkv set 8.8 /
@@ -546,8 +546,9 @@ bool launch_matvec_tokens(const CudaContext& ctx, MvSet set, size_t row_bytes, i
   const bool one_group = mv_layout(set, rows_per_group, R);
   const size_t x_bytes = static_cast<size_t>(n * x_shared_floats<U>(n_units)) * sizeof(float);
   constexpr int S = T == GgmlType::Q8_0 ? 2 : 0;
-  const bool xs =
-      one_group && x_bytes + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, 2, S>() <= k_max_token_smem;
+  if (one_group && x_bytes + static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, 2, S>() > k_max_token_smem)
+    return false;
+  const bool xs = one_group;
   auto go = [&](auto r_tag, auto xs_tag, auto nt_tag) {
     constexpr int Rc = decltype(r_tag)::value, NT = decltype(nt_tag)::value;
     constexpr bool XS = decltype(xs_tag)::value;
