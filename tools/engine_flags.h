@@ -113,6 +113,11 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "With --numerics fast: decode matvecs of Q8_0 weights on the float matvec instead of int8 dot products")
       ->group(group);
   cmd->add_flag_callback(
+         "--no-fused-act-quant", [s] { s->fused_act_quant = false; },
+         "With --numerics fast: each activation quantisation as its own kernel instead of inside the norm, SwiGLU "
+         "or split that produces the input (the same results)")
+      ->group(group);
+  cmd->add_flag_callback(
          "--no-token-matvec", [s] { s->token_matvec = false; },
          "Batched matmuls of 2-4 tokens (Q8_0, F16, BF16, F32 weights) on the tiles instead of the token matvec "
          "(which reads each weight once and gives each token the decode step's sums)")

@@ -601,8 +601,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
       other.push_back({ikv, L[LT::INDEXER_COMPRESSOR_KV]});
       other.push_back({ig, L[LT::INDEXER_COMPRESSOR_GATE]});
     }
-    const Tensor xq = act_in(xn, s.xq ? s.xq.rows(0, n) : Tensor{});
-    if (xq.data == xn.data) {  // one input: every projection together
+    const Tensor xq = s.xq ? s.xq.rows(0, n) : xn;  // hc_pre's quantised copy of xn in fast numerics
+    if (xq.data == xn.data) {                       // one input: every projection together
       lin.insert(lin.end(), other.begin(), other.end());
       other.clear();
     }
@@ -611,8 +611,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   }
 
   // Query path (§5.1): c_q = RMSNorm(W_qa x; q_norm); q = W_qb c_q, per-head RMSNorm, RoPE.
-  backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps});
-  act_in(qa, qa);  // the input of wq_b and the indexer's wq_b
+  // Quantised in place in fast numerics: the input of wq_b and the indexer's wq_b.
+  backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps, .quant = act_quant()});
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
   backend_.matmul({.out = q.reshape(H * hd, n), .w = L[LT::ATTN_Q_B], .x = qa, .x_quant = act_quant()});
   backend_.rms_norm({.out = q.reshape(hd, H * n),
@@ -744,12 +744,11 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   // otherwise its down projection accumulates into y.
   const bool shexp = static_cast<bool>(L[LT::FFN_GATE_SHEXP]);
   Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
-  // The experts' input: xn, quantised in fast numerics (the router reads xn itself).
-  const Tensor xq = act_in(xn, s.xq ? s.xq.rows(0, n) : Tensor{});
+  // The experts' input: xn, quantised in fast numerics (hc_pre's copy; the router reads xn itself).
+  const Tensor xq = s.xq ? s.xq.rows(0, n) : xn;
   auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xq, W_up xq), quantised in fast numerics
     project(xq, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}}, act_quant());
-    backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp});
-    act_in(h, h);
+    backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp, .quant = act_quant()});
   };
   const bool branch = shexp && n == 1 && backend_.concurrent_branches();
   if (branch) {
@@ -876,7 +875,8 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
   Tensor state = stage_state(n);
   Tensor u = s.u.rows(0, n), xn = s.xn.rows(0, n), y = s.y.rows(0, n);
   Tensor post = s.post.rows(0, n), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, n).reshape(hc, hc, n);
-  // hc_pre of a sublayer with its input norm fused in: xn = RMSNorm(u; norm).
+  // hc_pre of a sublayer with its input norm fused in: xn = RMSNorm(u; norm), and in fast numerics
+  // its quantised copy xq (the sublayer's FP8 linears' input).
   auto hc_pre = [&](LT fn, LT scale, LT base, LT norm) {
     backend_.hc_pre({.u = u,
                      .post = post,
@@ -890,7 +890,9 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
                      .sinkhorn_iters = static_cast<int>(P.hc_sinkhorn_iters),
                      .norm_out = xn,
                      .norm_w = L[norm],
-                     .norm_rms_eps = P.rms_eps});
+                     .norm_rms_eps = P.rms_eps,
+                     .norm_q = s.xq ? s.xq.rows(0, n) : Tensor{},
+                     .norm_quant = act_quant()});
   };
   // Experts partly in host memory: the backend may copy them in while the attention runs.
   if (L.slots)
@@ -1122,14 +1124,16 @@ Status Model::mtp_fill(KvState& st, const int32_t* next, const Tensor& hidden, i
   // repeated per stream, so the sum is row by row).
   Tensor e = s.u.rows(0, rows), ye = s.ys.rows(0, rows), hn = s.xn.rows(0, rows);
   backend_.embed({e.reshape(D, hc, n), global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
-  backend_.rms_norm({.out = e, .x = e, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
-  backend_.matmul(
-      {.out = ye, .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = act_in(e, e), .x_quant = act_quant()});
+  // (e and hn quantised in place in fast numerics: the projections' input.)
+  backend_.rms_norm(
+      {.out = e, .x = e, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps, .quant = act_quant()});
+  backend_.matmul({.out = ye, .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = e, .x_quant = act_quant()});
   const Tensor x = hidden.reshape(D * hc, hidden.n_elements() / (D * hc)).rows(0, n).reshape(D, rows);
-  backend_.rms_norm({.out = hn, .x = x, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
+  backend_.rms_norm(
+      {.out = hn, .x = x, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps, .quant = act_quant()});
   backend_.matmul({.out = state.reshape(D, rows),
                    .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)],
-                   .x = act_in(hn, hn),
+                   .x = hn,
                    .x_quant = act_quant()});
   backend_.add({state.reshape(D, rows), ye});
   const Segment seg{&st, 0, n};
@@ -1158,20 +1162,20 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, 
   Tensor emb = s.mtp_y;  // [1, hc, D] scratch: embedding broadcast
   backend_.embed({emb, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(1)});
   Tensor e_row = emb.reshape(D, hc).rows(0, 1);
-  backend_.rms_norm({.out = e, .x = e_row, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps});
-  backend_.matmul({.out = s.ys.rows(0, 1),
-                   .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)],
-                   .x = act_in(e, e),
-                   .x_quant = act_quant()});
+  backend_.rms_norm(
+      {.out = e, .x = e_row, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps, .quant = act_quant()});
+  backend_.matmul(
+      {.out = s.ys.rows(0, 1), .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = e, .x_quant = act_quant()});
   Tensor hnorm = s.h.rows(0, 1);
   for (int64_t i = 0; i < hc; ++i) {
     Tensor xi = (chain ? st.mtp_hidden : st.last_hidden).rows(i, 1);
-    backend_.rms_norm({.out = hnorm, .x = xi, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps});
+    backend_.rms_norm({.out = hnorm,
+                       .x = xi,
+                       .w = mtp_head_[static_cast<size_t>(MT::HNORM)],
+                       .eps = P.rms_eps,
+                       .quant = act_quant()});
     Tensor yi = state.reshape(D, hc).rows(i, 1);
-    backend_.matmul({.out = yi,
-                     .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)],
-                     .x = act_in(hnorm, hnorm),
-                     .x_quant = act_quant()});
+    backend_.matmul({.out = yi, .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)], .x = hnorm, .x_quant = act_quant()});
     backend_.add({yi, s.ys.rows(0, 1)});
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.

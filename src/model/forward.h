@@ -291,7 +291,7 @@ class Model {
   // The linear layers' activation quantisation (ActQuant::NONE but in fast numerics).
   ActQuant act_quant() const;
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
-  // x_quant: MatmulsOp::x_quant (x is an act_in output).
+  // x_quant: MatmulsOp::x_quant (x is an activation quantiser's output).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w, ActQuant x_quant = ActQuant::NONE);
   // The rows [row0, row0 + n) of a batch that belong to one sequence.
   struct Segment {

@@ -77,6 +77,10 @@ struct HcPreOp {
   Tensor norm_out;  // [n, D] f32 out
   Tensor norm_w;    // [D] f32, or empty: no weight
   float norm_rms_eps = 1e-6f;
+  // Optional (norm_quant != NONE, with norm_out): also norm_q = norm_out quantised like
+  // ActQuantOp{norm_q, norm_out, norm_quant} (the sublayer's linear layers' input in `fast` numerics).
+  Tensor norm_q;  // [n, D] f32 out
+  ActQuant norm_quant = ActQuant::NONE;
 };
 
 // mHC post-mix (§4.3): X'_j = post_j * y + sum_i comb[i][j] X_i; optional bf16
@@ -106,7 +110,11 @@ struct HcHeadOp {
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (w or 1); rows of length ne0.
 // With rope_pos set, RoPE then rotates out in place exactly as RopeOp{out as
 // [n, rope_rows_per_token, d], rope_pos, rope, forward} would (the norm and
-// the rotation of a row in one pass: one kernel per call on a GPU).
+// the rotation of a row in one pass: one kernel per call on a GPU). With quant
+// set, the result (normed, then rotated) is then quantised exactly as
+// ActQuantOp{q, out, quant} would: into q, or into out itself when q is empty
+// (a linear layer's input in `fast` numerics; a GPU fuses it into the norm
+// where the format allows).
 struct RmsNormOp {
   Tensor out;  // [rows, d] f32 (may alias x)
   Tensor x;    // [rows, d] f32
@@ -115,6 +123,8 @@ struct RmsNormOp {
   Tensor rope_pos;  // [rows / rope_rows_per_token] i32, or empty: no RoPE
   RopeParams rope;
   int64_t rope_rows_per_token = 1;
+  ActQuant quant = ActQuant::NONE;
+  Tensor q;  // [rows, d] f32 (may alias out or x), or empty: out quantised in place
 };
 
 // out[t, r] = sum_c W[r, c] x[t, c]. With groups G > 1 the weight is
@@ -299,12 +309,16 @@ struct MoePrefetchOp {
   int64_t n = 0, k = 0;
 };
 
-// h = silu(min(gate, c)) * clamp(up, -c, c), elementwise (shared expert).
+// h = silu(min(gate, c)) * clamp(up, -c, c), elementwise (shared expert); with
+// quant set, each row of h then quantised exactly as ActQuantOp{out, out, quant}
+// would (the down projection's input in `fast` numerics; one kernel on a GPU
+// where the format allows).
 struct SwigluOp {
   Tensor out;   // [n, F] f32
   Tensor gate;  // [n, F]
   Tensor up;    // [n, F]
   float clamp = 10.0f;
+  ActQuant quant = ActQuant::NONE;
 };
 
 // out += x (elementwise), or out = x * s when `scale` is set instead.

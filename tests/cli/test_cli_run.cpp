@@ -386,6 +386,7 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--no-tensor-cores",
                            "--no-int-dot",
                            "--no-int8-matvec",
+                           "--no-fused-act-quant",
                            "--no-token-matvec",
                            "--cublas",
                            "--gemm-min-tokens",
@@ -425,12 +426,14 @@ TEST(CliRun, SynthHelpNamesEveryPreset) {
 
 TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   // The CPU backend ignores them; the options line at start names the ones that differ from the defaults.
-  Result r = run_dsv4(run_tiny(
-      "-p hi -n 2 --ignore-eos --no-int-dot --no-int8-matvec --no-token-matvec --cublas off --gemm-min-tokens 64 "
-      "--ffma-max-tokens 8 --no-cuda-graphs --no-pdl --expert-gemm off "
-      "--gpu-memory 24G --no-expert-gather --cpu-experts 0.25 --stream-experts off"));
+  Result r =
+      run_dsv4(run_tiny("-p hi -n 2 --ignore-eos --no-int-dot --no-int8-matvec --no-fused-act-quant --no-token-matvec "
+                        "--cublas off --gemm-min-tokens 64 "
+                        "--ffma-max-tokens 8 --no-cuda-graphs --no-pdl --expert-gemm off "
+                        "--gpu-memory 24G --no-expert-gather --cpu-experts 0.25 --stream-experts off"));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("int_dot=off int8_matvec=off token_matvec=off cublas=off gemm_min_tokens=64 ffma_max_tokens=8 "
+  EXPECT_NE(r.err.find("int_dot=off int8_matvec=off fused_act_quant=off token_matvec=off cublas=off gemm_min_tokens=64 "
+                       "ffma_max_tokens=8 "
                        "graphs=off pdl=off "
                        "expert_gemm=off"),
             std::string::npos)

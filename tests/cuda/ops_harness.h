@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/act_quant.h"
 #include "core/kv_rows.h"
 #include "cuda_test_util.h"
 
@@ -56,6 +57,15 @@ struct Harness {
   float cpu_experts = 0.0f;   // decode batches' share of host experts on the CPU (CudaOptions::cpu_experts)
   bool want(const char* op) const { return filter.empty() || std::string(op).find(filter) != std::string::npos; }
 };
+
+// v (rows of d values) quantised on the host by act_quant_row: the oracle of a quantisation fused into
+// another op's kernel (RmsNormOp::quant, HcPreOp::norm_quant, SwigluOp::quant), applied to that kernel's
+// own unquantised rows so that the comparison is bitwise.
+inline std::vector<float> host_act_quant(std::vector<float> v, int64_t d, ActQuant q) {
+  for (size_t r = 0; r + static_cast<size_t>(d) <= v.size(); r += static_cast<size_t>(d))
+    act_quant_row(v.data() + r, d, q);
+  return v;
+}
 
 // Batched vs one-token CUDA results: bitwise on the FFMA tiles, k_thr_f32 on tensor cores.
 inline void report_batch_invariance(Harness& h, const char* op, const std::string& s, const Diff& d) {

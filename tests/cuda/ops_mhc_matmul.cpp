@@ -59,6 +59,10 @@ void cases_mhc(Harness& h) {
       // With the fused input norm (as the model runs it): xn = RMSNorm(u; w).
       Pair xn = b.out(GgmlType::F32, Shape(c.D, c.n));
       Pair nw = b.weight_f32(random_uniform(r, static_cast<size_t>(c.D), 0.5f, 1.5f), Shape(c.D));
+      // And its quantised copy (`fast` numerics): INT8_32 in the finalize's norm, FP8_128 (n = 5) by a
+      // launch after it.
+      Pair xq = b.out(GgmlType::F32, Shape(c.D, c.n));
+      const ActQuant nq = c.n == 5 ? ActQuant::FP8_128 : ActQuant::INT8_32;
       h.cpu.hc_pre({.u = u.c,
                     .post = post.c,
                     .comb = comb.c,
@@ -71,7 +75,9 @@ void cases_mhc(Harness& h) {
                     .sinkhorn_iters = 20,
                     .norm_out = xn.c,
                     .norm_w = nw.c,
-                    .norm_rms_eps = 1e-6f});
+                    .norm_rms_eps = 1e-6f,
+                    .norm_q = xq.c,
+                    .norm_quant = nq});
       h.gpu.hc_pre({.u = u.g,
                     .post = post.g,
                     .comb = comb.g,
@@ -84,13 +90,20 @@ void cases_mhc(Harness& h) {
                     .sinkhorn_iters = 20,
                     .norm_out = xn.g,
                     .norm_w = nw.g,
-                    .norm_rms_eps = 1e-6f});
+                    .norm_rms_eps = 1e-6f,
+                    .norm_q = xq.g,
+                    .norm_quant = nq});
       const std::string s =
           strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
       h.report.nmse("hc_pre u", s, b.diff(u), k_thr_f32);
       h.report.nmse("hc_pre post", s, b.diff(post), k_thr_f32);
       h.report.nmse("hc_pre comb", s, b.diff(comb), k_thr_f32);
       h.report.nmse("hc_pre norm", s, b.diff(xn), k_thr_f32);
+      // A value within f32 rounding of a quantisation boundary may move one step against the CPU; the
+      // quantiser itself is checked bitwise on the GPU's own norm.
+      h.report.nmse("hc_pre norm", s + " " + act_quant_name(nq), b.diff(xq), k_thr_sim);
+      h.report.exact("hc_pre norm", s + " " + act_quant_name(nq) + " vs the GPU norm quantised",
+                     diff_f32(b.get_f32(xq.g, h.gpu), host_act_quant(b.get_f32(xn.g, h.gpu), c.D, nq)));
     }
   }
   if (h.want("hc_post")) {

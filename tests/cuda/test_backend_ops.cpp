@@ -177,6 +177,54 @@ void cases_dense(Harness& h) {
                      diff_f32(b.get_f32(x.g, h.gpu), b.get_f32(sep.g, h.gpu)));
     }
   }
+  if (h.want("rms_norm")) {
+    // RmsNormOp::quant (`fast` numerics' linear-layer inputs): against the CPU's norm + act_quant at
+    // k_thr_sim (a value within f32 rounding of an int8 boundary may move one step), and bitwise against the
+    // host quantiser applied to the GPU's own unquantised rows. INT8_32 inside the warp kernel (d <= 1024),
+    // the block kernel's register path (d <= 16 x its threads) and its loop (longer rows), rows with a short
+    // last block, into q and in place; FP8_128 and RoPE + quant by the act_quant launch after the norm.
+    const ActQuant I8 = ActQuant::INT8_32, FP8 = ActQuant::FP8_128;
+    struct C {
+      int64_t d, rows;
+      ActQuant q;
+      bool in_place, rope;
+    };
+    for (C c : {C{1024, 3, I8, true, false}, C{512, 9, I8, false, false}, C{100, 5, I8, false, false},
+                C{4096, 2, I8, false, false}, C{4096, 1, I8, true, false}, C{1000, 3, I8, false, false},
+                C{8192, 2, I8, false, false}, C{5000, 2, I8, true, false}, C{4096, 2, FP8, false, false},
+                C{512, 4, I8, true, true}}) {
+      Bufs b(h);
+      const std::vector<float> xv = random_normal(r, static_cast<size_t>(c.d * c.rows), r.uniform(0.01f, 10.0f));
+      Pair x = b.f32(xv, Shape(c.d, c.rows));
+      Pair plain = b.f32(xv, Shape(c.d, c.rows));  // the GPU's unquantised norm, for the in-place cases
+      Pair w = b.weight_f32(random_normal(r, static_cast<size_t>(c.d)), Shape(c.d));
+      Pair out = c.in_place ? x : b.out(GgmlType::F32, Shape(c.d, c.rows));
+      Pair q = c.in_place ? Pair{} : b.out(GgmlType::F32, Shape(c.d, c.rows));
+      std::vector<int32_t> pos(static_cast<size_t>(c.rows));
+      for (auto& p : pos) p = static_cast<int32_t>(r.below(1 << 20));
+      Pair p = b.i32(pos, Shape(c.rows));
+      auto op = [&](Tensor Pair::*side, Tensor o, ActQuant quant) {
+        return RmsNormOp{.out = o,
+                         .x = o.data == (x.*side).data ? o : x.*side,
+                         .w = w.*side,
+                         .eps = 1e-6f,
+                         .rope_pos = c.rope ? p.*side : Tensor{},
+                         .rope = rope_main(),
+                         .quant = quant,
+                         .q = quant == ActQuant::NONE ? Tensor{} : q.*side};
+      };
+      h.cpu.rms_norm(op(&Pair::c, out.c, c.q));
+      h.gpu.rms_norm(op(&Pair::g, out.g, c.q));
+      const std::string s = strfmt("[%lld,%lld] w %s%s%s", (long long)c.rows, (long long)c.d, act_quant_name(c.q),
+                                   c.in_place ? " in place" : " into q", c.rope ? " + rope" : "");
+      const Pair& res = c.in_place ? out : q;
+      h.report.nmse("rms_norm", s, b.diff(res), k_thr_sim);
+      if (!c.in_place) h.report.nmse("rms_norm", s + ": out unquantised", b.diff(out), k_thr_elem);
+      if (c.in_place) h.gpu.rms_norm(op(&Pair::g, plain.g, ActQuant::NONE));
+      const std::vector<float> want = host_act_quant(b.get_f32(c.in_place ? plain.g : out.g, h.gpu), c.d, c.q);
+      h.report.exact("rms_norm", s + " vs the GPU norm quantised", diff_f32(b.get_f32(res.g, h.gpu), want));
+    }
+  }
   if (h.want("rope")) {
     struct C {
       int64_t d, per_tok, n;
@@ -284,6 +332,27 @@ void cases_dense(Harness& h) {
       h.cpu.swiglu({.out = o.c, .gate = g.c, .up = u.c, .clamp = 10.0f});
       h.gpu.swiglu({.out = o.g, .gate = g.g, .up = u.g, .clamp = 10.0f});
       h.report.nmse("swiglu", strfmt("[%lld] clamp 10", (long long)n), b.diff(o), k_thr_elem);
+    }
+    // SwigluOp::quant: INT8_32 in the kernel (rows of whole 32-value blocks: the shared expert's F = 2048),
+    // rows with a short last block and FP8_128 by an act_quant launch after it; bitwise against the host
+    // quantiser on the GPU's unquantised SwiGLU.
+    struct Q {
+      int64_t F, n;
+      ActQuant q;
+    };
+    for (Q c : {Q{2048, 1, ActQuant::INT8_32}, Q{2048, 5, ActQuant::INT8_32}, Q{100, 3, ActQuant::INT8_32},
+                Q{256, 2, ActQuant::FP8_128}}) {
+      Bufs b(h);
+      Pair g = b.f32(random_normal(r, static_cast<size_t>(c.F * c.n), 8.0f), Shape(c.F, c.n));
+      Pair u = b.f32(random_normal(r, static_cast<size_t>(c.F * c.n), 8.0f), Shape(c.F, c.n));
+      Pair o = b.out(GgmlType::F32, Shape(c.F, c.n)), plain = b.out(GgmlType::F32, Shape(c.F, c.n));
+      h.cpu.swiglu({.out = o.c, .gate = g.c, .up = u.c, .clamp = 10.0f, .quant = c.q});
+      h.gpu.swiglu({.out = o.g, .gate = g.g, .up = u.g, .clamp = 10.0f, .quant = c.q});
+      h.gpu.swiglu({.out = plain.g, .gate = g.g, .up = u.g, .clamp = 10.0f});
+      const std::string s = strfmt("[%lld,%lld] clamp 10 %s", (long long)c.n, (long long)c.F, act_quant_name(c.q));
+      h.report.nmse("swiglu", s, b.diff(o), k_thr_sim);
+      h.report.exact("swiglu", s + " vs the GPU SwiGLU quantised",
+                     diff_f32(b.get_f32(o.g, h.gpu), host_act_quant(b.get_f32(plain.g, h.gpu), c.F, c.q)));
     }
   }
   if (h.want("add") || h.want("scale")) {

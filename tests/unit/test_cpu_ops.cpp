@@ -1,6 +1,8 @@
 // CPU reference ops whose fused forms the model uses: RmsNormOp with RoPE is
-// the norm then RopeOp on its output, and MatmulOp::accumulate is the matmul
-// then AddOp — bit for bit (the CUDA kernels are tested against these).
+// the norm then RopeOp on its output, MatmulOp::accumulate is the matmul
+// then AddOp, and the activation quantisation of RmsNormOp / HcPreOp / SwigluOp
+// is the op then ActQuantOp on its output — bit for bit (the CUDA kernels are
+// tested against these).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -88,6 +90,65 @@ TEST(CpuOps, ActQuantIsTheRowFunctionInPlaceOrNot) {
   be->act_quant({.out = x, .x = x, .quant = ActQuant::FP8_128});
   EXPECT_TRUE(same_bytes(get(*be, x), want));
   EXPECT_FALSE(same_bytes(want, xv));
+}
+
+TEST(CpuOps, QuantisedNormAndSwigluAreTheOpThenActQuant) {
+  auto be = make_cpu_backend(2);
+  const int64_t d = 300, rows = 4;  // a short last block of 12
+  const std::vector<float> xv = normal(static_cast<size_t>(d * rows), 7, 3.0f);
+  Tensor w = filled(*be, normal(static_cast<size_t>(d), 8), d);
+  for (ActQuant q : {ActQuant::INT8_32, ActQuant::FP8_128}) {
+    // RmsNormOp: into q (out keeps the unquantised rows) and in place.
+    Tensor x = filled(*be, xv, d, rows), out = be->alloc(GgmlType::F32, d, rows),
+           qo = be->alloc(GgmlType::F32, d, rows);
+    be->rms_norm({.out = out, .x = x, .w = w, .eps = 1e-6f, .quant = q, .q = qo});
+    Tensor sep = filled(*be, xv, d, rows);
+    be->rms_norm({.out = sep, .x = sep, .w = w, .eps = 1e-6f});
+    const std::vector<float> normed = get(*be, sep);
+    be->act_quant({.out = sep, .x = sep, .quant = q});
+    const std::vector<float> want = get(*be, sep);
+    EXPECT_TRUE(same_bytes(get(*be, out), normed)) << act_quant_name(q);
+    EXPECT_TRUE(same_bytes(get(*be, qo), want)) << act_quant_name(q);
+    EXPECT_FALSE(same_bytes(want, normed));
+    be->rms_norm({.out = x, .x = x, .w = w, .eps = 1e-6f, .quant = q});
+    EXPECT_TRUE(same_bytes(get(*be, x), want)) << act_quant_name(q);
+
+    // SwigluOp (in place by definition).
+    Tensor g = filled(*be, normal(static_cast<size_t>(d * rows), 9, 8.0f), d, rows);
+    Tensor u = filled(*be, normal(static_cast<size_t>(d * rows), 10, 8.0f), d, rows);
+    Tensor h = be->alloc(GgmlType::F32, d, rows), hs = be->alloc(GgmlType::F32, d, rows);
+    be->swiglu({.out = h, .gate = g, .up = u, .clamp = 10.0f, .quant = q});
+    be->swiglu({.out = hs, .gate = g, .up = u, .clamp = 10.0f});
+    be->act_quant({.out = hs, .x = hs, .quant = q});
+    EXPECT_TRUE(same_bytes(get(*be, h), get(*be, hs))) << act_quant_name(q);
+  }
+}
+
+TEST(CpuOps, HcPreQuantisedNormIsTheNormThenActQuant) {
+  auto be = make_cpu_backend(2);
+  const int64_t D = 64, hc = 4, n = 3, mix = (2 + hc) * hc;
+  Tensor state = filled(*be, normal(static_cast<size_t>(D * hc * n), 11), D, hc * n).reshape(D, hc, n);
+  Tensor fn = filled(*be, normal(static_cast<size_t>(hc * D * mix), 12, 0.1f), hc * D, mix);
+  Tensor scale = filled(*be, {1.0f, 0.5f, 2.0f}, 3), base = filled(*be, normal(static_cast<size_t>(mix), 13), mix);
+  Tensor nw = filled(*be, normal(static_cast<size_t>(D), 14), D);
+  Tensor u = be->alloc(GgmlType::F32, D, n), post = be->alloc(GgmlType::F32, hc, n);
+  Tensor comb = be->alloc(GgmlType::F32, hc * hc, n).reshape(hc, hc, n);
+  Tensor xn = be->alloc(GgmlType::F32, D, n), xq = be->alloc(GgmlType::F32, D, n);
+  be->hc_pre({.u = u,
+              .post = post,
+              .comb = comb,
+              .state = state,
+              .fn = fn,
+              .scale = scale,
+              .base = base,
+              .norm_out = xn,
+              .norm_w = nw,
+              .norm_q = xq,
+              .norm_quant = ActQuant::INT8_32});
+  std::vector<float> want = get(*be, xn);
+  for (int64_t t = 0; t < n; ++t) act_quant_row(want.data() + t * D, D, ActQuant::INT8_32);
+  EXPECT_TRUE(same_bytes(get(*be, xq), want));
+  EXPECT_FALSE(same_bytes(want, get(*be, xn)));
 }
 
 TEST(CpuOps, MoeMidQuantQuantisesTheDownProjectionsInput) {

@@ -128,7 +128,13 @@ class CpuBackend final : public Backend {
   void hc_pre(const HcPreOp& op) override {
     Timed t(this, profiling_ ? op_profile_key("hc_pre") : std::string());
     cpu::hc_pre(op);
-    if (op.norm_out) cpu::rms_norm({op.norm_out, op.u, op.norm_w, op.norm_rms_eps});
+    if (op.norm_out)
+      cpu::rms_norm({.out = op.norm_out,
+                     .x = op.u,
+                     .w = op.norm_w,
+                     .eps = op.norm_rms_eps,
+                     .quant = op.norm_quant,
+                     .q = op.norm_q});
   }
   void hc_post(const HcPostOp& op) override {
     Timed t(this, profiling_ ? op_profile_key("hc_post") : std::string());

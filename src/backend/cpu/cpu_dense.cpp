@@ -35,6 +35,7 @@ void rms_norm(const RmsNormOp& op) {
                 static_cast<long long>(rows), static_cast<long long>(per_tok));
     rope({op.out.reshape(d, per_tok, rows / per_tok), op.rope_pos, op.rope, false});
   }
+  if (op.quant != ActQuant::NONE) act_quant({op.q ? op.q : op.out, op.out, op.quant});
 }
 
 void matmul(const MatmulOp& op) {
@@ -171,6 +172,7 @@ void swiglu(const SwigluOp& op) {
     float up = std::clamp(u[i], -c, c);
     o[i] = gt * sigmoid(gt) * up;
   }
+  if (op.quant != ActQuant::NONE) act_quant({op.out, op.out, op.quant});
 }
 
 void store_rows(const StoreRowsOp& op) {

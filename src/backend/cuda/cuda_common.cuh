@@ -97,6 +97,9 @@ struct CudaContext {
   // Decode matvecs of Q8_0 weights with an int8-32 quantised x (MatmulOp::x_quant, `fast` numerics) as dp4a
   // dot products (cuda_matmul.cu): on with tensor cores (the same contract); CudaOptions::int8_matvec.
   bool int8_matvec = false;
+  // `fast` numerics' INT8_32 activation quantisation inside the producing kernel (RmsNormOp::quant,
+  // HcPreOp::norm_quant, SwigluOp::quant, the experts' mid); CudaOptions::fused_act_quant. Same bits.
+  bool fused_act_quant = true;
   // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu);
   // CudaOptions::token_matvec.
   bool token_matvec = false;
@@ -294,6 +297,22 @@ DSV4_HD float fp8_e4m3_round_dev(float v) {
 // per value; v / s is exact for a power-of-two s).
 __device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
   return __fmul_rn(fp8_e4m3_round_dev(clamp_dev(v / s, -k_fp8_max_dev, k_fp8_max_dev)), s);
+}
+
+// One value of an activation quantiser's block (core/act_quant.h) under the block's amax = max(1e-4,
+// max_i |x_i|) (NaN values dropped, as std::max drops them): act_quant_row's operations per value; an
+// infinite amax makes the block NaN. int8: INT8_32, else FP8_128.
+__device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool int8) {
+  if (isinf(amax)) return __int_as_float(0x7fc00000);
+  if (!int8) return fp8_block_value_dev(v, pow2_ceil_dev(amax / k_fp8_max_dev));
+  const float s = pow2_ceil_dev(amax / 127.0f);
+  return __fmul_rn(clamp_dev(rintf(v / s), -127.0f, 127.0f), s);
+}
+
+// ActQuant::INT8_32 of one 32-value block held across a warp: lane l holds value l, `in` false for lanes
+// past the row's end (a row's last block may be shorter). Every lane of the warp calls it (shuffles).
+__device__ __forceinline__ float warp_int8_32_quant(float v, bool in) {
+  return act_quant_value_dev(v, warp_max_all(in ? fmaxf(1e-4f, fabsf(v)) : 1e-4f), true);
 }
 
 // Nearest E2M1 value, ties to the even code; saturates at +-6 (the storage

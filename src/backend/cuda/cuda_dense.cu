@@ -17,6 +17,10 @@
 //               the batch with the same slot wins (sequential semantics of
 //               cpu::store_rows).
 //   swiglu/add/scale/fill: grid-stride element loops (cpu::swiglu, CpuBackend::add/scale/fill).
+//   Activation quantisation (ActQuantOp, core/act_quant.h): one warp per block
+//   of a row; RmsNormOp::quant and SwigluOp::quant (INT8_32) inside the norm /
+//   SwiGLU kernel, whose warps hold whole 32-value blocks (one launch fewer per
+//   quantised input of `fast` numerics); other formats by a launch after it.
 #include <algorithm>
 
 #include "backend/cuda/cuda_dense.cuh"
@@ -48,7 +52,7 @@ unsigned grid_for(int64_t n, int threads) {
 // position with the row, so neither adds a round trip to the chain
 // (block_rms_norm_row's register path, the same operations).
 __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int64_t d, float eps,
-                                const int32_t* rope_pos, int64_t per_tok, RopeTable rt) {
+                                const int32_t* rope_pos, int64_t per_tok, RopeTable rt, float* q8) {
   __shared__ double red[33];
   const int64_t r = blockIdx.x, nt = blockDim.x;
   int32_t pos = 0;
@@ -66,10 +70,10 @@ __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int6
       const int64_t i = threadIdx.x + k * nt;
       v[k] = i < d ? x[r * d + i] : 0.0f;
     }
-    block_rms_norm_regs(out + r * d, v, wv, w != nullptr, d, eps, red);
+    block_rms_norm_regs(out + r * d, v, wv, w != nullptr, d, eps, red, q8 ? q8 + r * d : nullptr);
   } else {
     pdl_enter();
-    block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red);
+    block_rms_norm_row(out + r * d, x + r * d, w, d, eps, red, q8 ? q8 + r * d : nullptr);
     if (rope_pos) pos = rope_pos[r / per_tok];
   }
   if (rope_pos) {
@@ -87,11 +91,12 @@ __global__ void rms_norm_kernel(float* out, const float* x, const float* w, int6
 // of squares (practically never visible in the float r; the kernel is picked
 // by d alone, so results never depend on the row count). A 2,048-token batch's
 // q head norms (131,072 rows of 512) as one 128-thread block per row read at
-// 1.1 TB/s (ncu, H200).
+// 1.1 TB/s (ncu, H200). q8: as block_rms_norm_regs (element l + 32 k of each
+// lane: block k of the row is the warp's register k).
 template <int K>
 __global__ void __launch_bounds__(256)
     rms_norm_warp_kernel(float* out, const float* x, const float* w, int64_t rows, int64_t d, float eps,
-                         const int32_t* rope_pos, int64_t per_tok, RopeTable rt) {
+                         const int32_t* rope_pos, int64_t per_tok, RopeTable rt, float* q8) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   float v[K], wv[K];
@@ -117,10 +122,12 @@ __global__ void __launch_bounds__(256)
                    0);  // also orders every read of x before the writes (out may alias x)
   const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   float* o = out + r * d;
+  float* oq = q8 ? q8 + r * d : nullptr;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int64_t i = lane + 32 * k;
-    if (i < d) o[i] = w ? __fmul_rn(__fmul_rn(v[k], rs), wv[k]) : __fmul_rn(v[k], rs);
+    if (!oq && i >= d) continue;
+    rms_norm_store(o, oq, i, d, w ? __fmul_rn(__fmul_rn(v[k], rs), wv[k]) : __fmul_rn(v[k], rs));
   }
   if (rope_pos) {
     __syncwarp();  // the normed row visible to the whole warp
@@ -171,19 +178,10 @@ __global__ void __launch_bounds__(256)
     if (i < nb) amax = fmaxf(amax, fabsf(v[j]));
   }
   amax = warp_max_all(amax);
-  const float s = pow2_ceil_dev(amax / (int8 ? 127.0f : k_fp8_max_dev));
 #pragma unroll
   for (int j = 0; j < per; ++j) {
     const int i = j * 32 + lane;
-    if (i >= nb) continue;
-    float q;
-    if (isinf(amax))
-      q = __int_as_float(0x7fc00000);
-    else if (int8)
-      q = __fmul_rn(clamp_dev(rintf(v[j] / s), -127.0f, 127.0f), s);
-    else
-      q = fp8_block_value_dev(v[j], s);
-    ob[i] = q;
+    if (i < nb) ob[i] = act_quant_value_dev(v[j], amax, int8);
   }
 }
 
@@ -280,13 +278,17 @@ __global__ void store_rows_seqs_kernel(SeqTable<StoreRowsSeq> tab, GgmlType type
   block_store_kv_row(kv_row_ptr(s.ring, type, d, pos[t] % s.cap), rows + t * d, d, type);
 }
 
-__global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_t n, float c) {
+// q8 (SwigluOp::quant INT8_32 with rows of whole 32-value blocks, so n % 32 == 0):
+// every warp steps through aligned 32-value blocks together and quantises its
+// block (warp_int8_32_quant: bit-identical with an ActQuantOp over out).
+__global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_t n, float c, bool q8) {
   pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float gt = c < g[i] ? c : g[i];  // std::min(g, c)
     const float up = clamp_dev(u[i], -c, c);
-    out[i] = __fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up);
+    const float h = __fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up);
+    out[i] = q8 ? warp_int8_32_quant(h, true) : h;
   }
 }
 
@@ -329,23 +331,27 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
     DSV4_ASSERT(op.rope.n_rot <= d && op.rope.n_rot % 2 == 0, "rms_norm: bad RoPE n_rot");
     rt = make_rope_table(op.rope);
   }
+  Tensor q = op.q ? op.q : op.out;
+  DSV4_ASSERT(op.quant == ActQuant::NONE || (q.ne[0] == d && q.n_rows() == rows), "rms_norm: quantised output shape");
+  // INT8_32 without RoPE in the norm's own kernel; otherwise an act_quant launch after it.
+  float* q8 = op.quant == ActQuant::INT8_32 && !op.rope_pos && ctx.fused_act_quant ? q.f32() : nullptr;
   if (d <= 32 * 32) {  // one warp per row (a function of d only, like the block size below)
     const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
     auto launch = [&](auto kernel) {
       launch_kernel(kernel, grid, 256, 0, ctx.stream, op.out.f32(), op.x.f32(), op.w ? op.w.f32() : nullptr, rows, d,
-                    op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
+                    op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt, q8);
     };
     if (d <= 32 * 16)
       launch(rms_norm_warp_kernel<16>);
     else
       launch(rms_norm_warp_kernel<32>);
-    CUDA_CHECK_LAUNCH();
-    return;
+  } else {
+    const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
+    launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), threads, 0, ctx.stream, op.out.f32(), op.x.f32(),
+                  op.w ? op.w.f32() : nullptr, d, op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt, q8);
   }
-  const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
-  launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), threads, 0, ctx.stream, op.out.f32(), op.x.f32(),
-                op.w ? op.w.f32() : nullptr, d, op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt);
   CUDA_CHECK_LAUNCH();
+  if (op.quant != ActQuant::NONE && !q8) launch_act_quant(ctx.stream, q.f32(), op.out.f32(), d, rows, op.quant);
 }
 
 void launch_rope(const CudaContext& ctx, const RopeOp& op) {
@@ -449,9 +455,12 @@ void launch_swiglu(const CudaContext& ctx, const SwigluOp& op) {
   const int64_t n = op.out.n_elements();
   DSV4_ASSERT(op.gate.n_elements() == n && op.up.n_elements() == n, "swiglu: size mismatch");
   if (n == 0) return;
+  const int64_t F = op.out.ne[0];
+  const bool q8 = op.quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fused_act_quant;  // else a launch after it
   launch_kernel(swiglu_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.out.f32(), op.gate.f32(), op.up.f32(), n,
-                op.clamp);
+                op.clamp, q8);
   CUDA_CHECK_LAUNCH();
+  if (op.quant != ActQuant::NONE && !q8) launch_act_quant(ctx.stream, op.out.f32(), op.out.f32(), F, n / F, op.quant);
 }
 
 void launch_add(const CudaContext& ctx, const AddOp& op) {

@@ -48,18 +48,22 @@ static_assert(sizeof(XDigits) == 144, "XDigits layout");
 // floats apart); one warp per unit, one 256-thread block per 256-value block
 // (n_units % 8 == 0: the callers' rows are whole IQ2_XXS / Q2_K blocks). A
 // block holding a non-finite value gets the NaN scale in all 8 units.
+// q8: x's values are first quantised as ActQuant::INT8_32 (a unit is one of
+// its blocks; warp_int8_32_quant, the quantiser's operations): the split of
+// the quantised x (`fast` numerics' mid vector), x itself left as it is.
 // (static: a kernel defined in a header must not clash between the .cu files
 // that include it.)
 static __global__ void __launch_bounds__(256)
     split_x_digits_kernel(XDigits* __restrict__ dst, const float* __restrict__ x, int64_t x_stride, int64_t n_rows,
-                          int64_t n_units) {
+                          int64_t n_units, bool q8) {
   __shared__ float blk_max[8];
   __shared__ int blk_finite[8];
   pdl_enter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t gu = static_cast<int64_t>(blockIdx.x) * 8 + warp;  // < n_rows * n_units: whole blocks
   const int64_t r = gu / n_units, u = gu % n_units;
-  const float v = x[r * x_stride + u * 32 + lane];
+  float v = x[r * x_stride + u * 32 + lane];
+  if (q8) v = warp_int8_32_quant(v, true);
   bool finite = __all_sync(k_full_mask, isfinite(v));
   float amax = fabsf(v);
 #pragma unroll

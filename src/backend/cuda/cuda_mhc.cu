@@ -33,7 +33,9 @@
 //              head: weights, then h = sum_i w_i X_i;
 //              with HcPreOp::norm_out, the same block then writes RMSNorm(u; w)
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
-//              launch less per sublayer).
+//              launch less per sublayer), and with HcPreOp::norm_quant INT8_32
+//              also its quantised copy (block_rms_norm_regs' q8: `fast`
+//              numerics' act_quant in the same kernel).
 //           S depends only on hc*D, so results never depend on the batch size.
 //           (A block per (token, slice, 8 rows) with block-wide reductions
 //           measured 1.5 ms per prefill call of 2,048 tokens.)
@@ -48,6 +50,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_mhc.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_rowops.cuh"
@@ -381,7 +384,7 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
                                                      const float* part_dot, const double* part_ss, const float* scale,
                                                      const float* base, float norm_eps, float hc_eps, int iters,
                                                      float* u, float* post, float* comb, float* xn, const float* xn_w,
-                                                     float xn_eps) {
+                                                     float xn_eps, float* xq8) {
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -459,7 +462,7 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
     }
     if (xn) {
       __shared__ double red_r[33];
-      block_rms_norm_regs(xn + t * D, ur, wr, xn_w != nullptr, D, xn_eps, red_r);
+      block_rms_norm_regs(xn + t * D, ur, wr, xn_w != nullptr, D, xn_eps, red_r, xq8 ? xq8 + t * D : nullptr);
     }
     return;
   }
@@ -488,16 +491,16 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
   if (xn) {  // the fused input norm: rms_norm_kernel's row code on the u just written
     __shared__ double red[33];
     __syncthreads();  // u (and, with hc = 4, nothing else is pending: comb is written by warp 0 alone)
-    block_rms_norm_row(xn + t * D, u + t * D, xn_w, D, xn_eps, red);
+    block_rms_norm_row(xn + t * D, u + t * D, xn_w, D, xn_eps, red, xq8 ? xq8 + t * D : nullptr);
   }
 }
 
 #define DSV4_HC_FINALIZE_PARAMS                                                                                   \
   const float *state, int64_t D, int hc, int S, const float *part_dot, const double *part_ss, const float *scale, \
       const float *base, float norm_eps, float hc_eps, int iters, float *u, float *post, float *comb, float *xn,  \
-      const float *xn_w, float xn_eps
+      const float *xn_w, float xn_eps, float *xq8
 #define DSV4_HC_FINALIZE_ARGS \
-  state, D, hc, S, part_dot, part_ss, scale, base, norm_eps, hc_eps, iters, u, post, comb, xn, xn_w, xn_eps
+  state, D, hc, S, part_dot, part_ss, scale, base, norm_eps, hc_eps, iters, u, post, comb, xn, xn_w, xn_eps, xq8
 
 // Small batches (a decode step: latency): the register path.
 __global__ void hc_pre_finalize_kernel(DSV4_HC_FINALIZE_PARAMS) {
@@ -675,7 +678,11 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   DSV4_ASSERT(op.fn.ne[0] == hc * D && op.fn.ne[1] == n_mix, "hc_pre: fn shape");
   DSV4_ASSERT(!op.norm_out || (op.norm_out.ne[0] == D && op.norm_out.n_rows() >= n), "hc_pre: norm output shape");
   DSV4_ASSERT(!op.norm_w || op.norm_w.ne[0] == D, "hc_pre: norm weight length");
+  const bool quant = op.norm_out && op.norm_quant != ActQuant::NONE;
+  DSV4_ASSERT(!quant || (op.norm_q.ne[0] == D && op.norm_q.n_rows() >= n), "hc_pre: quantised norm output shape");
   if (n == 0) return;
+  // INT8_32 in the finalize's norm; other formats by an act_quant launch after it.
+  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && ctx.fused_act_quant ? op.norm_q.f32() : nullptr;
   float* part_dot;
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);
@@ -685,7 +692,7 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
     launch_kernel(kernel, static_cast<unsigned>(n), 256, smem, ctx.stream, op.state.f32(), D, static_cast<int>(hc), S,
                   part_dot, part_ss, op.scale.f32(), op.base.f32(), op.norm_eps, op.hc_eps, op.sinkhorn_iters,
                   op.u.f32(), op.post.f32(), op.comb.f32(), op.norm_out ? op.norm_out.f32() : nullptr,
-                  op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps);
+                  op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps, xq8);
   };
   // The same bits either way (combine_mix; u and the norm per column).
   if (n > k_finalize_tr_min)
@@ -693,6 +700,7 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   else
     go(hc_pre_finalize_kernel);
   CUDA_CHECK_LAUNCH();
+  if (quant && !xq8) launch_act_quant(ctx.stream, op.norm_q.f32(), op.norm_out.f32(), D, n, op.norm_quant);
 }
 
 void launch_hc_head(const CudaContext& ctx, const HcHeadOp& op) {

@@ -16,7 +16,8 @@
 //   1. gate rows:  g[a, f] = W_gate[e_a, f, :] · x[t]   (expert id read on the device)
 //   2. up rows:    u[a, f] = W_up[e_a, f, :] · x[t]
 //   3. mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * w_a   (weight before the down projection), then
-//      quantised per row by MoeExpertsOp::mid_quant (fast numerics; launch_act_quant)
+//      quantised per row by MoeExpertsOp::mid_quant (fast numerics; launch_act_quant, or in decode's
+//      digit split of mid when the down projection runs on integer MMAs)
 //   4. down rows:  y[a, r] = W_down[e_a, r, :] · mid[a]
 //   5. out[t] = (accumulate ? out[t] : 0) + sum_i y[t*k + i]  (slot order)
 //   Steps 1, 2, 4, decode (n < CudaContext::expert_group_min, 65 by default): the matvec of cuda_matmul.cu
@@ -448,12 +449,16 @@ __global__ void __launch_bounds__(256, 2)
 }
 
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
-__global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total,
-                                     float c) {
+// q8 (MoeExpertsOp::mid_quant INT8_32, F % 32 == 0): each warp's 32 values are
+// one block of a mid row, quantised together (warp_int8_32_quant).
+__global__ void expert_swiglu_kernel(float* g, const float* u, const float* weights, int64_t F, int64_t total, float c,
+                                     bool q8) {
   pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    g[i] = expert_mid(g[i], u[i], weights[i / F], c);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float m = expert_mid(g[i], u[i], weights[i / F], c);
+    g[i] = q8 ? warp_int8_32_quant(m, true) : m;
+  }
 }
 
 // Gathering the host-memory experts an op uses (CudaContext::expert_gather), step 1 (one block):
@@ -567,11 +572,15 @@ unsigned elem_grid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((
 // digits: scratch for x's split (n_assign / x_div rows of cols / 32 XDigits)
 // when ctx.int_dot, else nullptr.
 // w: the shape and type of the expert matrix (the host stack when experts are placed); wr/wr2 where the rows are.
+// x_quant (the down projection: MoeExpertsOp::mid_quant; x is then scratch of rows of cols floats): x's rows
+// are first quantised like ActQuantOp — INT8_32 inside the digit split where the integer MMAs run (the
+// same values: one launch fewer per decode step's layer), otherwise by an act_quant launch in place.
 void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertRows* wr2,
-                   const int32_t* experts, int64_t n_assign, const float* x, int64_t x_stride, int x_div,
-                   const float* weights, float clamp, XDigits* digits) {
+                   const int32_t* experts, int64_t n_assign, float* x, int64_t x_stride, int x_div,
+                   const float* weights, float clamp, XDigits* digits, ActQuant x_quant = ActQuant::NONE) {
   const int64_t cols = w.ne[0], E = w.ne[2];
   DSV4_ASSERT((R + 31) / 32 <= 65535, "moe_experts: %lld rows per expert", static_cast<long long>(R));
+  DSV4_ASSERT(x_quant == ActQuant::NONE || (x_stride == cols && x_div == 1), "moe_experts: quantised x layout");
   DSV4_ASSERT(n_assign <= 0x7fffffff, "moe_experts: too many assignments");
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
@@ -605,8 +614,10 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
         if (ctx.int_dot && digits) {
           const int64_t x_rows = n_assign / x_div, units = cols / U;
           DSV4_ASSERT(units % 8 == 0, "moe_experts: split x needs whole 256-value blocks");
+          const bool q8 = x_quant == ActQuant::INT8_32 && ctx.fused_act_quant;
+          if (x_quant != ActQuant::NONE && !q8) launch_act_quant(ctx.stream, x, x, cols, x_rows, x_quant);
           launch_kernel(split_x_digits_kernel, x_rows * units / 8, 256, 0, ctx.stream, digits, x, x_stride, x_rows,
-                        units);
+                        units, q8);
           CUDA_CHECK_LAUNCH();
           // cuda_expert_imma.cuh: blocks of 16 rows, one warp per 1,024-column chunk (at most 8).
           const int64_t n_chunks = units / 32;
@@ -620,6 +631,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
           return;
         }
       }
+      if (x_quant != ActQuant::NONE) launch_act_quant(ctx.stream, x, x, cols, n_assign / x_div, x_quant);
       if (xs)
         launch(expert_matvec_kernel<T, RW, S, Pair, true>, x_bytes + stage_bytes);
       else
@@ -989,10 +1001,12 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
         expert_tiles(ctx, g, F, gate, wg, plan, op.x.f32(), n, D, static_cast<int>(k));
         expert_tiles(ctx, u, F, up, wu, plan, op.x.f32(), n, D, static_cast<int>(k));
       }
+      // fast numerics: mid as the CPU rounds it, INT8_32 in the SwiGLU kernel
+      const bool q8 = op.mid_quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fused_act_quant;
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
-                    op.clamp);
+                    op.clamp, q8);
       CUDA_CHECK_LAUNCH();
-      launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);  // fast numerics: mid as the CPU rounds it
+      if (!q8) launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);
       if (big_min > 0)
         expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1,
                     op.mid_quant != ActQuant::NONE);
@@ -1008,11 +1022,10 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
         expert_matvec(ctx, u, F, up, wu, nullptr, ex, n_assign, op.x.f32(), D, static_cast<int>(k), nullptr, 0.0f,
                       digits);
         launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
-                      op.clamp);
+                      op.clamp, false);
         CUDA_CHECK_LAUNCH();
       }
-      launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);
-      expert_matvec(ctx, y, D, down, wd, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits);
+      expert_matvec(ctx, y, D, down, wd, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits, op.mid_quant);
     }
   }
   if (host_y) ctx.host_experts->join(ctx);

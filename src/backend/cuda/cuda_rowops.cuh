@@ -34,12 +34,27 @@ RopeTable make_rope_table(const RopeParams& p);  // host; asserts n_rot <= 128
 // latencies (a single-block norm of 4096 took ~10 us that way). Longer rows
 // take the streaming loop; both give the same float operations.
 constexpr int k_norm_reg = 16;
+//
+// q8 (optional): also q8 = the result quantised as ActQuant::INT8_32 (a linear
+// layer's input in `fast` numerics; q8 may alias out, which then gets only the
+// quantised values). Thread k's elements k + j blockDim.x of a warp are one
+// aligned 32-value block (blockDim.x a multiple of 32), so a block's amax is
+// a warp max (warp_int8_32_quant): the quantiser's operations, bit-identical
+// with an ActQuantOp over out.
+__device__ __forceinline__ void rms_norm_store(float* out, float* q8, int64_t i, int64_t d, float y) {
+  if (q8) {
+    const float yq = warp_int8_32_quant(y, i < d);  // every lane: the warp's 32 values are one block
+    if (i < d) q8[i] = yq;
+  }
+  if (i < d && out != q8) out[i] = y;
+}
+
 // The register path of block_rms_norm_row for a caller that already holds the
 // row: v[k] = x[threadIdx.x + k * blockDim.x] and wv[k] = w[same] (any value
 // past d; wv unused without w), d <= k_norm_reg * blockDim.x. Block-uniform.
 __device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)[k_norm_reg],
                                                     const float (&wv)[k_norm_reg], bool has_w, int64_t d, float eps,
-                                                    double* red) {
+                                                    double* red, float* q8 = nullptr) {
   const int64_t nt = blockDim.x;
   double ss = 0.0;
 #pragma unroll
@@ -50,12 +65,13 @@ __device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)
 #pragma unroll
   for (int k = 0; k < k_norm_reg; ++k) {
     const int64_t i = threadIdx.x + k * nt;
-    if (i < d) out[i] = has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r);
+    if (!q8 && i >= d) continue;
+    rms_norm_store(out, q8, i, d, has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r));
   }
 }
 
 __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, const float* w, int64_t d, float eps,
-                                                   double* red) {
+                                                   double* red, float* q8 = nullptr) {
   const int64_t nt = blockDim.x;
   if (d <= k_norm_reg * nt) {
     float v[k_norm_reg], wv[k_norm_reg];
@@ -65,7 +81,7 @@ __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, c
       v[k] = i < d ? x[i] : 0.0f;
       wv[k] = (w && i < d) ? w[i] : 1.0f;
     }
-    block_rms_norm_regs(out, v, wv, w != nullptr, d, eps, red);
+    block_rms_norm_regs(out, v, wv, w != nullptr, d, eps, red, q8);
     return;
   }
   double ss = 0.0;
@@ -75,7 +91,14 @@ __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, c
   }
   ss = block_sum_double(ss, red);
   const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
-  for (int64_t i = threadIdx.x; i < d; i += nt) out[i] = w ? __fmul_rn(__fmul_rn(x[i], r), w[i]) : __fmul_rn(x[i], r);
+  // Warp-uniform steps (i0 = the warp's first element) so that a block's lanes quantise together.
+  for (int64_t i0 = threadIdx.x & ~31u; i0 < d; i0 += nt) {
+    const int64_t i = i0 + (threadIdx.x & 31);
+    const float xi = i < d ? x[i] : 0.0f;
+    const float y = w ? __fmul_rn(__fmul_rn(xi, r), i < d ? w[i] : 1.0f) : __fmul_rn(xi, r);
+    if (!q8 && i >= d) continue;
+    rms_norm_store(out, q8, i, d, y);
+  }
 }
 
 // Rotates pair j of a RoPE tail (tail = row + d - n_rot) by pos*omega_j (inverse: -pos*omega_j).

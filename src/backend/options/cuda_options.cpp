@@ -176,6 +176,7 @@ std::string CudaOptions::describe() const {
   if (tensor_cores != d.tensor_cores) add("tensor_cores=off");
   if (int_dot != d.int_dot) add("int_dot=off");
   if (int8_matvec != d.int8_matvec) add("int8_matvec=off");
+  if (fused_act_quant != d.fused_act_quant) add("fused_act_quant=off");
   if (token_matvec != d.token_matvec) add("token_matvec=off");
   if (cublas == CublasMode::OFF) add("cublas=off");
   if (cublas == CublasMode::LIBRARY) add("cublas=" + cublas_library);

@@ -66,6 +66,10 @@ struct CudaOptions {
   // launches of >= 4,096 rows, where it measured faster) as int8 dot products (dp4a; cuda_matmul.cu; tensor
   // cores only); false: the float matvec.
   bool int8_matvec = true;
+  // `fast` numerics' activation quantisation inside the kernel that produces the input where the format
+  // allows (INT8_32: the norms, hc_pre's fused norm, the SwiGLUs, the decode experts' digit split of mid;
+  // the same bits); false: each as its own act_quant kernel after its producer.
+  bool fused_act_quant = true;
   // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu: each
   // weight read once, every token's outputs bitwise the decode matvec's); false: the tiles, as larger batches.
   bool token_matvec = true;
