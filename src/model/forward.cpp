@@ -534,13 +534,6 @@ CompressOp Model::indexer_compress(const DeviceLayer& L, LayerState& S, const Te
 
 ActQuant Model::act_quant() const { return options_.act_quant(); }
 
-Tensor Model::act_in(const Tensor& x, const Tensor& dst) {
-  const ActQuant q = act_quant();
-  if (q == ActQuant::NONE) return x;
-  backend_.act_quant({.out = dst, .x = x, .quant = q});
-  return dst;
-}
-
 void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w, ActQuant x_quant) {
   // MatmulsOp per weight type, in first-seen order, at most k_max each.
   std::vector<bool> done(out_w.size(), false);
@@ -725,7 +718,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   Tensor la = s.la.rows(0, n);
   backend_.matmul(
       {.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
-  backend_.matmul({.out = s.y.rows(0, n), .w = L[LT::ATTN_OUTPUT_B], .x = act_in(la, la), .x_quant = act_quant()});
+  // wo_b reads la quantised in fast numerics (la is not read again: the backend may quantise it in place).
+  backend_.matmul({.out = s.y.rows(0, n), .w = L[LT::ATTN_OUTPUT_B], .x = la, .x_quantise = act_quant()});
 }
 
 Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {

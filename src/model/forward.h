@@ -285,10 +285,9 @@ class Model {
   // layer il's compressor frontiers and their snapshot (either way).
   void alloc_spec(KvState& s);
   void copy_frontiers(KvState& s, size_t il, bool to_snapshot);
-  // x as a linear layer DeepSeek's code runs in FP8 reads it: in fast numerics dst = x quantised
-  // (ActQuantOp; dst may be x) and returns dst; otherwise returns x and issues nothing.
-  Tensor act_in(const Tensor& x, const Tensor& dst);
-  // The linear layers' activation quantisation (ActQuant::NONE but in fast numerics).
+  // The linear layers' activation quantisation (ActQuant::NONE but in fast numerics): the model issues it
+  // inside the op that produces each input (RmsNormOp::quant, HcPreOp::norm_quant, SwigluOp::quant,
+  // MoeExpertsOp::mid_quant) or consumes it (MatmulOp::x_quantise).
   ActQuant act_quant() const;
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   // x_quant: MatmulsOp::x_quant (x is an activation quantiser's output).

@@ -142,6 +142,10 @@ struct MatmulOp {
   // into f16 hi + lo under a power-of-two scale has lo = 0 (but for values more than 2^21 below their row's
   // largest, whose lo a backend may drop).
   ActQuant x_quant = ActQuant::NONE;
+  // x is not yet quantised: the product is W act_quant(x) (ActQuantOp{x, x, x_quantise} first, then the
+  // x_quant promise). x is quantised in place, or left as it was where a backend quantises it while reading
+  // it (CUDA's int8 decode matvec): the caller must not read x afterwards. (`fast` numerics' wo_b input.)
+  ActQuant x_quantise = ActQuant::NONE;
 };
 
 // Matmuls of one input: out[i] = W[i] x for i < count, each exactly

@@ -331,6 +331,49 @@ void cases_matmul(Harness& h) {
     }
   }
 
+  // MatmulOp::x_quantise (wo_b's input in fast numerics): W act_quant(x), x quantised by the int8 matvec while
+  // staged (one token, Q8_0, >= 4,096 rows) or in place by an act_quant launch first (every other path).
+  // Against the CPU (which quantises in place) at k_thr_f32, and bitwise against the GPU matmul of the
+  // host-quantised x under the x_quant promise (the int8 kernel's codes and scales are then the same).
+  {
+    struct Q {
+      int64_t rows, cols;
+      int groups;
+      int64_t n;
+      bool flash;
+      const char* what;
+      float xscale;
+    };
+    for (const Q& c : {Q{4096, 256, 1, 1, false, "int8 matvec, quantised while staged", 1.0f},
+                       Q{4096, 256, 1, 1, false, "int8 matvec, |x| ~ 1e-6 (the 1e-4 floor)", 1e-6f},
+                       Q{4096, 256, 1, 1, false, "int8 matvec, |x| ~ 1e30", 1e30f},
+                       Q{8192, 512, 2, 1, false, "int8 matvec grouped x2", 1.0f},
+                       Q{64, 256, 1, 1, false, "float matvec: quantised in place first", 1.0f},
+                       Q{4096, 256, 1, 3, false, "token matvec: quantised in place first", 1.0f},
+                       Q{64, 256, 1, 130, false, "GEMM path: quantised in place first", 1.0f},
+                       Q{4096, 8192, 1, 1, true, "flash attn_output_b", 1.0f},
+                       Q{4096, 8192, 1, 2, true, "flash attn_output_b", 1.0f}}) {
+      if (c.flash && !h.flash) continue;
+      Bufs b(h);
+      Pair w = b.random_weight(G::Q8_0, Shape(c.cols, c.rows));
+      const int64_t xw = c.cols * c.groups;
+      std::vector<float> xv = random_normal(r, static_cast<size_t>(c.n * xw));
+      for (float& v : xv) v *= c.xscale;
+      Pair x = b.f32(xv, Shape(xw, c.n));
+      Pair xq = b.f32(host_act_quant(xv, xw, ActQuant::INT8_32), Shape(xw, c.n));
+      Pair out = b.out(GgmlType::F32, Shape(c.rows, c.n)), want = b.out(GgmlType::F32, Shape(c.rows, c.n));
+      h.cpu.matmul({.out = out.c, .w = w.c, .x = x.c, .groups = c.groups, .x_quantise = ActQuant::INT8_32});
+      h.gpu.matmul({.out = out.g, .w = w.g, .x = x.g, .groups = c.groups, .x_quantise = ActQuant::INT8_32});
+      h.gpu.matmul({.out = want.g, .w = w.g, .x = xq.g, .groups = c.groups, .x_quant = ActQuant::INT8_32});
+      const std::string s =
+          strfmt("Q8_0 [%lld,%lld]%s n=%lld x_quantise int8-32 (%s)", (long long)c.rows, (long long)c.cols,
+                 c.groups > 1 ? strfmt(" G=%d", c.groups).c_str() : "", (long long)c.n, c.what);
+      h.report.nmse("matmul", s, b.diff(out), k_thr_f32);
+      h.report.exact("matmul", s + " vs x quantised first",
+                     diff_f32(b.get_f32(out.g, h.gpu), b.get_f32(want.g, h.gpu)));
+    }
+  }
+
   // x with units of very different ranges in a batch of 130 tokens (the GEMM path scales per token, not
   // per unit: one 1e4 among values ~1e-3, and zero units).
   {

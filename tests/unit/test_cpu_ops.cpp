@@ -77,6 +77,20 @@ TEST(CpuOps, MatmulAccumulateIsMatmulThenAdd) {
   EXPECT_FALSE(same_bytes(get(*be, acc), base));
 }
 
+TEST(CpuOps, MatmulQuantisingXIsActQuantThenMatmul) {
+  auto be = make_cpu_backend(2);
+  const int64_t rows = 40, cols = 96, n = 2;
+  Tensor w = filled(*be, normal(static_cast<size_t>(rows * cols), 15), cols, rows);
+  const std::vector<float> xv = normal(static_cast<size_t>(cols * n), 16, 2.0f);
+  Tensor x = filled(*be, xv, cols, n), xs = filled(*be, xv, cols, n);
+  Tensor out = be->alloc(GgmlType::F32, rows, n), want = be->alloc(GgmlType::F32, rows, n);
+  be->matmul({.out = out, .w = w, .x = x, .x_quantise = ActQuant::INT8_32});
+  be->act_quant({.out = xs, .x = xs, .quant = ActQuant::INT8_32});
+  be->matmul({.out = want, .w = w, .x = xs, .x_quant = ActQuant::INT8_32});
+  EXPECT_TRUE(same_bytes(get(*be, out), get(*be, want)));
+  EXPECT_FALSE(same_bytes(get(*be, xs), xv));  // the quantisation did something
+}
+
 TEST(CpuOps, ActQuantIsTheRowFunctionInPlaceOrNot) {
   auto be = make_cpu_backend(2);
   const int64_t d = 300, rows = 5;

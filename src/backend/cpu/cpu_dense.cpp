@@ -39,6 +39,7 @@ void rms_norm(const RmsNormOp& op) {
 }
 
 void matmul(const MatmulOp& op) {
+  if (op.x_quantise != ActQuant::NONE) act_quant({op.x, op.x, op.x_quantise});  // in place (MatmulOp::x_quantise)
   const int64_t cols = op.w.ne[0], rows = op.w.n_rows();
   const int64_t n = op.x.n_rows();
   const int groups = op.groups;

@@ -31,6 +31,9 @@
 //   output: MatmulOp::x_quant, `fast` numerics; CudaContext::int8_matvec): the
 //   same warps, rows and staged ring, x copied as int8 codes and per-unit
 //   scales and every unit's dot product as 8 dp4a (matvec_i8_kernel below).
+//   MatmulOp::x_quantise (x not yet quantised: wo_b's input): the same kernel
+//   quantises x while it stages it; other kernels read x after an act_quant
+//   launch in place.
 // * token matvec (2 <= n <= 4; Q8_0 rows of whole 8-unit chunks, F32/F16/BF16:
 //   a verify pass of k <= 3, a small batched decode step; matvec_tokens_kernel): the
 //   matvec's warps (Q8_0: and staged ring) with each weight applied to every token's x, so
@@ -62,6 +65,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -197,8 +201,12 @@ __host__ __device__ constexpr size_t x8_shared_bytes(int64_t n_units) {
 // unit's max by 3 shuffles), the exponents from the float bits. Under the
 // promise max|x| is 0 or at least the quantiser's smallest scale (2^-20), so
 // 2^-e' and 2^e' are normal floats; a zero unit gets codes 0 and scale 1.
+// quantise (MatmulOp::x_quantise: x is not yet quantised): the quantiser's own
+// scale instead, 2^e = pow2_ceil(max(amax, 1e-4) / 127), and codes rint(x 2^-e)
+// (|code| <= 127: the unit of act_quant_row's INT8_32, whose product with the
+// weights is then exactly the one of the quantised x above).
 // Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises.
-__device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units) {
+__device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units, bool quantise) {
   auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
   const int64_t n4 = n_units * 8;  // whole units per 8 lanes: a lane group is all in or all out
   for (int64_t i0 = 0; i0 < n4; i0 += blockDim.x) {
@@ -213,7 +221,10 @@ __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float
     }
     if (i >= n4) continue;
     // m = f 2^E with f in [0.5, 1): E = biased exponent - 126; e' = E - 7 (clamped for units outside the promise).
-    const int e = m > 0.0f ? max((__float_as_int(m) >> 23) - 133, -100) : 0;
+    // Quantising: e = log2 of the quantiser's scale (a non-finite unit gets the NaN scale below either way).
+    const int e = quantise   ? (__float_as_int(pow2_ceil_dev(fmaxf(m, 1e-4f) / 127.0f)) >> 23) - 127
+                  : m > 0.0f ? max((__float_as_int(m) >> 23) - 133, -100)
+                             : 0;
     const float inv = __int_as_float((127 - e) << 23);  // 2^-e', exact products
     const uint32_t q = (__float2int_rn(v.x * inv) & 0xff) | (__float2int_rn(v.y * inv) & 0xff) << 8 |
                        (__float2int_rn(v.z * inv) & 0xff) << 16 |
@@ -235,8 +246,9 @@ __device__ __forceinline__ int q8_unit_dot_i8(const uint8_t* base, int l, const 
   return s;
 }
 
-// The int8 matvec; parameters as matvec_kernel's (tab unused), x always staged (XS).
-template <int R, int S>
+// The int8 matvec; parameters as matvec_kernel's (tab unused), x always staged (XS); Q: x is quantised while
+// staged (block_stage_x_i8's quantise).
+template <int R, int S, bool Q>
 __global__ void __launch_bounds__(256)
     matvec_i8_kernel(MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units, int64_t cols,
                      const float* __restrict__ x, bool acc, QuantTables) {
@@ -250,7 +262,7 @@ __global__ void __launch_bounds__(256)
   const float* xr = x + (r_blk / rows_per_group) * cols;  // every row of the block is in one group (the launcher)
   auto prologue = [&] {
     pdl_enter();
-    block_stage_x_i8(mv_smem, xr, n_units);
+    block_stage_x_i8(mv_smem, xr, n_units, Q);
     __syncthreads();
   };
   if (r0 >= rows) {  // whole warps only; they still join the prologue
@@ -434,9 +446,11 @@ void with_stages(int st, F&& f) {
 // 2048+2048x4096 6.81 / 8.09; but 1024x4096 3.67 / 3.07 and 1024+512x4096
 // 4.29 / 3.97: with few blocks the per-block x conversion is not amortised.
 constexpr int64_t k_i8_min_rows = 4096;
+// quantise_x (MatmulOp::x_quantise INT8_32, one matrix; x itself, xq INT8_32): the int8 kernel quantises x while
+// staging it; any other kernel reads x after an act_quant launch in place.
 template <GgmlType T, int R>
 void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
-                     int64_t cols, const float* x, bool acc, ActQuant xq) {
+                     int64_t cols, const float* x, bool acc, ActQuant xq, float* quantise_x) {
   constexpr int U = WeightUnit<T>::U;
   const bool one_group = mv_layout(set, rows_per_group, R);
   const dim3 grid(set.first[set.count], 1);
@@ -448,12 +462,18 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
   for (int i = 0; i < set.count; ++i) total_rows += set.rows[i];
   const bool i8 = T == GgmlType::Q8_0 && xq == ActQuant::INT8_32 && ctx.int8_matvec && stageable && one_group &&
                   total_rows >= k_i8_min_rows && x8_shared_bytes(n_units) <= k_max_x_shared_bytes;
+  if (quantise_x) {
+    DSV4_ASSERT(set.count == 1 && xq == ActQuant::INT8_32 && quantise_x == x, "matvec: x quantised in place");
+    if (!i8) launch_act_quant(ctx.stream, quantise_x, x, cols * (set.rows[0] / rows_per_group), 1, xq);
+  }
   // kernel<T, R, S, xs> (or the int8 one) and its dynamic shared memory, for f(kernel, smem).
   auto with_kernel = [&](auto stages_tag, auto&& f) {
     constexpr int S = decltype(stages_tag)::value;
     const size_t stage = static_cast<size_t>(k_mv_warps) * stage_bytes_per_warp<T, R, S>();
     if constexpr (T == GgmlType::Q8_0 && S > 0)
-      if (i8) return f(matvec_i8_kernel<R, S>, x8_shared_bytes(n_units) + stage);
+      if (i8)
+        return quantise_x ? f(matvec_i8_kernel<R, S, true>, x8_shared_bytes(n_units) + stage)
+                          : f(matvec_i8_kernel<R, S, false>, x8_shared_bytes(n_units) + stage);
     if (xs)
       f(matvec_kernel<T, R, S, true>, x_bytes + stage);
     else
@@ -492,14 +512,14 @@ void launch_matvec_r(const CudaContext& ctx, MvSet set, size_t row_bytes, int64_
 // group) and still gives every SM a block.
 template <GgmlType T>
 void launch_matvec(const CudaContext& ctx, const MvSet& set, size_t row_bytes, int64_t rows_per_group, int64_t n_units,
-                   int64_t cols, const float* x, bool acc, ActQuant xq) {
+                   int64_t cols, const float* x, bool acc, ActQuant xq, float* quantise_x = nullptr) {
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
   if (mv_fills(set, rows_per_group, 4, sms))
-    launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
+    launch_matvec_r<T, 4>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq, quantise_x);
   else if (mv_fills(set, rows_per_group, 2, sms))
-    launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
+    launch_matvec_r<T, 2>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq, quantise_x);
   else
-    launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq);
+    launch_matvec_r<T, 1>(ctx, set, row_bytes, rows_per_group, n_units, cols, x, acc, xq, quantise_x);
 }
 
 // The token matvec's launch (matvec_tokens_kernel) for a batch of 2 .. k_tokens_max tokens:
@@ -714,20 +734,33 @@ int weight_unit_elems(GgmlType t) {
   return u;
 }
 
-void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
-  const int64_t cols = op.w.ne[0], rows = op.w.n_rows();
-  const int64_t n = op.x.n_rows();
-  const int groups = op.groups;
-  DSV4_ASSERT(groups >= 1 && op.x.ne[0] == cols * groups, "matmul: input width %lld != %lld x %d",
-              static_cast<long long>(op.x.ne[0]), static_cast<long long>(cols), groups);
-  DSV4_ASSERT(op.out.ne[0] == rows && op.out.n_rows() == n, "matmul: output shape");
+void launch_matmul(const CudaContext& ctx, const MatmulOp& in) {
+  const int64_t cols = in.w.ne[0], rows = in.w.n_rows();
+  const int64_t n = in.x.n_rows();
+  const int groups = in.groups;
+  DSV4_ASSERT(groups >= 1 && in.x.ne[0] == cols * groups, "matmul: input width %lld != %lld x %d",
+              static_cast<long long>(in.x.ne[0]), static_cast<long long>(cols), groups);
+  DSV4_ASSERT(in.out.ne[0] == rows && in.out.n_rows() == n, "matmul: output shape");
   DSV4_ASSERT(rows % groups == 0, "matmul: rows not divisible by groups");
-  DSV4_ASSERT(op.x.type == GgmlType::F32 && op.out.type == GgmlType::F32, "matmul: activations must be F32");
+  DSV4_ASSERT(in.x.type == GgmlType::F32 && in.out.type == GgmlType::F32, "matmul: activations must be F32");
   if (n == 0 || rows == 0) return;
-  if (n > 1 && launch_matmul_gemm(ctx, op)) return;  // cuBLAS (cuda_gemm.cu) when it applies
   const int64_t rows_per_group = rows / groups;
   const int64_t x_stride = cols * groups;
-  const bool x_aligned = reinterpret_cast<uintptr_t>(op.x.data) % 16 == 0 && cols % 4 == 0 && x_stride % 4 == 0;
+  const bool x_aligned = reinterpret_cast<uintptr_t>(in.x.data) % 16 == 0 && cols % 4 == 0 && x_stride % 4 == 0;
+  // MatmulOp::x_quantise: the product with x quantised (the x_quant promise from here on) — INT8_32 for one
+  // token quantised by the int8 matvec while it stages x (launch_matvec_r, which falls back to the launch
+  // below when that kernel does not apply), otherwise by an act_quant launch in place first.
+  MatmulOp op = in;
+  float* quantise_x = nullptr;
+  if (in.x_quantise != ActQuant::NONE) {
+    op.x_quant = in.x_quantise;
+    op.x_quantise = ActQuant::NONE;
+    if (in.x_quantise == ActQuant::INT8_32 && ctx.fused_act_quant && n == 1 && x_aligned)
+      quantise_x = op.x.f32();
+    else
+      launch_act_quant(ctx.stream, op.x.f32(), op.x.f32(), x_stride, n, in.x_quantise);
+  }
+  if (n > 1 && launch_matmul_gemm(ctx, op)) return;  // cuBLAS (cuda_gemm.cu) when it applies
   dispatch_weight_type(op.w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     constexpr int U = WeightUnit<T>::U;
@@ -751,7 +784,8 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& op) {
       return false;
     };
     if (n == 1 && x_aligned) {
-      launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate, op.x_quant);
+      launch_matvec<T>(ctx, set, op.w.row_bytes(), rows_per_group, n_units, cols, x, op.accumulate, op.x_quant,
+                       quantise_x);
     } else if (token_matvec()) {
       // (launched)
     } else if (mma_tile_type<T>() && ctx.tensor_cores && cols % 32 == 0 && n > ctx.ffma_max_tokens) {

@@ -34,8 +34,9 @@
 //              with HcPreOp::norm_out, the same block then writes RMSNorm(u; w)
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
 //              launch less per sublayer), and with HcPreOp::norm_quant INT8_32
-//              also its quantised copy (block_rms_norm_regs' q8: `fast`
-//              numerics' act_quant in the same kernel).
+//              for batches of <= 16 tokens also its quantised copy
+//              (block_rms_norm_regs' q8: `fast` numerics' act_quant in the
+//              decode chain's kernel; larger batches: an act_quant launch).
 //           S depends only on hc*D, so results never depend on the batch size.
 //           (A block per (token, slice, 8 rows) with block-wide reductions
 //           measured 1.5 ms per prefill call of 2,048 tokens.)
@@ -384,7 +385,10 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
                                                      const float* part_dot, const double* part_ss, const float* scale,
                                                      const float* base, float norm_eps, float hc_eps, int iters,
                                                      float* u, float* post, float* comb, float* xn, const float* xn_w,
-                                                     float xn_eps, float* xq8) {
+                                                     float xn_eps, float* xq8_arg) {
+  // The quantised copy only in the register kernel (small batches: one launch fewer in the decode chain); the
+  // loop kernel's launcher quantises by a launch after it (the code kept out of its 85 registers).
+  float* const xq8 = Regs ? xq8_arg : nullptr;
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -682,7 +686,8 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   DSV4_ASSERT(!quant || (op.norm_q.ne[0] == D && op.norm_q.n_rows() >= n), "hc_pre: quantised norm output shape");
   if (n == 0) return;
   // INT8_32 in the finalize's norm; other formats by an act_quant launch after it.
-  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && ctx.fused_act_quant ? op.norm_q.f32() : nullptr;
+  const bool loop = n > k_finalize_tr_min;
+  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && ctx.fused_act_quant && !loop ? op.norm_q.f32() : nullptr;
   float* part_dot;
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);
@@ -695,7 +700,7 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
                   op.norm_w ? op.norm_w.f32() : nullptr, op.norm_rms_eps, xq8);
   };
   // The same bits either way (combine_mix; u and the norm per column).
-  if (n > k_finalize_tr_min)
+  if (loop)
     go(hc_pre_finalize_loop_kernel);
   else
     go(hc_pre_finalize_kernel);
