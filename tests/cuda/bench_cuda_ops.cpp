@@ -10,8 +10,9 @@
 // MatmulsOp sets (projections of one input in one op), and the routed
 // experts (256 experts, 6 per token: IQ2_XXS gate/up with Q2_K down, Q4_K, MXFP4), the core
 // attention of the three layer kinds (bench_attention), and the mHC ops
-// (bench_mhc: hc_pre with its fused norm, hc_post), and how much of a small
-// op's time the next op hides (bench_overlap). What a case
+// (bench_mhc: hc_pre with its fused norm, hc_post), `fast` numerics' activation
+// quantisation fused into its producer against a separate op (bench_act_quant),
+// and how much of a small op's time the next op hides (bench_overlap). What a case
 // measures: R ops recorded as one CUDA graph (as the decode step runs them,
 // back to back) and replayed; µs per op = wall time / (replays x R). Each op of
 // the graph reads a different copy of the weights (copies are made until they
@@ -418,6 +419,91 @@ const char* k_usage =
 // Pairs at Flash's decode shapes: hc_pre (fused norm) -> the attention's first
 // projections (Q8_0 1024+512 x 4096), and the q norm (1024) -> q_b (Q8_0
 // 32768 x 1024). Each B reads its own weight copy (from DRAM, not L2).
+// `fast` numerics' INT8_32 activation quantisation inside its producer ("fused": RmsNormOp::quant,
+// HcPreOp::norm_quant, SwigluOp::quant, MatmulOp::x_quantise on the int8 matvec) against the producer and an
+// act_quant op after it ("separate"), at the decode shapes of Flash: the q norm (1024, in place), the
+// attention/FFN input norm fused into hc_pre (4 x 4096, a quantised copy), the shared expert's SwiGLU (2048),
+// wo_b's input (8192, on the 4096 x 8192 Q8_0 matvec; weight copies past 256 MiB).
+void bench_act_quant(Backend& gpu, Rng& r, const Opts& o) {
+  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
+  const ActQuant I8 = ActQuant::INT8_32;
+  const char* what[4] = {"rms_norm 1024", "hc_pre F16 4x4096 + norm", "swiglu 2048", "matmul Q8_0 4096x8192"};
+  for (int which = 0; which < 4; ++which)
+    for (const bool fused : {true, false}) {
+      const std::string name =
+          strfmt("act_quant %s %s n=%lld", fused ? "fused" : "separate", what[which], (long long)n);
+      if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+      std::vector<Tensor> owned;
+      auto keep = [&](Tensor t) {
+        owned.push_back(t);
+        return t;
+      };
+      std::function<void(int)> op;
+      double bytes = 0;
+      int reps = o.reps > 0 ? o.reps : 16;
+      if (which == 0) {
+        Tensor q = keep(f32_input(gpu, r, 1024, n)), w = keep(f32_input(gpu, r, 1024, 1));
+        op = [=, &gpu](int) {
+          gpu.rms_norm({.out = q, .x = q, .w = w, .eps = 1e-6f, .quant = fused ? I8 : ActQuant::NONE});
+          if (!fused) gpu.act_quant({.out = q, .x = q, .quant = I8});
+        };
+      } else if (which == 1) {
+        Tensor state = keep(f32_input(gpu, r, D * hc, n)).reshape(D, hc, n);
+        Tensor fn = keep(upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix));
+        Tensor scale = keep(f32_input(gpu, r, 3, 1)), base = keep(f32_input(gpu, r, mix, 1)),
+               nw = keep(f32_input(gpu, r, D, 1));
+        Tensor u = keep(gpu.alloc(GgmlType::F32, D, n)), xn = keep(gpu.alloc(GgmlType::F32, D, n)),
+               xq = keep(gpu.alloc(GgmlType::F32, D, n));
+        Tensor post = keep(gpu.alloc(GgmlType::F32, hc, n)), comb = keep(gpu.alloc(GgmlType::F32, hc, hc, n));
+        op = [=, &gpu](int) {
+          gpu.hc_pre({.u = u,
+                      .post = post,
+                      .comb = comb,
+                      .state = state,
+                      .fn = fn,
+                      .scale = scale,
+                      .base = base,
+                      .norm_eps = 1e-6f,
+                      .hc_eps = 1e-6f,
+                      .sinkhorn_iters = 20,
+                      .norm_out = xn,
+                      .norm_w = nw,
+                      .norm_rms_eps = 1e-6f,
+                      .norm_q = fused ? xq : Tensor{},
+                      .norm_quant = fused ? I8 : ActQuant::NONE});
+          if (!fused) gpu.act_quant({.out = xq, .x = xn, .quant = I8});
+        };
+      } else if (which == 2) {
+        Tensor g = keep(f32_input(gpu, r, 2048, n)), u = keep(f32_input(gpu, r, 2048, n)),
+               h = keep(gpu.alloc(GgmlType::F32, 2048, n));
+        op = [=, &gpu](int) {
+          gpu.swiglu({.out = h, .gate = g, .up = u, .clamp = 10.0f, .quant = fused ? I8 : ActQuant::NONE});
+          if (!fused) gpu.act_quant({.out = h, .x = h, .quant = I8});
+        };
+      } else {
+        const int copies = 8;  // 8 x 35.7 MB
+        const std::vector<uint8_t> wb = random_weight(r, GgmlType::Q8_0, 8192, 4096);
+        std::vector<Tensor> ws;
+        for (int i = 0; i < copies; ++i) ws.push_back(keep(upload(gpu, GgmlType::Q8_0, wb, 8192, 4096)));
+        Tensor x = keep(f32_input(gpu, r, 8192, n)), y = keep(gpu.alloc(GgmlType::F32, 4096, n));
+        bytes = static_cast<double>(ws[0].n_bytes());
+        reps = o.reps > 0 ? o.reps : copies;
+        op = [=, &gpu](int i) {
+          const Tensor& w = ws[static_cast<size_t>(i % copies)];
+          if (fused) {
+            gpu.matmul({.out = y, .w = w, .x = x, .x_quantise = I8});
+          } else {
+            gpu.act_quant({.out = x, .x = x, .quant = I8});
+            gpu.matmul({.out = y, .w = w, .x = x, .x_quant = I8});
+          }
+        };
+      }
+      row(name.c_str(), time_ops(gpu, reps, op), bytes, 0);
+      gpu.synchronize();
+      for (Tensor& t : owned) gpu.free(t);
+    }
+}
+
 void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
   const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
   const std::string names[2] = {strfmt("overlap hc_pre F16 4x4096 > matmuls Q8_0 1024+512x4096 n=%lld", (long long)n),
@@ -577,6 +663,7 @@ int main(int argc, char** argv) {
   bench_experts(**gpu, r, o, GgmlType::MXFP4, GgmlType::MXFP4);   // MXFP4Experts
   bench_attention(**gpu, r, o);
   bench_mhc(**gpu, r, o);
+  bench_act_quant(**gpu, r, o);
   bench_overlap(**gpu, r, o);
   return 0;
 }
