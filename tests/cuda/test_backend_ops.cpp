@@ -203,9 +203,9 @@ void cases_dense(Harness& h) {
       std::vector<int32_t> pos(static_cast<size_t>(c.rows));
       for (auto& p : pos) p = static_cast<int32_t>(r.below(1 << 20));
       Pair p = b.i32(pos, Shape(c.rows));
-      auto op = [&](Tensor Pair::*side, Tensor o, ActQuant quant) {
+      auto op = [&](Tensor Pair::*side, Tensor o, Tensor in, ActQuant quant) {
         return RmsNormOp{.out = o,
-                         .x = o.data == (x.*side).data ? o : x.*side,
+                         .x = in,
                          .w = w.*side,
                          .eps = 1e-6f,
                          .rope_pos = c.rope ? p.*side : Tensor{},
@@ -213,14 +213,14 @@ void cases_dense(Harness& h) {
                          .quant = quant,
                          .q = quant == ActQuant::NONE ? Tensor{} : q.*side};
       };
-      h.cpu.rms_norm(op(&Pair::c, out.c, c.q));
-      h.gpu.rms_norm(op(&Pair::g, out.g, c.q));
+      h.cpu.rms_norm(op(&Pair::c, out.c, x.c, c.q));
+      h.gpu.rms_norm(op(&Pair::g, out.g, x.g, c.q));
       const std::string s = strfmt("[%lld,%lld] w %s%s%s", (long long)c.rows, (long long)c.d, act_quant_name(c.q),
                                    c.in_place ? " in place" : " into q", c.rope ? " + rope" : "");
       const Pair& res = c.in_place ? out : q;
       h.report.nmse("rms_norm", s, b.diff(res), k_thr_sim);
       if (!c.in_place) h.report.nmse("rms_norm", s + ": out unquantised", b.diff(out), k_thr_elem);
-      if (c.in_place) h.gpu.rms_norm(op(&Pair::g, plain.g, ActQuant::NONE));
+      if (c.in_place) h.gpu.rms_norm(op(&Pair::g, plain.g, plain.g, ActQuant::NONE));  // (x was overwritten)
       const std::vector<float> want = host_act_quant(b.get_f32(c.in_place ? plain.g : out.g, h.gpu), c.d, c.q);
       h.report.exact("rms_norm", s + " vs the GPU norm quantised", diff_f32(b.get_f32(res.g, h.gpu), want));
     }
