@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/hd.h"
 
 namespace dsv4 {
 
@@ -32,5 +33,18 @@ void fp8_block_round(float* x, int64_t n);
 
 // One row of d values, in place (the blocks described above).
 void act_quant_row(float* x, int64_t d, ActQuant q);
+
+// INT8_32's scale exponent e (s = 2^e = pow2_ceil(amax / 127), the float division rounded first) without the
+// division, for a kernel: amax (the block's, >= 1e-4, finite) = m 2^E with m in [1, 2) gives e = E - 6 when
+// m <= 127 / 64, else E - 5. Exact: fl(amax / 127) <= 2^j holds exactly when amax <= 127 2^j, since the
+// quotient rounds down to 2^j only from within half an ulp of 2^j above it, and a float amax above 127 2^j
+// is at least one of its ulps (2^(j - 17)) above it, more than 127 times that half ulp (2^(j - 24)).
+// (test_core checks it against pow2_ceil(amax / 127) over every mantissa.)
+DSV4_HD int act_int8_exp(float amax) {
+  uint32_t u;
+  __builtin_memcpy(&u, &amax, sizeof u);
+  const int E = static_cast<int>(u >> 23) - 127;
+  return (u & 0x7fffffu) <= 0x7e0000u ? E - 6 : E - 5;  // 0x7e0000: the mantissa bits of 127 / 64
+}
 
 }  // namespace dsv4

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -147,4 +148,38 @@ TEST(ActQuant, NanStaysAndInfinityPoisonsOnlyItsBlock) {
     for (size_t i = 0; i < B; ++i) EXPECT_TRUE(std::isnan(z[i])) << i;
     for (size_t i = B; i < 2 * B; ++i) EXPECT_EQ(z[i], 1.5f) << i;
   }
+}
+
+TEST(ActQuant, DivisionFreeInt8ExponentIsTheQuotientsPowerOfTwo) {
+  // act_int8_exp (the kernels' form) against pow2_ceil(amax / 127) (the reference's): every mantissa in the
+  // binades of 1 and of the 1e-4 floor, and 64 random mantissas in every binade from there to FLT_MAX.
+  auto check = [](float amax) {
+    const float s = pow2_ceil(amax / 127.0f);
+    const int e = act_int8_exp(amax);
+    if (std::ldexp(1.0f, e) != s) {
+      ADD_FAILURE() << "amax " << amax << ": 2^" << e << " vs " << s;
+      return false;
+    }
+    return true;
+  };
+  for (const int E : {0, -14}) {
+    const uint32_t base = static_cast<uint32_t>(E + 127) << 23;
+    for (uint32_t m = 0; m < (1u << 23); ++m) {
+      float a;
+      const uint32_t u = base | m;
+      std::memcpy(&a, &u, 4);
+      if (a >= 1e-4f && !check(a)) return;
+    }
+  }
+  std::mt19937 g(5);
+  for (int E = -14; E <= 127; ++E)
+    for (int i = 0; i < 64; ++i) {
+      const uint32_t u = (static_cast<uint32_t>(E + 127) << 23) | (g() & 0x7fffffu);
+      float a;
+      std::memcpy(&a, &u, 4);
+      if (a >= 1e-4f && !check(a)) return;
+    }
+  EXPECT_EQ(act_int8_exp(127.0f), 0);
+  EXPECT_EQ(act_int8_exp(std::nextafter(127.0f, 200.0f)), 1);
+  EXPECT_EQ(act_int8_exp(1e-4f), -20);
 }

@@ -302,11 +302,14 @@ __device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
 // One value of an activation quantiser's block (core/act_quant.h) under the block's amax = max(1e-4,
 // max_i |x_i|) (NaN values dropped, as std::max drops them): act_quant_row's operations per value; an
 // infinite amax makes the block NaN. int8: INT8_32, else FP8_128.
+// INT8_32 without a division or a libm call (a fused quantiser runs 32 blocks on one warp in series):
+// s = 2^e from act_int8_exp, and v / s as the exact v 2^-e.
 __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool int8) {
   if (isinf(amax)) return __int_as_float(0x7fc00000);
   if (!int8) return fp8_block_value_dev(v, pow2_ceil_dev(amax / k_fp8_max_dev));
-  const float s = pow2_ceil_dev(amax / 127.0f);
-  return __fmul_rn(clamp_dev(rintf(v / s), -127.0f, 127.0f), s);
+  const int e = act_int8_exp(amax);  // in [-20, 123]: 2^e and 2^-e are normal floats
+  const float s = __int_as_float((127 + e) << 23), inv = __int_as_float((127 - e) << 23);
+  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, inv)), -127.0f, 127.0f), s);
 }
 
 // ActQuant::INT8_32 of one 32-value block held across a warp: lane l holds value l, `in` false for lanes
