@@ -272,6 +272,26 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn
   gpu.free(out);
 }
 
+// A Flash layer's hc_pre (hc = 4 streams of D = 4096, F16 fn) with its fused input norm over n tokens, on fresh
+// random tensors, each passed to keep(tensor) (which returns it; the caller frees them).
+template <class Keep>
+HcPreOp flash_hc_pre(Backend& gpu, Rng& r, int64_t n, Keep&& keep) {
+  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc;
+  return HcPreOp{.u = keep(gpu.alloc(GgmlType::F32, D, n)),
+                 .post = keep(gpu.alloc(GgmlType::F32, hc, n)),
+                 .comb = keep(gpu.alloc(GgmlType::F32, hc, hc, n)),
+                 .state = keep(f32_input(gpu, r, D * hc, n)).reshape(D, hc, n),
+                 .fn = keep(upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix)),
+                 .scale = keep(f32_input(gpu, r, 3, 1)),
+                 .base = keep(f32_input(gpu, r, mix, 1)),
+                 .norm_eps = 1e-6f,
+                 .hc_eps = 1e-6f,
+                 .sinkhorn_iters = 20,
+                 .norm_out = keep(gpu.alloc(GgmlType::F32, D, n)),
+                 .norm_w = keep(f32_input(gpu, r, D, 1)),
+                 .norm_rms_eps = 1e-6f};
+}
+
 // The mHC ops of a Flash sublayer (hc = 4 streams of D = 4096, F16 mix weights
 // of 16384 x 24): hc_pre with the fused input norm (as the model runs it) and
 // hc_post. GB/s: the state read once (hc_pre; read and written: hc_post) plus
@@ -284,36 +304,18 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
   const bool want_post = o.filter.empty() || post_name.find(o.filter) != std::string::npos;
   if (!want_pre && !want_post) return;
   const int reps = o.reps > 0 ? o.reps : 8;
-  Tensor state = gpu.alloc(GgmlType::F32, D, hc, n);
-  {
-    const std::vector<float> v = random_normal(r, static_cast<size_t>(D * hc * n));
-    gpu.write(state, v.data(), v.size() * sizeof(float));
-  }
+  std::vector<Tensor> owned;
+  auto keep = [&](Tensor t) {
+    owned.push_back(t);
+    return t;
+  };
+  const HcPreOp pre = flash_hc_pre(gpu, r, n, keep);
+  const Tensor state = pre.state;
   const double state_bytes = static_cast<double>(D * hc * n) * 4.0, row_bytes = static_cast<double>(D * n) * 4.0;
   if (want_pre) {
-    Tensor fn = upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix);
-    Tensor scale = f32_input(gpu, r, 3, 1), base = f32_input(gpu, r, mix, 1), nw = f32_input(gpu, r, D, 1);
-    Tensor u = gpu.alloc(GgmlType::F32, D, n), xn = gpu.alloc(GgmlType::F32, D, n);
-    Tensor post = gpu.alloc(GgmlType::F32, hc, n), comb = gpu.alloc(GgmlType::F32, hc, hc, n);
-    const double sec = time_ops(gpu, reps, [&](int) {
-      gpu.hc_pre({.u = u,
-                  .post = post,
-                  .comb = comb,
-                  .state = state,
-                  .fn = fn,
-                  .scale = scale,
-                  .base = base,
-                  .norm_eps = 1e-6f,
-                  .hc_eps = 1e-6f,
-                  .sinkhorn_iters = 20,
-                  .norm_out = xn,
-                  .norm_w = nw,
-                  .norm_rms_eps = 1e-6f});
-    });
-    row(pre_name.c_str(), sec, state_bytes + 2.0 * row_bytes + static_cast<double>(fn.row_bytes() * mix),
+    const double sec = time_ops(gpu, reps, [&](int) { gpu.hc_pre(pre); });
+    row(pre_name.c_str(), sec, state_bytes + 2.0 * row_bytes + static_cast<double>(pre.fn.row_bytes() * mix),
         2.0 * static_cast<double>(hc * D * mix * n));
-    gpu.synchronize();
-    for (Tensor* t : {&fn, &scale, &base, &nw, &u, &xn, &post, &comb}) gpu.free(*t);
   }
   if (want_post) {
     Tensor y = f32_input(gpu, r, D, n);
@@ -332,7 +334,8 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
     gpu.synchronize();
     for (Tensor* t : {&y, &post, &comb}) gpu.free(*t);
   }
-  gpu.free(state);
+  gpu.synchronize();
+  for (Tensor& t : owned) gpu.free(t);
 }
 
 // Core attention of a Flash layer (H = 64, d = 512, KV_FP8 rows, window 128)
@@ -425,7 +428,7 @@ const char* k_usage =
 // attention/FFN input norm fused into hc_pre (4 x 4096, a quantised copy), the shared expert's SwiGLU (2048),
 // wo_b's input (8192, on the 4096 x 8192 Q8_0 matvec; weight copies past 256 MiB).
 void bench_act_quant(Backend& gpu, Rng& r, const Opts& o) {
-  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
+  const int64_t D = 4096, n = o.n;
   const ActQuant I8 = ActQuant::INT8_32;
   const char* what[4] = {"rms_norm 1024", "hc_pre F16 4x4096 + norm", "swiglu 2048", "matmul Q8_0 4096x8192"};
   for (int which = 0; which < 4; ++which)
@@ -448,30 +451,15 @@ void bench_act_quant(Backend& gpu, Rng& r, const Opts& o) {
           if (!fused) gpu.act_quant({.out = q, .x = q, .quant = I8});
         };
       } else if (which == 1) {
-        Tensor state = keep(f32_input(gpu, r, D * hc, n)).reshape(D, hc, n);
-        Tensor fn = keep(upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix));
-        Tensor scale = keep(f32_input(gpu, r, 3, 1)), base = keep(f32_input(gpu, r, mix, 1)),
-               nw = keep(f32_input(gpu, r, D, 1));
-        Tensor u = keep(gpu.alloc(GgmlType::F32, D, n)), xn = keep(gpu.alloc(GgmlType::F32, D, n)),
-               xq = keep(gpu.alloc(GgmlType::F32, D, n));
-        Tensor post = keep(gpu.alloc(GgmlType::F32, hc, n)), comb = keep(gpu.alloc(GgmlType::F32, hc, hc, n));
+        HcPreOp pre = flash_hc_pre(gpu, r, n, keep);
+        const Tensor xq = keep(gpu.alloc(GgmlType::F32, D, n));
+        if (fused) {
+          pre.norm_q = xq;
+          pre.norm_quant = I8;
+        }
         op = [=, &gpu](int) {
-          gpu.hc_pre({.u = u,
-                      .post = post,
-                      .comb = comb,
-                      .state = state,
-                      .fn = fn,
-                      .scale = scale,
-                      .base = base,
-                      .norm_eps = 1e-6f,
-                      .hc_eps = 1e-6f,
-                      .sinkhorn_iters = 20,
-                      .norm_out = xn,
-                      .norm_w = nw,
-                      .norm_rms_eps = 1e-6f,
-                      .norm_q = fused ? xq : Tensor{},
-                      .norm_quant = fused ? I8 : ActQuant::NONE});
-          if (!fused) gpu.act_quant({.out = xq, .x = xn, .quant = I8});
+          gpu.hc_pre(pre);
+          if (!fused) gpu.act_quant({.out = xq, .x = pre.norm_out, .quant = I8});
         };
       } else if (which == 2) {
         Tensor g = keep(f32_input(gpu, r, 2048, n)), u = keep(f32_input(gpu, r, 2048, n)),
@@ -505,7 +493,7 @@ void bench_act_quant(Backend& gpu, Rng& r, const Opts& o) {
 }
 
 void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
-  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
+  const int64_t D = 4096, n = o.n;
   const std::string names[2] = {strfmt("overlap hc_pre F16 4x4096 > matmuls Q8_0 1024+512x4096 n=%lld", (long long)n),
                                 strfmt("overlap rms_norm 1024 > matmul Q8_0 32768x1024 n=%lld", (long long)n)};
   for (int which = 0; which < 2; ++which) {
@@ -519,34 +507,15 @@ void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
     const int copies = which == 0 ? 48 : 8;  // >= 256 MiB of B weights in all
     std::vector<std::vector<Tensor>> ws(static_cast<size_t>(copies));
     if (which == 0) {
-      Tensor state = keep(f32_input(gpu, r, D * hc, n));
-      state = state.reshape(D, hc, n);
-      Tensor fn = keep(upload(gpu, GgmlType::F16, random_weight(r, GgmlType::F16, hc * D, mix), hc * D, mix));
-      Tensor scale = keep(f32_input(gpu, r, 3, 1)), base = keep(f32_input(gpu, r, mix, 1)),
-             nw = keep(f32_input(gpu, r, D, 1));
-      Tensor u = keep(gpu.alloc(GgmlType::F32, D, n)), xn = keep(gpu.alloc(GgmlType::F32, D, n));
-      Tensor post = keep(gpu.alloc(GgmlType::F32, hc, n)), comb = keep(gpu.alloc(GgmlType::F32, hc, hc, n));
+      const HcPreOp pre = flash_hc_pre(gpu, r, n, keep);
+      const Tensor xn = pre.norm_out;
       Tensor qa = keep(gpu.alloc(GgmlType::F32, 1024, n)), kv = keep(gpu.alloc(GgmlType::F32, 512, n));
       for (const int64_t rows : {1024, 512}) {
         const std::vector<uint8_t> bytes = random_weight(r, GgmlType::Q8_0, D, rows);
         for (int i = 0; i < copies; ++i)
           ws[static_cast<size_t>(i)].push_back(upload(gpu, GgmlType::Q8_0, bytes, D, rows));
       }
-      op_a = [=, &gpu](int) {
-        gpu.hc_pre({.u = u,
-                    .post = post,
-                    .comb = comb,
-                    .state = state,
-                    .fn = fn,
-                    .scale = scale,
-                    .base = base,
-                    .norm_eps = 1e-6f,
-                    .hc_eps = 1e-6f,
-                    .sinkhorn_iters = 20,
-                    .norm_out = xn,
-                    .norm_w = nw,
-                    .norm_rms_eps = 1e-6f});
-      };
+      op_a = [=, &gpu](int) { gpu.hc_pre(pre); };
       op_b = [=, &gpu, &ws](int i) {
         MatmulsOp m;
         m.x = xn;
