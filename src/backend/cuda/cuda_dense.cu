@@ -123,11 +123,21 @@ __global__ void __launch_bounds__(256)
   const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   float* o = out + r * d;
   float* oq = q8 ? q8 + r * d : nullptr;
+  uint32_t in = 0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int64_t i = lane + 32 * k;
-    if (!oq && i >= d) continue;
-    rms_norm_store(o, oq, i, d, w ? __fmul_rn(__fmul_rn(v[k], rs), wv[k]) : __fmul_rn(v[k], rs));
+    v[k] = w ? __fmul_rn(__fmul_rn(v[k], rs), wv[k]) : __fmul_rn(v[k], rs);
+    if (i < d) {
+      in |= 1u << k;
+      if (o != oq) o[i] = v[k];
+    }
+  }
+  if (oq) {  // block k of the row is register k of the warp
+    warp_int8_32_quant_regs(v, in);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if ((in >> k) & 1u) oq[lane + 32 * k] = v[k];
   }
   if (rope_pos) {
     __syncwarp();  // the normed row visible to the whole warp

@@ -62,12 +62,22 @@ __device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)
     if (threadIdx.x + k * nt < d) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
   ss = block_sum_double(ss, red);  // also orders every read of x before the writes below (out may alias x)
   const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
+  float y[k_norm_reg];
+  uint32_t in = 0;
 #pragma unroll
   for (int k = 0; k < k_norm_reg; ++k) {
     const int64_t i = threadIdx.x + k * nt;
-    if (!q8 && i >= d) continue;
-    rms_norm_store(out, q8, i, d, has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r));
+    y[k] = has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r);
+    if (i < d) {
+      in |= 1u << k;
+      if (out != q8) out[i] = y[k];
+    }
   }
+  if (!q8) return;
+  warp_int8_32_quant_regs(y, in);
+#pragma unroll
+  for (int k = 0; k < k_norm_reg; ++k)
+    if ((in >> k) & 1u) q8[threadIdx.x + k * nt] = y[k];
 }
 
 __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, const float* w, int64_t d, float eps,
