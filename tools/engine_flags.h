@@ -112,10 +112,14 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--no-int8-matvec", [s] { s->int8_matvec = false; },
          "With --numerics fast: decode matvecs of Q8_0 weights on the float matvec instead of int8 dot products")
       ->group(group);
-  cmd->add_flag_callback(
-         "--no-fused-act-quant", [s] { s->fused_act_quant = false; },
-         "With --numerics fast: each activation quantisation as its own kernel instead of inside the norm, SwiGLU "
-         "or split that produces the input (the same results)")
+  cmd->add_option_function<std::string>(
+         "--act-quant-fusion", [s](const std::string& v) { s->act_quant_fusion = *parse_act_quant_fusion(v); },
+         "With --numerics fast: where the activation quantisation runs (the same results): auto (inside the "
+         "SwiGLU, expert and matvec kernels where measured faster), all (also inside the norms), off (each its "
+         "own kernel)")
+      ->check(parsed_by([](const std::string& v) { return parse_act_quant_fusion(v); }))
+      ->type_name("auto|all|off")
+      ->default_str("auto")
       ->group(group);
   cmd->add_flag_callback(
          "--no-token-matvec", [s] { s->token_matvec = false; },

@@ -608,6 +608,7 @@ int main(int argc, char** argv) {
   }
   gopt.gemm_min_tokens = o.gemm_min_tokens;
   gopt.int_dot = o.int_dot;
+  gopt.act_quant_fusion = ActQuantFusion::ALL;  // the act_quant cases time every fused form (the norms' too)
   gopt.int8_matvec = o.int8_matvec;
   gopt.token_matvec = o.token_matvec;
   auto eg = parse_expert_gemm(o.expert_gemm);

@@ -438,6 +438,9 @@ int main(int argc, char** argv) {
   gopt.tensor_cores = tensor_cores;
   gopt.cublas = cublas ? CublasMode::AUTO : CublasMode::OFF;
   gopt.int_dot = int_dot;
+  // Every fused activation quantisation (the norms' too: not the engine's default), each checked bitwise
+  // against the separate quantiser; the separate act_quant kernel has cases of its own.
+  gopt.act_quant_fusion = ActQuantFusion::ALL;
   gopt.gemm_weight_cache = gemm_cache;
   gopt.expert_gather = gather;
   gopt.cpu_experts = cpu_experts;

@@ -134,7 +134,8 @@ class CudaBackend final : public Backend {
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
     ctx_.int_dot = ctx_.tensor_cores && opts_.int_dot;
     ctx_.int8_matvec = ctx_.tensor_cores && opts_.int8_matvec;
-    ctx_.fused_act_quant = opts_.fused_act_quant;
+    ctx_.fuse_act_quant = opts_.act_quant_fusion != ActQuantFusion::OFF;
+    ctx_.fuse_act_quant_norms = opts_.act_quant_fusion == ActQuantFusion::ALL;
     ctx_.token_matvec = opts_.token_matvec;
     // cuBLAS for the prefill matmuls (cuda_gemm.cu) when it loaded (with tensor cores only: the same contract).
     ctx_.blas = blas_.get();

@@ -97,9 +97,11 @@ struct CudaContext {
   // Decode matvecs of Q8_0 weights with an int8-32 quantised x (MatmulOp::x_quant, `fast` numerics) as dp4a
   // dot products (cuda_matmul.cu): on with tensor cores (the same contract); CudaOptions::int8_matvec.
   bool int8_matvec = false;
-  // `fast` numerics' INT8_32 activation quantisation inside the producing kernel (RmsNormOp::quant,
-  // HcPreOp::norm_quant, SwigluOp::quant, the experts' mid); CudaOptions::fused_act_quant. Same bits.
-  bool fused_act_quant = true;
+  // `fast` numerics' INT8_32 activation quantisation inside the kernel that produces or reads the input
+  // (CudaOptions::act_quant_fusion; the same bits): the SwiGLUs, the experts' mid split, the int8 matvec's
+  // staging (AUTO, ALL); the norms (RmsNormOp::quant, HcPreOp::norm_quant: ALL only).
+  bool fuse_act_quant = true;
+  bool fuse_act_quant_norms = false;
   // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu);
   // CudaOptions::token_matvec.
   bool token_matvec = false;

@@ -343,8 +343,9 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
   }
   Tensor q = op.q ? op.q : op.out;
   DSV4_ASSERT(op.quant == ActQuant::NONE || (q.ne[0] == d && q.n_rows() == rows), "rms_norm: quantised output shape");
-  // INT8_32 without RoPE in the norm's own kernel; otherwise an act_quant launch after it.
-  float* q8 = op.quant == ActQuant::INT8_32 && !op.rope_pos && ctx.fused_act_quant ? q.f32() : nullptr;
+  // INT8_32 without RoPE in the norm's own kernel (ctx.fuse_act_quant_norms); otherwise an act_quant launch
+  // after it.
+  float* q8 = op.quant == ActQuant::INT8_32 && !op.rope_pos && ctx.fuse_act_quant_norms ? q.f32() : nullptr;
   if (d <= 32 * 32) {  // one warp per row (a function of d only, like the block size below)
     const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
     auto launch = [&](auto kernel) {
@@ -466,7 +467,7 @@ void launch_swiglu(const CudaContext& ctx, const SwigluOp& op) {
   DSV4_ASSERT(op.gate.n_elements() == n && op.up.n_elements() == n, "swiglu: size mismatch");
   if (n == 0) return;
   const int64_t F = op.out.ne[0];
-  const bool q8 = op.quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fused_act_quant;  // else a launch after it
+  const bool q8 = op.quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fuse_act_quant;  // else a launch after it
   launch_kernel(swiglu_kernel, grid_for(n, 256), 256, 0, ctx.stream, op.out.f32(), op.gate.f32(), op.up.f32(), n,
                 op.clamp, q8);
   CUDA_CHECK_LAUNCH();

@@ -753,7 +753,7 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& in) {
   if (in.x_quantise != ActQuant::NONE) {
     op.x_quant = in.x_quantise;
     op.x_quantise = ActQuant::NONE;
-    if (in.x_quantise == ActQuant::INT8_32 && ctx.fused_act_quant && n == 1 && x_aligned)
+    if (in.x_quantise == ActQuant::INT8_32 && ctx.fuse_act_quant && n == 1 && x_aligned)
       quantise_x = op.x.f32();
     else
       launch_act_quant(ctx.stream, op.x.f32(), op.x.f32(), x_stride, n, in.x_quantise);

@@ -687,7 +687,8 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   if (n == 0) return;
   // INT8_32 in the finalize's norm; other formats by an act_quant launch after it.
   const bool loop = n > k_finalize_tr_min;
-  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && ctx.fused_act_quant && !loop ? op.norm_q.f32() : nullptr;
+  float* xq8 =
+      quant && op.norm_quant == ActQuant::INT8_32 && ctx.fuse_act_quant_norms && !loop ? op.norm_q.f32() : nullptr;
   float* part_dot;
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);

@@ -614,7 +614,7 @@ void expert_matvec(const CudaContext& ctx, float* out, int64_t R, const Tensor& 
         if (ctx.int_dot && digits) {
           const int64_t x_rows = n_assign / x_div, units = cols / U;
           DSV4_ASSERT(units % 8 == 0, "moe_experts: split x needs whole 256-value blocks");
-          const bool q8 = x_quant == ActQuant::INT8_32 && ctx.fused_act_quant;
+          const bool q8 = x_quant == ActQuant::INT8_32 && ctx.fuse_act_quant;
           if (x_quant != ActQuant::NONE && !q8) launch_act_quant(ctx.stream, x, x, cols, x_rows, x_quant);
           launch_kernel(split_x_digits_kernel, x_rows * units / 8, 256, 0, ctx.stream, digits, x, x_stride, x_rows,
                         units, q8);
@@ -1002,7 +1002,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
         expert_tiles(ctx, u, F, up, wu, plan, op.x.f32(), n, D, static_cast<int>(k));
       }
       // fast numerics: mid as the CPU rounds it, INT8_32 in the SwiGLU kernel
-      const bool q8 = op.mid_quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fused_act_quant;
+      const bool q8 = op.mid_quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fuse_act_quant;
       launch_kernel(expert_swiglu_kernel, elem_grid(n_assign * F), 256, 0, ctx.stream, g, u, wts, F, n_assign * F,
                     op.clamp, q8);
       CUDA_CHECK_LAUNCH();

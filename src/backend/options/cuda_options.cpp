@@ -115,6 +115,21 @@ const char* stream_experts_name(StreamExperts mode) {
   return "?";
 }
 
+expected<ActQuantFusion> parse_act_quant_fusion(std::string_view text) {
+  for (ActQuantFusion m : {ActQuantFusion::AUTO, ActQuantFusion::ALL, ActQuantFusion::OFF})
+    if (text == act_quant_fusion_name(m)) return m;
+  return make_error("--act-quant-fusion %.*s: want auto, all or off", static_cast<int>(text.size()), text.data());
+}
+
+const char* act_quant_fusion_name(ActQuantFusion mode) {
+  switch (mode) {
+    case ActQuantFusion::OFF: return "off";
+    case ActQuantFusion::AUTO: return "auto";
+    case ActQuantFusion::ALL: return "all";
+  }
+  return "?";
+}
+
 expected<int> parse_expert_gemm(std::string_view text) {
   if (text == "auto") return k_expert_gemm_auto_min;
   if (text == "on") return 1;
@@ -176,7 +191,8 @@ std::string CudaOptions::describe() const {
   if (tensor_cores != d.tensor_cores) add("tensor_cores=off");
   if (int_dot != d.int_dot) add("int_dot=off");
   if (int8_matvec != d.int8_matvec) add("int8_matvec=off");
-  if (fused_act_quant != d.fused_act_quant) add("fused_act_quant=off");
+  if (act_quant_fusion != d.act_quant_fusion)
+    add(std::string("act_quant_fusion=") + act_quant_fusion_name(act_quant_fusion));
   if (token_matvec != d.token_matvec) add("token_matvec=off");
   if (cublas == CublasMode::OFF) add("cublas=off");
   if (cublas == CublasMode::LIBRARY) add("cublas=" + cublas_library);

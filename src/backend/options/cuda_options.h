@@ -52,6 +52,14 @@ inline constexpr int k_expert_gemm_auto_min = 64;
 // (CudaOptions::expert_group_min; measured: PERFORMANCE.md, serving several agents).
 inline constexpr int64_t k_expert_group_auto_min = 65;
 
+// Where `fast` numerics' INT8_32 activation quantisation runs on CUDA (CudaOptions::act_quant_fusion; the
+// same bits every way): AUTO inside the kernels where that measured faster than a separate act_quant launch
+// (the SwiGLUs, the decode experts' digit split of mid, the int8 matvec's staging of wo_b's input), ALL also
+// in the norms (rms_norm, hc_pre's fused norm: a warp quantises the row's blocks it holds; its first form
+// measured slower than the separate launch, the form since not yet measured), OFF: every quantisation its
+// own act_quant launch after the producer.
+enum class ActQuantFusion { OFF, AUTO, ALL };
+
 struct CudaOptions {
   // Batched matmuls (prefill, grouped experts) of block-quantised weights on
   // tensor cores (sm_80+): within f32 rounding of the CPU, not bitwise equal
@@ -66,10 +74,7 @@ struct CudaOptions {
   // launches of >= 4,096 rows, where it measured faster) as int8 dot products (dp4a; cuda_matmul.cu; tensor
   // cores only); false: the float matvec.
   bool int8_matvec = true;
-  // `fast` numerics' activation quantisation inside the kernel that produces the input where the format
-  // allows (INT8_32: the norms, hc_pre's fused norm, the SwiGLUs, the decode experts' digit split of mid;
-  // the same bits); false: each as its own act_quant kernel after its producer.
-  bool fused_act_quant = true;
+  ActQuantFusion act_quant_fusion = ActQuantFusion::AUTO;  // see ActQuantFusion
   // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu: each
   // weight read once, every token's outputs bitwise the decode matvec's); false: the tiles, as larger batches.
   bool token_matvec = true;
@@ -164,6 +169,9 @@ expected<float> parse_cpu_experts(std::string_view text);
 //   stream experts  auto | on | off
 expected<StreamExperts> parse_stream_experts(std::string_view text);
 const char* stream_experts_name(StreamExperts mode);
+//   act quant fusion  auto | all | off
+expected<ActQuantFusion> parse_act_quant_fusion(std::string_view text);
+const char* act_quant_fusion_name(ActQuantFusion mode);
 expected<unsigned> parse_dup_ops(std::string_view list);
 const char* cuda_dup_op_name(CudaDupOp op);
 const char* cuda_dup_op_names();  // "hc_pre, hc_head, ..."
