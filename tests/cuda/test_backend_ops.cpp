@@ -181,8 +181,8 @@ void cases_dense(Harness& h) {
     // RmsNormOp::quant (`fast` numerics' linear-layer inputs): against the CPU's norm + act_quant at
     // k_thr_sim (a value within f32 rounding of an int8 boundary may move one step), and bitwise against the
     // host quantiser applied to the GPU's own unquantised rows. INT8_32 inside the warp kernel (d <= 1024),
-    // the block kernel's register path (d <= 16 x its threads) and its loop (longer rows), rows with a short
-    // last block, into q and in place; FP8_128 and RoPE + quant by the act_quant launch after the norm.
+    // the block kernel's register path (d <= 16 x its threads), rows with a short last block, into q and in
+    // place; longer rows, FP8_128 and RoPE + quant by the act_quant launch after the norm.
     const ActQuant I8 = ActQuant::INT8_32, FP8 = ActQuant::FP8_128;
     struct C {
       int64_t d, rows;

@@ -314,10 +314,10 @@ __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool i
   return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, inv)), -127.0f, 127.0f), s);
 }
 
-// ActQuant::INT8_32 of one 32-value block held across a warp: lane l holds value l, `in` false for lanes
-// past the row's end (a row's last block may be shorter). Every lane of the warp calls it (shuffles).
-__device__ __forceinline__ float warp_int8_32_quant(float v, bool in) {
-  return act_quant_value_dev(v, warp_max_all(in ? fmaxf(1e-4f, fabsf(v)) : 1e-4f), true);
+// ActQuant::INT8_32 of one whole 32-value block held across a warp (lane l holds value l). Every lane of the
+// warp calls it (shuffles).
+__device__ __forceinline__ float warp_int8_32_quant(float v) {
+  return act_quant_value_dev(v, warp_max_all(fmaxf(1e-4f, fabsf(v))), true);
 }
 
 // The same for K blocks at once, block k in register k across the warp (lane l holds y[k] = value l of

@@ -122,23 +122,9 @@ __global__ void __launch_bounds__(256)
                    0);  // also orders every read of x before the writes (out may alias x)
   const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   float* o = out + r * d;
-  float* oq = q8 ? q8 + r * d : nullptr;
-  uint32_t in = 0;
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t i = lane + 32 * k;
-    v[k] = w ? __fmul_rn(__fmul_rn(v[k], rs), wv[k]) : __fmul_rn(v[k], rs);
-    if (i < d) {
-      in |= 1u << k;
-      if (o != oq) o[i] = v[k];
-    }
-  }
-  if (oq) {  // block k of the row is register k of the warp
-    warp_int8_32_quant_regs(v, in);
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if ((in >> k) & 1u) oq[lane + 32 * k] = v[k];
-  }
+  for (int k = 0; k < K; ++k) v[k] = w ? __fmul_rn(__fmul_rn(v[k], rs), wv[k]) : __fmul_rn(v[k], rs);
+  store_normed_regs(o, q8 ? q8 + r * d : nullptr, v, d, [&](int k) { return lane + 32 * k; });
   if (rope_pos) {
     __syncwarp();  // the normed row visible to the whole warp
     for (int j = lane; j < rt.n_rot / 2; j += 32) rope_pair(o + (d - rt.n_rot), j, rt.omega[j], pos, false);
@@ -298,7 +284,7 @@ __global__ void swiglu_kernel(float* out, const float* g, const float* u, int64_
     const float gt = c < g[i] ? c : g[i];  // std::min(g, c)
     const float up = clamp_dev(u[i], -c, c);
     const float h = __fmul_rn(__fmul_rn(gt, sigmoid_dev(gt)), up);
-    out[i] = q8 ? warp_int8_32_quant(h, true) : h;
+    out[i] = q8 ? warp_int8_32_quant(h) : h;
   }
 }
 
@@ -343,9 +329,11 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
   }
   Tensor q = op.q ? op.q : op.out;
   DSV4_ASSERT(op.quant == ActQuant::NONE || (q.ne[0] == d && q.n_rows() == rows), "rms_norm: quantised output shape");
-  // INT8_32 without RoPE in the norm's own kernel (ctx.fuse_act_quant_norms); otherwise an act_quant launch
-  // after it.
-  float* q8 = op.quant == ActQuant::INT8_32 && !op.rope_pos && ctx.fuse_act_quant_norms ? q.f32() : nullptr;
+  // INT8_32 without RoPE in the norm's own kernel (ctx.fuse_act_quant_norms) for rows it holds in registers;
+  // otherwise an act_quant launch after it.
+  const int threads = d >= 2048 ? 256 : 128;  // the block kernel's: a function of d only (never of the row count)
+  const bool regs = d <= 32 * 32 || d <= k_norm_reg * threads;
+  float* q8 = op.quant == ActQuant::INT8_32 && !op.rope_pos && regs && ctx.fuse_act_quant_norms ? q.f32() : nullptr;
   if (d <= 32 * 32) {  // one warp per row (a function of d only, like the block size below)
     const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
     auto launch = [&](auto kernel) {
@@ -357,7 +345,6 @@ void launch_rms_norm(const CudaContext& ctx, const RmsNormOp& op) {
     else
       launch(rms_norm_warp_kernel<32>);
   } else {
-    const int threads = d >= 2048 ? 256 : 128;  // a function of d only: results never depend on the row count
     launch_kernel(rms_norm_kernel, static_cast<unsigned>(rows), threads, 0, ctx.stream, op.out.f32(), op.x.f32(),
                   op.w ? op.w.f32() : nullptr, d, op.eps, op.rope_pos ? op.rope_pos.i32() : nullptr, per_tok, rt, q8);
   }

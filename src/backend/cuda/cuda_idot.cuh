@@ -63,7 +63,7 @@ static __global__ void __launch_bounds__(256)
   const int64_t gu = static_cast<int64_t>(blockIdx.x) * 8 + warp;  // < n_rows * n_units: whole blocks
   const int64_t r = gu / n_units, u = gu % n_units;
   float v = x[r * x_stride + u * 32 + lane];
-  if (q8) v = warp_int8_32_quant(v, true);
+  if (q8) v = warp_int8_32_quant(v);
   bool finite = __all_sync(k_full_mask, isfinite(v));
   float amax = fabsf(v);
 #pragma unroll

@@ -685,10 +685,12 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   const bool quant = op.norm_out && op.norm_quant != ActQuant::NONE;
   DSV4_ASSERT(!quant || (op.norm_q.ne[0] == D && op.norm_q.n_rows() >= n), "hc_pre: quantised norm output shape");
   if (n == 0) return;
-  // INT8_32 in the finalize's norm; other formats by an act_quant launch after it.
+  // INT8_32 in the register kernel's norm (rows its 256 threads hold in registers); otherwise an act_quant
+  // launch after it.
   const bool loop = n > k_finalize_tr_min;
-  float* xq8 =
-      quant && op.norm_quant == ActQuant::INT8_32 && ctx.fuse_act_quant_norms && !loop ? op.norm_q.f32() : nullptr;
+  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && ctx.fuse_act_quant_norms && !loop && D <= k_norm_reg * 256
+                   ? op.norm_q.f32()
+                   : nullptr;
   float* part_dot;
   double* part_ss;
   const int S = run_mix_partials(ctx, op.state, op.fn, n_mix, &part_dot, &part_ss);

@@ -457,7 +457,7 @@ __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weig
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float m = expert_mid(g[i], u[i], weights[i / F], c);
-    g[i] = q8 ? warp_int8_32_quant(m, true) : m;
+    g[i] = q8 ? warp_int8_32_quant(m) : m;
   }
 }
 

@@ -35,18 +35,32 @@ RopeTable make_rope_table(const RopeParams& p);  // host; asserts n_rot <= 128
 // take the streaming loop; both give the same float operations.
 constexpr int k_norm_reg = 16;
 //
-// q8 (optional): also q8 = the result quantised as ActQuant::INT8_32 (a linear
-// layer's input in `fast` numerics; q8 may alias out, which then gets only the
-// quantised values). Thread k's elements k + j blockDim.x of a warp are one
-// aligned 32-value block (blockDim.x a multiple of 32), so a block's amax is
-// a warp max (warp_int8_32_quant): the quantiser's operations, bit-identical
-// with an ActQuantOp over out.
-__device__ __forceinline__ void rms_norm_store(float* out, float* q8, int64_t i, int64_t d, float y) {
-  if (q8) {
-    const float yq = warp_int8_32_quant(y, i < d);  // every lane: the warp's 32 values are one block
-    if (i < d) q8[i] = yq;
+// q8 (optional, rows in registers only: d <= k_norm_reg * blockDim.x, which
+// the callers check): also q8 = the result quantised as ActQuant::INT8_32 (a
+// linear layer's input in `fast` numerics; q8 may alias out, which then gets
+// only the quantised values).
+
+// Stores a row's normed values held in registers: y[k] is element elem(k) of
+// the row (present when elem(k) < d), and register k across a warp is one
+// aligned 32-value block of it; with q8 also their INT8_32 quantisation
+// (warp_int8_32_quant_regs: the quantiser's operations, bit-identical with an
+// ActQuantOp over out). Every lane of the warp calls it.
+template <int K, class Elem>
+__device__ __forceinline__ void store_normed_regs(float* out, float* q8, float (&y)[K], int64_t d, Elem elem) {
+  uint32_t in = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t i = elem(k);
+    if (i < d) {
+      in |= 1u << k;
+      if (out != q8) out[i] = y[k];
+    }
   }
-  if (i < d && out != q8) out[i] = y;
+  if (!q8) return;
+  warp_int8_32_quant_regs(y, in);
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if ((in >> k) & 1u) q8[elem(k)] = y[k];
 }
 
 // The register path of block_rms_norm_row for a caller that already holds the
@@ -63,21 +77,10 @@ __device__ __forceinline__ void block_rms_norm_regs(float* out, const float (&v)
   ss = block_sum_double(ss, red);  // also orders every read of x before the writes below (out may alias x)
   const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
   float y[k_norm_reg];
-  uint32_t in = 0;
 #pragma unroll
-  for (int k = 0; k < k_norm_reg; ++k) {
-    const int64_t i = threadIdx.x + k * nt;
-    y[k] = has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r);
-    if (i < d) {
-      in |= 1u << k;
-      if (out != q8) out[i] = y[k];
-    }
-  }
-  if (!q8) return;
-  warp_int8_32_quant_regs(y, in);
-#pragma unroll
-  for (int k = 0; k < k_norm_reg; ++k)
-    if ((in >> k) & 1u) q8[threadIdx.x + k * nt] = y[k];
+  for (int k = 0; k < k_norm_reg; ++k) y[k] = has_w ? __fmul_rn(__fmul_rn(v[k], r), wv[k]) : __fmul_rn(v[k], r);
+  // A warp's 32 threads hold one aligned block per k (blockDim.x a multiple of 32).
+  store_normed_regs(out, q8, y, d, [&](int k) { return threadIdx.x + k * nt; });
 }
 
 __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, const float* w, int64_t d, float eps,
@@ -101,14 +104,8 @@ __device__ __forceinline__ void block_rms_norm_row(float* out, const float* x, c
   }
   ss = block_sum_double(ss, red);
   const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
-  // Warp-uniform steps (i0 = the warp's first element) so that a block's lanes quantise together.
-  for (int64_t i0 = threadIdx.x & ~31u; i0 < d; i0 += nt) {
-    const int64_t i = i0 + (threadIdx.x & 31);
-    const float xi = i < d ? x[i] : 0.0f;
-    const float y = w ? __fmul_rn(__fmul_rn(xi, r), i < d ? w[i] : 1.0f) : __fmul_rn(xi, r);
-    if (!q8 && i >= d) continue;
-    rms_norm_store(out, q8, i, d, y);
-  }
+  DEVICE_CHECK(!q8);  // the register path only
+  for (int64_t i = threadIdx.x; i < d; i += nt) out[i] = w ? __fmul_rn(__fmul_rn(x[i], r), w[i]) : __fmul_rn(x[i], r);
 }
 
 // Rotates pair j of a RoPE tail (tail = row + d - n_rot) by pos*omega_j (inverse: -pos*omega_j).
