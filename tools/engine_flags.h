@@ -112,6 +112,10 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--no-int8-matvec", [s] { s->int8_matvec = false; },
          "With --numerics fast: decode matvecs of Q8_0 weights on the float matvec instead of int8 dot products")
       ->group(group);
+  cmd->add_flag_callback(
+         "--no-int8-tiles", [s] { s->int8_tiles = false; },
+         "With --numerics fast: prefill matmuls and tile experts on f16 tensor-core MMAs instead of int8 ones")
+      ->group(group);
   cmd->add_option_function<std::string>(
          "--act-quant-fusion", [s](const std::string& v) { s->act_quant_fusion = *parse_act_quant_fusion(v); },
          "With --numerics fast: where the activation quantisation runs (the same results): auto (inside the "

@@ -25,6 +25,8 @@
 #                     (--cpu-experts 0.5: 8-bit activations, tolerance k_thr_host_experts)
 #   test_cuda_ops_nogc  the matmul cases with --no-gemm-cache (the cuBLAS path splitting its weights every
 #                     call; the default keeps them: GemmWeightCache)
+#   test_cuda_ops_f16tile  tiny shapes with --no-cublas --no-int8-tiles (tiles of int8-quantised x, `fast`
+#                     numerics, on the f16 tile instead of the int8 one of cuda_mma_i8.cuh)
 #   test_cuda_model   tiny synthetic model, CUDA vs CPU logits at every position of a 700-token prompt,
 #                     reference, plain and fast numerics, tensor cores and FFMA tiles; chunked/decode vs whole prefill on CUDA
 #                     (bitwise on FFMA tiles)
@@ -169,6 +171,7 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_ops_nogather "$BIN/test_cuda_ops" --filter moe_experts --no-flash --no-expert-gather
   run_step test_cuda_ops_cpuexp "$BIN/test_cuda_ops" --filter moe_experts --no-flash --cpu-experts 0.5
   run_step test_cuda_ops_nogc "$BIN/test_cuda_ops" --filter matmul --no-gemm-cache
+  run_step test_cuda_ops_f16tile "$BIN/test_cuda_ops" --no-flash --no-cublas --no-int8-tiles
   run_step test_cuda_model "$BIN/test_cuda_model"
   run_step test_cuda_model_mxfp4 "$BIN/test_cuda_model" --preset tiny-mxfp4 --tokens 300
   gpu_exists "$BIN/test_cuda_offload" && run_step test_cuda_offload "$BIN/test_cuda_offload"

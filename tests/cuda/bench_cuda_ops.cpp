@@ -49,6 +49,7 @@ struct Opts {
   std::string cublas = "auto";
   bool int_dot = true;
   bool int8_matvec = true;
+  bool int8_tiles = true;
   bool token_matvec = true;
   int64_t gemm_min_tokens = 128;
   std::string expert_gemm = "auto";
@@ -212,9 +213,10 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
   }
 }
 
-void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn) {
-  const std::string name =
-      strfmt("moe_experts %s/%s E=256 k=6 n=%lld", ggml_type_name(gu), ggml_type_name(dn), (long long)o.n);
+// xq = INT8_32: x and the mid vector quantised as `fast` numerics does (MoeExpertsOp::x_quant, mid_quant).
+void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn, ActQuant xq = ActQuant::NONE) {
+  const std::string name = strfmt("moe_experts %s/%s E=256 k=6%s n=%lld", ggml_type_name(gu), ggml_type_name(dn),
+                                  xq == ActQuant::NONE ? "" : " x-int8", (long long)o.n);
   if (!o.filter.empty() && name.find(o.filter) == std::string::npos) return;
   const int64_t E = 256, F = 2048, D = 4096, k = 6, n = o.n;
   Tensor gate = upload(gpu, gu, random_weight(r, gu, D, F * E), D, F, E);
@@ -244,7 +246,7 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn
     gpu.write(tw, w.data(), w.size() * sizeof(float));
     wts.push_back(tw);
   }
-  Tensor x = f32_input(gpu, r, D, n);
+  Tensor x = f32_input(gpu, r, D, n, xq);
   Tensor out = gpu.alloc(GgmlType::F32, D, n);
   const double sec = time_ops(gpu, reps, [&](int i) {
     gpu.moe_experts({.out = out,
@@ -255,7 +257,9 @@ void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn
                      .experts = ids[static_cast<size_t>(i)],
                      .weights = wts[static_cast<size_t>(i)],
                      .clamp = 10.0f,
-                     .accumulate = false});
+                     .accumulate = false,
+                     .mid_quant = xq,
+                     .x_quant = xq});
   });
   // Weight bytes: each distinct expert's three matrices once (n = 1: k experts).
   const double per_expert = static_cast<double>(gate.row_bytes() * F * 2 + down.row_bytes() * D);
@@ -398,8 +402,8 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
 
 const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
-    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-token-matvec]\n"
-    "                      [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
+    "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-int8-tiles]\n"
+    "                      [--no-token-matvec] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
     "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
@@ -408,6 +412,7 @@ const char* k_usage =
     "  --gemm-min-tokens N the cuBLAS threshold (default 128)\n"
     "  --no-int-dot        decode experts on the float matvec\n"
     "  --no-int8-matvec    Q8_0 matvecs of int8-quantised x (the x-int8 cases) on the float matvec\n"
+    "  --no-int8-tiles     tiles of int8-quantised x (the x-int8 cases, n > 1) on f16 MMAs instead of int8\n"
     "  --no-token-matvec   matmuls of 2..4 tokens on the tiles instead of the token matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
@@ -578,6 +583,8 @@ int main(int argc, char** argv) {
       o.int_dot = false;
     else if (a == "--no-int8-matvec")
       o.int8_matvec = false;
+    else if (a == "--no-int8-tiles")
+      o.int8_tiles = false;
     else if (a == "--no-token-matvec")
       o.token_matvec = false;
     else if (a == "--no-gemm-cache")
@@ -610,6 +617,7 @@ int main(int argc, char** argv) {
   gopt.int_dot = o.int_dot;
   gopt.act_quant_fusion = ActQuantFusion::ALL;  // the act_quant cases time every fused form (the norms' too)
   gopt.int8_matvec = o.int8_matvec;
+  gopt.int8_tiles = o.int8_tiles;
   gopt.token_matvec = o.token_matvec;
   auto eg = parse_expert_gemm(o.expert_gemm);
   if (!eg) {
@@ -628,9 +636,10 @@ int main(int argc, char** argv) {
   Rng r(1);
   bench_matmuls(**gpu, r, o);
   bench_matmul_sets(**gpu, r, o);
-  bench_experts(**gpu, r, o, GgmlType::IQ2_XXS, GgmlType::Q2_K);  // the q2 file
-  bench_experts(**gpu, r, o, GgmlType::Q4_K, GgmlType::Q4_K);     // q4
-  bench_experts(**gpu, r, o, GgmlType::MXFP4, GgmlType::MXFP4);   // MXFP4Experts
+  bench_experts(**gpu, r, o, GgmlType::IQ2_XXS, GgmlType::Q2_K);                     // the q2 file
+  bench_experts(**gpu, r, o, GgmlType::Q4_K, GgmlType::Q4_K);                        // q4
+  bench_experts(**gpu, r, o, GgmlType::MXFP4, GgmlType::MXFP4);                      // MXFP4Experts
+  bench_experts(**gpu, r, o, GgmlType::IQ2_XXS, GgmlType::Q2_K, ActQuant::INT8_32);  // q2, `fast` numerics
   bench_attention(**gpu, r, o);
   bench_mhc(**gpu, r, o);
   bench_act_quant(**gpu, r, o);

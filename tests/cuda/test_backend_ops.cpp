@@ -377,17 +377,20 @@ int main(int argc, char** argv) {
   using namespace dsv4::cudatest;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  bool flash = true, tensor_cores = true, cublas = true, int_dot = true, gemm_cache = true, gather = true;
+  bool flash = true, tensor_cores = true, cublas = true, int_dot = true, int8_tiles = true, gemm_cache = true,
+       gather = true;
   std::string expert_gemm = "auto";
   std::string filter;
   float cpu_experts = 0.0f;
   const std::string usage =
       std::string("usage: ") + argv[0] +
-      " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-gemm-cache] "
+      " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-int8-tiles] "
+      "[--no-gemm-cache] "
       "[--expert-gemm auto|on|off|N] [--no-expert-gather] [--cpu-experts SHARE]\n"
       "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
       "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
       "  --no-int-dot  decode experts on the float matvec\n"
+      "  --no-int8-tiles  tiles of int8-quantised x on f16 MMAs (x hi + lo) instead of int8 ones\n"
       "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
       "                 auto (default: N = 64), on (every expert), off (the tile), or N\n"
       "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n"
@@ -406,6 +409,8 @@ int main(int argc, char** argv) {
       cublas = false;
     else if (a == "--no-int-dot")
       int_dot = false;
+    else if (a == "--no-int8-tiles")
+      int8_tiles = false;
     else if (a == "--no-gemm-cache")
       gemm_cache = false;
     else if (a == "--no-expert-gather")
@@ -428,6 +433,7 @@ int main(int argc, char** argv) {
               int_dot ? "" : ", float decode experts (--no-int-dot)");
   if (expert_gemm != "auto") std::printf("test_backend_ops: --expert-gemm %s\n", expert_gemm.c_str());
   if (!gemm_cache) std::printf("test_backend_ops: --no-gemm-cache\n");
+  if (!int8_tiles) std::printf("test_backend_ops: --no-int8-tiles\n");
   if (!gather) std::printf("test_backend_ops: --no-expert-gather\n");
   if (cpu_experts != 0.0f) std::printf("test_backend_ops: --cpu-experts %.2f\n", static_cast<double>(cpu_experts));
   if (!cuda_device_present()) {
@@ -438,6 +444,7 @@ int main(int argc, char** argv) {
   gopt.tensor_cores = tensor_cores;
   gopt.cublas = cublas ? CublasMode::AUTO : CublasMode::OFF;
   gopt.int_dot = int_dot;
+  gopt.int8_tiles = int8_tiles;
   // Every fused activation quantisation (the norms' too: not the engine's default), each checked bitwise
   // against the separate quantiser; the separate act_quant kernel has cases of its own.
   gopt.act_quant_fusion = ActQuantFusion::ALL;

@@ -3,10 +3,9 @@
 // runs them on the host — no GPU needed — and checks them bit for bit against
 // the CPU code: every unit of random rows of every weight type against
 // quant::dequantize_row (directly and through the staged-chunk path of the
-// decode matvec), f16 decoding of all 65536 codes, and the bf16 / FP8 e4m3 /
-// FP4 e2m1 / power-of-two roundings and the top-k float keys on many values.
-// Everything here must be exact (0 differences). It also checks the CUDA
-// sources for programmatic dependent launch's rule (check_kernel_sources).
+// decode matvec; the f16 and int8 tensor-core tiles' code decoders), f16 decoding of all 65536 codes, and the bf16 /
+// FP8 e4m3 / FP4 e2m1 / power-of-two roundings and the top-k float keys on many values. Everything here must be exact
+// (0 differences). It also checks the CUDA sources for programmatic dependent launch's rule (check_kernel_sources).
 //
 //   test_cuda_decode [--seed N]
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <sstream>
 
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_mma_i8.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "cuda_test_util.h"
 
@@ -155,6 +155,67 @@ void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows,
             strfmt("%lld coverage errors", static_cast<long long>(coverage_errors)));
 }
 
+// The int8 tile's decoders (cuda_mma_i8.cuh, MmaCodesI8): for every unit and
+// quad lane, the int8 code at each fragment position p times the unit scale
+// (minus the unit's or sub-block's min) rebuilds dequantize_row's weight —
+// bit for bit where the CPU forms it the same way (Q8_0, IQ2_XXS, Q4_K); for
+// Q2_K, whose codes carry the sub-block scale (d (q s) instead of (d s) q),
+// within two roundings — and every element of a unit is covered once.
+template <GgmlType T>
+void check_mma_codes_i8(Rng& r, Report& rep, int64_t cols, int64_t rows) {
+  using C = MmaCodesI8<T>;
+  const QuantTables qt{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
+  std::vector<uint2> grid(256);
+  for (int i = 0; i < 256; ++i)
+    grid[static_cast<size_t>(i)] =
+        make_uint2(static_cast<uint32_t>(qt.iq2_grid[i]), static_cast<uint32_t>(qt.iq2_grid[i] >> 32));
+  const MmaTables tab{grid.data()};
+  const std::vector<uint8_t> bytes = random_weight(r, T, cols, rows);
+  const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
+  std::vector<uint4> aligned((bytes.size() + 15) / 16 + 1);
+  std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  const auto* base = reinterpret_cast<const uint8_t*>(aligned.data());
+  std::vector<float> ref(static_cast<size_t>(cols));
+  Diff d;
+  int64_t coverage_errors = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* p = base + row * rb;
+    quant::dequantize_row(T, p, ref.data(), cols);
+    typename C::Raw raw[4];  // per lane, loaded for u = 0, 1, 2, ... in order (as the tile does)
+    for (int64_t u = 0; u < cols / 32; ++u) {
+      int seen[32] = {};
+      for (int t = 0; t < 4; ++t) {
+        uint32_t a[2];
+        float sc = 0.0f, mn[2] = {0.0f, 0.0f};
+        MmaCodes<T>::load(p, u, t, raw[t]);
+        C::decode(raw[t], u, t, a, sc, mn, tab);
+        for (int k = 0; k < 8; ++k) {
+          const int pos = 8 * t + k, s = k / 4;
+          const auto code = static_cast<float>(static_cast<int8_t>(a[s] >> (8 * (k % 4))));
+          const float m = C::kMins == 2 ? mn[s] : mn[0];
+          const float w = C::kMins > 0 ? sub_rn(mul_rn(sc, code), m) : mul_rn(sc, code);
+          const int e = mma_elem_of_pos<T>(pos);
+          if (e < 0 || e >= 32 || mma_pos_of_elem<T>(e) != pos) {
+            ++coverage_errors;
+            continue;
+          }
+          ++seen[e];
+          ++d.n;
+          const float want = ref[static_cast<size_t>(u * 32 + e)];
+          if constexpr (T == GgmlType::Q2_K)
+            d.n_diff += !(std::fabs(w - want) <= 0x1p-22f * (std::fabs(mul_rn(sc, code)) + std::fabs(m)));
+          else
+            d.n_diff += !same_bits(w, want);
+        }
+      }
+      for (int e = 0; e < 32; ++e) coverage_errors += seen[e] != 1;
+    }
+  }
+  rep.exact("mma codes i8", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
+  rep.check("mma positions i8", strfmt("%s: every element once", ggml_type_name(T)), coverage_errors == 0,
+            strfmt("%lld coverage errors", static_cast<long long>(coverage_errors)));
+}
+
 // A float with a random sign, exponent in [lo, hi] and random mantissa.
 float random_float(Rng& r, int lo, int hi) {
   const float m = 1.0f + r.uniform();
@@ -258,11 +319,16 @@ int main(int argc, char** argv) {
     check_mma_codes<G::IQ2_XXS>(r, rep, cols, 6);
     check_mma_codes<G::F16>(r, rep, cols, 6);
     check_mma_codes<G::MXFP4>(r, rep, cols, 6);
+    check_mma_codes_i8<G::Q8_0>(r, rep, cols, 6);
+    check_mma_codes_i8<G::Q2_K>(r, rep, cols, 6);
+    check_mma_codes_i8<G::Q4_K>(r, rep, cols, 6);
+    check_mma_codes_i8<G::IQ2_XXS>(r, rep, cols, 6);
   }
-  check_mma_codes<G::Q8_0>(r, rep, 96, 6);  // 3 blocks per row: rows start at both 4-byte phases
-  check_type<G::Q8_0>(r, rep, 64, 9);       // 2 units: no staging
-  check_type<G::Q8_0>(r, rep, 2080, 3);     // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
-  check_type<G::Q8_0>(r, rep, 2304, 3);     // 72 units: staged with a partial chunk of 8
+  check_mma_codes_i8<G::Q8_0>(r, rep, 96, 6);  // both 4-byte phases of a row's start
+  check_mma_codes<G::Q8_0>(r, rep, 96, 6);     // 3 blocks per row: rows start at both 4-byte phases
+  check_type<G::Q8_0>(r, rep, 64, 9);          // 2 units: no staging
+  check_type<G::Q8_0>(r, rep, 2080, 3);        // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
+  check_type<G::Q8_0>(r, rep, 2304, 3);        // 72 units: staged with a partial chunk of 8
 
   {  // IQ2_XXS sign bytes: computed (iq2_sign_bits) == the table
     Diff d;

@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
     ctx_.tensor_cores = opts_.tensor_cores && prop.major >= 8;
     ctx_.int_dot = ctx_.tensor_cores && opts_.int_dot;
     ctx_.int8_matvec = ctx_.tensor_cores && opts_.int8_matvec;
+    ctx_.int8_tiles = ctx_.tensor_cores && opts_.int8_tiles;
     ctx_.fuse_act_quant = opts_.act_quant_fusion != ActQuantFusion::OFF;
     ctx_.fuse_act_quant_norms = opts_.act_quant_fusion == ActQuantFusion::ALL;
     ctx_.token_matvec = opts_.token_matvec;

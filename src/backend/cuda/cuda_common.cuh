@@ -97,6 +97,10 @@ struct CudaContext {
   // Decode matvecs of Q8_0 weights with an int8-32 quantised x (MatmulOp::x_quant, `fast` numerics) as dp4a
   // dot products (cuda_matmul.cu): on with tensor cores (the same contract); CudaOptions::int8_matvec.
   bool int8_matvec = false;
+  // Tensor-core tiles of x from an INT8_32 quantiser (MatmulOp::x_quant, MoeExpertsOp::x_quant / mid_quant,
+  // `fast` numerics) on int8 MMAs (cuda_mma_i8.cuh; Q8_0, IQ2_XXS, Q4_K, Q2_K): on with tensor cores (the
+  // same contract); CudaOptions::int8_tiles.
+  bool int8_tiles = false;
   // `fast` numerics' INT8_32 activation quantisation inside the kernel that produces or reads the input
   // (CudaOptions::act_quant_fusion; the same bits): the SwiGLUs, the experts' mid split, the int8 matvec's
   // staging (AUTO, ALL); the norms (RmsNormOp::quant, HcPreOp::norm_quant: ALL only).

@@ -56,18 +56,6 @@ namespace dsv4::cuda {
 constexpr int k_imma_rows = 16;      // rows per block (the MMA's M)
 constexpr int k_imma_max_warps = 8;  // K split: at most 8 chunks in flight per block
 
-// d = A B + c, m16n8k32, s8 x s8 -> s32 (exact).
-__device__ __forceinline__ void imma_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint32_t b0, uint32_t b1, const int32_t (&c)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
-#else
-  __trap();  // sm_80+ only (int_dot needs tensor cores, which need sm_80)
-#endif
-}
-
 // This lane's B fragments of the 8 units of one 256-value x block (lanes g >= 4:
 // zero columns) and the block's scale.
 struct ImmaXBlock {

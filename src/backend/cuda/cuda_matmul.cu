@@ -67,7 +67,7 @@
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/cuda_dense.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
-#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_mma_tile.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_tile.cuh"
 
@@ -617,19 +617,20 @@ __global__ void __launch_bounds__(256)
                  });
 }
 
-// The tensor-core tile (cuda_mma.cuh): 256 rows x BN tokens per block; x split
-// beforehand (mma_split_x: token t = split row t, group g = units from g * n_units).
+// The tensor-core tile (cuda_mma_tile.cuh): 256 rows x BN tokens per block; x split
+// beforehand (mma_split_x, or mma_split_x_i8 for the int8 kind I8: token t = split row t,
+// group g = units from g * n_units).
 // Split K (part != nullptr): blockIdx.z = token block + token_blocks * slice; slice
 // sp sums units [sp * slice_units, +slice_units) and stores part[sp][t][r]
 // (matmul_slices_sum_kernel adds the slices); else out[t][r] (+)= the whole sum.
-template <GgmlType T, int BN>
+template <GgmlType T, int BN, bool I8>
 __global__ void __launch_bounds__(256, 2)
     matmul_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
                       int64_t n_units, MmaX xs, int64_t n, float* __restrict__ out, bool acc, int64_t slice_units,
                       float* __restrict__ part, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
+  auto& sm = *reinterpret_cast<MmaSmem<BN, I8>*>(mma_smem);
   const int64_t g = blockIdx.y;
   const int64_t r0 = g * rows_per_group + static_cast<int64_t>(blockIdx.x) * k_mma_rows;
   const int64_t token_blocks = (n + BN - 1) / BN;
@@ -639,15 +640,15 @@ __global__ void __launch_bounds__(256, 2)
   const int nt = static_cast<int>(n - t0 < BN ? n - t0 : BN);
   if (threadIdx.x < BN) sm.xrow[threadIdx.x] = t0 + (static_cast<int>(threadIdx.x) < nt ? threadIdx.x : 0);
   const MmaTables st = mma_smem_tables(sm, tab);
-  mma_tile<T, BN>(w, row_bytes, r0, (g + 1) * rows_per_group, u_lo, u_hi, xs, g * n_units, sm, nt, st,
-                  [&](int64_t r, int tt, float s) {
-                    if (part) {
-                      part[(sp * n + t0 + tt) * rows + r] = s;
-                    } else {
-                      float& o = out[(t0 + tt) * rows + r];
-                      o = acc ? o + s : s;
-                    }
-                  });
+  mma_tile<T, BN, I8>(w, row_bytes, r0, (g + 1) * rows_per_group, u_lo, u_hi, xs, g * n_units, sm, nt, st,
+                      [&](int64_t r, int tt, float s) {
+                        if (part) {
+                          part[(sp * n + t0 + tt) * rows + r] = s;
+                        } else {
+                          float& o = out[(t0 + tt) * rows + r];
+                          o = acc ? o + s : s;
+                        }
+                      });
 }
 
 // out[i] = (acc ? out[i] : 0) + (part[0][i] + part[1][i] + ... ), slices in order, i < total = n * rows.
@@ -675,17 +676,17 @@ int64_t mma_slice_units(int64_t blocks, int64_t n_units, int64_t sms) {
   return (chunks + slices - 1) / slices * k_mma_uc;
 }
 
-template <GgmlType T, int BN>
+template <GgmlType T, int BN, bool I8>
 void launch_matmul_mma(const CudaContext& ctx, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t rows_per_group,
                        int groups, int64_t n_units, const MmaX& xs, int64_t n, float* out, bool acc,
                        int64_t slice_units, float* part) {
   const int64_t token_blocks = (n + BN - 1) / BN, slices = (n_units + slice_units - 1) / slice_units;
   DSV4_ASSERT(token_blocks * slices <= 65535, "matmul: batch of %lld tokens too large", static_cast<long long>(n));
-  allow_smem(matmul_mma_kernel<T, BN>, sizeof(MmaSmem<BN>));
-  launch_kernel(matmul_mma_kernel<T, BN>,
+  allow_smem(matmul_mma_kernel<T, BN, I8>, sizeof(MmaSmem<BN, I8>));
+  launch_kernel(matmul_mma_kernel<T, BN, I8>,
                 dim3(ceil_div(rows_per_group, k_mma_rows), static_cast<unsigned>(groups),
                      static_cast<unsigned>(token_blocks * slices)),
-                256, sizeof(MmaSmem<BN>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc,
+                256, sizeof(MmaSmem<BN, I8>), ctx.stream, w, row_bytes, rows, rows_per_group, n_units, xs, n, out, acc,
                 slices > 1 ? slice_units : n_units, slices > 1 ? part : nullptr, ctx.tables);
   if (slices > 1) {
     CUDA_CHECK_LAUNCH();
@@ -807,19 +808,30 @@ void launch_matmul(const CudaContext& ctx, const MatmulOp& in) {
         const size_t split_bytes = (mma_split_bytes(n, units) + 15) / 16 * 16;
         const size_t part_bytes = slices > 1 ? static_cast<size_t>(slices * n * rows) * sizeof(float) : 0;
         auto* buf = static_cast<uint8_t*>(ctx.scratch->get(split_bytes + part_bytes, ctx.stream));
-        const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, n, units, buf);
-        CUDA_CHECK_LAUNCH();
         float* part = reinterpret_cast<float*>(buf + split_bytes);
         const size_t rb = op.w.row_bytes();
-        if (bn == 32)
-          launch_matmul_mma<T, 32>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
-                                   slice_units, part);
-        else if (bn == 16)
-          launch_matmul_mma<T, 16>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
-                                   slice_units, part);
-        else
-          launch_matmul_mma<T, 8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
-                                  slice_units, part);
+        // x from an INT8_32 quantiser: the int8 kind (its codes split; mma_split_i8_bytes <= mma_split_bytes).
+        auto run = [&](auto i8_tag) {
+          constexpr bool I8 = decltype(i8_tag)::value;
+          const MmaX xs = I8 ? mma_split_x_i8<T>(ctx.stream, x, x_stride, n, units, buf)
+                             : mma_split_x<T>(ctx.stream, x, x_stride, n, units, buf);
+          CUDA_CHECK_LAUNCH();
+          if (bn == 32)
+            launch_matmul_mma<T, 32, I8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
+                                         slice_units, part);
+          else if (bn == 16)
+            launch_matmul_mma<T, 16, I8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
+                                         slice_units, part);
+          else
+            launch_matmul_mma<T, 8, I8>(ctx, w, rb, rows, rows_per_group, groups, n_units32, xs, n, out, op.accumulate,
+                                        slice_units, part);
+        };
+        bool i8 = false;
+        if constexpr (mma_i8_type<T>()) {
+          i8 = ctx.int8_tiles && op.x_quant == ActQuant::INT8_32;
+          if (i8) run(std::true_type{});
+        }
+        if (!i8) run(std::false_type{});
       }
     } else {
       DSV4_ASSERT((n + k_tile_tokens - 1) / k_tile_tokens <= 65535, "matmul: batch of %lld tokens too large",

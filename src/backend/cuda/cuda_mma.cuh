@@ -1,5 +1,6 @@
-// The tensor-core weight tile of the prefill matmul (cuda_matmul.cu) and the
-// expert-grouped MoE (cuda_moe.cu), for the block-quantised weight types
+// The f16 kind of the tensor-core weight tile (the tile itself:
+// cuda_mma_tile.cuh) of the prefill matmul (cuda_matmul.cu) and the
+// expert-grouped MoE (cuda_moe.cu) — its weight codes and split x — for the block-quantised weight types
 // (Q8_0, Q2_K, Q4_K, IQ2_XXS, MXFP4; and F16 in the matmul): one 256-thread block computes 256 weight rows
 // (32 per warp: two m16 tiles) x BN tokens (BN = 8, 16 or 32) with
 // mma.sync.m16n8k16 (f16 inputs, f32 accumulation).
@@ -43,13 +44,11 @@
 //      writes {2^-s, f32 sums of x over elements 0..15, 16..31, 0..31} (fixed
 //      shuffle tree; the min terms of Q2_K/Q4_K). Once per matmul, read by
 //      every row block.
-//   2. the tile kernel (matmul_mma_kernel / expert_mma_kernel) calls mma_tile:
-//      the block copies 8 units of its tokens' split x per chunk into shared
-//      memory (cp.async, two buffers, one barrier per chunk); each warp decodes
-//      its 32 rows' codes straight from global memory into A fragments (each
-//      quad lane reads its 8 codes and the rows' scales; the next unit's bytes
-//      are loaded before this unit's MMAs), runs 4 MMAs (hi, lo x 2 k-steps)
-//      per 16x8 tile and unit, and adds the scaled unit sums to f32 accumulators.
+//   2. the tile kernel (matmul_mma_kernel / expert_mma_kernel) calls mma_tile
+//      (cuda_mma_tile.cuh), which runs 4 MMAs (hi, lo x 2 k-steps) per 16x8
+//      tile and unit and adds the scaled unit sums to f32 accumulators.
+// With x from an INT8_32 activation quantiser the tile runs on int8 MMAs
+// instead (cuda_mma_i8.cuh: its own split of x's codes, one MMA per unit).
 //
 // CPU reference: cpu::matmul (via quant::dequantize_row + f32 dot products).
 #pragma once
@@ -126,6 +125,18 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #else
   __trap();  // sm_80+ only (the launchers never pick the MMA tile below sm_80)
+#endif
+}
+
+// d = A B + c, m16n8k32, s8 x s8 -> s32 (exact).
+__device__ __forceinline__ void imma_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t b0, uint32_t b1, const int32_t (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+#else
+  __trap();  // sm_80+ only (the launchers pick integer MMAs only on sm_80+)
 #endif
 }
 
@@ -473,7 +484,8 @@ constexpr bool mma_tile_type() {
 }
 
 // ---- x, split once per matmul (mma_split_x_kernel), read by every row block.
-// Per (row, unit): 128 bytes = hi[32] then lo[32] f16 in fragment order
+// (The int8 tile's split, mma_split_x_i8, fills the same struct with 32 bytes of codes per (row, unit) in q and
+// {2^k, sums} in s.) Per (row, unit): 128 bytes = hi[32] then lo[32] f16 in fragment order
 // (uint4 k of the unit: hi positions 8k..8k+7 for k < 4, lo for k >= 4), and
 // float4 {2^-s, sum of elements 0..15, sum of 16..31, sum of 0..31} (f32,
 // fixed shuffle tree; the sums of the unscaled x, for the min terms).
@@ -534,193 +546,6 @@ MmaX mma_split_x(cudaStream_t stream, const float* x, int64_t x_stride, int64_t 
   launch_kernel(mma_split_x_kernel<mma_subblock_order<T>()>, blocks, 256, 0, stream, x, x_stride, rows, units,
                 const_cast<uint4*>(r.q), const_cast<float4*>(r.s));
   return r;
-}
-
-// ---- the tile
-constexpr int k_mma_rows = 256;  // weight rows per block (8 warps x 2 m16 tiles)
-constexpr int k_mma_uc = 8;      // units per staged chunk of the split x
-
-// Shared memory of one tile block: the IQ2_XXS tables, the split-x row of each
-// of the BN tokens, and two chunk buffers of the split x (cp.async ring):
-//   q[buf][n][uu][8] uint4: token n's unit u0 + uu; for odd n the hi and lo
-//     halves trade places (slot k ^ 4), so the two tokens of a quarter-warp's
-//     16-byte loads hit different banks;
-//   s[buf][uu][n] float4: unit-major, so the 4 accumulator column pairs of a
-//     quarter-warp are 32 bytes apart (distinct banks).
-template <int BN>
-struct MmaSmem {
-  uint4 q[2][BN][k_mma_uc][8];
-  float4 s[2][k_mma_uc][BN];
-  uint2 grid[256];
-  int64_t xrow[BN];
-};
-
-// Builds the f16 IQ2_XXS tables in sm and returns tables pointing there. Every
-// thread must call it (it ends with __syncthreads, which also publishes xrow).
-template <int BN>
-__device__ __forceinline__ MmaTables mma_smem_tables(MmaSmem<BN>& sm, const QuantTables& tab) {
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    const uint64_t e = tab.iq2_grid[i];
-    sm.grid[i] = make_uint2(static_cast<uint32_t>(e), static_cast<uint32_t>(e >> 32));
-  }
-  __syncthreads();
-  MmaTables t;
-  t.grid = sm.grid;
-  return t;
-}
-
-// Computes the tile and calls store(r, tt, value) for every row r in
-// [r_blk, min(r_blk + 256, r_end)) and token tt < nt: the sum over the row's
-// units [u_lo, u_hi) (all of them: 0, n_units; a slice of a split-K launch).
-// w: row 0 of the weight matrix (row r at r * row_bytes); token tt's x is
-// split row sm.xrow[tt] of xs, units [u_off + u_lo, u_off + u_hi) (u_off: the
-// group of a grouped matmul). The block copies the split x of k_mma_uc units of its tokens
-// into shared memory with cp.async, one chunk ahead of the MMAs (two buffers, a
-// barrier per chunk); each warp streams its own 32 rows' codes from global
-// memory, the next unit's raw bytes loaded before this unit's MMAs. Every
-// thread of the block must call it (blockDim.x == 256).
-template <GgmlType T, int BN, class Store>
-__device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r_blk, int64_t r_end,
-                                         int64_t u_lo, int64_t u_hi, const MmaX& xs, int64_t u_off, MmaSmem<BN>& sm,
-                                         int nt, const MmaTables& tab, Store store) {
-  static_assert(mma_tile_type<T>(), "MMA tile: block-quantised types and F16 only");
-  using C = MmaCodes<T>;
-  constexpr int NJ = BN / 8;  // n8 tiles
-  constexpr int NS = C::NS;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const bool live = r_blk + 32 * warp < r_end;  // dead warps still copy and meet the barriers
-
-  // Copies chunk c (units [u_lo + c * uc, +uc) of every live token) into buffer c & 1.
-  const int64_t n_chunks = (u_hi - u_lo + k_mma_uc - 1) / k_mma_uc;
-  auto issue = [&](int64_t c) {
-    const int b = static_cast<int>(c & 1);
-    const int64_t u0 = u_lo + c * k_mma_uc;
-    const int nu = static_cast<int>(u_hi - u0 < k_mma_uc ? u_hi - u0 : k_mma_uc);
-    for (int i = threadIdx.x; i < nt * k_mma_uc * 9; i += 256) {
-      const int n = i / (k_mma_uc * 9), rest = i % (k_mma_uc * 9), uu = rest / 9, k = rest % 9;
-      if (uu >= nu) continue;
-      const int64_t su = xs.units * sm.xrow[n] + u_off + u0 + uu;
-      if (k < 8)
-        cp_async_vec(&sm.q[b][n][uu][k ^ ((n & 1) << 2)], xs.q + su * 8 + k);
-      else
-        cp_async_vec(reinterpret_cast<uint4*>(&sm.s[b][uu][n]), reinterpret_cast<const uint4*>(xs.s + su));
-    }
-    cp_async_commit();
-  };
-
-  const uint8_t* rp[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int64_t r = r_blk + 32 * warp + 16 * mt + 8 * h + g;
-      if (r >= r_end) r = r_end - 1;
-      rp[mt][h] = w + r * row_bytes;
-    }
-  float acc[2][NJ][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.0f;
-  typename C::Raw raw[2][2];
-  if (live) {
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) C::load(rp[mt][h], u_lo, t, raw[mt][h]);
-  }
-
-  issue(0);
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    if (c + 1 < n_chunks) {
-      issue(c + 1);  // into the buffer every warp finished with (barrier at the end of the last step)
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // chunk c visible to every warp
-    const int b = static_cast<int>(c & 1);
-    const int64_t u0 = u_lo + c * k_mma_uc;
-    const int nu = static_cast<int>(u_hi - u0 < k_mma_uc ? u_hi - u0 : k_mma_uc);
-    if (live) {
-      for (int uu = 0; uu < nu; ++uu) {
-        const int64_t u = u0 + uu;
-        uint32_t a[2][2][4];  // [mt][row g / g + 8][pair]
-        float sc[2][2][NS], mn[2][2][NS];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) C::decode(raw[mt][h], u, t, a[mt][h], sc[mt][h], mn[mt][h], tab);
-        if (u + 1 < u_hi) {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) C::load(rp[mt][h], u + 1, t, raw[mt][h]);
-        }
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-          if (8 * j >= nt) break;  // warp-uniform
-          const int n = 8 * j + g, sw = (n & 1) << 2;
-          const uint4 bh = sm.q[b][n][uu][t ^ sw];
-          const uint4 bl = sm.q[b][n][uu][(4 + t) ^ sw];
-          // The columns' {2^-s, sums}: types without a min term need only 2^-s (4-byte loads).
-          float4 s0, s1;
-          if constexpr (C::kMin) {
-            s0 = sm.s[b][uu][8 * j + 2 * t];
-            s1 = sm.s[b][uu][8 * j + 2 * t + 1];
-          } else {
-            s0.x = sm.s[b][uu][8 * j + 2 * t].x;
-            s1.x = sm.s[b][uu][8 * j + 2 * t + 1].x;
-          }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            float cc[NS][4];
-#pragma unroll
-            for (int s = 0; s < NS; ++s)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) cc[s][i] = 0.0f;
-            // step 0: positions 8t + 0..3 (pairs 0, 1); step 1: 8t + 4..7 (pairs 2, 3)
-            mma_16816(cc[0], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], bh.x, bh.y);
-            mma_16816(cc[0], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], bl.x, bl.y);
-            mma_16816(cc[NS - 1], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], bh.z, bh.w);
-            mma_16816(cc[NS - 1], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], bl.z, bl.w);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int h = i >> 1;  // row g (i = 0, 1) or g + 8 (i = 2, 3)
-              const float4& sx = (i & 1) ? s1 : s0;
-              float v = acc[mt][j][i];
-#pragma unroll
-              for (int s = 0; s < NS; ++s) v = fmaf(__fmul_rn(sc[mt][h][s], sx.x), cc[s][i], v);
-              if constexpr (C::kMin) {
-                if constexpr (NS == 2) {
-                  v = fmaf(-mn[mt][h][0], sx.y, v);
-                  v = fmaf(-mn[mt][h][1], sx.z, v);
-                } else {
-                  v = fmaf(-mn[mt][h][0], sx.w, v);
-                }
-              }
-              acc[mt][j][i] = v;
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();  // buffer b is refilled by the next step's issue
-  }
-  if (!live) return;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t r = r_blk + 32 * warp + 16 * mt + 8 * (i >> 1) + g;
-        const int tt = 8 * j + 2 * t + (i & 1);
-        if (r < r_end && tt < nt) store(r, tt, acc[mt][j][i]);
-      }
 }
 
 }  // namespace dsv4::cuda

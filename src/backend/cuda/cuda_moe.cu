@@ -63,7 +63,7 @@
 #include "backend/cuda/cuda_host_ranges.h"
 #include "backend/cuda/cuda_expert_rows.cuh"
 #include "backend/cuda/cuda_idot.cuh"
-#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_mma_tile.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_tile.cuh"
@@ -424,16 +424,17 @@ __global__ void __launch_bounds__(256)
                  [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
-// The same on tensor cores (cuda_mma.cuh): 256 rows x BN assignments per block,
-// grid (ceil(R / 256), max tiles); x split beforehand (split row = a / x_div).
-template <GgmlType T, int BN>
+// The same on tensor cores (cuda_mma_tile.cuh; I8: the int8 kind): 256 rows x BN
+// assignments per block, grid (ceil(R / 256), max tiles); x split beforehand
+// (split row = a / x_div).
+template <GgmlType T, int BN, bool I8>
 __global__ void __launch_bounds__(256, 2)
     expert_mma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
                       const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, MmaX xs, int x_div, QuantTables tab) {
   pdl_enter();
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  auto& sm = *reinterpret_cast<MmaSmem<BN>*>(mma_smem);
+  auto& sm = *reinterpret_cast<MmaSmem<BN, I8>*>(mma_smem);
   __shared__ int64_t arow[BN];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;  // the whole block leaves together
   const int4 td = tiles[blockIdx.y];
@@ -444,8 +445,8 @@ __global__ void __launch_bounds__(256, 2)
   }
   const MmaTables st = mma_smem_tables(sm, tab);
   const uint8_t* we = w.at(td.x);
-  mma_tile<T, BN>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, 0, n_units, xs, 0, sm, td.z, st,
-                  [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
+  mma_tile<T, BN, I8>(we, row_bytes, static_cast<int64_t>(blockIdx.x) * k_mma_rows, R, 0, n_units, xs, 0, sm, td.z, st,
+                      [&](int64_t r, int tt, float s) { out[arow[tt] * R + r] = s; });
 }
 
 // mid[a, f] = silu(min(g, c)) * clamp(u, -c, c) * weights[a], in place over g.
@@ -763,9 +764,10 @@ void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w,
                       ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div, x_exact});
 }
 
-// x: x_rows input rows of x_stride floats; assignment a reads row a / x_div.
+// x: x_rows input rows of x_stride floats; assignment a reads row a / x_div; x_quant: the quantiser whose
+// output x is (INT8_32: the int8 tile, where CudaContext::int8_tiles and the type allow).
 void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertPlan& p,
-                  const float* x, int64_t x_rows, int64_t x_stride, int x_div) {
+                  const float* x, int64_t x_rows, int64_t x_stride, int x_div, ActQuant x_quant) {
   const int64_t cols = w.ne[0];
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
@@ -776,23 +778,33 @@ void expert_tiles(const CudaContext& ctx, float* out, int64_t R, const Tensor& w
       if (ctx.tensor_cores) {
         // x split (rows: the distinct inputs, n_assign / x_div of them) into the plan's split buffer.
         DSV4_ASSERT(p.split && x_rows * (cols / 32) <= p.split_units, "moe_experts: split buffer");
-        const MmaX xs = mma_split_x<T>(ctx.stream, x, x_stride, x_rows, cols / 32, p.split);
-        CUDA_CHECK_LAUNCH();
+        // (the int8 split is the smaller: mma_split_i8_bytes <= mma_split_bytes)
         const dim3 grid(ceil_div(R, k_mma_rows), static_cast<unsigned>(p.max_tiles));
         const ExpertRows wp = wr;
-        allow_smem(expert_mma_kernel<T, 32>, sizeof(MmaSmem<32>));
-        allow_smem(expert_mma_kernel<T, 16>, sizeof(MmaSmem<16>));
-        allow_smem(expert_mma_kernel<T, 8>, sizeof(MmaSmem<8>));
-        if (p.tile == 32)
-          launch_kernel(expert_mma_kernel<T, 32>, grid, 256, sizeof(MmaSmem<32>), ctx.stream, out, R, wp, w.row_bytes(),
-                        cols / U, p.list, p.tiles, p.n_tiles, xs, x_div, ctx.tables);
-        else if (p.tile == 16)
-          launch_kernel(expert_mma_kernel<T, 16>, grid, 256, sizeof(MmaSmem<16>), ctx.stream, out, R, wp, w.row_bytes(),
-                        cols / U, p.list, p.tiles, p.n_tiles, xs, x_div, ctx.tables);
-        else
-          launch_kernel(expert_mma_kernel<T, 8>, grid, 256, sizeof(MmaSmem<8>), ctx.stream, out, R, wp, w.row_bytes(),
-                        cols / U, p.list, p.tiles, p.n_tiles, xs, x_div, ctx.tables);
-        CUDA_CHECK_LAUNCH();
+        auto run = [&](auto i8_tag) {
+          constexpr bool I8 = decltype(i8_tag)::value;
+          const MmaX xs = I8 ? mma_split_x_i8<T>(ctx.stream, x, x_stride, x_rows, cols / 32, p.split)
+                             : mma_split_x<T>(ctx.stream, x, x_stride, x_rows, cols / 32, p.split);
+          CUDA_CHECK_LAUNCH();
+          auto launch = [&](auto kernel, size_t smem) {
+            allow_smem(kernel, smem);
+            launch_kernel(kernel, grid, 256, smem, ctx.stream, out, R, wp, w.row_bytes(), cols / U, p.list, p.tiles,
+                          p.n_tiles, xs, x_div, ctx.tables);
+          };
+          if (p.tile == 32)
+            launch(expert_mma_kernel<T, 32, I8>, sizeof(MmaSmem<32, I8>));
+          else if (p.tile == 16)
+            launch(expert_mma_kernel<T, 16, I8>, sizeof(MmaSmem<16, I8>));
+          else
+            launch(expert_mma_kernel<T, 8, I8>, sizeof(MmaSmem<8, I8>));
+          CUDA_CHECK_LAUNCH();
+        };
+        bool i8 = false;
+        if constexpr (mma_i8_type<T>()) {
+          i8 = ctx.int8_tiles && x_quant == ActQuant::INT8_32;
+          if (i8) run(std::true_type{});
+        }
+        if (!i8) run(std::false_type{});
         return;
       }
     }
@@ -998,8 +1010,8 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
         expert_gemm(ctx, u, F, up, wu, plan, xs, static_cast<int>(k), x_exact);
       }
       if (tiles_too) {
-        expert_tiles(ctx, g, F, gate, wg, plan, op.x.f32(), n, D, static_cast<int>(k));
-        expert_tiles(ctx, u, F, up, wu, plan, op.x.f32(), n, D, static_cast<int>(k));
+        expert_tiles(ctx, g, F, gate, wg, plan, op.x.f32(), n, D, static_cast<int>(k), op.x_quant);
+        expert_tiles(ctx, u, F, up, wu, plan, op.x.f32(), n, D, static_cast<int>(k), op.x_quant);
       }
       // fast numerics: mid as the CPU rounds it, INT8_32 in the SwiGLU kernel
       const bool q8 = op.mid_quant == ActQuant::INT8_32 && F % 32 == 0 && ctx.fuse_act_quant;
@@ -1010,7 +1022,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       if (big_min > 0)
         expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1,
                     op.mid_quant != ActQuant::NONE);
-      if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1);
+      if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1, op.mid_quant);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
       if (gate.type == up.type && gate.row_bytes() == up.row_bytes()) {

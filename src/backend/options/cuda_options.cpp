@@ -191,6 +191,7 @@ std::string CudaOptions::describe() const {
   if (tensor_cores != d.tensor_cores) add("tensor_cores=off");
   if (int_dot != d.int_dot) add("int_dot=off");
   if (int8_matvec != d.int8_matvec) add("int8_matvec=off");
+  if (int8_tiles != d.int8_tiles) add("int8_tiles=off");
   if (act_quant_fusion != d.act_quant_fusion)
     add(std::string("act_quant_fusion=") + act_quant_fusion_name(act_quant_fusion));
   if (token_matvec != d.token_matvec) add("token_matvec=off");

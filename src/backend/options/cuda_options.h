@@ -74,6 +74,10 @@ struct CudaOptions {
   // launches of >= 4,096 rows, where it measured faster) as int8 dot products (dp4a; cuda_matmul.cu; tensor
   // cores only); false: the float matvec.
   bool int8_matvec = true;
+  // Prefill matmuls and tile experts whose x is an int8-32 activation quantiser's output (`fast` numerics) on
+  // int8 tensor-core MMAs, one per 32-value unit (cuda_mma_i8.cuh; Q8_0, IQ2_XXS, Q4_K, Q2_K; tensor cores
+  // only); false: the f16 tile (x's hi and lo terms, four MMAs per unit).
+  bool int8_tiles = true;
   ActQuantFusion act_quant_fusion = ActQuantFusion::AUTO;  // see ActQuantFusion
   // Batched matmuls of 2 .. 4 tokens of Q8_0/F16/BF16/F32 weights on the token matvec (cuda_matmul.cu: each
   // weight read once, every token's outputs bitwise the decode matvec's); false: the tiles, as larger batches.
