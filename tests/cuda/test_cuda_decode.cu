@@ -93,27 +93,27 @@ void check_type(Rng& r, Report& rep, int64_t cols, int64_t rows,
     rep.exact("decode staged", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), ds);
 }
 
-// The tensor-core tile's weight codes (cuda_mma.cuh): for every unit and quad
-// lane t, scale * code - min at each fragment position must rebuild
-// dequantize_row's weight of the element that position maps to, bit for bit,
-// and the positions must cover every element of the unit exactly once
-// (MXFP4: its code 8 is -0 there, +0 in the reference; the MMA's sums do not
-// see the difference, so zeros of either sign count as equal).
-template <GgmlType T>
+// The tensor-core tiles' weight codes, f16 (cuda_mma.cuh, MmaCodes) or int8
+// (I8: cuda_mma_i8.cuh, MmaCodesI8): for every unit and quad lane t, scale *
+// code - min at each fragment position must rebuild dequantize_row's weight of
+// the element that position maps to, bit for bit, and the positions must cover
+// every element of the unit exactly once. (MXFP4: its code 8 is -0 there, +0
+// in the reference; the MMA's sums do not see the difference, so zeros of
+// either sign count as equal. Q2_K's int8 codes carry the sub-block scale,
+// d (q s) instead of (d s) q: within two roundings.)
+template <GgmlType T, bool I8 = false>
 void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows,
                      std::vector<uint8_t> (*make)(Rng&, GgmlType, int64_t, int64_t) = random_weight) {
-  const QuantTables qt{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
-  std::vector<uint2> grid(256);
+  std::vector<uint2> grid(256);  // the IQ2_XXS grid as the tiles' shared table holds it
   for (int i = 0; i < 256; ++i)
-    grid[static_cast<size_t>(i)] =
-        make_uint2(static_cast<uint32_t>(qt.iq2_grid[i]), static_cast<uint32_t>(qt.iq2_grid[i] >> 32));
+    grid[static_cast<size_t>(i)] = make_uint2(static_cast<uint32_t>(quant::iq2xxs_grid()[i]),
+                                              static_cast<uint32_t>(quant::iq2xxs_grid()[i] >> 32));
   const MmaTables tab{grid.data()};
   const std::vector<uint8_t> bytes = make(r, T, cols, rows);
   const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
   std::vector<uint4> aligned((bytes.size() + 15) / 16 + 1);
   std::memcpy(aligned.data(), bytes.data(), bytes.size());
   const auto* base = reinterpret_cast<const uint8_t*>(aligned.data());
-  constexpr int NS = MmaCodes<T>::NS;
   std::vector<float> ref(static_cast<size_t>(cols));
   Diff d;
   int64_t coverage_errors = 0;
@@ -124,17 +124,33 @@ void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows,
     for (int64_t u = 0; u < cols / 32; ++u) {
       int seen[32] = {};
       for (int t = 0; t < 4; ++t) {
-        uint32_t h[4];
-        float sc[NS], mn[NS];
-        for (int s = 0; s < NS; ++s) mn[s] = 0.0f;
         MmaCodes<T>::load(p, u, t, raw[t]);
-        MmaCodes<T>::decode(raw[t], u, t, h, sc, mn, tab);
+        float w[8], tol[8] = {};  // the weights at positions 8t .. 8t + 7; Q2_K int8: their tolerance
+        if constexpr (I8) {
+          using C = MmaCodesI8<T>;
+          uint32_t a[2];
+          float sc = 0.0f, mn[2] = {0.0f, 0.0f};
+          C::decode(raw[t], u, t, a, sc, mn, tab);
+          for (int k = 0; k < 8; ++k) {
+            const auto code = static_cast<float>(static_cast<int8_t>(a[k / 4] >> (8 * (k % 4))));
+            const float m = C::kMins == 2 ? mn[k / 4] : mn[0];
+            w[k] = C::kMins > 0 ? sub_rn(mul_rn(sc, code), m) : mul_rn(sc, code);
+            if (T == GgmlType::Q2_K) tol[k] = 0x1p-22f * (std::fabs(mul_rn(sc, code)) + std::fabs(m));
+          }
+        } else {
+          constexpr int NS = MmaCodes<T>::NS;
+          uint32_t h[4];
+          float sc[NS], mn[NS];
+          for (int s = 0; s < NS; ++s) mn[s] = 0.0f;
+          MmaCodes<T>::decode(raw[t], u, t, h, sc, mn, tab);
+          for (int k = 0; k < 8; ++k) {
+            const float code = f16_bits_to_f32(static_cast<uint16_t>(k % 2 ? h[k / 2] >> 16 : h[k / 2] & 0xffffu));
+            const float sv = sc[NS == 2 ? k / 4 : 0], mv = mn[NS == 2 ? k / 4 : 0];
+            w[k] = MmaCodes<T>::kMin ? sub_rn(mul_rn(sv, code), mv) : mul_rn(sv, code);
+          }
+        }
         for (int k = 0; k < 8; ++k) {
-          const int pos = 8 * t + k, step = k / 4;
-          uint16_t hb = static_cast<uint16_t>(k % 2 ? h[k / 2] >> 16 : h[k / 2] & 0xffffu);
-          const float code = f16_bits_to_f32(hb);
-          const float sv = sc[NS == 2 ? step : 0], mv = mn[NS == 2 ? step : 0];
-          const float w = MmaCodes<T>::kMin ? sub_rn(mul_rn(sv, code), mv) : mul_rn(sv, code);
+          const int pos = 8 * t + k;
           const int e = mma_elem_of_pos<T>(pos);
           if (e < 0 || e >= 32 || mma_pos_of_elem<T>(e) != pos) {
             ++coverage_errors;
@@ -143,77 +159,17 @@ void check_mma_codes(Rng& r, Report& rep, int64_t cols, int64_t rows,
           ++seen[e];
           ++d.n;
           const float want = ref[static_cast<size_t>(u * 32 + e)];
-          const bool zeros = T == GgmlType::MXFP4 && w == 0.0f && want == 0.0f;
-          d.n_diff += !same_bits(w, want) && !zeros;
+          const bool zeros = T == GgmlType::MXFP4 && w[k] == 0.0f && want == 0.0f;
+          d.n_diff += tol[k] > 0.0f ? !(std::fabs(w[k] - want) <= tol[k]) : !same_bits(w[k], want) && !zeros;
         }
       }
       for (int e = 0; e < 32; ++e) coverage_errors += seen[e] != 1;
     }
   }
-  rep.exact("mma codes", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
-  rep.check("mma positions", strfmt("%s: every element once", ggml_type_name(T)), coverage_errors == 0,
-            strfmt("%lld coverage errors", static_cast<long long>(coverage_errors)));
-}
-
-// The int8 tile's decoders (cuda_mma_i8.cuh, MmaCodesI8): for every unit and
-// quad lane, the int8 code at each fragment position p times the unit scale
-// (minus the unit's or sub-block's min) rebuilds dequantize_row's weight —
-// bit for bit where the CPU forms it the same way (Q8_0, IQ2_XXS, Q4_K); for
-// Q2_K, whose codes carry the sub-block scale (d (q s) instead of (d s) q),
-// within two roundings — and every element of a unit is covered once.
-template <GgmlType T>
-void check_mma_codes_i8(Rng& r, Report& rep, int64_t cols, int64_t rows) {
-  using C = MmaCodesI8<T>;
-  const QuantTables qt{quant::iq2xxs_grid(), quant::iq2xxs_signs()};
-  std::vector<uint2> grid(256);
-  for (int i = 0; i < 256; ++i)
-    grid[static_cast<size_t>(i)] =
-        make_uint2(static_cast<uint32_t>(qt.iq2_grid[i]), static_cast<uint32_t>(qt.iq2_grid[i] >> 32));
-  const MmaTables tab{grid.data()};
-  const std::vector<uint8_t> bytes = random_weight(r, T, cols, rows);
-  const size_t rb = static_cast<size_t>(ggml_row_bytes(T, static_cast<uint64_t>(cols)));
-  std::vector<uint4> aligned((bytes.size() + 15) / 16 + 1);
-  std::memcpy(aligned.data(), bytes.data(), bytes.size());
-  const auto* base = reinterpret_cast<const uint8_t*>(aligned.data());
-  std::vector<float> ref(static_cast<size_t>(cols));
-  Diff d;
-  int64_t coverage_errors = 0;
-  for (int64_t row = 0; row < rows; ++row) {
-    const uint8_t* p = base + row * rb;
-    quant::dequantize_row(T, p, ref.data(), cols);
-    typename C::Raw raw[4];  // per lane, loaded for u = 0, 1, 2, ... in order (as the tile does)
-    for (int64_t u = 0; u < cols / 32; ++u) {
-      int seen[32] = {};
-      for (int t = 0; t < 4; ++t) {
-        uint32_t a[2];
-        float sc = 0.0f, mn[2] = {0.0f, 0.0f};
-        MmaCodes<T>::load(p, u, t, raw[t]);
-        C::decode(raw[t], u, t, a, sc, mn, tab);
-        for (int k = 0; k < 8; ++k) {
-          const int pos = 8 * t + k, s = k / 4;
-          const auto code = static_cast<float>(static_cast<int8_t>(a[s] >> (8 * (k % 4))));
-          const float m = C::kMins == 2 ? mn[s] : mn[0];
-          const float w = C::kMins > 0 ? sub_rn(mul_rn(sc, code), m) : mul_rn(sc, code);
-          const int e = mma_elem_of_pos<T>(pos);
-          if (e < 0 || e >= 32 || mma_pos_of_elem<T>(e) != pos) {
-            ++coverage_errors;
-            continue;
-          }
-          ++seen[e];
-          ++d.n;
-          const float want = ref[static_cast<size_t>(u * 32 + e)];
-          if constexpr (T == GgmlType::Q2_K)
-            d.n_diff += !(std::fabs(w - want) <= 0x1p-22f * (std::fabs(mul_rn(sc, code)) + std::fabs(m)));
-          else
-            d.n_diff += !same_bits(w, want);
-        }
-      }
-      for (int e = 0; e < 32; ++e) coverage_errors += seen[e] != 1;
-    }
-  }
-  rep.exact("mma codes i8", strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
-  rep.check("mma positions i8", strfmt("%s: every element once", ggml_type_name(T)), coverage_errors == 0,
-            strfmt("%lld coverage errors", static_cast<long long>(coverage_errors)));
+  const char* kind = I8 ? "mma codes i8" : "mma codes";
+  rep.exact(kind, strfmt("%s [%lld,%lld]", ggml_type_name(T), (long long)rows, (long long)cols), d);
+  rep.check(I8 ? "mma positions i8" : "mma positions", strfmt("%s: every element once", ggml_type_name(T)),
+            coverage_errors == 0, strfmt("%lld coverage errors", static_cast<long long>(coverage_errors)));
 }
 
 // A float with a random sign, exponent in [lo, hi] and random mantissa.
@@ -319,16 +275,16 @@ int main(int argc, char** argv) {
     check_mma_codes<G::IQ2_XXS>(r, rep, cols, 6);
     check_mma_codes<G::F16>(r, rep, cols, 6);
     check_mma_codes<G::MXFP4>(r, rep, cols, 6);
-    check_mma_codes_i8<G::Q8_0>(r, rep, cols, 6);
-    check_mma_codes_i8<G::Q2_K>(r, rep, cols, 6);
-    check_mma_codes_i8<G::Q4_K>(r, rep, cols, 6);
-    check_mma_codes_i8<G::IQ2_XXS>(r, rep, cols, 6);
+    check_mma_codes<G::Q8_0, true>(r, rep, cols, 6);
+    check_mma_codes<G::Q2_K, true>(r, rep, cols, 6);
+    check_mma_codes<G::Q4_K, true>(r, rep, cols, 6);
+    check_mma_codes<G::IQ2_XXS, true>(r, rep, cols, 6);
   }
-  check_mma_codes_i8<G::Q8_0>(r, rep, 96, 6);  // both 4-byte phases of a row's start
-  check_mma_codes<G::Q8_0>(r, rep, 96, 6);     // 3 blocks per row: rows start at both 4-byte phases
-  check_type<G::Q8_0>(r, rep, 64, 9);          // 2 units: no staging
-  check_type<G::Q8_0>(r, rep, 2080, 3);        // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
-  check_type<G::Q8_0>(r, rep, 2304, 3);        // 72 units: staged with a partial chunk of 8
+  check_mma_codes<G::Q8_0, true>(r, rep, 96, 6);  // both 4-byte phases of a row's start
+  check_mma_codes<G::Q8_0>(r, rep, 96, 6);        // 3 blocks per row: rows start at both 4-byte phases
+  check_type<G::Q8_0>(r, rep, 64, 9);             // 2 units: no staging
+  check_type<G::Q8_0>(r, rep, 2080, 3);           // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
+  check_type<G::Q8_0>(r, rep, 2304, 3);           // 72 units: staged with a partial chunk of 8
 
   {  // IQ2_XXS sign bytes: computed (iq2_sign_bits) == the table
     Diff d;

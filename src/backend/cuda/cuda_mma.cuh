@@ -498,6 +498,25 @@ struct MmaX {
 // split with 32-bit offsets: rows * units * 8 must stay below 2^31 (checked by mma_split_x).
 inline size_t mma_split_bytes(int64_t rows, int64_t units) { return static_cast<size_t>(rows * units) * (128 + 16); }
 
+// The split kernels' warps (one per (row, unit) pr, 8 per block, lane = element): this lane's value
+// x[row * x_stride + 32 unit + lane]; false for the warps past the last unit (whole warps).
+__device__ __forceinline__ bool mma_split_unit(const float* __restrict__ x, int64_t x_stride, int64_t rows,
+                                               int64_t units, int64_t& pr, float& v) {
+  pr = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (pr >= rows * units) return false;
+  v = x[(pr / units) * x_stride + (pr % units) * 32 + (threadIdx.x & 31)];
+  return true;
+}
+// Lane 0 of the unit's warp stores s[pr] = {scale, sum of x over elements 0..15, 16..31, 0..31} (f32, fixed
+// shuffle tree: the 16-element halves first, then the unit; the min terms' sums).
+__device__ __forceinline__ void mma_split_sums(float4* __restrict__ s, int64_t pr, float v, float scale) {
+  float sum = v;
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  const float other = __shfl_xor_sync(0xffffffffu, sum, 16);
+  if ((threadIdx.x & 31) == 0) s[pr] = make_float4(scale, sum, other, __fadd_rn(sum, other));
+}
+
 // One warp per (row, unit), lane = element: x[row * x_stride + 32 unit + lane].
 template <bool SubBlock>
 __global__ void __launch_bounds__(256)
@@ -505,10 +524,9 @@ __global__ void __launch_bounds__(256)
                        uint4* __restrict__ q, float4* __restrict__ s) {
   pdl_enter();
   const int lane = threadIdx.x & 31;
-  const int64_t pr = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  if (pr >= rows * units) return;  // whole warps
-  const int64_t row = pr / units, u = pr % units;
-  const float v = x[row * x_stride + u * 32 + lane];
+  int64_t pr;
+  float v;
+  if (!mma_split_unit(x, x_stride, rows, units, pr, v)) return;
   float m = fabsf(v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -523,11 +541,7 @@ __global__ void __launch_bounds__(256)
   __half* dst = reinterpret_cast<__half*>(q + pr * 8);
   dst[p] = hi;
   dst[32 + p] = lo;
-  float sum = v;  // 16-element halves first, then the unit
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-  const float other = __shfl_xor_sync(0xffffffffu, sum, 16);
-  if (lane == 0) s[pr] = make_float4(__int_as_float((127 - sh) << 23), sum, other, __fadd_rn(sum, other));
+  mma_split_sums(s, pr, v, __int_as_float((127 - sh) << 23));
 }
 
 // Splits rows x [rows][x_stride] (the first `units` units of each) into buffer `buf`

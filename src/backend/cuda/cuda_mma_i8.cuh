@@ -136,10 +136,9 @@ __global__ void __launch_bounds__(256)
                           int8_t* __restrict__ q, float4* __restrict__ s) {
   pdl_enter();
   const int lane = threadIdx.x & 31;
-  const int64_t pr = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  if (pr >= rows * units) return;  // whole warps
-  const int64_t row = pr / units, u = pr % units;
-  const float v = x[row * x_stride + u * 32 + lane];
+  int64_t pr;
+  float v;
+  if (!mma_split_unit(x, x_stride, rows, units, pr, v)) return;
   const bool finite = __all_sync(k_full_mask, isfinite(v));
   const float m = warp_max_all(fabsf(v));
   int E = 0;
@@ -147,13 +146,7 @@ __global__ void __launch_bounds__(256)
   const int e = min(max(E - 7, -126), 126);  // 2^e and 2^-e normal
   const int c = finite ? __float2int_rn(__fmul_rn(v, __int_as_float((127 - e) << 23))) : 0;
   q[pr * 32 + (SubBlock ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane)] = static_cast<int8_t>(c);
-  float sum = v;  // 16-element halves first, then the unit (mma_split_x's tree)
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(k_full_mask, sum, o));
-  const float other = __shfl_xor_sync(k_full_mask, sum, 16);
-  if (lane == 0)
-    s[pr] = make_float4(finite ? __int_as_float((127 + e) << 23) : __int_as_float(0x7fc00000), sum, other,
-                        __fadd_rn(sum, other));
+  mma_split_sums(s, pr, v, finite ? __int_as_float((127 + e) << 23) : __int_as_float(0x7fc00000));
 }
 
 // Splits rows x [rows][x_stride] (the first `units` units of each) into buffer buf

@@ -126,6 +126,17 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
       for (int h = 0; h < 2; ++h) Codes::load(rp[mt][h], u, t, raw[mt][h]);
   };
   if (live) load_raw(u_lo);
+  // The {scale, sums} of this lane's two columns of n8 tile j (tokens 8j + 2t, + 1) in buffer b, unit uu:
+  // types without a min term need only the scale (4-byte loads).
+  auto col_scales = [&](int b, int uu, int j, float4& s0, float4& s1) {
+    if constexpr (Codes::kMin) {
+      s0 = sm.s[b][uu][8 * j + 2 * t];
+      s1 = sm.s[b][uu][8 * j + 2 * t + 1];
+    } else {
+      s0.x = sm.s[b][uu][8 * j + 2 * t].x;
+      s1.x = sm.s[b][uu][8 * j + 2 * t + 1].x;
+    }
+  };
 
   issue(0);
   for (int64_t c = 0; c < n_chunks; ++c) {
@@ -144,6 +155,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
         const int64_t u = u0 + uu;
         if constexpr (I8) {
           using C = MmaCodesI8<T>;
+          static_assert((C::kMins > 0) == Codes::kMin, "col_scales: the kinds agree on min terms");
           uint32_t a[2][2][2];  // [mt][row g / g + 8][positions 8t..8t+3, 8t+4..8t+7]
           float sc[2][2], mn[2][2][2];
 #pragma unroll
@@ -156,15 +168,8 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
           for (int j = 0; j < NJ; ++j) {
             if (8 * j >= nt) break;  // warp-uniform
             const uint2 bx = reinterpret_cast<const uint2*>(&sm.q[b][uu][8 * j + g][0])[t];
-            // The columns' {2^k, sums}: types without a min term need only 2^k (4-byte loads).
             float4 s0, s1;
-            if constexpr (C::kMins > 0) {
-              s0 = sm.s[b][uu][8 * j + 2 * t];
-              s1 = sm.s[b][uu][8 * j + 2 * t + 1];
-            } else {
-              s0.x = sm.s[b][uu][8 * j + 2 * t].x;
-              s1.x = sm.s[b][uu][8 * j + 2 * t + 1].x;
-            }
+            col_scales(b, uu, j, s0, s1);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               int32_t d[4];
@@ -199,15 +204,8 @@ __device__ __forceinline__ void mma_tile(const uint8_t* __restrict__ w, size_t r
             const int n = 8 * j + g, sw = (n & 1) << 2;
             const uint4 bh = sm.q[b][n][uu][t ^ sw];
             const uint4 bl = sm.q[b][n][uu][(4 + t) ^ sw];
-            // The columns' {2^-s, sums}: types without a min term need only 2^-s (4-byte loads).
             float4 s0, s1;
-            if constexpr (Codes::kMin) {
-              s0 = sm.s[b][uu][8 * j + 2 * t];
-              s1 = sm.s[b][uu][8 * j + 2 * t + 1];
-            } else {
-              s0.x = sm.s[b][uu][8 * j + 2 * t].x;
-              s1.x = sm.s[b][uu][8 * j + 2 * t + 1].x;
-            }
+            col_scales(b, uu, j, s0, s1);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               float cc[NS][4];
