@@ -640,6 +640,7 @@ int main(int argc, char** argv) {
   bench_experts(**gpu, r, o, GgmlType::Q4_K, GgmlType::Q4_K);                        // q4
   bench_experts(**gpu, r, o, GgmlType::MXFP4, GgmlType::MXFP4);                      // MXFP4Experts
   bench_experts(**gpu, r, o, GgmlType::IQ2_XXS, GgmlType::Q2_K, ActQuant::INT8_32);  // q2, `fast` numerics
+  bench_experts(**gpu, r, o, GgmlType::MXFP4, GgmlType::MXFP4, ActQuant::INT8_32);   // MXFP4, `fast` numerics
   bench_attention(**gpu, r, o);
   bench_mhc(**gpu, r, o);
   bench_act_quant(**gpu, r, o);

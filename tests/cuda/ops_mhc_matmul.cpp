@@ -258,9 +258,9 @@ void cases_matmul(Harness& h) {
       {G::IQ2_XXS, 256, 512, 1, {129}, false, "iq2_xxs, x int8-32, GEMM path", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 128, 256, 2, {150}, false, "q8_0 grouped x2, x int8-32, GEMM path", 1.0f, ActQuant::INT8_32},
       {G::F16, 300, 96, 1, {200}, false, "f16, x fp8-128, GEMM path", 1.0f, ActQuant::FP8_128},
-      // ... and the tiles (5 .. 127 tokens; >= 128 with --no-cublas) on int8 MMAs for Q8_0, IQ2_XXS, Q4_K and Q2_K
-      // (cuda_mma_i8.cuh: x's codes recovered per unit; K slices, groups, row remainders, scales far from 1);
-      // MXFP4 keeps the f16 tile
+      // ... and the tiles (5 .. 127 tokens; >= 128 with --no-cublas) on int8 MMAs for Q8_0, IQ2_XXS, Q4_K, Q2_K
+      // and MXFP4 (cuda_mma_i8.cuh: x's codes recovered per unit; K slices, groups, row remainders, scales far
+      // from 1); F16 keeps the f16 tile
       {G::Q8_0, 300, 1024, 1, {5, 16, 40}, false, "q8_0, x int8-32, int8 tile in K slices", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 300, 96, 1, {9, 70}, false, "q8_0, x int8-32, int8 tile, 3 units per row", 1.0f, ActQuant::INT8_32},
       {G::IQ2_XXS, 512, 512, 1, {12, 33, 64}, false, "iq2_xxs, x int8-32, int8 tile", 1.0f, ActQuant::INT8_32},
@@ -270,7 +270,18 @@ void cases_matmul(Harness& h) {
       {G::Q2_K, 256, 256, 1, {9, 40}, false, "q2_k, x int8-32 |x| ~ 1e-6, int8 tile", 1e-6f, ActQuant::INT8_32},
       {G::IQ2_XXS, 256, 256, 1, {9, 40}, false, "iq2_xxs, x int8-32 |x| ~ 1e6, int8 tile", 1e6f, ActQuant::INT8_32},
       {G::Q8_0, 64, 256, 1, {20}, false, "q8_0, x int8-32 |x| ~ 1e30, int8 tile", 1e30f, ActQuant::INT8_32},
-      {G::MXFP4, 256, 512, 1, {17}, false, "mxfp4, x int8-32 (f16 tile)", 1.0f, ActQuant::INT8_32},
+      {G::MXFP4, 256, 512, 1, {17}, false, "mxfp4, x int8-32, int8 tile", 1.0f, ActQuant::INT8_32},
+      {G::MXFP4,
+       300,
+       96,
+       1,
+       {9, 40},
+       false,
+       "mxfp4, x int8-32, int8 tile, rows at every byte phase",
+       1.0f,
+       ActQuant::INT8_32},
+      {G::MXFP4, 96, 256, 3, {9}, false, "mxfp4 grouped x3, x int8-32, int8 tile", 1e6f, ActQuant::INT8_32},
+      {G::F16, 64, 256, 1, {9}, false, "f16, x int8-32 (f16 tile)", 1.0f, ActQuant::INT8_32},
       {G::Q8_0, 64, 256, 1, {130}, false, "q8_0, x fp8-128 |x| ~ 1e6, GEMM path", 1e6f, ActQuant::FP8_128},
       // small batches on few row blocks: the tensor-core tile in K slices of whole 8-unit chunks
       {G::Q8_0, 300, 1024, 1, {3, 16, 32}, false, "q8_0, K slices"},
@@ -288,6 +299,15 @@ void cases_matmul(Harness& h) {
       {G::Q8_0, 1024, 4096, 1, {8, 32}, true, "flash attn_q_a, x int8-32 (int8 tile)", 1.0f, ActQuant::INT8_32},
       {G::IQ2_XXS, 2048, 4096, 1, {3, 48}, true, "flash expert gate, x int8-32 (int8 tile)", 1.0f, ActQuant::INT8_32},
       {G::Q2_K, 4096, 2048, 1, {48}, true, "flash expert down, x int8-32 (int8 tile)", 1.0f, ActQuant::INT8_32},
+      {G::MXFP4,
+       2048,
+       4096,
+       1,
+       {3, 48},
+       true,
+       "flash mxfp4 expert gate, x int8-32 (int8 tile)",
+       1.0f,
+       ActQuant::INT8_32},
       {G::Q8_0, 4096, 2048, 1, {1, 5, 16}, true, "flash shared expert down"},
       {G::Q8_0, 512, 4096, 1, {1, 16}, true, "flash attn_kv"},
       {G::Q8_0, 129280, 4096, 1, {1, 2}, true, "flash output head"},

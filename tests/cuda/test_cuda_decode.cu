@@ -279,12 +279,15 @@ int main(int argc, char** argv) {
     check_mma_codes<G::Q2_K, true>(r, rep, cols, 6);
     check_mma_codes<G::Q4_K, true>(r, rep, cols, 6);
     check_mma_codes<G::IQ2_XXS, true>(r, rep, cols, 6);
+    check_mma_codes<G::MXFP4, true>(r, rep, cols, 6);
   }
-  check_mma_codes<G::Q8_0, true>(r, rep, 96, 6);  // both 4-byte phases of a row's start
-  check_mma_codes<G::Q8_0>(r, rep, 96, 6);        // 3 blocks per row: rows start at both 4-byte phases
-  check_type<G::Q8_0>(r, rep, 64, 9);             // 2 units: no staging
-  check_type<G::Q8_0>(r, rep, 2080, 3);           // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
-  check_type<G::Q8_0>(r, rep, 2304, 3);           // 72 units: staged with a partial chunk of 8
+  check_mma_codes<G::MXFP4, true>(r, rep, 512, 5, mxfp4_any_scale<0, 255>);  // every scale byte, inf included
+  check_mma_codes<G::MXFP4, true>(r, rep, 96, 9);                            // rows at every byte phase
+  check_mma_codes<G::Q8_0, true>(r, rep, 96, 6);                             // both 4-byte phases of a row's start
+  check_mma_codes<G::Q8_0>(r, rep, 96, 6);  // 3 blocks per row: rows start at both 4-byte phases
+  check_type<G::Q8_0>(r, rep, 64, 9);       // 2 units: no staging
+  check_type<G::Q8_0>(r, rep, 2080, 3);     // 65 units: a partial last chunk... (not stageable: 65 % 8 != 0)
+  check_type<G::Q8_0>(r, rep, 2304, 3);     // 72 units: staged with a partial chunk of 8
 
   {  // IQ2_XXS sign bytes: computed (iq2_sign_bits) == the table
     Diff d;

@@ -98,7 +98,7 @@ struct CudaContext {
   // dot products (cuda_matmul.cu): on with tensor cores (the same contract); CudaOptions::int8_matvec.
   bool int8_matvec = false;
   // Tensor-core tiles of x from an INT8_32 quantiser (MatmulOp::x_quant, MoeExpertsOp::x_quant / mid_quant,
-  // `fast` numerics) on int8 MMAs (cuda_mma_i8.cuh; Q8_0, IQ2_XXS, Q4_K, Q2_K): on with tensor cores (the
+  // `fast` numerics) on int8 MMAs (cuda_mma_i8.cuh; Q8_0, IQ2_XXS, Q4_K, Q2_K, MXFP4): on with tensor cores (the
   // same contract); CudaOptions::int8_tiles.
   bool int8_tiles = false;
   // `fast` numerics' INT8_32 activation quantisation inside the kernel that produces or reads the input

@@ -17,7 +17,8 @@
 //   Q4_K     c = q (0..15)                        sc = d * its 6-bit scale; min m1 * sum(x) per unit
 //   Q2_K     c = q (0..3) * the 16-element sub-block's 4-bit scale (<= 45: the two sub-blocks' scales fold
 //            into the codes)                      sc = d; mins dmin m_s * sum(x over sub-block s)
-// MXFP4 and F16 keep the f16 tile. |D| <= 32 * 127 * 127 < 2^24, so float(D)
+//   MXFP4    c = 2 * the E2M1 value (0, +-1, 2, 3, 4, 6, 8, 12)   sc = 2^(e - 127) / 2
+// F16 keeps the f16 tile. |D| <= 32 * 127 * 127 < 2^24, so float(D)
 // is exact and each unit costs one f32 FMA per output, as in the f16 tile.
 // Against the CPU's f32 dot products: within f32 rounding of the unit sums
 // (test_cuda_ops at k_thr_f32); not bitwise the f16 tile, whose MMAs sum a
@@ -119,10 +120,38 @@ struct MmaCodesI8<GgmlType::Q2_K> {
   }
 };
 
+// The int8 values 2 v of four E2M1 codes (one per byte, in bits 0..3: sign, then a 3-bit magnitude index
+// m): |2 v| = {0, 1, 2, 3, 4, 6, 8, 12}[m], one byte permute of that table with the four indices as its
+// selector nibbles (x | x >> 4 packs bytes 0, 1 and 2, 3 into bytes 0 and 2, the permute's inner selector
+// brings byte 2 next to byte 0); then the signs as iq2_signed_bytes applies them, only where m != 0 (the
+// +-0 codes stay 0: (x + 7) has bit 3 set iff x != 0, no carries), so no byte carries into the next.
+DSV4_HD uint32_t mxfp4_i8_bytes(uint32_t nib) {
+  const uint32_t x = nib & 0x07070707u;
+  const uint32_t mag = prmt(0x03020100u, 0x0C080604u, prmt(x | (x >> 4), 0u, 0x0020u));
+  const uint32_t b = (nib >> 3) & ((x + 0x07070707u) >> 3) & 0x01010101u;
+  return (mag ^ (b * 0xFFu)) + b;
+}
+
+// MXFP4: quad lane t's code bytes 4t .. 4t + 3 (MmaCodes<MXFP4>'s raw words): low nibbles = positions
+// 8t .. 8t + 3 (elements 4t + i), high nibbles = 8t + 4 .. (16 + 4t + i); the codes are twice the E2M1
+// values, so the unit scale is 2^(e - 127) / 2 (exact; e = 0: the subnormal 2^-128).
+template <>
+struct MmaCodesI8<GgmlType::MXFP4> {
+  static constexpr int kMins = 0;
+  using Raw = MmaCodes<GgmlType::MXFP4>::Raw;
+  DSV4_HD static void decode(const Raw& r, int64_t, int, uint32_t (&a)[2], float& sc, float (&)[2], const MmaTables&) {
+    sc = mul_rn(mxfp4_scale(r.e), 0.5f);
+    const uint32_t q = funnel_r(r.w0, r.w1, r.sh);
+    a[0] = mxfp4_i8_bytes(q);
+    a[1] = mxfp4_i8_bytes(q >> 4);
+  }
+};
+
 // The weight types of the int8 tile.
 template <GgmlType T>
 constexpr bool mma_i8_type() {
-  return T == GgmlType::Q8_0 || T == GgmlType::IQ2_XXS || T == GgmlType::Q4_K || T == GgmlType::Q2_K;
+  return T == GgmlType::Q8_0 || T == GgmlType::IQ2_XXS || T == GgmlType::Q4_K || T == GgmlType::Q2_K ||
+         T == GgmlType::MXFP4;
 }
 
 // ---- x's codes, split once per matmul: per (row, unit) 32 bytes (MmaX::q, two uint4 per unit) and the

@@ -75,7 +75,7 @@ struct CudaOptions {
   // cores only); false: the float matvec.
   bool int8_matvec = true;
   // Prefill matmuls and tile experts whose x is an int8-32 activation quantiser's output (`fast` numerics) on
-  // int8 tensor-core MMAs, one per 32-value unit (cuda_mma_i8.cuh; Q8_0, IQ2_XXS, Q4_K, Q2_K; tensor cores
+  // int8 tensor-core MMAs, one per 32-value unit (cuda_mma_i8.cuh; Q8_0, IQ2_XXS, Q4_K, Q2_K, MXFP4; tensor cores
   // only); false: the f16 tile (x's hi and lo terms, four MMAs per unit).
   bool int8_tiles = true;
   ActQuantFusion act_quant_fusion = ActQuantFusion::AUTO;  // see ActQuantFusion
