@@ -318,12 +318,6 @@ __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool i
   return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, inv)), -127.0f, 127.0f), s);
 }
 
-// ActQuant::INT8_32 of one whole 32-value block held across a warp (lane l holds value l). Every lane of the
-// warp calls it (shuffles).
-__device__ __forceinline__ float warp_int8_32_quant(float v) {
-  return act_quant_value_dev(v, warp_max_all(fmaxf(1e-4f, fabsf(v))), true);
-}
-
 // The same for K blocks at once, block k in register k across the warp (lane l holds y[k] = value l of
 // block k; bit k of `in` clear for lanes past the row's end), quantised in place. The amax reductions
 // run one shuffle stage of all K blocks at a time — K independent shuffles in flight rather than K chains
@@ -340,6 +334,22 @@ __device__ __forceinline__ void warp_int8_32_quant_regs(float (&y)[K], uint32_t 
     for (int k = 0; k < K; ++k) a[k] = fmaxf(a[k], __shfl_xor_sync(k_full_mask, a[k], o));
 #pragma unroll
   for (int k = 0; k < K; ++k) y[k] = act_quant_value_dev(y[k], a[k], true);
+}
+
+// ActQuant::INT8_32 of one whole 32-value block held across a warp (lane l holds value l). Every lane of the
+// warp calls it (shuffles).
+__device__ __forceinline__ float warp_int8_32_quant(float v) {
+  float y[1] = {v};
+  warp_int8_32_quant_regs(y, 1u);
+  return y[0];
+}
+
+// The exponent e of the codes of a unit of an INT8_32 quantiser's output, from the unit's amax = max |x| alone
+// (the int8 matvec and the int8 tile recover the codes so): amax = f 2^E (f in [0.5, 1)) gives e = E - 7, at
+// most the quantiser's exponent (its largest code has fewer than 8 bits), so every x 2^-e is an integer of
+// magnitude below 2^7. amax = 0: 0; clamped at -100 for units outside the promise (2^e and 2^-e stay normal).
+__device__ __forceinline__ int int8_code_exp(float amax) {
+  return amax > 0.0f ? max((__float_as_int(amax) >> 23) - 133, -100) : 0;
 }
 
 // Nearest E2M1 value, ties to the even code; saturates at +-6 (the storage

@@ -220,9 +220,9 @@ __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float
       finite &= __shfl_xor_sync(k_full_mask, finite, o);
     }
     if (i >= n4) continue;
-    // m = f 2^E with f in [0.5, 1): E = biased exponent - 126; e' = E - 7 (clamped for units outside the promise).
-    // Quantising: e = log2 of the quantiser's scale (a non-finite unit gets the NaN scale below either way).
-    const int e = quantise ? act_int8_exp(fmaxf(m, 1e-4f)) : m > 0.0f ? max((__float_as_int(m) >> 23) - 133, -100) : 0;
+    // e' from the unit's max (int8_code_exp); quantising: e = log2 of the quantiser's scale (a non-finite unit
+    // gets the NaN scale below either way).
+    const int e = quantise ? act_int8_exp(fmaxf(m, 1e-4f)) : int8_code_exp(m);
     const float inv = __int_as_float((127 - e) << 23);  // 2^-e', exact products
     const uint32_t q = (__float2int_rn(v.x * inv) & 0xff) | (__float2int_rn(v.y * inv) & 0xff) << 8 |
                        (__float2int_rn(v.z * inv) & 0xff) << 16 |

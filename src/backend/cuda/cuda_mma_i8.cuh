@@ -28,10 +28,8 @@
 // (row, unit): the 32 codes in fragment order (quad lane t's B fragment is
 // bytes 8t..8t+7) and float4 {2^k, sum of elements 0..15, of 16..31, of 0..31}
 // (the min terms' sums of x, as mma_split_x). The codes are recovered from x
-// itself: with amax = max |x| over the unit = f 2^E (f in [0.5, 1)), e = E - 7
-// is at most the quantiser's exponent k (amax = q_max 2^k, q_max <= 127 <
-// 2^7), so every x 2^-e is an integer of magnitude below 2^7 — the x_quant
-// promise is all the kernel needs. A unit holding Inf or NaN gets the scale
+// itself, as the int8 matvec does (int8_code_exp: every x 2^-e is an integer
+// of magnitude below 2^7) — the x_quant promise is all the kernel needs. A unit holding Inf or NaN gets the scale
 // NaN (its dot products are NaN).
 //
 // CPU reference: cpu::matmul / cpu::moe_experts; host check of the decoders:
@@ -169,10 +167,7 @@ __global__ void __launch_bounds__(256)
   float v;
   if (!mma_split_unit(x, x_stride, rows, units, pr, v)) return;
   const bool finite = __all_sync(k_full_mask, isfinite(v));
-  const float m = warp_max_all(fabsf(v));
-  int E = 0;
-  (void)frexpf(m, &E);                       // m = f 2^E, f in [0.5, 1) (E = 0 for m = 0)
-  const int e = min(max(E - 7, -126), 126);  // 2^e and 2^-e normal
+  const int e = int8_code_exp(warp_max_all(fabsf(v)));
   const int c = finite ? __float2int_rn(__fmul_rn(v, __int_as_float((127 - e) << 23))) : 0;
   q[pr * 32 + (SubBlock ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane)] = static_cast<int8_t>(c);
   mma_split_sums(s, pr, v, finite ? __int_as_float((127 + e) << 23) : __int_as_float(0x7fc00000));
