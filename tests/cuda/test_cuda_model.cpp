@@ -41,7 +41,15 @@
 //   prefill calls (3, 1, 126, 2, 129, 255, 184 tokens). FFMA tiles: bitwise
 //   (one summation order for any batch size). Tensor cores: the batched
 //   matmuls and grouped experts sum in another order than the one-token
-//   kernels, so the rules of the CUDA-vs-CPU comparison apply.
+//   kernels, so the rules of the CUDA-vs-CPU comparison apply. In plain
+//   numerics that leaves no room for a near-tie that flips early in the
+//   prompt: every later position attends to the changed KV row and moves by
+//   more than T_pos. Such a failure agrees within T_pos up to the flipped
+//   position p and differs from p on; the CPU's scores show the tie at p (seed
+//   3496471952779336429, tiny-mxfp4: the indexer's 16th and 17th scores 1.1e-5
+//   apart (relative) at position 146, a routing tie 2.2e-5 at 191, exactly
+//   where the ragged run left the whole one). A kernel bug typically moves
+//   positions before any tie too, or starts exactly at a call boundary.
 //   Reference numerics: f32 KV rows == compact KV_FP8/KV_FP4 rows, bitwise.
 //   MTP draft logits (window-only block): CUDA vs CPU, NMSE <= T_pos and the
 //   same near-tie rule for top-1.
