@@ -20,7 +20,8 @@
 #   --FLAG[=VALUE]  more `dsv4 bench` flags for that configuration only (e.g. --batch=2048,
 #             --no-tensor-cores, --no-int-dot, --cublas=off); BENCH_FLAGS applies to every configuration
 #   @BINARY   another dsv4 (plain or .xz, e.g. @build-device/a-dsv4.xz carried beside
-#             the payload); default: this payload's dsv4 (DSV4 picks another)
+#             the payload, whose lib/ it loads: carry build-device with it); default: this
+#             payload's dsv4 (DSV4 picks another). A dsv4 stripped and xz -9'd is ~10 MiB.
 # Variables: ROUNDS (default 2), CTX_START (2048), CTX_MAX (4096), GEN (64 decoded
 #          tokens per frontier), PRESET (flash-q2), BENCH_FLAGS.
 # Output: <name>-<round>.csv/.log and sweep.txt (printed last) in ./out; with the device tool (OUT set)
@@ -79,6 +80,13 @@ for src in "${srcs[@]}"; do
     break
   fi
 done
+# @BINARY builds load the shared libraries the payload bundles in its lib/ (ICU, OpenSSL, httplib, ...).
+for src in "${srcs[@]}"; do
+  if [ -n "$src" ] && [ ! -d "$GPU_RUN/lib" ] && [ -f "$GPU_PAYLOAD" ]; then
+    gpu_binaries dsv4
+    break
+  fi
+done
 gpu_out_begin sweep
 gpu_out_keep sweep.txt sweep.txt
 
@@ -95,6 +103,15 @@ for i in "${!names[@]}"; do
   fi
   bins+=("$bin")
 done
+
+# Every binary must load before the first run (a missing library would fail each run alike).
+if ! gpu_dry_run; then
+  for bin in $(printf '%s\n' "${bins[@]}" | sort -u); do
+    missing=$(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')
+    [ -z "$missing" ] || gpu_die "$bin cannot load ${missing% }: carry build-device too (its lib/ bundles them;" \
+      "unpacked into $GPU_RUN/lib)"
+  done
+fi
 
 # shellcheck disable=SC2206 # BENCH_FLAGS: extra dsv4 bench flags, word-split on purpose
 args=(bench --synthetic "$PRESET" --backend cuda --ctx-start "$CTX_START" --ctx-max "$CTX_MAX" --gen-tokens "$GEN"
