@@ -75,18 +75,14 @@ gpu_probe
 gpu_use_run_libs
 for src in "${srcs[@]}"; do
   if [ -z "$src" ]; then  # a configuration on this payload's dsv4
-    [ "$DSV4" = "$GPU_RUN/bin/dsv4" ] && gpu_binaries dsv4
+    [ "$DSV4" = "$GPU_RUN/bin/dsv4" ] && gpu_binaries dsv4 && unpacked=1
     gpu_exists "$DSV4" || gpu_die "DSV4=$DSV4 is not an executable"
     break
   fi
 done
 # @BINARY builds load the shared libraries the payload bundles in its lib/ (ICU, OpenSSL, httplib, ...).
-for src in "${srcs[@]}"; do
-  if [ -n "$src" ] && [ ! -d "$GPU_RUN/lib" ] && [ -f "$GPU_PAYLOAD" ]; then
-    gpu_binaries dsv4
-    break
-  fi
-done
+[ -n "${unpacked:-}" ] || [ -d "$GPU_RUN/lib" ] || [ ! -f "$GPU_PAYLOAD" ] || gpu_unpack ||
+  gpu_die "cannot unpack $GPU_PAYLOAD"
 gpu_out_begin sweep
 gpu_out_keep sweep.txt sweep.txt
 

@@ -29,8 +29,8 @@
 // bytes 8t..8t+7) and float4 {2^k, sum of elements 0..15, of 16..31, of 0..31}
 // (the min terms' sums of x, as mma_split_x). The codes are recovered from x
 // itself, as the int8 matvec does (int8_code_exp: every x 2^-e is an integer
-// of magnitude below 2^7) — the x_quant promise is all the kernel needs. A unit holding Inf or NaN gets the scale
-// NaN (its dot products are NaN).
+// of magnitude below 2^7) — the x_quant promise is all the kernel needs. A
+// unit holding Inf or NaN gets the scale NaN (its dot products are NaN).
 //
 // CPU reference: cpu::matmul / cpu::moe_experts; host check of the decoders:
 // test_cuda_decode (check_mma_codes_i8).
