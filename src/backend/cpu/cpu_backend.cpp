@@ -26,13 +26,26 @@ ThreadPool& pool() {
   return *g_pool;
 }
 
+// Lane k sums a[i] * b[i] over i = k (mod 8) in order (lanes 0-3 in lo, 4-7 in hi), then a fixed tree.
+// The lanes are vector values (element-wise IEEE operations: the same results as eight scalar sums) so
+// that they stay in registers in every build; as an array of eight floats they live in instrumented stack
+// memory under AddressSanitizer, where this loop, half of a CPU forward pass, ran ~15x slower.
 float dot(const float* a, const float* b, int64_t n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  typedef float F4 __attribute__((vector_size(16)));
+  F4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
-  for (int k = 0; i < n; ++i, ++k) s[k] += a[i] * b[i];
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  for (; i + 8 <= n; i += 8) {
+    F4 a0, a1, b0, b1;
+    std::memcpy(&a0, a + i, sizeof a0);
+    std::memcpy(&a1, a + i + 4, sizeof a1);
+    std::memcpy(&b0, b + i, sizeof b0);
+    std::memcpy(&b1, b + i + 4, sizeof b1);
+    lo += a0 * b0;
+    hi += a1 * b1;
+  }
+  float t[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
+  for (int k = 0; i < n; ++i, ++k) t[k] += a[i] * b[i];
+  return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
 
 void weight_row(const Tensor& w, int64_t r, float* dst) {
