@@ -27,9 +27,10 @@ ThreadPool& pool() {
 }
 
 // Lane k sums a[i] * b[i] over i = k (mod 8) in order (lanes 0-3 in lo, 4-7 in hi), then a fixed tree.
-// The lanes are vector values (element-wise IEEE operations: the same results as eight scalar sums) so
-// that they stay in registers in every build; as an array of eight floats they live in instrumented stack
-// memory under AddressSanitizer, where this loop, half of a CPU forward pass, ran ~15x slower.
+// The lanes are vector values (element-wise IEEE operations: the same results as eight scalar sums; the
+// default build has no FMA contraction) so that they stay in registers in every build: an array of eight
+// floats would be instrumented stack memory under AddressSanitizer, ~15x slower there (CI's sanitizer
+// phase runs the CPU tests, and this loop is half of a CPU forward pass).
 float dot(const float* a, const float* b, int64_t n) {
   typedef float F4 __attribute__((vector_size(16)));
   F4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
