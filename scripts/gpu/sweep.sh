@@ -68,6 +68,7 @@ while IFS= read -r line; do
     fi
   done
   names+=("$name") envs+=("$env_words") flags+=("$flag_words") srcs+=("$src")
+  [ -n "$src" ] && any_binary=1
 done <<<"${SWEEP//;/$'\n'}"
 [ "${#names[@]}" -ge 2 ] || gpu_die "SWEEP needs at least two configurations"
 
@@ -81,7 +82,7 @@ for src in "${srcs[@]}"; do
   fi
 done
 # @BINARY builds load the shared libraries the payload bundles in its lib/ (ICU, OpenSSL, httplib, ...).
-[ -n "${unpacked:-}" ] || [ -d "$GPU_RUN/lib" ] || [ ! -f "$GPU_PAYLOAD" ] || gpu_unpack ||
+[ -z "${any_binary:-}" ] || [ -n "${unpacked:-}" ] || [ -d "$GPU_RUN/lib" ] || [ ! -f "$GPU_PAYLOAD" ] || gpu_unpack ||
   gpu_die "cannot unpack $GPU_PAYLOAD"
 gpu_out_begin sweep
 gpu_out_keep sweep.txt sweep.txt
