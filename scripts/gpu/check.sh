@@ -20,6 +20,8 @@
 #   test_cuda_ops_eg  the MoE cases with --expert-gemm on (every prefill expert on the grouped wgmma GEMM of
 #                     cuda_expert_wgmma.cu) and off (every one on the tile of cuda_mma.cuh); the default
 #                     (auto) picks per expert by its assignments in the batch (both kernels in one batch)
+#   test_cuda_ops_eg_split  the same on the grouped GEMM with IQ2_XXS weights as f16 hi/lo splits
+#                     (--no-expert-gemm-codes) instead of integer codes
 #   test_cuda_ops_nogather  the MoE cases with experts in host memory read in place (--no-expert-gather)
 #   test_cuda_ops_cpuexp  the MoE cases with half of a decode batch's host experts computed by the CPU
 #                     (--cpu-experts 0.5: 8-bit activations, tolerance k_thr_host_experts)
@@ -167,6 +169,7 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_ops_ffma "$BIN/test_cuda_ops" --no-flash --no-tensor-cores
   run_step test_cuda_ops_tile "$BIN/test_cuda_ops" --no-flash --no-cublas
   run_step test_cuda_ops_eg "$BIN/test_cuda_ops" --filter moe --expert-gemm on  # Flash shapes too (also with --quick)
+  run_step test_cuda_ops_eg_split "$BIN/test_cuda_ops" --filter moe --expert-gemm on --no-expert-gemm-codes
   run_step test_cuda_ops_noeg "$BIN/test_cuda_ops" --filter moe --expert-gemm off
   run_step test_cuda_ops_nogather "$BIN/test_cuda_ops" --filter moe_experts --no-flash --no-expert-gather
   run_step test_cuda_ops_cpuexp "$BIN/test_cuda_ops" --filter moe_experts --no-flash --cpu-experts 0.5

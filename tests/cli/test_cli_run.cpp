@@ -396,6 +396,7 @@ TEST(CliRun, HelpListsTheFlagsAndCommands) {
                            "--no-cuda-graphs",
                            "--no-pdl",
                            "--expert-gemm",
+                           "--no-expert-gemm-codes",
                            "--gpu-memory",
                            "--gpus",
                            "--no-expert-gather",
@@ -430,14 +431,14 @@ TEST(CliRun, CudaSwitchesAreAcceptedAndPrinted) {
   Result r = run_dsv4(run_tiny(
       "-p hi -n 2 --ignore-eos --no-int-dot --no-int8-matvec --no-int8-tiles --act-quant-fusion all --no-token-matvec "
       "--cublas off --gemm-min-tokens 64 "
-      "--ffma-max-tokens 8 --no-cuda-graphs --no-pdl --expert-gemm off "
+      "--ffma-max-tokens 8 --no-cuda-graphs --no-pdl --expert-gemm off --no-expert-gemm-codes "
       "--gpu-memory 24G --no-expert-gather --cpu-experts 0.25 --stream-experts off"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("int_dot=off int8_matvec=off int8_tiles=off act_quant_fusion=all token_matvec=off cublas=off "
                        "gemm_min_tokens=64 "
                        "ffma_max_tokens=8 "
                        "graphs=off pdl=off "
-                       "expert_gemm=off"),
+                       "expert_gemm=off expert_gemm_codes=off"),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("expert_gather=off gpu_memory=24.00GiB cpu_experts=0.25 stream_experts=off"), std::string::npos)

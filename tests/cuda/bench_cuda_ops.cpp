@@ -53,6 +53,7 @@ struct Opts {
   bool token_matvec = true;
   int64_t gemm_min_tokens = 128;
   std::string expert_gemm = "auto";
+  bool eg_codes = true;
   bool gemm_cache = true;
 };
 
@@ -404,6 +405,7 @@ const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
     "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-int8-tiles]\n"
     "                      [--no-token-matvec] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
+    "                      [--no-expert-gemm-codes]\n"
     "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
@@ -416,7 +418,8 @@ const char* k_usage =
     "  --no-token-matvec   matmuls of 2..4 tokens on the tiles instead of the token matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
-    "                      auto (default: N = 64), on (every expert), off (the tile), or N\n";
+    "                      auto (default: N = 64), on (every expert), off (the tile), or N\n"
+    "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS weights as f16 hi/lo splits, not integer codes\n";
 
 }  // namespace
 
@@ -591,6 +594,8 @@ int main(int argc, char** argv) {
       o.gemm_cache = false;
     else if (a == "--expert-gemm" && i + 1 < argc)
       o.expert_gemm = argv[++i];
+    else if (a == "--no-expert-gemm-codes")
+      o.eg_codes = false;
     else if (a == "--help" || a == "-h") {
       std::printf("%s", k_usage);
       return 0;
@@ -625,6 +630,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   gopt.expert_gemm_min = *eg;
+  gopt.expert_gemm_codes = o.eg_codes;
   gopt.gemm_weight_cache = o.gemm_cache;
   gopt.print_properties = false;
   auto gpu = make_cuda_backend(0, gopt);

@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   bool flash = true, tensor_cores = true, cublas = true, int_dot = true, int8_tiles = true, gemm_cache = true,
-       gather = true;
+       gather = true, eg_codes = true;
   std::string expert_gemm = "auto";
   std::string filter;
   float cpu_experts = 0.0f;
@@ -386,13 +386,14 @@ int main(int argc, char** argv) {
       std::string("usage: ") + argv[0] +
       " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-int8-tiles] "
       "[--no-gemm-cache] "
-      "[--expert-gemm auto|on|off|N] [--no-expert-gather] [--cpu-experts SHARE]\n"
+      "[--expert-gemm auto|on|off|N] [--no-expert-gemm-codes] [--no-expert-gather] [--cpu-experts SHARE]\n"
       "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
       "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
       "  --no-int-dot  decode experts on the float matvec\n"
       "  --no-int8-tiles  tiles of int8-quantised x on f16 MMAs (x hi + lo) instead of int8 ones\n"
       "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
       "                 auto (default: N = 64), on (every expert), off (the tile), or N\n"
+      "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS weights as f16 hi/lo splits, not integer codes\n"
       "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n"
       "  --cpu-experts S  decode batches leave this share of their host experts to the CPU (default 0: none)\n";
   for (int i = 1; i < argc; ++i) {
@@ -419,6 +420,8 @@ int main(int argc, char** argv) {
       cpu_experts = std::strtof(argv[++i], nullptr);
     else if (a == "--expert-gemm" && i + 1 < argc)
       expert_gemm = argv[++i];
+    else if (a == "--no-expert-gemm-codes")
+      eg_codes = false;
     else if (a == "--help") {
       std::printf("%s", usage.c_str());
       return 0;
@@ -435,6 +438,7 @@ int main(int argc, char** argv) {
   if (!gemm_cache) std::printf("test_backend_ops: --no-gemm-cache\n");
   if (!int8_tiles) std::printf("test_backend_ops: --no-int8-tiles\n");
   if (!gather) std::printf("test_backend_ops: --no-expert-gather\n");
+  if (!eg_codes) std::printf("test_backend_ops: --no-expert-gemm-codes\n");
   if (cpu_experts != 0.0f) std::printf("test_backend_ops: --cpu-experts %.2f\n", static_cast<double>(cpu_experts));
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
@@ -457,6 +461,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   gopt.expert_gemm_min = *eg;
+  gopt.expert_gemm_codes = eg_codes;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {
     std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());

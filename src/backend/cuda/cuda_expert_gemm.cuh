@@ -16,6 +16,13 @@
 // bound of |w| over the row read from the block headers only (RowBound: the
 // scales, not the codes), so that the row's largest |w| 2^e_r < 2^15 (f16
 // range); e_t from the row's largest |x| (expert_gemm_split_x_kernel).
+// Integer codes (IQ2_XXS; ExpertGemmArgs::codes, the default): w = (d / 8) c with
+// the code c = +-(2 ls + 1) grid_j an integer below 2^11, exact in f16 as it
+// is; the block accumulates c x_hi (+ c x_lo when x is not exact) per chunk,
+// every product exact, and adds the chunk's sums times each row's d / 8 (one
+// rounded f32 FMA per chunk, in place of the slice addition below; e_r = 0).
+// One wgmma per 16 columns and x term where the split takes two, and no lo
+// half to decode and store.
 // Tensor-core f32 accumulation truncates (cuda_gemm.cu): each slice of
 // k_wg_slice_chunks chunks (cuda_expert_wgmma.cu: one) accumulates into fresh registers that are then added
 // to the block's accumulators with one rounded f32 addition.
@@ -39,6 +46,13 @@ constexpr int k_eg_bk = 64;     // columns per chunk: 2 units of 32
 template <GgmlType T>
 constexpr bool expert_gemm_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
+}
+// Types whose weights the GEMM can also take as exact f16 integer codes with one scale per 256-value block
+// and row (ExpertGemmArgs::codes; EgUnit<T>::put_codes): IQ2_XXS, w = (d / 8) (2 ls + 1) grid_j sign_j, the
+// code (2 ls + 1) grid_j <= 31 * 43 = 1333 (11 bits, exact in f16).
+template <GgmlType T>
+constexpr bool expert_gemm_codes_type() {
+  return T == GgmlType::IQ2_XXS;
 }
 
 // An upper bound of |w| over the blocks j = first, first + step, ... of a row,
@@ -292,6 +306,25 @@ struct EgUnit<GgmlType::IQ2_XXS> {
     r.wb = static_cast<uint32_t>(ld(g + 2)) | (static_cast<uint32_t>(ld(g + 3)) << 16);
     return r;
   }
+  // The code path (ExpertGemmArgs::codes): the unit's 32 weights as the f16 integers
+  // +-(2 ls + 1) grid_j (exact), written to dh only (4 vectors, vs apart as in put()), and its block's
+  // scale d / 8, which the consumers apply to each chunk's sums (w = c d / 8 exactly, as decode's
+  // d (0.5 + ls) 0.25 grid_j: every factor and product fits f32's 24 bits).
+  __device__ __forceinline__ static float code_scale(const Raw& r) {
+    return f16_bits_to_f32(static_cast<uint16_t>(r.d)) * 0.125f;
+  }
+  __device__ __forceinline__ static void put_codes(const Raw& r, const EgTables& et, uint16_t* dh, int vs) {
+    const float f = static_cast<float>((r.wb >> 27) | 1u);  // 2 ls + 1
+    const __half2 c01 = __floats2half2_rn(8.0f * f, 25.0f * f), c2 = __floats2half2_rn(43.0f * f, 0.0f);
+    const uint32_t th[2] = {*reinterpret_cast<const uint32_t*>(&c01), *reinterpret_cast<const uint32_t*>(&c2)};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint4 sel = et.iq2_sel[(r.wa >> (8 * k)) & 0xFFu];
+      const uint4 sg = et.iq2_sign[(r.wb >> (7 * k)) & 127u];
+      *reinterpret_cast<uint4*>(dh + vs * k) = make_uint4(eg_pick(th, sel.x) ^ sg.x, eg_pick(th, sel.y) ^ sg.y,
+                                                          eg_pick(th, sel.z) ^ sg.z, eg_pick(th, sel.w) ^ sg.w);
+    }
+  }
   __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables&, const EgTables& et,
                                              uint16_t* dh, uint16_t* dl, int vs) {
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.d)) * s;
@@ -335,6 +368,9 @@ struct ExpertGemmArgs {
   const int* e_t;  // the x rows' exponents
   int x_div;
   bool x_exact;  // x is an activation quantiser's output: xtl is all zeros and is not read
+  // Weights of an expert_gemm_codes_type as exact integer codes with the block scale applied per chunk in
+  // the accumulation (CudaContext::expert_gemm_codes): one wgmma per 16 columns and x term instead of two.
+  bool codes;
 };
 // True when this binary carries the sm_90a kernel and the device runs it
 // (probed once: a CC 9.0 device and the sm_90a image loaded).

@@ -9,7 +9,11 @@
 // fresh accumulators that are then added with one rounded f32 addition. When x
 // is an activation quantiser's output (x_exact: MoeExpertsOp::x_quant for gate
 // and up, mid_quant for down) x_lo is 0: two wgmmas per 16 columns and one
-// bulk copy of x per chunk instead of three and two, the same sums.
+// bulk copy of x per chunk instead of three and two, the same sums. IQ2_XXS
+// weights go as exact integer codes by default (ExpertGemmArgs::codes,
+// cuda_expert_gemm.cuh): producers write wh only and each row's block scale
+// d / 8 per chunk, consumers run c x_hi (+ c x_lo) and add each chunk's sums
+// times the scale: one wgmma per 16 columns under x_exact, two otherwise.
 // Block: 128 weight rows x the <= 128 assignments of one plan tile
 // (k_wg_tokens: each decoded weight chunk serves up to 128 tokens), 64-column
 // chunks in k_eg_stages shared stages, 384 threads:
@@ -71,6 +75,7 @@ static_assert(k_wg_producers == k_eg_rows, "one producer thread per weight row")
 struct WgStage {
   uint16_t wh[k_eg_rows * k_eg_bk], wl[k_eg_rows * k_eg_bk];
   uint16_t xh[k_wg_tokens * k_eg_bk], xl[k_wg_tokens * k_eg_bk];
+  float ds[k_eg_rows];  // integer codes (ExpertGemmArgs::codes): each row's block scale d / 8 for this chunk
 };
 struct WgSmem {
   WgStage st[k_eg_stages];
@@ -204,8 +209,10 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t
 }
 
 // The consumers' loop (threads k_wg_producers.. of the block) for N-token wgmmas (N = 32, 64, 96 or 128):
-// part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices.
-template <int N, bool XE>
+// part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices; CODES: the
+// weights are integer codes (wh only) and acc = fma(part, the row's d / 8, acc) per slice (a slice never
+// spans two 256-column blocks).
+template <int N, bool XE, bool CODES>
 __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt,
                                            int n_chunks, const __half* __restrict__ xth,
                                            const __half* __restrict__ xtl) {
@@ -228,12 +235,21 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) part[i] = acc[i] = 0.0f;
   const int a_base = wg_off(64 * wg, 0);
+  // Fragment of warp w4 of the warpgroup, lane (g, t), value 4 j + i: row 16 w4 + g + 8 (i / 2), token 8 j + 2 t + i
+  // % 2.
+  const int w4 = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, t = lane & 3;
+  const int row_g = 64 * wg + 16 * w4 + g;  // this thread's rows: row_g, row_g + 8
+  float dsc0 = 1.0f, dsc1 = 1.0f;           // CODES: their block scales for the current slice
   for (int c = 0; c < n_chunks; ++c) {
     const int s = c % k_eg_stages;
     mbar_wait(&sm.xbar[s], (c / k_eg_stages) & 1);  // chunk c's x has landed (the stage's (c / 3)-th phase)
     wg_bar_sync(1 + s);                             // full[s]: the producers' weights of chunk c
     const WgStage& st = sm.st[s];
     const bool fresh = c % k_wg_slice_chunks == 0;  // a slice starts: the first product overwrites part
+    if constexpr (CODES) {
+      dsc0 = st.ds[row_g];
+      dsc1 = st.ds[row_g + 8];
+    }
     // (no wg_pin before the wgmmas: touching the accumulators while the previous chunk's group is in flight
     // makes ptxas wait for it; no wgmma in a branch either: ptxas would serialise them all)
     wg_fence();
@@ -244,7 +260,7 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
                      al = wg_desc(st.wl + a_base + ks * 128, 128, 1024);
       const uint64_t bh = wg_desc(st.xh + ks * 128, 128, 1024), bl = wg_desc(st.xl + ks * 128, 128, 1024);
       wgmma_n<N>(part, ah, bh, !(fresh && ks == 0));
-      wgmma_n<N>(part, al, bh, 1);
+      if constexpr (!CODES) wgmma_n<N>(part, al, bh, 1);
       if constexpr (!XE) wgmma_n<N>(part, ah, bl, 1);
     }
     wg_commit();
@@ -257,14 +273,16 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
     if ((c + 1) % k_wg_slice_chunks == 0 || c + 1 == n_chunks) {
       wg_wait<0>();
       wg_pin(part);
+      if constexpr (CODES) {
 #pragma unroll
-      for (int i = 0; i < N / 2; ++i) acc[i] = __fadd_rn(acc[i], part[i]);
+        for (int i = 0; i < N / 2; ++i) acc[i] = __fmaf_rn(part[i], (i & 2) ? dsc1 : dsc0, acc[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) acc[i] = __fadd_rn(acc[i], part[i]);
+      }
     }
   }
   wg_wait<0>();  // (the last chunk's slice end already waited; this tells ptxas)
-  // Fragment of warp w4 of the warpgroup, lane (g, t), value 4 j + i: row 16 w4 + g + 8 (i / 2), token 8 j + 2 t + i
-  // % 2.
-  const int w4 = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
@@ -284,7 +302,7 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
                         const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                         const int32_t* __restrict__ n_tiles, const __half* __restrict__ xth,
                         const __half* __restrict__ xtl, const int* __restrict__ tok_exp, int x_div, bool x_exact,
-                        QuantTables tab) {
+                        bool codes_on, QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
   __trap();  // never launched: expert_wgmma_available() is false for this target
 #else
@@ -308,13 +326,16 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the barriers, visible to the bulk copies
   __syncthreads();
   const int n_chunks = static_cast<int>(cols / k_eg_bk);
+  constexpr bool can_codes = expert_gemm_codes_type<T>();
+  const bool codes = can_codes && codes_on;  // block-uniform
+  static_assert(256 % (k_eg_bk * k_wg_slice_chunks) == 0, "codes: a slice within one 256-column block");
 
   if (tid < k_wg_producers) {
     // ---- producer: thread p decodes both units of each chunk of row p ----
     const int p = tid;
     const int64_t drow = r0 + p < R ? r0 + p : R - 1;  // rows past R repeat the last one (not stored)
     const uint8_t* dptr = we + drow * static_cast<int64_t>(row_bytes);
-    const int e_r = split_exponent(RowBound<T>::partial(dptr, n_units, 0, 1));
+    const int e_r = codes ? 0 : split_exponent(RowBound<T>::partial(dptr, n_units, 0, 1));
     sm.e_r[p] = e_r;  // read by the consumers' epilogue, after a full[] barrier
     const float s_r = eg_pow2(e_r);
     EgUnit<T>::tables(sm.tables, tab, p, k_wg_producers);
@@ -335,9 +356,20 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     auto step = [&](int c, const Raw2& raw) {
       const int s = c % k_eg_stages;
       if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
-      EgUnit<T>::put(raw.u0, s_r, tab, sm.tables, sm.st[s].wh + wofs, sm.st[s].wl + wofs, k_wg_vs);
-      EgUnit<T>::put(raw.u1, s_r, tab, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, sm.st[s].wl + wofs + 4 * k_wg_vs,
-                     k_wg_vs);
+      bool put_codes = false;
+      if constexpr (can_codes) {
+        if (codes) {  // both units of a chunk lie in one 256-value block: one scale
+          EgUnit<T>::put_codes(raw.u0, sm.tables, sm.st[s].wh + wofs, k_wg_vs);
+          EgUnit<T>::put_codes(raw.u1, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, k_wg_vs);
+          sm.st[s].ds[p] = EgUnit<T>::code_scale(raw.u0);
+          put_codes = true;
+        }
+      }
+      if (!put_codes) {
+        EgUnit<T>::put(raw.u0, s_r, tab, sm.tables, sm.st[s].wh + wofs, sm.st[s].wl + wofs, k_wg_vs);
+        EgUnit<T>::put(raw.u1, s_r, tab, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, sm.st[s].wl + wofs + 4 * k_wg_vs,
+                       k_wg_vs);
+      }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
       wg_bar_arrive(1 + s);                                           // full[s]
     };
@@ -362,21 +394,30 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   // The wgmma width follows the tile's assignment count: N = 32, 64, 96 or 128 (block-uniform; one loop per
   // width, so that no wgmma sits in a divergent path: ptxas would serialise them).
   const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
-  auto consume = [&](auto exact) {
-    constexpr bool XE = decltype(exact)::value;
+  auto consume = [&](auto exact, auto codes_tag) {
+    constexpr bool XE = decltype(exact)::value, CO = decltype(codes_tag)::value;
     if (nt <= 32)
-      wg_consume<32, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<32, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
     else if (nt <= 64)
-      wg_consume<64, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<64, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
     else if (nt <= 96)
-      wg_consume<96, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<96, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
     else
-      wg_consume<128, XE>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<128, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
   };
-  if (x_exact)
-    consume(std::true_type{});
-  else
-    consume(std::false_type{});
+  auto consume_x = [&](auto codes_tag) {
+    if (x_exact)
+      consume(std::true_type{}, codes_tag);
+    else
+      consume(std::false_type{}, codes_tag);
+  };
+  if constexpr (can_codes) {
+    if (codes) {
+      consume_x(std::true_type{});
+      return;
+    }
+  }
+  consume_x(std::false_type{});
 #endif
 }
 
@@ -420,7 +461,8 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R, wr, w.row_bytes(),
-                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, a.x_exact, ctx.tables);
+                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, a.x_exact, a.codes,
+                    ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {
       DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));

@@ -203,6 +203,7 @@ std::string CudaOptions::describe() const {
   if (graphs != d.graphs) add("graphs=off");
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
+  if (expert_gemm_codes != d.expert_gemm_codes) add("expert_gemm_codes=off");
   if (expert_group_min != d.expert_group_min) add("expert_group_min=" + std::to_string(expert_group_min));
   if (expert_gather != d.expert_gather) add("expert_gather=off");
   if (expert_prefetch != d.expert_prefetch) add("expert_prefetch=off");

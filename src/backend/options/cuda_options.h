@@ -104,6 +104,10 @@ struct CudaOptions {
   // and devices, tensor cores only), the others on the tile. 0: never; 1:
   // every expert.
   int expert_gemm_min = k_expert_gemm_auto_min;
+  // The grouped GEMM's IQ2_XXS weights as exact integer codes (f16) with each block's scale applied to the
+  // chunk sums: one wgmma per 16 columns and x term instead of the split's two (cuda_expert_gemm.cuh); false:
+  // f16 hi/lo splits, as the other weight types.
+  bool expert_gemm_codes = true;
   // Routed experts of batches of at least this many tokens are grouped by
   // expert (each expert's weights read once per tile of its assignments);
   // smaller batches (decode steps, batched decode steps of a few sessions) run
