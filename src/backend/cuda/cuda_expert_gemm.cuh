@@ -160,9 +160,14 @@ static __global__ void __launch_bounds__(256)
 }
 
 constexpr int k_eg_stages = 3;
+// IQ2_XXS lookups, kept narrow (a producer's random 16-byte table reads cost ~3x the shared-memory
+// wavefronts of 8- and 4-byte ones): iq2_sel[g] = the prmt selectors of grid entry g's element pairs
+// (0, 1), (2, 3) in x's low and high 16 bits and (4, 5), (6, 7) in y's; iq2_sign[i] = sign index i's 8
+// signs (with the parity bit) as bits 15 - j (element 2j) and 31 - j (element 2j + 1), so that
+// (sign << j) & 0x80008000 is pair j's f16 sign mask.
 struct EgTables {
-  uint4 iq2_sel[256];   // grid entry -> prmt selectors of its 4 element pairs
-  uint4 iq2_sign[128];  // sign index -> sign masks (bits 15 and 31) of its 4 element pairs
+  uint2 iq2_sel[256];
+  uint32_t iq2_sign[128];
 };
 // 2^e as a float (e in f32's normal exponent range; RowBound's bounds keep it
 // within [-10, 50] for every finite block scale).
@@ -205,6 +210,23 @@ struct EgUnit {
       *reinterpret_cast<uint4*>(dh + vs * q) = make_uint4(h[0], h[1], h[2], h[3]);
       *reinterpret_cast<uint4*>(dl + vs * q) = make_uint4(l[0], l[1], l[2], l[3]);
     }
+  }
+};
+
+// One 64-column chunk (two units, 2c and 2c + 1) of a weight row: load() reads its bytes into registers,
+// put() decodes both units as EgUnit<T>::put does. Generic: two units, each loaded on its own; types whose
+// units share bytes or headers specialise it to load them once (a producer's global loads are one row per
+// thread, so each costs a shared-memory wavefront per thread: their count bounds the grouped GEMM).
+template <GgmlType T>
+struct EgChunk {
+  typename EgUnit<T>::Raw u0, u1;
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c) {
+    return {EgUnit<T>::load(row, 2 * c), EgUnit<T>::load(row, 2 * c + 1)};
+  }
+  __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
+                                      int vs) const {
+    EgUnit<T>::put(u0, s, tab, et, dh, dl, vs);
+    EgUnit<T>::put(u1, s, tab, et, dh + 4 * vs, dl + 4 * vs, vs);
   }
 };
 
@@ -272,6 +294,35 @@ struct EgUnit<GgmlType::Q2_K> {
   }
 };
 
+// Q2_K chunk c: units 2c, 2c + 1 (v = 2 (c % 4) + i of block c / 4) read the same 32 code bytes (their
+// 2-bit fields 2 (v % 4)) and adjacent scale bytes: loaded once, 10 loads instead of the units' 20.
+template <>
+struct EgChunk<GgmlType::Q2_K> {
+  using U = EgUnit<GgmlType::Q2_K>;
+  U::Raw u0, u1;
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c) {
+    const uint8_t* blk = row + (c >> 2) * 84;
+    const int v0 = 2 * static_cast<int>(c & 3);
+    EgChunk r;
+    r.u0.dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
+    const uint32_t sc = ld(reinterpret_cast<const uint32_t*>(blk + 2 * v0));  // scale bytes 2 v0 .. 2 v0 + 3
+    r.u0.sc = sc & 0xFFFFu;
+    r.u0.shift = 2 * (v0 & 3);
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (v0 >> 2));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.u0.q[i] = ld(q + i);
+    r.u1 = r.u0;
+    r.u1.sc = sc >> 16;
+    r.u1.shift = r.u0.shift + 2;
+    return r;
+  }
+  __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
+                                      int vs) const {
+    U::put(u0, s, tab, et, dh, dl, vs);
+    U::put(u1, s, tab, et, dh + 4 * vs, dl + 4 * vs, vs);
+  }
+};
+
 // IQ2_XXS: per 32-element unit 3 magnitudes (grid bytes 8, 25, 43 -> index
 // byte >> 4 = 0, 1, 2) and a sign per element (bit 15 / 31 of a pair's word,
 // flipped by xor: f16 rounding is symmetric, so hi and lo of -w are -hi, -lo).
@@ -285,17 +336,26 @@ struct EgUnit<GgmlType::IQ2_XXS> {
   __device__ static void tables(EgTables& et, const QuantTables& tab, int p, int n) {
     for (int i = p; i < 256; i += n) {
       const uint64_t grid = tab.iq2_grid[i];
-      const uint32_t s0 = eg_sel4((static_cast<uint32_t>(grid) >> 4) & 0x0F0F0F0Fu);
-      const uint32_t s1 = eg_sel4((static_cast<uint32_t>(grid >> 32) >> 4) & 0x0F0F0F0Fu);
-      et.iq2_sel[i] = make_uint4(s0, s0 >> 16, s1, s1 >> 16);
+      et.iq2_sel[i] = make_uint2(eg_sel4((static_cast<uint32_t>(grid) >> 4) & 0x0F0F0F0Fu),
+                                 eg_sel4((static_cast<uint32_t>(grid >> 32) >> 4) & 0x0F0F0F0Fu));
     }
     for (int i = p; i < 128; i += n) {
       const uint32_t sg = iq2_sign_bits(static_cast<uint32_t>(i));
-      uint32_t m[4];
+      uint32_t m = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) m[j] = (((sg >> (2 * j)) & 1u) << 15) | (((sg >> (2 * j + 1)) & 1u) << 31);
-      et.iq2_sign[i] = make_uint4(m[0], m[1], m[2], m[3]);
+      for (int j = 0; j < 4; ++j) m |= (((sg >> (2 * j)) & 1u) << (15 - j)) | (((sg >> (2 * j + 1)) & 1u) << (31 - j));
+      et.iq2_sign[i] = m;
     }
+  }
+  // The 8 elements k of a unit (grid index byte k of wa, sign index k of wb) from the two-half table th as
+  // f16 pairs with their signs: one 16-byte vector.
+  __device__ __forceinline__ static uint4 pick8(const uint32_t (&th)[2], uint32_t wa, uint32_t wb, int k,
+                                                const EgTables& et) {
+    const uint2 sel = et.iq2_sel[(wa >> (8 * k)) & 0xFFu];
+    const uint32_t sg = et.iq2_sign[(wb >> (7 * k)) & 127u];
+    constexpr uint32_t m = 0x80008000u;
+    return make_uint4(eg_pick(th, sel.x) ^ (sg & m), eg_pick(th, sel.x >> 16) ^ ((sg << 1) & m),
+                      eg_pick(th, sel.y) ^ ((sg << 2) & m), eg_pick(th, sel.y >> 16) ^ ((sg << 3) & m));
   }
   __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) {
     const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + (u >> 3) * 66);
@@ -318,12 +378,7 @@ struct EgUnit<GgmlType::IQ2_XXS> {
     const __half2 c01 = __floats2half2_rn(8.0f * f, 25.0f * f), c2 = __floats2half2_rn(43.0f * f, 0.0f);
     const uint32_t th[2] = {*reinterpret_cast<const uint32_t*>(&c01), *reinterpret_cast<const uint32_t*>(&c2)};
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint4 sel = et.iq2_sel[(r.wa >> (8 * k)) & 0xFFu];
-      const uint4 sg = et.iq2_sign[(r.wb >> (7 * k)) & 127u];
-      *reinterpret_cast<uint4*>(dh + vs * k) = make_uint4(eg_pick(th, sel.x) ^ sg.x, eg_pick(th, sel.y) ^ sg.y,
-                                                          eg_pick(th, sel.z) ^ sg.z, eg_pick(th, sel.w) ^ sg.w);
-    }
+    for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(dh + vs * k) = pick8(th, r.wa, r.wb, k, et);
   }
   __device__ __forceinline__ static void put(const Raw& r, float s, const QuantTables&, const EgTables& et,
                                              uint16_t* dh, uint16_t* dl, int vs) {
@@ -337,13 +392,45 @@ struct EgUnit<GgmlType::IQ2_XXS> {
     eg_split2(__fmaf_rn(db, __uint_as_float(0x4B00002Bu), ndb), 0.0f, th[1], tl[1]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint4 sel = et.iq2_sel[(r.wa >> (8 * k)) & 0xFFu];
-      const uint4 sg = et.iq2_sign[(r.wb >> (7 * k)) & 127u];
-      *reinterpret_cast<uint4*>(dh + vs * k) = make_uint4(eg_pick(th, sel.x) ^ sg.x, eg_pick(th, sel.y) ^ sg.y,
-                                                          eg_pick(th, sel.z) ^ sg.z, eg_pick(th, sel.w) ^ sg.w);
-      *reinterpret_cast<uint4*>(dl + vs * k) = make_uint4(eg_pick(tl, sel.x) ^ sg.x, eg_pick(tl, sel.y) ^ sg.y,
-                                                          eg_pick(tl, sel.z) ^ sg.z, eg_pick(tl, sel.w) ^ sg.w);
+      *reinterpret_cast<uint4*>(dh + vs * k) = pick8(th, r.wa, r.wb, k, et);
+      *reinterpret_cast<uint4*>(dl + vs * k) = pick8(tl, r.wa, r.wb, k, et);
     }
+  }
+};
+// IQ2_XXS chunk c: units 2c, 2c + 1 are the 16 bytes at 2 + 16 (c % 4) of block c / 4 (after its f16 d),
+// read as 4 words from the 4-byte boundary at or below them and, when they start 2 bytes past one (rows of
+// an odd number of blocks, or even blocks), the 2 bytes after those words (never past the block): 6 loads
+// instead of the units' 10.
+template <>
+struct EgChunk<GgmlType::IQ2_XXS> {
+  using U = EgUnit<GgmlType::IQ2_XXS>;
+  U::Raw u0, u1;
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c) {
+    const uint8_t* blk = row + (c >> 2) * 66;
+    const uint8_t* q = blk + 2 + 16 * (c & 3);
+    const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(q) & 3u);  // 0 or 2
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(q - mis);
+    uint32_t v[5];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = ld(w + i);
+    v[4] = mis != 0 ? ld(reinterpret_cast<const uint16_t*>(q + 14)) : 0u;
+    const uint32_t sh = 8 * mis;
+    uint32_t x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = __funnelshift_r(v[i], v[i + 1], sh);
+    const uint32_t d = ld(reinterpret_cast<const uint16_t*>(blk));
+    return {U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}};
+  }
+  __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
+                                      int vs) const {
+    U::put(u0, s, tab, et, dh, dl, vs);
+    U::put(u1, s, tab, et, dh + 4 * vs, dl + 4 * vs, vs);
+  }
+  // The code path (ExpertGemmArgs::codes): both units' codes and, returned, the block's scale d / 8.
+  __device__ __forceinline__ float put_codes(const EgTables& et, uint16_t* dh, int vs) const {
+    U::put_codes(u0, et, dh, vs);
+    U::put_codes(u1, et, dh + 4 * vs, vs);
+    return U::code_scale(u0);
   }
 };
 

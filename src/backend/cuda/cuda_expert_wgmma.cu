@@ -345,31 +345,19 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     const int wofs = wg_off(p, 0);
     constexpr int upc = k_eg_bk / 32;  // units per chunk
     static_assert(upc == 2, "two units per producer thread and chunk");
-    using Raw = typename EgUnit<T>::Raw;
-    struct Raw2 {
-      Raw u0, u1;
-    };
-    auto load2 = [&](int c) {
-      return Raw2{EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c)),
-                  EgUnit<T>::load(dptr, 2 * static_cast<int64_t>(c) + 1)};
-    };
+    using Raw2 = EgChunk<T>;  // the chunk's bytes, read once (cuda_expert_gemm.cuh)
+    auto load2 = [&](int c) { return EgChunk<T>::load(dptr, static_cast<int64_t>(c)); };
     auto step = [&](int c, const Raw2& raw) {
       const int s = c % k_eg_stages;
       if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
       bool put_codes = false;
       if constexpr (can_codes) {
         if (codes) {  // both units of a chunk lie in one 256-value block: one scale
-          EgUnit<T>::put_codes(raw.u0, sm.tables, sm.st[s].wh + wofs, k_wg_vs);
-          EgUnit<T>::put_codes(raw.u1, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, k_wg_vs);
-          sm.st[s].ds[p] = EgUnit<T>::code_scale(raw.u0);
+          sm.st[s].ds[p] = raw.put_codes(sm.tables, sm.st[s].wh + wofs, k_wg_vs);
           put_codes = true;
         }
       }
-      if (!put_codes) {
-        EgUnit<T>::put(raw.u0, s_r, tab, sm.tables, sm.st[s].wh + wofs, sm.st[s].wl + wofs, k_wg_vs);
-        EgUnit<T>::put(raw.u1, s_r, tab, sm.tables, sm.st[s].wh + wofs + 4 * k_wg_vs, sm.st[s].wl + wofs + 4 * k_wg_vs,
-                       k_wg_vs);
-      }
+      if (!put_codes) raw.put(s_r, tab, sm.tables, sm.st[s].wh + wofs, sm.st[s].wl + wofs, k_wg_vs);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
       wg_bar_arrive(1 + s);                                           // full[s]
     };
