@@ -216,11 +216,12 @@ struct EgUnit {
 // One 64-column chunk (two units, 2c and 2c + 1) of a weight row: load() reads its bytes into registers,
 // put() decodes both units as EgUnit<T>::put does. Generic: two units, each loaded on its own; types whose
 // units share bytes or headers specialise it to load them once (a producer's global loads are one row per
-// thread, so each costs a shared-memory wavefront per thread: their count bounds the grouped GEMM).
+// thread, so each costs a shared-memory wavefront per thread: their count bounds the grouped GEMM). prev:
+// the chunk c - 1 of the same row, loaded just before (c > 0), whose bytes a chunk may reuse.
 template <GgmlType T>
 struct EgChunk {
   typename EgUnit<T>::Raw u0, u1;
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&) {
     return {EgUnit<T>::load(row, 2 * c), EgUnit<T>::load(row, 2 * c + 1)};
   }
   __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
@@ -295,22 +296,28 @@ struct EgUnit<GgmlType::Q2_K> {
 };
 
 // Q2_K chunk c: units 2c, 2c + 1 (v = 2 (c % 4) + i of block c / 4) read the same 32 code bytes (their
-// 2-bit fields 2 (v % 4)) and adjacent scale bytes: loaded once, 10 loads instead of the units' 20.
+// 2-bit fields 2 (v % 4)) and adjacent scale bytes: loaded once, 10 loads instead of the units' 20; an odd
+// chunk shares its code bytes and d, dmin with the chunk before it (fields 4 and 6 of the same bytes) and
+// reads only its scale word.
 template <>
 struct EgChunk<GgmlType::Q2_K> {
   using U = EgUnit<GgmlType::Q2_K>;
   U::Raw u0, u1;
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev) {
     const uint8_t* blk = row + (c >> 2) * 84;
     const int v0 = 2 * static_cast<int>(c & 3);
     EgChunk r;
-    r.u0.dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
     const uint32_t sc = ld(reinterpret_cast<const uint32_t*>(blk + 2 * v0));  // scale bytes 2 v0 .. 2 v0 + 3
+    if (c & 1) {
+      r.u0 = prev.u0;
+    } else {
+      r.u0.dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
+      const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (v0 >> 2));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r.u0.q[i] = ld(q + i);
+    }
     r.u0.sc = sc & 0xFFFFu;
     r.u0.shift = 2 * (v0 & 3);
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (v0 >> 2));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.u0.q[i] = ld(q + i);
     r.u1 = r.u0;
     r.u1.sc = sc >> 16;
     r.u1.shift = r.u0.shift + 2;
@@ -399,13 +406,13 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 };
 // IQ2_XXS chunk c: units 2c, 2c + 1 are the 16 bytes at 2 + 16 (c % 4) of block c / 4 (after its f16 d),
 // read as 4 words from the 4-byte boundary at or below them and, when they start 2 bytes past one (rows of
-// an odd number of blocks, or even blocks), the 2 bytes after those words (never past the block): 6 loads
-// instead of the units' 10.
+// an odd number of blocks, or even blocks), the 2 bytes after those words (never past the block); d is
+// read by the block's first chunk only: 5-6 loads instead of the units' 10.
 template <>
 struct EgChunk<GgmlType::IQ2_XXS> {
   using U = EgUnit<GgmlType::IQ2_XXS>;
   U::Raw u0, u1;
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev) {
     const uint8_t* blk = row + (c >> 2) * 66;
     const uint8_t* q = blk + 2 + 16 * (c & 3);
     const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(q) & 3u);  // 0 or 2
@@ -418,7 +425,7 @@ struct EgChunk<GgmlType::IQ2_XXS> {
     uint32_t x[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = __funnelshift_r(v[i], v[i + 1], sh);
-    const uint32_t d = ld(reinterpret_cast<const uint16_t*>(blk));
+    const uint32_t d = (c & 3) == 0 ? ld(reinterpret_cast<const uint16_t*>(blk)) : prev.u0.d;
     return {U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}};
   }
   __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,

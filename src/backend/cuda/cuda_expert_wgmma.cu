@@ -346,7 +346,8 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     constexpr int upc = k_eg_bk / 32;  // units per chunk
     static_assert(upc == 2, "two units per producer thread and chunk");
     using Raw2 = EgChunk<T>;  // the chunk's bytes, read once (cuda_expert_gemm.cuh)
-    auto load2 = [&](int c) { return EgChunk<T>::load(dptr, static_cast<int64_t>(c)); };
+    // Chunks load in order, each after chunk c - 1 (the last set loaded: prev).
+    auto load2 = [&](int c, const Raw2& prev) { return EgChunk<T>::load(dptr, static_cast<int64_t>(c), prev); };
     auto step = [&](int c, const Raw2& raw) {
       const int s = c % k_eg_stages;
       if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
@@ -363,16 +364,16 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     };
     // Software pipeline: the raw bytes of chunks c + 1 and c + 2 are in registers while chunk c is decoded
     // (three register sets, the loop unrolled by three so that no set is copied).
-    Raw2 ra = load2(0), rb = ra, rc = ra;
-    if (n_chunks > 1) rb = load2(1);
+    Raw2 ra = load2(0, Raw2{}), rb = ra, rc = ra;
+    if (n_chunks > 1) rb = load2(1, ra);
     for (int c = 0; c < n_chunks; c += 3) {
-      if (c + 2 < n_chunks) rc = load2(c + 2);
+      if (c + 2 < n_chunks) rc = load2(c + 2, rb);
       step(c, ra);
       if (c + 1 >= n_chunks) break;
-      if (c + 3 < n_chunks) ra = load2(c + 3);
+      if (c + 3 < n_chunks) ra = load2(c + 3, rc);
       step(c + 1, rb);
       if (c + 2 >= n_chunks) break;
-      if (c + 4 < n_chunks) rb = load2(c + 4);
+      if (c + 4 < n_chunks) rb = load2(c + 4, ra);
       step(c + 2, rc);
     }
     return;
