@@ -219,15 +219,18 @@ struct EgUnit {
 // thread, so each costs a shared-memory wavefront per thread: their count bounds the grouped GEMM). prev:
 // the chunk c - 1 of the same row, loaded just before (c > 0), whose bytes a chunk may reuse.
 template <GgmlType T>
-struct EgChunk {
+struct EgUnits {
   typename EgUnit<T>::Raw u0, u1;
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&) {
-    return {EgUnit<T>::load(row, 2 * c), EgUnit<T>::load(row, 2 * c + 1)};
-  }
   __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
                                       int vs) const {
     EgUnit<T>::put(u0, s, tab, et, dh, dl, vs);
     EgUnit<T>::put(u1, s, tab, et, dh + 4 * vs, dl + 4 * vs, vs);
+  }
+};
+template <GgmlType T>
+struct EgChunk : EgUnits<T> {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&) {
+    return {{EgUnit<T>::load(row, 2 * c), EgUnit<T>::load(row, 2 * c + 1)}};
   }
 };
 
@@ -300,9 +303,7 @@ struct EgUnit<GgmlType::Q2_K> {
 // chunk shares its code bytes and d, dmin with the chunk before it (fields 4 and 6 of the same bytes) and
 // reads only its scale word.
 template <>
-struct EgChunk<GgmlType::Q2_K> {
-  using U = EgUnit<GgmlType::Q2_K>;
-  U::Raw u0, u1;
+struct EgChunk<GgmlType::Q2_K> : EgUnits<GgmlType::Q2_K> {
   __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev) {
     const uint8_t* blk = row + (c >> 2) * 84;
     const int v0 = 2 * static_cast<int>(c & 3);
@@ -322,11 +323,6 @@ struct EgChunk<GgmlType::Q2_K> {
     r.u1.sc = sc >> 16;
     r.u1.shift = r.u0.shift + 2;
     return r;
-  }
-  __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
-                                      int vs) const {
-    U::put(u0, s, tab, et, dh, dl, vs);
-    U::put(u1, s, tab, et, dh + 4 * vs, dl + 4 * vs, vs);
   }
 };
 
@@ -409,9 +405,8 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // an odd number of blocks, or even blocks), the 2 bytes after those words (never past the block); d is
 // read by the block's first chunk only: 5-6 loads instead of the units' 10.
 template <>
-struct EgChunk<GgmlType::IQ2_XXS> {
+struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
   using U = EgUnit<GgmlType::IQ2_XXS>;
-  U::Raw u0, u1;
   __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev) {
     const uint8_t* blk = row + (c >> 2) * 66;
     const uint8_t* q = blk + 2 + 16 * (c & 3);
@@ -426,12 +421,7 @@ struct EgChunk<GgmlType::IQ2_XXS> {
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = __funnelshift_r(v[i], v[i + 1], sh);
     const uint32_t d = (c & 3) == 0 ? ld(reinterpret_cast<const uint16_t*>(blk)) : prev.u0.d;
-    return {U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}};
-  }
-  __device__ __forceinline__ void put(float s, const QuantTables& tab, const EgTables& et, uint16_t* dh, uint16_t* dl,
-                                      int vs) const {
-    U::put(u0, s, tab, et, dh, dl, vs);
-    U::put(u1, s, tab, et, dh + 4 * vs, dl + 4 * vs, vs);
+    return {{U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}}};
   }
   // The code path (ExpertGemmArgs::codes): both units' codes and, returned, the block's scale d / 8.
   __device__ __forceinline__ float put_codes(const EgTables& et, uint16_t* dh, int vs) const {
