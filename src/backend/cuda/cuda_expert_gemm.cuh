@@ -185,8 +185,9 @@ __device__ __forceinline__ void eg_split2(float a, float b, uint32_t& h, uint32_
 // One 32-element unit of a weight row, decoded with the scale factor s and
 // written to shared memory as hi (dh) and lo (dl) halves, in two
 // steps so that a producer can issue the next chunk's global loads before it
-// decodes this one: load() reads the unit's bytes into registers (Raw), put()
-// decodes and stores them as four 16-byte vectors of 8 elements, vector v at
+// decodes this one: a loader reads the unit's bytes into registers (Raw: the
+// generic load() below, or EgChunk's for the types whose units share bytes),
+// put() decodes and stores them as four 16-byte vectors of 8 elements, vector v at
 // dh + vs v (vs = 8: a plain row; 64: the wgmma core-matrix layout).
 // Generic: Raw is the address; put() runs WeightUnit<T>::decode and splits its
 // floats two at a time.
@@ -256,18 +257,6 @@ struct EgUnit<GgmlType::Q2_K> {
     uint32_t q[8];
   };
   __device__ static void tables(EgTables&, const QuantTables&, int, int) {}
-  __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) {
-    const uint8_t* blk = row + (u >> 3) * 84;
-    const int v = static_cast<int>(u & 7);
-    Raw r;
-    r.dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
-    r.sc = ld(reinterpret_cast<const uint16_t*>(blk + 2 * v));
-    r.shift = 2 * (v & 3);
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (v >> 2));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.q[i] = ld(q + i);
-    return r;
-  }
   __device__ __forceinline__ static void put(const Raw& r, float scale, const QuantTables&, const EgTables&,
                                              uint16_t* dh, uint16_t* dl, int vs) {
     const float d = f16_bits_to_f32(static_cast<uint16_t>(r.dd & 0xffffu)) * scale;
@@ -359,15 +348,6 @@ struct EgUnit<GgmlType::IQ2_XXS> {
     constexpr uint32_t m = 0x80008000u;
     return make_uint4(eg_pick(th, sel.x) ^ (sg & m), eg_pick(th, sel.x >> 16) ^ ((sg << 1) & m),
                       eg_pick(th, sel.y) ^ ((sg << 2) & m), eg_pick(th, sel.y >> 16) ^ ((sg << 3) & m));
-  }
-  __device__ __forceinline__ static Raw load(const uint8_t* row, int64_t u) {
-    const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + (u >> 3) * 66);
-    const uint16_t* g = blk + 1 + 4 * (u & 7);
-    Raw r;
-    r.d = ld(blk);
-    r.wa = static_cast<uint32_t>(ld(g)) | (static_cast<uint32_t>(ld(g + 1)) << 16);
-    r.wb = static_cast<uint32_t>(ld(g + 2)) | (static_cast<uint32_t>(ld(g + 3)) << 16);
-    return r;
   }
   // The code path (ExpertGemmArgs::codes): the unit's 32 weights as the f16 integers
   // +-(2 ls + 1) grid_j (exact), written to dh only (4 vectors, vs apart as in put()), and its block's
