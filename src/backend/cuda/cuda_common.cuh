@@ -124,8 +124,9 @@ struct CudaContext {
   // kernel here, or CudaBackendOptions::expert_gemm "off"); 1: every expert
   // ("on", tests).
   int expert_gemm_min = 0;
-  // The grouped GEMM takes IQ2_XXS weights as exact integer codes with the block scale in the accumulation
-  // (ExpertGemmArgs::codes); false: as f16 hi/lo splits like the other types (CudaOptions::expert_gemm_codes).
+  // The grouped GEMM (cuda_expert_wgmma.cu) takes IQ2_XXS weights as exact integer codes with the block scale
+  // in the accumulation (one wgmma per 16 columns and x term instead of two); false: as f16 hi/lo splits like
+  // the other types (CudaOptions::expert_gemm_codes).
   bool expert_gemm_codes = true;
   // Routed experts of batches of >= expert_group_min tokens grouped by expert (CudaOptions::expert_group_min).
   int64_t expert_group_min = 65;

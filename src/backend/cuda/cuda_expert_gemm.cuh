@@ -16,7 +16,7 @@
 // bound of |w| over the row read from the block headers only (RowBound: the
 // scales, not the codes), so that the row's largest |w| 2^e_r < 2^15 (f16
 // range); e_t from the row's largest |x| (expert_gemm_split_x_kernel).
-// Integer codes (IQ2_XXS; ExpertGemmArgs::codes, the default): w = (d / 8) c with
+// Integer codes (IQ2_XXS; CudaContext::expert_gemm_codes, the default): w = (d / 8) c with
 // the code c = +-(2 ls + 1) grid_j an integer below 2^11, exact in f16 as it
 // is; the block accumulates c x_hi (+ c x_lo when x is not exact) per chunk,
 // every product exact, and adds the chunk's sums times each row's d / 8 (one
@@ -48,7 +48,7 @@ constexpr bool expert_gemm_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
 }
 // Types whose weights the GEMM can also take as exact f16 integer codes with one scale per 256-value block
-// and row (ExpertGemmArgs::codes; EgUnit<T>::put_codes): IQ2_XXS, w = (d / 8) (2 ls + 1) grid_j sign_j, the
+// and row (CudaContext::expert_gemm_codes; EgUnit<T>::put_codes): IQ2_XXS, w = (d / 8) (2 ls + 1) grid_j sign_j, the
 // code (2 ls + 1) grid_j <= 31 * 43 = 1333 (11 bits, exact in f16).
 template <GgmlType T>
 constexpr bool expert_gemm_codes_type() {
@@ -349,7 +349,7 @@ struct EgUnit<GgmlType::IQ2_XXS> {
     return make_uint4(eg_pick(th, sel.x) ^ (sg & m), eg_pick(th, sel.x >> 16) ^ ((sg << 1) & m),
                       eg_pick(th, sel.y) ^ ((sg << 2) & m), eg_pick(th, sel.y >> 16) ^ ((sg << 3) & m));
   }
-  // The code path (ExpertGemmArgs::codes): the unit's 32 weights as the f16 integers
+  // The code path (CudaContext::expert_gemm_codes): the unit's 32 weights as the f16 integers
   // +-(2 ls + 1) grid_j (exact), written to dh only (4 vectors, vs apart as in put()), and its block's
   // scale d / 8, which the consumers apply to each chunk's sums (w = c d / 8 exactly, as decode's
   // d (0.5 + ls) 0.25 grid_j: every factor and product fits f32's 24 bits).
@@ -403,7 +403,7 @@ struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
     const uint32_t d = (c & 3) == 0 ? ld(reinterpret_cast<const uint16_t*>(blk)) : prev.u0.d;
     return {{U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}}};
   }
-  // The code path (ExpertGemmArgs::codes): both units' codes and, returned, the block's scale d / 8.
+  // The code path (CudaContext::expert_gemm_codes): both units' codes and, returned, the block's scale d / 8.
   __device__ __forceinline__ float put_codes(const EgTables& et, uint16_t* dh, int vs) const {
     U::put_codes(u0, et, dh, vs);
     U::put_codes(u1, et, dh + 4 * vs, vs);
@@ -432,9 +432,6 @@ struct ExpertGemmArgs {
   const int* e_t;  // the x rows' exponents
   int x_div;
   bool x_exact;  // x is an activation quantiser's output: xtl is all zeros and is not read
-  // Weights of an expert_gemm_codes_type as exact integer codes with the block scale applied per chunk in
-  // the accumulation (CudaContext::expert_gemm_codes): one wgmma per 16 columns and x term instead of two.
-  bool codes;
 };
 // True when this binary carries the sm_90a kernel and the device runs it
 // (probed once: a CC 9.0 device and the sm_90a image loaded).

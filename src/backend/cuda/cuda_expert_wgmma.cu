@@ -10,7 +10,7 @@
 // is an activation quantiser's output (x_exact: MoeExpertsOp::x_quant for gate
 // and up, mid_quant for down) x_lo is 0: two wgmmas per 16 columns and one
 // bulk copy of x per chunk instead of three and two, the same sums. IQ2_XXS
-// weights go as exact integer codes by default (ExpertGemmArgs::codes,
+// weights go as exact integer codes by default (CudaContext::expert_gemm_codes,
 // cuda_expert_gemm.cuh): producers write wh only and each row's block scale
 // d / 8 per chunk, consumers run c x_hi (+ c x_lo) and add each chunk's sums
 // times the scale: one wgmma per 16 columns under x_exact, two otherwise.
@@ -75,7 +75,7 @@ static_assert(k_wg_producers == k_eg_rows, "one producer thread per weight row")
 struct WgStage {
   uint16_t wh[k_eg_rows * k_eg_bk], wl[k_eg_rows * k_eg_bk];
   uint16_t xh[k_wg_tokens * k_eg_bk], xl[k_wg_tokens * k_eg_bk];
-  float ds[k_eg_rows];  // integer codes (ExpertGemmArgs::codes): each row's block scale d / 8 for this chunk
+  float ds[k_eg_rows];  // integer codes (CudaContext::expert_gemm_codes): each row's block scale d / 8 for this chunk
 };
 struct WgSmem {
   WgStage st[k_eg_stages];
@@ -450,8 +450,8 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R, wr, w.row_bytes(),
-                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, a.x_exact, a.codes,
-                    ctx.tables);
+                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, a.x_exact,
+                    ctx.expert_gemm_codes, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {
       DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));

@@ -761,8 +761,7 @@ void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w,
                  const EgSplit& xs, int x_div, bool x_exact) {
   DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
   launch_expert_wgmma(ctx, out, R, w, wr,
-                      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div, x_exact,
-                                     ctx.expert_gemm_codes});
+                      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div, x_exact});
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div; x_quant: the quantiser whose
