@@ -20,7 +20,8 @@ namespace dsv4::tools {
 namespace {
 
 struct LogitsArgs {
-  std::string model, tokens, tokens_file, out, positions, expert_stats, tokens_out;
+  std::string model, synthetic, tokens, tokens_file, out, positions, expert_stats, tokens_out;
+  uint64_t seed = 1;  // of --synthetic
   int greedy = 0;
   Numerics numerics = Numerics::REFERENCE;
   BackendChoice backend = BackendChoice::AUTO;
@@ -68,6 +69,7 @@ int run_logits(const LogitsArgs& a) {
     std::fprintf(stderr, "dsv4 logits: error: %s\n", m.c_str());
     return 1;
   };
+  if (a.model.empty() == a.synthetic.empty()) return fail("give either -m FILE or --synthetic PRESET");
   if (a.tokens.empty() == a.tokens_file.empty()) return fail("give exactly one of --tokens or --tokens-file");
   std::string text = a.tokens;
   if (!a.tokens_file.empty()) {
@@ -85,6 +87,8 @@ int run_logits(const LogitsArgs& a) {
   }
   EngineOptions o;
   o.model_path = a.model;
+  o.synthetic = a.synthetic;
+  o.synthetic_seed = a.seed;
   o.backend = a.backend;
   o.cuda = cuda_options_for(a.cuda);
   o.numerics = a.numerics;
@@ -160,7 +164,11 @@ void register_logits(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("logits",
                                      "Write float32 logits [n_tokens][n_vocab] for every position of a token sequence "
                                      "(or [k][n_vocab] for --positions)");
-  cmd->add_option("-m,--model", a->model, "Model GGUF")->required();
+  cmd->add_option("-m,--model", a->model, "Model GGUF");
+  cmd->add_option("--synthetic", a->synthetic,
+                  "Instead of -m: generate this `dsv4 synth` preset's weights in memory (the same bytes as the "
+                  "file; needs RAM for the whole model)");
+  cmd->add_option("--seed", a->seed, "Seed of --synthetic (as dsv4 synth --seed)")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Token ids, comma or space separated");
   cmd->add_option("--tokens-file", a->tokens_file, "File of token ids (comma or whitespace separated)");
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();
