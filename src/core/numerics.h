@@ -6,7 +6,7 @@
 //  PLAIN: no simulated rounding at all (what transformers computes).
 //  FAST: REFERENCE plus activation quantisation: the input of every linear
 //    layer DeepSeek's code runs in FP8 (and the routed experts' mid vector)
-//    quantised to int8 blocks of 32 with power-of-two scales
+//    quantised to int8 blocks of 32 with scales of three mantissa bits
 //    (ActQuant::INT8_32, core/act_quant.h) — measured more accurate than the
 //    official FP8 blocks of 128 and as cheap for the kernels
 //    (docs/design-notes/fast-numerics.md); kernels may then use fewer,

@@ -37,11 +37,17 @@ void oracle_block(const std::vector<float>& x, std::vector<float>& out, size_t b
   float amax = 1e-4f;
   for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float qmax = q == ActQuant::FP8_128 ? 448.0f : 127.0f;
-  // s = the smallest power of two with amax / s <= qmax.
+  // s = the smallest power of two (fp8) or M 2^k, M in 8 .. 15 (int8) with amax / s <= qmax; int8 scales
+  // x by fl(1 / s).
   float s = 0x1p-126f;
-  while (amax / s > qmax) s *= 2.0f;
+  if (q == ActQuant::FP8_128) {
+    while (amax / s > qmax) s *= 2.0f;
+  } else {
+    for (int k = -40, M = 8; amax / (s = std::ldexp(static_cast<float>(M), k)) > qmax;)
+      if (++M == 16) M = 8, ++k;
+  }
   for (size_t i = b0; i < b1; ++i) {
-    const float v = x[i] / s;
+    const float v = q == ActQuant::FP8_128 ? x[i] / s : x[i] * (1.0f / s);
     float r;
     if (q == ActQuant::FP8_128) {
       r = nearest_e4m3(v);
@@ -118,7 +124,11 @@ TEST(ActQuant, ScaleRuleAtItsEdges) {
   EXPECT_EQ(zq[2], 4.0f);
   EXPECT_EQ(f32_bits(zq[3]), f32_bits(-0.0f));
   z[0] = 127.5f;
-  EXPECT_EQ(quantised(z, ActQuant::INT8_32)[1], 2.0f);  // 1.25 -> 1, times 2
+  EXPECT_EQ(quantised(z, ActQuant::INT8_32)[1], 2.25f);  // s = 9/8: 2.5 / s = 2.22 -> 2, times 9/8
+  z[0] = 127.0f * 1.125f;                                // s = 9/8 still; the next float above it: 5/4
+  EXPECT_EQ(quantised(z, ActQuant::INT8_32)[0], z[0]);
+  z[0] = std::nextafter(z[0], 200.0f);
+  EXPECT_EQ(quantised(z, ActQuant::INT8_32)[1], 2.5f);  // 2.5 / 1.25 = 2 exactly
   // The 1e-4 floor: an all-zero block stays zero, a block of 1e-6 uses s = 2^-22 (not its own amax).
   EXPECT_EQ(quantised(std::vector<float>(128, 0.0f), ActQuant::FP8_128), std::vector<float>(128, 0.0f));
   const auto tiny = quantised(std::vector<float>(4, 1e-6f), ActQuant::FP8_128);
@@ -139,25 +149,35 @@ TEST(ActQuant, NanStaysAndInfinityPoisonsOnlyItsBlock) {
   for (ActQuant q : {ActQuant::FP8_128, ActQuant::INT8_32}) {
     const size_t B = static_cast<size_t>(act_quant_block(q));
     std::vector<float> x(2 * B, 1.5f);
+    const float one = quantised(x, q)[0];  // 1.5 in a block of 1.5s (int8: 118 * 13/1024)
     x[3] = std::numeric_limits<float>::quiet_NaN();
     const auto y = quantised(x, q);
     EXPECT_TRUE(std::isnan(y[3]));
-    EXPECT_EQ(y[4], 1.5f);
+    EXPECT_EQ(y[4], one);
     x[3] = -std::numeric_limits<float>::infinity();
     const auto z = quantised(x, q);
     for (size_t i = 0; i < B; ++i) EXPECT_TRUE(std::isnan(z[i])) << i;
-    for (size_t i = B; i < 2 * B; ++i) EXPECT_EQ(z[i], 1.5f) << i;
+    for (size_t i = B; i < 2 * B; ++i) EXPECT_EQ(z[i], one) << i;
   }
 }
 
-TEST(ActQuant, DivisionFreeInt8ExponentIsTheQuotientsPowerOfTwo) {
+TEST(ActQuant, DivisionFreeInt8ScaleIsTheDefinitions) {
   // act_int8_exp (the kernels' form) against pow2_ceil(amax / 127) (the reference's): every mantissa in the
   // binades of 1 and of the 1e-4 floor, and 64 random mantissas in every binade from there to FLT_MAX.
+  // act_int8_scale (M 2^k) against the definition: the smallest grid value >= fl(amax / 127), i.e. at least
+  // it while the grid value below it is not.
   auto check = [](float amax) {
-    const float s = pow2_ceil(amax / 127.0f);
+    const float t = amax / 127.0f, s = pow2_ceil(t);
     const int e = act_int8_exp(amax);
     if (std::ldexp(1.0f, e) != s) {
       ADD_FAILURE() << "amax " << amax << ": 2^" << e << " vs " << s;
+      return false;
+    }
+    const Int8Scale sc = act_int8_scale(amax);
+    const float g = sc.value(), below = sc.M == 8 ? std::ldexp(15.0f, sc.k - 1) : std::ldexp(sc.M - 1.0f, sc.k);
+    if (sc.M < 8 || sc.M > 15 || g != std::ldexp(static_cast<float>(sc.M), sc.k) || !(g >= t) || !(below < t) ||
+        sc.inverse() != 1.0f / g) {
+      ADD_FAILURE() << "amax " << amax << ": scale " << sc.M << " 2^" << sc.k << " for amax / 127 = " << t;
       return false;
     }
     return true;
@@ -180,6 +200,55 @@ TEST(ActQuant, DivisionFreeInt8ExponentIsTheQuotientsPowerOfTwo) {
       if (a >= 1e-4f && !check(a)) return;
     }
   EXPECT_EQ(act_int8_exp(127.0f), 0);
+  EXPECT_EQ(act_int8_scale(127.0f).value(), 1.0f);
+  EXPECT_EQ(act_int8_scale(std::nextafter(127.0f, 200.0f)).value(), 1.125f);
   EXPECT_EQ(act_int8_exp(std::nextafter(127.0f, 200.0f)), 1);
   EXPECT_EQ(act_int8_exp(1e-4f), -20);
+}
+
+TEST(ActQuant, Int8CodesComeBackFromTheQuantisedValues) {
+  // What the int8 kernels do with a quantiser's output y (act_quant.h, int8_codes_scale): the candidate scale
+  // act_int8_scale(max(amax_y, 1e-4)) or the grid value above it gives back every y_i as an integer code of
+  // magnitude <= 127 times the scale; the step is needed only when the candidate fails. Blocks with their
+  // largest value at every mantissa step of a binade (where the candidate falls one grid value short), random
+  // blocks over many decades, and blocks under the 1e-4 floor.
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int stepped = 0, blocks = 0;
+  auto check = [&](std::vector<float> x) {
+    act_quant_row(x.data(), 32, ActQuant::INT8_32);
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    Int8Scale sc = act_int8_scale(std::max(amax, 1e-4f));
+    auto exact = [&](Int8Scale c) {
+      for (float v : x)
+        if (std::nearbyint(v * c.inverse()) * c.value() != v || std::fabs(std::nearbyint(v * c.inverse())) > 127.0f)
+          return false;
+      return true;
+    };
+    ++blocks;
+    if (!exact(sc)) {
+      ++stepped;
+      sc = act_int8_scale_up(sc);
+      ASSERT_TRUE(exact(sc)) << "amax_y " << amax;
+    }
+  };
+  for (uint32_t m = 0; m < (1u << 23); m += 97) {
+    const uint32_t u = (127u << 23) | m;
+    float top;
+    std::memcpy(&top, &u, 4);
+    std::vector<float> x(32);
+    for (auto& v : x) v = nd(g) * 0.3f;
+    x[5] = top * 127.0f / 64.0f;
+    check(x);
+  }
+  std::uniform_real_distribution<float> ex(-12.0f, 12.0f);
+  for (int t = 0; t < 20000; ++t) {
+    std::vector<float> x(32);
+    const float base = std::pow(10.0f, ex(g));
+    for (auto& v : x) v = nd(g) * base;
+    check(x);
+  }
+  EXPECT_GT(stepped, 0);  // the step is reachable
+  EXPECT_LT(stepped, blocks / 4);
 }

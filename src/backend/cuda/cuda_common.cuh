@@ -313,13 +313,12 @@ __device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
 // max_i |x_i|) (NaN values dropped, as std::max drops them): act_quant_row's operations per value; an
 // infinite amax makes the block NaN. int8: INT8_32, else FP8_128.
 // INT8_32 without a division or a libm call (a fused quantiser runs 32 blocks on one warp in series):
-// s = 2^e from act_int8_exp, and v / s as the exact v 2^-e.
+// s and fl(1 / s) from act_int8_scale, as act_quant_row computes them.
 __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool int8) {
   if (isinf(amax)) return __int_as_float(0x7fc00000);
   if (!int8) return fp8_block_value_dev(v, pow2_ceil_dev(amax / k_fp8_max_dev));
-  const int e = act_int8_exp(amax);  // in [-20, 123]: 2^e and 2^-e are normal floats
-  const float s = __int_as_float((127 + e) << 23), inv = __int_as_float((127 - e) << 23);
-  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, inv)), -127.0f, 127.0f), s);
+  const Int8Scale sc = act_int8_scale(amax);
+  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, sc.inverse())), -127.0f, 127.0f), sc.value());
 }
 
 // The same for K blocks at once, block k in register k across the warp (lane l holds y[k] = value l of
@@ -348,12 +347,21 @@ __device__ __forceinline__ float warp_int8_32_quant(float v) {
   return y[0];
 }
 
-// The exponent e of the codes of a unit of an INT8_32 quantiser's output, from the unit's amax = max |x| alone
-// (the int8 matvec and the int8 tile recover the codes so): amax = f 2^E (f in [0.5, 1)) gives e = E - 7, at
-// most the quantiser's exponent (its largest code has fewer than 8 bits), so every x 2^-e is an integer of
-// magnitude below 2^7. amax = 0: 0; clamped at -100 for units outside the promise (2^e and 2^-e stay normal).
-__device__ __forceinline__ int int8_code_exp(float amax) {
-  return amax > 0.0f ? max((__float_as_int(amax) >> 23) - 133, -100) : 0;
+// The scale of a unit of an INT8_32 quantiser's output held as V values per lane by Lanes consecutive lanes
+// (a power of two <= 32; every lane of the warp calls it), from the unit's values alone (act_quant.h: the
+// candidate from amax, one grid step up where it does not give back every value): every v / s is then an
+// integer of magnitude <= 127, exactly rint(v fl(1 / s)). The unit must be finite (callers give a non-finite
+// unit the NaN scale); a zero unit gets the floor's scale and codes 0.
+template <int Lanes, int V>
+__device__ __forceinline__ Int8Scale int8_codes_scale(const float (&v)[V], float amax) {
+  const Int8Scale sc = act_int8_scale(fmaxf(amax, 1e-4f));
+  const float s = sc.value(), inv = sc.inverse();
+  int exact = 1;
+#pragma unroll
+  for (int i = 0; i < V; ++i) exact &= __fmul_rn(rintf(__fmul_rn(v[i], inv)), s) == v[i];
+#pragma unroll
+  for (int o = Lanes / 2; o > 0; o >>= 1) exact &= __shfl_xor_sync(k_full_mask, exact, o);
+  return exact ? sc : act_int8_scale_up(sc);
 }
 
 // Nearest E2M1 value, ties to the even code; saturates at +-6 (the storage

@@ -174,18 +174,17 @@ __global__ void __launch_bounds__(256)
 }
 
 // The int8 matvec (`fast` numerics): Q8_0 weights, x an INT8_32 activation
-// quantiser's output, i.e. x_j = q_j 2^e per 32-value unit with |q_j| <= 127
+// quantiser's output, i.e. x_j = q_j s per 32-value unit with |q_j| <= 127
 // (MatmulOp::x_quant). With the weight unit d c_j,
-//   sum_j w_j x_j = (d 2^e) sum_j c_j q_j,
+//   sum_j w_j x_j = (d s) sum_j c_j q_j,
 // the inner sum exact in int32: 8 dp4a per unit where the float matvec decodes
 // and multiplies 32 floats. The block recovers the codes from x itself
-// (block_stage_x_i8, while its first weight loads are in flight): with
-// amax = max_j |x_j| = f 2^E (f in [0.5, 1)), e' = E - 7 is at most the
-// quantiser's e (its largest code has fewer than 8 bits), so every x_j 2^-e'
-// is an integer of magnitude below 128 whatever exponent the quantiser chose.
+// (block_stage_x_i8, while its first weight loads are in flight):
+// int8_codes_scale gives the quantiser's s or a grid value just below it that
+// represents the unit as exactly (core/act_quant.h).
 // A unit holding a non-finite value gets a NaN scale (its dot products are NaN).
 // Per lane: units lane, lane + 32, ... of each row through the float matvec's
-// staged ring, acc = fma(float(isum), d 2^e', acc) (one rounding per unit),
+// staged ring, acc = fma(float(isum), d s, acc) (one rounding per unit),
 // then warp_sum: a different summation order from the float matvec (the fast
 // contract: within f32 rounding of the CPU's dot products).
 // Shared memory: [unit u's 32 codes at k_x8_stride u bytes][n_units float
@@ -198,13 +197,12 @@ __host__ __device__ constexpr size_t x8_shared_bytes(int64_t n_units) {
 
 // dst = the int8 copy of x (n_units units of 32 floats, 16-byte aligned) in
 // matvec_i8_kernel's layout: one thread per 4 values, 8 threads per unit (the
-// unit's max by 3 shuffles), the exponents from the float bits. Under the
-// promise max|x| is 0 or at least the quantiser's smallest scale (2^-20), so
-// 2^-e' and 2^e' are normal floats; a zero unit gets codes 0 and scale 1.
+// unit's max and the scale check by 3 shuffles each); int8_codes_scale's
+// scale s and codes rint(x fl(1 / s)) (a zero unit: codes 0).
 // quantise (MatmulOp::x_quantise: x is not yet quantised): the quantiser's own
-// scale instead, 2^e = pow2_ceil(max(amax, 1e-4) / 127), and codes rint(x 2^-e)
-// (|code| <= 127: the unit of act_quant_row's INT8_32, whose product with the
-// weights is then exactly the one of the quantised x above).
+// scale instead, act_int8_scale(max(amax, 1e-4)), and the same codes (|code| <=
+// 127: the unit of act_quant_row's INT8_32, whose product with the weights is
+// then exactly the one of the quantised x above).
 // Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises.
 __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units, bool quantise) {
   auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
@@ -219,17 +217,20 @@ __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float
       m = fmaxf(m, __shfl_xor_sync(k_full_mask, m, o));
       finite &= __shfl_xor_sync(k_full_mask, finite, o);
     }
+    // The unit's scale: the quantiser's (quantising) or the one its codes come back with (a non-finite unit
+    // gets the NaN scale below either way; its check is then meaningless but uniform over the 8 lanes). Every
+    // lane of the warp takes part in int8_codes_scale's shuffles, those past the end too.
+    const float vs[4] = {v.x, v.y, v.z, v.w};
+    const Int8Scale sc = quantise ? act_int8_scale(fmaxf(m, 1e-4f)) : int8_codes_scale<8>(vs, m);
     if (i >= n4) continue;
-    // e' from the unit's max (int8_code_exp); quantising: e = log2 of the quantiser's scale (a non-finite unit
-    // gets the NaN scale below either way).
-    const int e = quantise ? act_int8_exp(fmaxf(m, 1e-4f)) : int8_code_exp(m);
-    const float inv = __int_as_float((127 - e) << 23);  // 2^-e', exact products
-    const uint32_t q = (__float2int_rn(v.x * inv) & 0xff) | (__float2int_rn(v.y * inv) & 0xff) << 8 |
-                       (__float2int_rn(v.z * inv) & 0xff) << 16 |
-                       static_cast<uint32_t>(__float2int_rn(v.w * inv)) << 24;
+    const float inv = sc.inverse();
+    const uint32_t q = (__float2int_rn(__fmul_rn(v.x, inv)) & 0xff) |
+                       (__float2int_rn(__fmul_rn(v.y, inv)) & 0xff) << 8 |
+                       (__float2int_rn(__fmul_rn(v.z, inv)) & 0xff) << 16 |
+                       static_cast<uint32_t>(__float2int_rn(__fmul_rn(v.w, inv))) << 24;
     const int64_t u = i >> 3;
     *reinterpret_cast<uint32_t*>(dst + u * k_x8_stride + (i & 7) * 4) = q;
-    if ((i & 7) == 0) scale[u] = finite ? __int_as_float((127 + e) << 23) : __int_as_float(0x7fc00000);
+    if ((i & 7) == 0) scale[u] = finite ? sc.value() : __int_as_float(0x7fc00000);
   }
 }
 

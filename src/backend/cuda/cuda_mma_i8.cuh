@@ -1,14 +1,14 @@
 // The tensor-core weight tile on int8 MMAs, for x from an INT8_32 activation
 // quantiser (`fast` numerics: MatmulOp::x_quant, MoeExpertsOp::x_quant and
 // mid_quant; CudaContext::int8_tiles). Every (token, 32-value unit) of such an
-// x is q_j 2^k with |q_j| <= 127, and every weight unit of the types below is
+// x is q_j s with |q_j| <= 127 and one scale s, and every weight unit of the types below is
 // (unit scale) x (small integer code) [- min], so one mma.sync.m16n8k32 s8 x s8
 // -> s32 gives a unit's 16 x 8 dot products of codes exactly in int32, where
 // the f16 tile (cuda_mma.cuh, mma_tile) runs four m16n8k16 (x's f16 hi and lo
 // terms, two k-steps). The codes decode straight into int8 bytes (no f16
 // pairs), and x's shared copy is 32 bytes per (token, unit) instead of 128.
 //
-//   out(r, tt) = sum_u [ sc(r, u) 2^k(tt, u) D(r, tt, u) - min terms ],
+//   out(r, tt) = sum_u [ sc(r, u) s(tt, u) D(r, tt, u) - min terms ],
 //   D(r, tt, u) = sum_j c(r, u, j) q(tt, u, j)  (int32, exact)
 //
 // Codes (A's int8 bytes, in the f16 tile's fragment positions: mma_pos_of_elem):
@@ -26,11 +26,12 @@
 //
 // The split x (mma_split_x_i8_kernel, once per matmul or expert matrix), per
 // (row, unit): the 32 codes in fragment order (quad lane t's B fragment is
-// bytes 8t..8t+7) and float4 {2^k, sum of elements 0..15, of 16..31, of 0..31}
+// bytes 8t..8t+7) and float4 {s, sum of elements 0..15, of 16..31, of 0..31}
 // (the min terms' sums of x, as mma_split_x). The codes are recovered from x
-// itself, as the int8 matvec does (int8_code_exp: every x 2^-e is an integer
-// of magnitude below 2^7) — the x_quant promise is all the kernel needs. A
-// unit holding Inf or NaN gets the scale NaN (its dot products are NaN).
+// itself, as the int8 matvec does (int8_codes_scale: the quantiser's scale s,
+// or one that represents the unit as exactly; every x / s an integer of
+// magnitude <= 127) — the x_quant promise is all the kernel needs. A unit
+// holding Inf or NaN gets the scale NaN (its dot products are NaN).
 //
 // CPU reference: cpu::matmul / cpu::moe_experts; host check of the decoders:
 // test_cuda_decode (check_mma_codes_i8).
@@ -153,7 +154,7 @@ constexpr bool mma_i8_type() {
 }
 
 // ---- x's codes, split once per matmul: per (row, unit) 32 bytes (MmaX::q, two uint4 per unit) and the
-// float4 {2^k, sums} (MmaX::s).
+// float4 {s, sums} (MmaX::s).
 inline size_t mma_split_i8_bytes(int64_t rows, int64_t units) { return static_cast<size_t>(rows * units) * (32 + 16); }
 
 // One warp per (row, unit), lane = element: x[row * x_stride + 32 unit + lane].
@@ -167,10 +168,11 @@ __global__ void __launch_bounds__(256)
   float v;
   if (!mma_split_unit(x, x_stride, rows, units, pr, v)) return;
   const bool finite = __all_sync(k_full_mask, isfinite(v));
-  const int e = int8_code_exp(warp_max_all(fabsf(v)));
-  const int c = finite ? __float2int_rn(__fmul_rn(v, __int_as_float((127 - e) << 23))) : 0;
+  const float vs[1] = {v};
+  const Int8Scale sc = int8_codes_scale<32>(vs, warp_max_all(fabsf(v)));
+  const int c = finite ? __float2int_rn(__fmul_rn(v, sc.inverse())) : 0;
   q[pr * 32 + (SubBlock ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane)] = static_cast<int8_t>(c);
-  mma_split_sums(s, pr, v, finite ? __int_as_float((127 + e) << 23) : __int_as_float(0x7fc00000));
+  mma_split_sums(s, pr, v, finite ? sc.value() : __int_as_float(0x7fc00000));
 }
 
 // Splits rows x [rows][x_stride] (the first `units` units of each) into buffer buf
