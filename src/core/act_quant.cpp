@@ -65,7 +65,7 @@ void act_quant_row(float* x, int64_t d, ActQuant q) {
       fp8_block_round(v, nb);
       continue;
     }
-    const Int8Scale sc = act_int8_scale(amax);
+    const Int8Scale sc = act_int8_block_scale(amax);
     const float s = sc.value(), inv = sc.inverse();
     for (int64_t i = 0; i < nb; ++i) v[i] = std::clamp(std::nearbyint(v[i] * inv), -127.0f, 127.0f) * s;
   }

@@ -52,7 +52,10 @@
 //   positions before any tie too, or starts exactly at a call boundary.
 //   Reference numerics: f32 KV rows == compact KV_FP8/KV_FP4 rows, bitwise.
 //   MTP draft logits (window-only block): CUDA vs CPU, NMSE <= T_pos and the
-//   same near-tie rule for top-1.
+//   same near-tie rule for top-1 — under fast NMSE <= 1e-1: the draft is one
+//   more position, an outlier as often as the others (3-8% of them between
+//   1e-2 and 5e-2 on an H100; one draft in 2 runs measured 2.9e-2), and a
+//   kernel bug still moves it by O(1).
 // Exit code non-zero on any failure (77 without a CUDA device).
 #include <algorithm>
 #include <chrono>
@@ -279,9 +282,10 @@ int main(int argc, char** argv) {
       const Diff d = diff_f32(g.mtp, c.mtp);
       const bool top_ok =
           argmax(g.mtp.data(), V) == argmax(c.mtp.data(), V) || margin(c.mtp.data(), V) <= 4.0 * d.max_abs;
+      const double t_draft = fast ? 1e-1 : t_pos;
       if (dl.nmse <= t_pos)
-        v.add(d.bad_nonfinite == 0 && d.nmse <= t_pos && top_ok,
-              strfmt("%s mtp draft cuda vs cpu: NMSE %.2e <= %.0e, top-1 %s", nn, d.nmse, t_pos,
+        v.add(d.bad_nonfinite == 0 && d.nmse <= t_draft && top_ok,
+              strfmt("%s mtp draft cuda vs cpu: NMSE %.2e <= %.0e, top-1 %s", nn, d.nmse, t_draft,
                      top_ok ? "same" : "differs"));
       else
         std::printf("  mtp draft not compared: the last position is an outlier (NMSE %.1e); draft NMSE %.1e\n", dl.nmse,

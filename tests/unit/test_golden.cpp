@@ -178,7 +178,7 @@ TEST(Golden, FastNumericsStayCloseToReference) {
   // less. Against `reference` (the graph it approximates) and against transformers, beside reference's own
   // distance and the FP8 format's. This random-weight fixture amplifies any rounding (reference's storage
   // roundings alone move top-1 on 8% of positions; Q8_0 weights on 5%), so the bounds sit below the
-  // measurements (int8: top-1 0.921, KL 0.0062 against reference; with a power-of-two scale it was 0.906 and
+  // measurements (int8: top-1 0.919, KL 0.0063 against reference; with a power-of-two scale it was 0.906 and
   // 0.0089) and catch breakage. The decisions rest on int8 perturbing less than FP8 and on `fast` moving
   // reference less than reference's storage roundings move transformers' logits (KL 0.0077): issue #37's bar
   // (fast against reference no larger than reference against plain) on this fixture.
@@ -203,7 +203,7 @@ TEST(Golden, FastNumericsStayCloseToReference) {
   EXPECT_GE(double(fr.top1_same) / fr.positions, 0.85);
   EXPECT_LE(fr.kl_sum / fr.positions, 0.015);
   EXPECT_LT(fr.kl_sum, 0.5 * pr.kl_sum);  // int8-32 perturbs less than fp8-128 (measured: 5x lower KL)
-  EXPECT_LT(fr.kl_sum, rt.kl_sum);        // and less than reference's own roundings (0.0062 vs 0.0077)
+  EXPECT_LT(fr.kl_sum, rt.kl_sum);        // and less than reference's own roundings (0.0063 vs 0.0077)
   EXPECT_GT(fr.kl_sum, 0.0);              // and it does quantise
 }
 

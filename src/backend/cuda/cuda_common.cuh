@@ -313,11 +313,11 @@ __device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
 // max_i |x_i|) (NaN values dropped, as std::max drops them): act_quant_row's operations per value; an
 // infinite amax makes the block NaN. int8: INT8_32, else FP8_128.
 // INT8_32 without a division or a libm call (a fused quantiser runs 32 blocks on one warp in series):
-// s and fl(1 / s) from act_int8_scale, as act_quant_row computes them.
+// s and fl(1 / s) from act_int8_block_scale, as act_quant_row computes them.
 __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool int8) {
   if (isinf(amax)) return __int_as_float(0x7fc00000);
   if (!int8) return fp8_block_value_dev(v, pow2_ceil_dev(amax / k_fp8_max_dev));
-  const Int8Scale sc = act_int8_scale(amax);
+  const Int8Scale sc = act_int8_block_scale(amax);
   return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, sc.inverse())), -127.0f, 127.0f), sc.value());
 }
 
@@ -347,21 +347,18 @@ __device__ __forceinline__ float warp_int8_32_quant(float v) {
   return y[0];
 }
 
-// The scale of a unit of an INT8_32 quantiser's output held as V values per lane by Lanes consecutive lanes
-// (a power of two <= 32; every lane of the warp calls it), from the unit's values alone (act_quant.h: the
-// candidate from amax, one grid step up where it does not give back every value): every v / s is then an
-// integer of magnitude <= 127, exactly rint(v fl(1 / s)). The unit must be finite (callers give a non-finite
-// unit the NaN scale); a zero unit gets the floor's scale and codes 0.
-template <int Lanes, int V>
-__device__ __forceinline__ Int8Scale int8_codes_scale(const float (&v)[V], float amax) {
-  const Int8Scale sc = act_int8_scale(fmaxf(amax, 1e-4f));
-  const float s = sc.value(), inv = sc.inverse();
-  int exact = 1;
-#pragma unroll
-  for (int i = 0; i < V; ++i) exact &= __fmul_rn(rintf(__fmul_rn(v[i], inv)), s) == v[i];
-#pragma unroll
-  for (int o = Lanes / 2; o > 0; o >>= 1) exact &= __shfl_xor_sync(k_full_mask, exact, o);
-  return exact ? sc : act_int8_scale_up(sc);
+// The scale s of a unit of an INT8_32 quantiser's output from the unit's largest |value| alone (core/act_quant.h:
+// the quantiser's rule puts it in (127 s_p, 127 s]) and an inverse for its codes, c = rint(v inv): every
+// v = c M 2^k with |c| <= 127, so v 2^-k = c M exactly and an approximate 1 / M (relative error ~2^-22) still
+// rounds to c. A zero unit gets the floor's scale and codes 0; callers give a non-finite unit the NaN scale.
+struct Int8Codes {
+  float scale, inv;
+};
+__device__ __forceinline__ Int8Codes int8_codes_scale(float amax) {
+  const Int8Scale sc = act_int8_scale(fminf(fmaxf(amax, 1e-4f), 3.0e38f));  // finite (an Inf unit: NaN scale)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(static_cast<float>(sc.M)));
+  return {sc.value(), r * Int8Scale::pow2f(-sc.k)};
 }
 
 // Nearest E2M1 value, ties to the even code; saturates at +-6 (the storage

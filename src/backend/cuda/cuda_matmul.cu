@@ -180,8 +180,8 @@ __global__ void __launch_bounds__(256)
 // the inner sum exact in int32: 8 dp4a per unit where the float matvec decodes
 // and multiplies 32 floats. The block recovers the codes from x itself
 // (block_stage_x_i8, while its first weight loads are in flight):
-// int8_codes_scale gives the quantiser's s or a grid value just below it that
-// represents the unit as exactly (core/act_quant.h).
+// int8_codes_scale gives the quantiser's s from the unit's largest |x|
+// (core/act_quant.h).
 // A unit holding a non-finite value gets a NaN scale (its dot products are NaN).
 // Per lane: units lane, lane + 32, ... of each row through the float matvec's
 // staged ring, acc = fma(float(isum), d s, acc) (one rounding per unit),
@@ -197,10 +197,10 @@ __host__ __device__ constexpr size_t x8_shared_bytes(int64_t n_units) {
 
 // dst = the int8 copy of x (n_units units of 32 floats, 16-byte aligned) in
 // matvec_i8_kernel's layout: one thread per 4 values, 8 threads per unit (the
-// unit's max and the scale check by 3 shuffles each); int8_codes_scale's
-// scale s and codes rint(x fl(1 / s)) (a zero unit: codes 0).
+// unit's max by 3 shuffles); int8_codes_scale's scale s and codes (a zero
+// unit: codes 0).
 // quantise (MatmulOp::x_quantise: x is not yet quantised): the quantiser's own
-// scale instead, act_int8_scale(max(amax, 1e-4)), and the same codes (|code| <=
+// scale instead, act_int8_block_scale(max(amax, 1e-4)), and codes rint(x fl(1 / s)) (|code| <=
 // 127: the unit of act_quant_row's INT8_32, whose product with the weights is
 // then exactly the one of the quantised x above).
 // Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises.
@@ -217,20 +217,26 @@ __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float
       m = fmaxf(m, __shfl_xor_sync(k_full_mask, m, o));
       finite &= __shfl_xor_sync(k_full_mask, finite, o);
     }
-    // The unit's scale: the quantiser's (quantising) or the one its codes come back with (a non-finite unit
-    // gets the NaN scale below either way; its check is then meaningless but uniform over the 8 lanes). Every
-    // lane of the warp takes part in int8_codes_scale's shuffles, those past the end too.
-    const float vs[4] = {v.x, v.y, v.z, v.w};
-    const Int8Scale sc = quantise ? act_int8_scale(fmaxf(m, 1e-4f)) : int8_codes_scale<8>(vs, m);
     if (i >= n4) continue;
-    const float inv = sc.inverse();
-    const uint32_t q = (__float2int_rn(__fmul_rn(v.x, inv)) & 0xff) |
-                       (__float2int_rn(__fmul_rn(v.y, inv)) & 0xff) << 8 |
-                       (__float2int_rn(__fmul_rn(v.z, inv)) & 0xff) << 16 |
-                       static_cast<uint32_t>(__float2int_rn(__fmul_rn(v.w, inv))) << 24;
+    // The unit's scale: the quantiser's (quantising) or the one its codes come back with (a non-finite unit
+    // gets the NaN scale below either way).
+    Int8Codes sc;
+    if (quantise) {
+      const Int8Scale b = act_int8_block_scale(fminf(fmaxf(m, 1e-4f), 3.0e38f));
+      sc = {b.value(), b.inverse()};
+    } else {
+      sc = int8_codes_scale(m);
+    }
+    const float inv = sc.inv;
+    // Quantising, the block's largest value may round to 128 at the lower of two scales: clamped (as
+    // act_quant_row clamps); recovered codes are within +-127 already.
+    auto code = [inv](float f) {
+      return static_cast<uint32_t>(min(127, max(-127, __float2int_rn(__fmul_rn(f, inv)))));
+    };
+    const uint32_t q = (code(v.x) & 0xff) | (code(v.y) & 0xff) << 8 | (code(v.z) & 0xff) << 16 | code(v.w) << 24;
     const int64_t u = i >> 3;
     *reinterpret_cast<uint32_t*>(dst + u * k_x8_stride + (i & 7) * 4) = q;
-    if ((i & 7) == 0) scale[u] = finite ? sc.value() : __int_as_float(0x7fc00000);
+    if ((i & 7) == 0) scale[u] = finite ? sc.scale : __int_as_float(0x7fc00000);
   }
 }
 

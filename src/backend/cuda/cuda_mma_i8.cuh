@@ -28,9 +28,9 @@
 // (row, unit): the 32 codes in fragment order (quad lane t's B fragment is
 // bytes 8t..8t+7) and float4 {s, sum of elements 0..15, of 16..31, of 0..31}
 // (the min terms' sums of x, as mma_split_x). The codes are recovered from x
-// itself, as the int8 matvec does (int8_codes_scale: the quantiser's scale s,
-// or one that represents the unit as exactly; every x / s an integer of
-// magnitude <= 127) — the x_quant promise is all the kernel needs. A unit
+// itself, as the int8 matvec does (int8_codes_scale: the quantiser's scale s
+// from the unit's largest |x|; every x / s an integer of magnitude <= 127) —
+// the x_quant promise is all the kernel needs. A unit
 // holding Inf or NaN gets the scale NaN (its dot products are NaN).
 //
 // CPU reference: cpu::matmul / cpu::moe_experts; host check of the decoders:
@@ -168,11 +168,10 @@ __global__ void __launch_bounds__(256)
   float v;
   if (!mma_split_unit(x, x_stride, rows, units, pr, v)) return;
   const bool finite = __all_sync(k_full_mask, isfinite(v));
-  const float vs[1] = {v};
-  const Int8Scale sc = int8_codes_scale<32>(vs, warp_max_all(fabsf(v)));
-  const int c = finite ? __float2int_rn(__fmul_rn(v, sc.inverse())) : 0;
+  const Int8Codes sc = int8_codes_scale(warp_max_all(fabsf(v)));
+  const int c = finite ? __float2int_rn(__fmul_rn(v, sc.inv)) : 0;
   q[pr * 32 + (SubBlock ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane)] = static_cast<int8_t>(c);
-  mma_split_sums(s, pr, v, finite ? sc.value() : __int_as_float(0x7fc00000));
+  mma_split_sums(s, pr, v, finite ? sc.scale : __int_as_float(0x7fc00000));
 }
 
 // Splits rows x [rows][x_stride] (the first `units` units of each) into buffer buf
