@@ -10,10 +10,10 @@
 //     smallest grid value >= fl(amax / 127) and s_p the one below it; s = s_p when the block's largest value
 //     would round to a multiple of s0 within s_p's range (rint(amax fl(1 / s0)) s0 <= 127 s_p: it then
 //     saturates at 127 s_p, at most s0 / 2 from amax), else s0; x_i <- clamp(rint(x_i * fl(1 / s)), -127,
-//     127) * s (ties to even). The rule makes the block's largest output lie in (127 s_p, 127 s], or be 127 s
-//     exactly, so that a consumer recovers s from it alone (act_int8_scale of it).
+//     127) * s (ties to even). The rule puts the block's largest output in (127 s', 127 s] for s' the grid
+//     value below the scale s it takes, so that a consumer recovers s from it alone (act_int8_scale of it).
 // Either way a block's results are integers times one power of two (e4m3: multiples of 2^-9 s below
-// 448 s, four significant bits; int8: q M 2^k with |q M| <= 127 * 16, eleven bits), every one exactly an
+// 448 s, four significant bits; int8: q M 2^k with |q M| <= 127 * 15, eleven bits), every one exactly an
 // f16 after scaling the block into f16's range: a kernel may multiply them with one f16 product instead of
 // a split, or with one int8 product of the codes q (act_int8_scale recovers s from the values).
 // Multiplication by s is exact. NaN stays NaN; an infinite input makes its block NaN.
