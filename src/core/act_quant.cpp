@@ -65,9 +65,8 @@ void act_quant_row(float* x, int64_t d, ActQuant q) {
       fp8_block_round(v, nb);
       continue;
     }
-    const Int8Scale sc = act_int8_block_scale(amax);
-    const float s = sc.value(), inv = sc.inverse();
-    for (int64_t i = 0; i < nb; ++i) v[i] = std::clamp(std::nearbyint(v[i] * inv), -127.0f, 127.0f) * s;
+    const Int8Step st = act_int8_block_scale(amax);
+    for (int64_t i = 0; i < nb; ++i) v[i] = std::clamp(std::nearbyint(v[i] * st.inv), -127.0f, 127.0f) * st.scale;
   }
 }
 

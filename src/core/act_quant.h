@@ -94,12 +94,20 @@ DSV4_HD Int8Scale act_int8_scale(float amax) {
   return M == 16 ? Int8Scale{8, e - 3} : Int8Scale{M, e - 4};
 }
 
+// A block's scale s and fl(1 / s), as the quantiser multiplies by them and the int8 kernels use them.
+struct Int8Step {
+  float scale, inv;
+};
+
 // The quantiser's scale of a block with amax = max(1e-4, max_i |x_i|) (finite): act_int8_scale, or the grid
 // value below it when the largest value's code there fits the lower scale's range (the header's rule; never
-// below the floor's scale: at amax = 1e-4 the code is 120 of M = 14, above 127 13 / 14 = 117.9).
-DSV4_HD Int8Scale act_int8_block_scale(float amax) {
+// below the floor's scale: at amax = 1e-4 the code is 120 of M = 14, above 127 13 / 14 = 117.9). The kept
+// scale's reciprocal is the one the rule already computed.
+DSV4_HD Int8Step act_int8_block_scale(float amax) {
   const Int8Scale s0 = act_int8_scale(amax), sp = s0.below();
-  return rintf(amax * s0.inverse()) * s0.value() <= 127.0f * sp.value() ? sp : s0;
+  const float v0 = s0.value(), inv0 = s0.inverse(), vp = sp.value();
+  if (rintf(amax * inv0) * v0 <= 127.0f * vp) return {vp, sp.inverse()};
+  return {v0, inv0};
 }
 
 }  // namespace dsv4

@@ -317,8 +317,8 @@ __device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
 __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool int8) {
   if (isinf(amax)) return __int_as_float(0x7fc00000);
   if (!int8) return fp8_block_value_dev(v, pow2_ceil_dev(amax / k_fp8_max_dev));
-  const Int8Scale sc = act_int8_block_scale(amax);
-  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, sc.inverse())), -127.0f, 127.0f), sc.value());
+  const Int8Step st = act_int8_block_scale(amax);
+  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, st.inv)), -127.0f, 127.0f), st.scale);
 }
 
 // The same for K blocks at once, block k in register k across the warp (lane l holds y[k] = value l of
@@ -351,10 +351,7 @@ __device__ __forceinline__ float warp_int8_32_quant(float v) {
 // the quantiser's rule puts it in (127 s_p, 127 s]) and an inverse for its codes, c = rint(v inv): every
 // v = c M 2^k with |c| <= 127, so v 2^-k = c M exactly and an approximate 1 / M (relative error ~2^-22) still
 // rounds to c. A zero unit gets the floor's scale and codes 0; callers give a non-finite unit the NaN scale.
-struct Int8Codes {
-  float scale, inv;
-};
-__device__ __forceinline__ Int8Codes int8_codes_scale(float amax) {
+__device__ __forceinline__ Int8Step int8_codes_scale(float amax) {
   const Int8Scale sc = act_int8_scale(fminf(fmaxf(amax, 1e-4f), 3.0e38f));  // finite (an Inf unit: NaN scale)
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(static_cast<float>(sc.M)));

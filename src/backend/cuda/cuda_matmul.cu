@@ -220,13 +220,7 @@ __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float
     if (i >= n4) continue;
     // The unit's scale: the quantiser's (quantising) or the one its codes come back with (a non-finite unit
     // gets the NaN scale below either way).
-    Int8Codes sc;
-    if (quantise) {
-      const Int8Scale b = act_int8_block_scale(fminf(fmaxf(m, 1e-4f), 3.0e38f));
-      sc = {b.value(), b.inverse()};
-    } else {
-      sc = int8_codes_scale(m);
-    }
+    const Int8Step sc = quantise ? act_int8_block_scale(fminf(fmaxf(m, 1e-4f), 3.0e38f)) : int8_codes_scale(m);
     const float inv = sc.inv;
     // Quantising, the block's largest value may round to 128 at the lower of two scales: clamped (as
     // act_quant_row clamps); recovered codes are within +-127 already.

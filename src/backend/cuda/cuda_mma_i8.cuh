@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(256)
   float v;
   if (!mma_split_unit(x, x_stride, rows, units, pr, v)) return;
   const bool finite = __all_sync(k_full_mask, isfinite(v));
-  const Int8Codes sc = int8_codes_scale(warp_max_all(fabsf(v)));
+  const Int8Step sc = int8_codes_scale(warp_max_all(fabsf(v)));
   const int c = finite ? __float2int_rn(__fmul_rn(v, sc.inv)) : 0;
   q[pr * 32 + (SubBlock ? mma_pos_of_elem<GgmlType::Q2_K>(lane) : lane)] = static_cast<int8_t>(c);
   mma_split_sums(s, pr, v, finite ? sc.scale : __int_as_float(0x7fc00000));
