@@ -344,10 +344,7 @@ void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode speed at context frontiers (CSV)");
   cmd->add_option("-m,--model", a->model, "Model GGUF");
-  cmd->add_option("--synthetic", a->synthetic,
-                  "Instead of -m: generate this `dsv4 synth` preset's weights in memory (the same bytes as the "
-                  "file; needs RAM for the whole model)");
-  cmd->add_option("--seed", a->seed, "Seed of --synthetic (as dsv4 synth --seed)")->capture_default_str();
+  add_synthetic_flags(cmd, &a->synthetic, &a->seed);
   cmd->add_option("--router-skew", a->router_skew, "Skewed routing of --synthetic (as dsv4 synth --router-skew)")
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();

@@ -165,10 +165,7 @@ void register_logits(CLI::App& app) {
                                      "Write float32 logits [n_tokens][n_vocab] for every position of a token sequence "
                                      "(or [k][n_vocab] for --positions)");
   cmd->add_option("-m,--model", a->model, "Model GGUF");
-  cmd->add_option("--synthetic", a->synthetic,
-                  "Instead of -m: generate this `dsv4 synth` preset's weights in memory (the same bytes as the "
-                  "file; needs RAM for the whole model)");
-  cmd->add_option("--seed", a->seed, "Seed of --synthetic (as dsv4 synth --seed)")->capture_default_str();
+  add_synthetic_flags(cmd, &a->synthetic, &a->seed);
   cmd->add_option("--tokens", a->tokens, "Token ids, comma or space separated");
   cmd->add_option("--tokens-file", a->tokens_file, "File of token ids (comma or whitespace separated)");
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();

@@ -47,6 +47,14 @@ inline void add_expert_stats_flag(CLI::App* cmd, std::string* path) {
       ->type_name("FILE");
 }
 
+// --synthetic PRESET and its --seed, instead of -m (EngineOptions::synthetic, synthetic_seed).
+inline void add_synthetic_flags(CLI::App* cmd, std::string* preset, uint64_t* seed) {
+  cmd->add_option("--synthetic", *preset,
+                  "Instead of -m: generate this `dsv4 synth` preset's weights in memory (the same bytes as the "
+                  "file; needs RAM for the whole model)");
+  cmd->add_option("--seed", *seed, "Seed of --synthetic (as dsv4 synth --seed)")->capture_default_str();
+}
+
 // Speculative decoding's flags (docs/SPECULATIVE.md): the drafter (--mtp FILE or --dspark FILE) and
 // how many tokens it proposes per pass. draft stays -1 unless given: draft() resolves it.
 struct SpeculationArgs {
