@@ -20,8 +20,9 @@ namespace dsv4::tools {
 namespace {
 
 struct LogitsArgs {
-  std::string model, synthetic, tokens, tokens_file, out, positions, expert_stats, tokens_out;
-  uint64_t seed = 1;  // of --synthetic
+  std::string model, synthetic, tokens, out, positions, expert_stats;
+  std::vector<std::string> tokens_files, tokens_out;  // one per sequence
+  uint64_t seed = 1;                                  // of --synthetic
   int greedy = 0;
   Numerics numerics = Numerics::REFERENCE;
   BackendChoice backend = BackendChoice::AUTO;
@@ -50,18 +51,71 @@ expected<std::vector<int32_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
-// --positions: strictly ascending 0-based indices < n.
+// --positions: 0-based indices into a sequence of n tokens, strictly ascending once a negative one is
+// counted from the end (-1: the last token), so the same list fits sequences of different lengths.
 expected<std::vector<int64_t>> parse_positions(const std::string& text, size_t n) {
-  DSV4_TRY_ASSIGN(std::vector<int32_t> v, parse_ids(text));
-  std::vector<int64_t> pos(v.begin(), v.end());
-  for (size_t i = 0; i < pos.size(); ++i) {
-    if (pos[i] >= static_cast<int64_t>(n))
-      return make_error("position %lld is past the last token (%zu tokens)", static_cast<long long>(pos[i]), n);
-    if (i > 0 && pos[i] <= pos[i - 1])
-      return make_error("positions must be strictly ascending (%lld after %lld)", static_cast<long long>(pos[i]),
-                        static_cast<long long>(pos[i - 1]));
+  std::vector<int64_t> pos;
+  std::string tok;
+  std::stringstream ss(text);
+  while (ss >> tok) {
+    std::stringstream parts(tok);
+    std::string p;
+    while (std::getline(parts, p, ',')) {
+      if (p.empty()) continue;
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(p.c_str(), &end, 10);
+      if (errno || *end || v < -0x7fffffffLL || v > 0x7fffffffLL) return make_error("bad position \"%s\"", p.c_str());
+      const long long r = v < 0 ? static_cast<long long>(n) + v : v;
+      if (r < 0) return make_error("position %lld is before the first token (%zu tokens)", v, n);
+      if (r >= static_cast<long long>(n)) return make_error("position %lld is past the last token (%zu tokens)", v, n);
+      if (!pos.empty() && r <= pos.back())
+        return make_error("positions must be strictly ascending (%lld after %lld)", r,
+                          static_cast<long long>(pos.back()));
+      pos.push_back(r);
+    }
   }
+  if (pos.empty()) return make_error("no positions given");
   return pos;
+}
+
+// One sequence's rows: the logits after each chosen position (all positions when there are none), then
+// `greedy` greedy tokens' (appended to ids).
+expected<std::vector<float>> sequence_rows(Engine& engine, std::vector<int32_t>& ids,
+                                           const std::vector<int64_t>& positions, int greedy) {
+  DSV4_TRY_ASSIGN(auto session, engine.new_session());
+  std::vector<float> rows;
+  if (positions.empty()) {
+    DSV4_TRY_ASSIGN(rows, session->prefill_all_logits(ids));
+  } else {
+    // Prefill up to each chosen position in turn and keep the last logits: only
+    // those positions run the output head (chunked == whole prefill, bitwise).
+    Progress bar("prefill", static_cast<uint64_t>(positions.back() + 1), "tok");
+    int64_t done = 0;
+    for (int64_t p : positions) {
+      DSV4_TRY(session->prefill(std::span<const int32_t>(ids.data() + done, static_cast<size_t>(p + 1 - done))));
+      done = p + 1;
+      bar.update(static_cast<uint64_t>(done));
+      const auto& l = session->logits();
+      rows.insert(rows.end(), l.begin(), l.end());
+    }
+    bar.finish();
+  }
+  if (greedy > 0) {
+    // The rest of the sequence first (with --positions it may stop short), then each greedy token: the
+    // argmax of the logits before it (ties to the lower id), its own logits appended as a row.
+    const size_t have = session->n_tokens();
+    if (have < ids.size()) DSV4_TRY(session->prefill(std::span<const int32_t>(ids.data() + have, ids.size() - have)));
+    for (int i = 0; i < greedy; ++i) {
+      const auto& l = session->logits();
+      const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      ids.push_back(next);
+      DSV4_TRY(session->prefill(std::span<const int32_t>(&ids.back(), 1)));
+      const auto& after = session->logits();
+      rows.insert(rows.end(), after.begin(), after.end());
+    }
+  }
+  return rows;
 }
 
 int run_logits(const LogitsArgs& a) {
@@ -70,20 +124,34 @@ int run_logits(const LogitsArgs& a) {
     return 1;
   };
   if (a.model.empty() == a.synthetic.empty()) return fail("give either -m FILE or --synthetic PRESET");
-  if (a.tokens.empty() == a.tokens_file.empty()) return fail("give exactly one of --tokens or --tokens-file");
-  std::string text = a.tokens;
-  if (!a.tokens_file.empty()) {
-    std::ifstream in(a.tokens_file);
-    if (!in) return fail("cannot read " + a.tokens_file);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  auto ids = parse_ids(text);
-  if (!ids) return fail(ids.error().message);
-  std::vector<int64_t> positions;
-  if (!a.positions.empty()) {
-    auto p = parse_positions(a.positions, ids->size());
-    if (!p) return fail("--positions: " + p.error().message);
-    positions = std::move(*p);
+  if (a.tokens.empty() == a.tokens_files.empty()) return fail("give --tokens or --tokens-file (not both)");
+  if (!a.tokens_out.empty() && a.tokens_out.size() != std::max<size_t>(a.tokens_files.size(), 1))
+    return fail(strfmt("--tokens-out: give one per sequence (%zu sequences, %zu files)",
+                       std::max<size_t>(a.tokens_files.size(), 1), a.tokens_out.size()));
+  if (a.greedy < 0) return fail("--greedy: want a count >= 0");
+  // The sequences: --tokens, or each --tokens-file; their positions (negative ones count from the end).
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<int64_t>> positions;
+  const size_t n_seqs = std::max<size_t>(a.tokens_files.size(), 1);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    std::string text = a.tokens;
+    if (!a.tokens_files.empty()) {
+      std::ifstream in(a.tokens_files[i]);
+      if (!in) return fail("cannot read " + a.tokens_files[i]);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    auto ids = parse_ids(text);
+    if (!ids) return fail((a.tokens_files.empty() ? "" : a.tokens_files[i] + ": ") + ids.error().message);
+    std::vector<int64_t> pos;
+    if (!a.positions.empty()) {
+      auto p = parse_positions(a.positions, ids->size());
+      if (!p)
+        return fail("--positions" + (a.tokens_files.empty() ? "" : " in " + a.tokens_files[i]) + ": " +
+                    p.error().message);
+      pos = std::move(*p);
+    }
+    seqs.push_back(std::move(*ids));
+    positions.push_back(std::move(pos));
   }
   EngineOptions o;
   o.model_path = a.model;
@@ -95,65 +163,33 @@ int run_logits(const LogitsArgs& a) {
   o.threads = a.threads;
   o.prefill_batch = a.batch;
   o.expert_stats = a.expert_stats;
-  if (a.greedy < 0) return fail("--greedy: want a count >= 0");
-  o.ctx = a.ctx ? a.ctx : static_cast<uint32_t>(std::max<size_t>(ids->size() + static_cast<size_t>(a.greedy), 1));
+  size_t longest = 1;
+  for (const auto& ids : seqs) longest = std::max(longest, ids.size() + static_cast<size_t>(a.greedy));
+  o.ctx = a.ctx ? a.ctx : static_cast<uint32_t>(longest);
   auto engine = Engine::load(o);
   if (!engine) return fail(engine.error().message);
-  auto session = (*engine)->new_session();
-  if (!session) return fail(session.error().message);
-  std::vector<float> rows;
   const uint32_t V = (*engine)->info().n_vocab;
-  if (positions.empty()) {
-    auto logits = (*session)->prefill_all_logits(*ids);
-    if (!logits) return fail(logits.error().message);
-    rows = std::move(*logits);
-  } else {
-    // Prefill up to each chosen position in turn and keep the last logits: only
-    // those positions run the output head (chunked == whole prefill, bitwise).
-    Progress bar("prefill", static_cast<uint64_t>(positions.back() + 1), "tok");
-    int64_t done = 0;
-    for (int64_t p : positions) {
-      auto st = (*session)->prefill(std::span<const int32_t>(ids->data() + done, static_cast<size_t>(p + 1 - done)));
-      if (!st) return fail(st.error().message);
-      done = p + 1;
-      bar.update(static_cast<uint64_t>(done));
-      const auto& l = (*session)->logits();
-      rows.insert(rows.end(), l.begin(), l.end());
-    }
-    bar.finish();
-  }
-  if (a.greedy > 0) {
-    // The rest of the sequence first (with --positions it may stop short), then each greedy token: the
-    // argmax of the logits before it (ties to the lower id), its own logits appended as a row.
-    const size_t have = (*session)->n_tokens();
-    if (have < ids->size()) {
-      auto st = (*session)->prefill(std::span<const int32_t>(ids->data() + have, ids->size() - have));
-      if (!st) return fail(st.error().message);
-    }
-    for (int i = 0; i < a.greedy; ++i) {
-      const auto& l = (*session)->logits();
-      const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-      ids->push_back(next);
-      auto st = (*session)->prefill(std::span<const int32_t>(&ids->back(), 1));
-      if (!st) return fail(st.error().message);
-      const auto& after = (*session)->logits();
-      rows.insert(rows.end(), after.begin(), after.end());
-    }
-  }
-  if (!a.tokens_out.empty()) {
-    std::FILE* t = std::fopen(a.tokens_out.c_str(), "w");
-    if (!t) return fail(strfmt("cannot create %s: %s", a.tokens_out.c_str(), std::strerror(errno)));
+  std::vector<float> rows;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto r = sequence_rows(**engine, seqs[i], positions[i], a.greedy);
+    if (!r) return fail((seqs.size() > 1 ? a.tokens_files[i] + ": " : "") + r.error().message);
+    rows.insert(rows.end(), r->begin(), r->end());
+    if (a.tokens_out.empty()) continue;
+    const std::string& out = a.tokens_out[i];
+    std::FILE* t = std::fopen(out.c_str(), "w");
+    if (!t) return fail(strfmt("cannot create %s: %s", out.c_str(), std::strerror(errno)));
     bool ok = true;
-    for (size_t i = 0; i < ids->size(); ++i) ok = std::fprintf(t, i ? ",%d" : "%d", (*ids)[i]) > 0 && ok;
+    for (size_t j = 0; j < seqs[i].size(); ++j) ok = std::fprintf(t, j ? ",%d" : "%d", seqs[i][j]) > 0 && ok;
     ok = std::fprintf(t, "\n") > 0 && ok;
-    if (std::fclose(t) != 0 || !ok) return fail("writing " + a.tokens_out + " failed (disk full?)");
+    if (std::fclose(t) != 0 || !ok) return fail("writing " + out + " failed (disk full?)");
   }
   std::FILE* f = std::fopen(a.out.c_str(), "wb");
   if (!f) return fail(strfmt("cannot create %s: %s", a.out.c_str(), std::strerror(errno)));
   size_t wrote = std::fwrite(rows.data(), 4, rows.size(), f);
   if (std::fclose(f) != 0 || wrote != rows.size()) return fail("writing " + a.out + " failed (disk full?)");
-  std::fprintf(stderr, "wrote %zu x %u float32 logits to %s (%s numerics, %s)\n", rows.size() / V, V, a.out.c_str(),
-               numerics_name((*engine)->info().numerics), (*engine)->info().backend.c_str());
+  std::fprintf(stderr, "wrote %zu x %u float32 logits of %zu sequence%s to %s (%s numerics, %s)\n", rows.size() / V, V,
+               seqs.size(), seqs.size() == 1 ? "" : "s", a.out.c_str(), numerics_name((*engine)->info().numerics),
+               (*engine)->info().backend.c_str());
   return 0;
 }
 
@@ -167,7 +203,9 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-m,--model", a->model, "Model GGUF");
   add_synthetic_flags(cmd, &a->synthetic, &a->seed);
   cmd->add_option("--tokens", a->tokens, "Token ids, comma or space separated");
-  cmd->add_option("--tokens-file", a->tokens_file, "File of token ids (comma or whitespace separated)");
+  cmd->add_option("--tokens-file", a->tokens_files,
+                  "File of token ids (comma or whitespace separated); repeat it for several sequences, each in its "
+                  "own session of the one loaded model, their rows written one sequence after another");
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();
   add_backend_flags(cmd, &a->backend, &a->numerics);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
@@ -175,15 +213,16 @@ void register_logits(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Session context (default: the number of tokens)");
   cmd->add_option("--positions", a->positions,
-                  "Only these positions (0-based, ascending, comma separated): the logits after token p, one row each; "
-                  "only they run the output head");
+                  "Only these positions (0-based, ascending, comma separated; negative ones count from the end, -1 "
+                  "the last token): the logits after token p, one row each; only they run the output head");
   cmd->add_option("--greedy", a->greedy,
                   "Then decode N greedy tokens (each the argmax of the logits before it); the logits after each are "
                   "appended as rows")
       ->capture_default_str();
   cmd->add_option("--tokens-out", a->tokens_out,
                   "Write the whole sequence (the given tokens and the greedy ones) to this file, comma separated: "
-                  "the --tokens-file of a run that compares other numerics or backends on the same tokens");
+                  "the --tokens-file of a run that compares other numerics or backends on the same tokens; one per "
+                  "sequence");
   add_expert_stats_flag(cmd, &a->expert_stats);
   add_cuda_flags(cmd, &a->cuda);
   cmd->callback([a] { set_exit_code(run_logits(*a)); });

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh numerics [--dry-run]
 # Summary: fast and plain against reference on the full-size synthetic Flash: mean |Δ logprob| of reference's top-20 tokens over a greedy continuation
-# Environment: PROMPTS ("122 3000"), STEPS (24), PRESET (flash-q2)
+# Environment: PROMPTS ("122 3000"), REPEATS (1), STEPS (24), PRESET (flash-q2)
 #
 # Issue #37's accuracy check of `--numerics fast` (docs/design-notes/fast-numerics.md) on the GPU machine.
-# For each prompt length L of $PROMPTS (random token ids from [1000, 120000), seeded by L):
-#   1. `dsv4 logits --numerics reference --greedy $STEPS --tokens-out` continues it greedily;
+# For each prompt length L of $PROMPTS, $REPEATS prompts (random token ids from [1000, 120000), the first
+# seeded by L, the others by 1000 L + r):
+#   1. `dsv4 logits --numerics reference --greedy $STEPS --tokens-out` continues each greedily;
 #   2. reference, plain and fast each compute the logits at the $STEPS positions that predict that
 #      continuation (teacher-forced: the same tokens for all three; `--positions`);
 #   3. per position, the mean over reference's 20 most likely tokens of |logprob - reference's logprob|,
-#      averaged over the positions, and how often the top-1 token differs from reference's.
+#      averaged over the positions, and how often the top-1 token differs from reference's; with
+#      REPEATS > 1 also per length the mean and range over its prompts, and on how many fast <= plain.
+# Each step is one process over every prompt (`--tokens-file` repeated: one model load, a session each).
 # The bar: fast's distance no larger than plain's (reference vs plain: measured 0.20 on the 122-token
 # prompt; random weights amplify rounding differences, so both are large).
 # The model: `--synthetic $PRESET` (generated in memory by each run: no 80 GiB file in /dev/shm, which a host
@@ -22,8 +25,10 @@ set -uo pipefail
 gpu_args "" "$@"
 PROMPTS=${PROMPTS:-"122 3000"}
 STEPS=${STEPS:-24}
+REPEATS=${REPEATS:-1}
 PRESET=${PRESET:-flash-q2}
-gpu_need_uint STEPS
+gpu_need_uint STEPS REPEATS
+[ "$REPEATS" -ge 1 ] || gpu_die "REPEATS=$REPEATS: want at least one prompt per length"
 for l in $PROMPTS; do [[ $l =~ ^[1-9][0-9]*$ ]] || gpu_die "PROMPTS: $l is not a token count"; done
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
 gpu_probe
@@ -32,32 +37,44 @@ gpu_binaries dsv4
 DSV4=$GPU_RUN/bin/dsv4
 gpu_out_flat
 rc=0
+# The prompts: REPEATS of each length, the first seeded by L (the prompt of the measurements before REPEATS),
+# the others by 1000 L + r. One process per numerics runs them all (a session each, one model load).
+names=() prompt_args=() seq_in=() seq_out=()
 for L in $PROMPTS; do
-  prompt=$LOG/prompt-$L.txt seq=$LOG/seq-$L.txt
-  gpu_run --out "$prompt" python3 -c \
-    "import random; r = random.Random($L); print(','.join(str(r.randrange(1000, 120000)) for _ in range($L)))"
-  gpu_run --log "$LOG/greedy-$L.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics reference \
-    --tokens-file "$prompt" --positions $((L - 1)) --greedy "$STEPS" --tokens-out "$seq" -o "$LOG/greedy-$L.f32" || rc=1
-  positions=$(seq -s, $((L - 1)) $((L + STEPS - 2)))
-  for num in reference plain fast; do
-    gpu_run --log "$LOG/$num-$L.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics "$num" \
-      --tokens-file "$seq" --positions "$positions" -o "$LOG/$num-$L.f32" || rc=1
+  for ((r = 0; r < REPEATS; r++)); do
+    name=$L seed=$L
+    [ "$r" -gt 0 ] && name=$L-$r seed=$((1000 * L + r))
+    names+=("$name")
+    gpu_run --out "$LOG/prompt-$name.txt" python3 -c \
+      "import random; r = random.Random($seed); print(','.join(str(r.randrange(1000, 120000)) for _ in range($L)))"
+    prompt_args+=(--tokens-file "$LOG/prompt-$name.txt")
+    seq_out+=(--tokens-out "$LOG/seq-$name.txt")
+    seq_in+=(--tokens-file "$LOG/seq-$name.txt")
   done
 done
+# 1. reference continues each prompt greedily; 2. each numerics, teacher-forced on those tokens, at the
+# STEPS positions that predict the continuation (from the end: -(STEPS + 1) .. -2).
+gpu_run --log "$LOG/greedy.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics reference \
+  "${prompt_args[@]}" --positions -1 --greedy "$STEPS" "${seq_out[@]}" -o "$LOG/greedy.f32" || rc=1
+positions=$(seq -s, -$((STEPS + 1)) -2)
+for num in reference plain fast; do
+  gpu_run --log "$LOG/$num.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics "$num" \
+    "${seq_in[@]}" --positions "$positions" -o "$LOG/$num.f32" || rc=1
+done
 gpu_dry_run && exit 0
-read -ra lens <<<"$PROMPTS"
-python3 - "$LOG" "$STEPS" "${lens[@]}" >"$LOG/numerics.txt" <<'PY'
-import array, math, sys
-log, steps, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+python3 - "$LOG" "$STEPS" "${names[@]}" >"$LOG/numerics.txt" <<'PY'
+import array, math, statistics, sys
+log, steps, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 
 
-def logprob_rows(num, L):
+def logprob_rows(num):
     a = array.array("f")
-    with open(f"{log}/{num}-{L}.f32", "rb") as f:
+    with open(f"{log}/{num}.f32", "rb") as f:
         a.frombytes(f.read())
-    V = len(a) // steps
+    rows = len(names) * steps
+    V = len(a) // rows
     out = []
-    for s in range(steps):
+    for s in range(rows):
         row = a[s * V:(s + 1) * V]
         m = max(row)
         lse = m + math.log(math.fsum(math.exp(v - m) for v in row))
@@ -65,16 +82,30 @@ def logprob_rows(num, L):
     return out
 
 
-print(f"mean |d logprob| of reference's top-20 tokens over {steps} greedy steps (teacher-forced), top-1 changes")
-print(f"{'prompt':>7} {'numerics':>9} {'vs reference':>13} {'top-1 differs':>14}")
-for L in prompts:
-    ref = logprob_rows("reference", L)
-    tops = [sorted(range(len(r)), key=lambda v: -r[v])[:20] for r in ref]
-    for num in ("plain", "fast"):
-        x = logprob_rows(num, L)
-        d = sum(abs(x[s][v] - ref[s][v]) for s in range(steps) for v in tops[s]) / (20 * steps)
-        flips = sum(max(range(len(x[s])), key=lambda v: x[s][v]) != tops[s][0] for s in range(steps))
-        print(f"{L:>7} {num:>9} {d:>13.4f} {flips:>9} / {steps}")
+ref = logprob_rows("reference")
+tops = [sorted(range(len(r)), key=lambda v: -r[v])[:20] for r in ref]
+dist, flips = {}, {}
+for num in ("plain", "fast"):
+    x = logprob_rows(num)
+    for i, name in enumerate(names):
+        rs = range(i * steps, (i + 1) * steps)
+        dist[num, name] = sum(abs(x[s][v] - ref[s][v]) for s in rs for v in tops[s]) / (20 * steps)
+        flips[num, name] = sum(max(range(len(x[s])), key=lambda v: x[s][v]) != tops[s][0] for s in rs)
+print(f"against reference over {steps} greedy steps (teacher-forced): mean |d logprob| of reference's top-20 tokens,")
+print(f"and at how many steps the top-1 token differs")
+print(f"{'prompt':>8} {'plain':>8} {'top-1':>6} {'fast':>8} {'top-1':>6}")
+for name in names:
+    print(f"{name:>8} {dist['plain', name]:>8.4f} {flips['plain', name]:>6} {dist['fast', name]:>8.4f}"
+          f" {flips['fast', name]:>6}")
+lengths = list(dict.fromkeys(n.split("-")[0] for n in names))
+if len(lengths) < len(names):  # REPEATS > 1: per length, the mean over its prompts and fast's share of wins
+    print(f"per length over its prompts: mean (min .. max) of plain and fast, and fast <= plain on how many")
+    for L in lengths:
+        mine = [n for n in names if n.split("-")[0] == L]
+        p, f = [dist["plain", n] for n in mine], [dist["fast", n] for n in mine]
+        wins = sum(b <= a for a, b in zip(p, f))
+        print(f"{L:>8} plain {statistics.mean(p):.4f} ({min(p):.4f} .. {max(p):.4f})  fast {statistics.mean(f):.4f}"
+              f" ({min(f):.4f} .. {max(f):.4f})  fast <= plain on {wins} of {len(mine)}")
 PY
 cat "$LOG/numerics.txt"
 exit $rc
