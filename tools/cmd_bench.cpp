@@ -21,16 +21,12 @@ namespace dsv4::tools {
 
 namespace {
 
-struct BenchArgs {
-  std::string model, prompt_file, csv, synthetic, expert_stats;
+struct BenchArgs : LoadArgs {
+  std::string prompt_file, csv;
   double router_skew = 0;  // of --synthetic
-  BackendChoice backend = BackendChoice::AUTO;
-  Numerics numerics = Numerics::REFERENCE;
-  uint64_t seed = 1;
-  CudaOptions cuda;
   uint32_t ctx_start = 2048, ctx_max = 0, step_incr = 0;
   double step_mul = 2.0;
-  int gen_tokens = 32, threads = 0, batch = 0;  // 0: the backend's default
+  int gen_tokens = 32;
   bool profile = false;
   int concurrency = 1;  // sessions decoding together (Engine::step)
   // --mixed-prefill T (with --concurrency N): a prompt of T tokens prefilled in
@@ -57,16 +53,8 @@ int run_bench(const BenchArgs& a) {
   auto draft = a.spec.draft_in_effect();
   if (!draft) return fail(draft.error().message);
   EngineOptions o;
-  o.model_path = a.model;
-  o.synthetic = a.synthetic;
-  o.synthetic_seed = a.seed;
-  o.backend = a.backend;
-  o.cuda = cuda_options_for(a.cuda);
-  o.numerics = a.numerics;
-  o.threads = a.threads;
-  o.prefill_batch = a.batch;
+  a.apply(o);
   o.synthetic_router_skew = a.router_skew;
-  o.expert_stats = a.expert_stats;
   a.spec.apply(o);
   // (--concurrency --profile decodes the steps twice, the second time timed op by op)
   const uint32_t decode_room = static_cast<uint32_t>(a.gen_tokens) * (a.concurrency > 1 && a.profile ? 2 : 1);
@@ -358,6 +346,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prompt-file", a->prompt_file, "Text whose tokens (repeated) form the sequence");
   cmd->add_option("--csv", a->csv, "Also write the CSV to this file");
   add_backend_flags(cmd, &a->backend, &a->numerics);
+  add_fast_skip_flag(cmd, &a->fast_skip);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch,
                   "Prefill batch (tokens per forward); 0 = the backend's default (CUDA 4096, CPU 512)")

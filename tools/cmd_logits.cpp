@@ -19,42 +19,17 @@ namespace dsv4::tools {
 
 namespace {
 
-struct LogitsArgs {
-  std::string model, synthetic, tokens, out, positions, expert_stats;
+struct LogitsArgs : LoadArgs {
+  std::string tokens, out, positions;
   std::vector<std::string> tokens_files, tokens_out;  // one per sequence
-  uint64_t seed = 1;                                  // of --synthetic
   int greedy = 0;
-  Numerics numerics = Numerics::REFERENCE;
-  BackendChoice backend = BackendChoice::AUTO;
-  int threads = 0, batch = 0;  // 0: the backend's default
   uint32_t ctx = 0;
-  CudaOptions cuda;
 };
 
-expected<std::vector<int32_t>> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::string tok;
-  std::stringstream ss(text);
-  while (ss >> tok) {
-    std::stringstream parts(tok);
-    std::string p;
-    while (std::getline(parts, p, ',')) {
-      if (p.empty()) continue;
-      char* end = nullptr;
-      errno = 0;
-      long v = std::strtol(p.c_str(), &end, 10);
-      if (errno || *end || v < 0 || v > 0x7fffffff) return make_error("bad token id \"%s\"", p.c_str());
-      ids.push_back(static_cast<int32_t>(v));
-    }
-  }
-  if (ids.empty()) return make_error("no token ids given");
-  return ids;
-}
-
-// --positions: 0-based indices into a sequence of n tokens, strictly ascending once a negative one is
-// counted from the end (-1: the last token), so the same list fits sequences of different lengths.
-expected<std::vector<int64_t>> parse_positions(const std::string& text, size_t n) {
-  std::vector<int64_t> pos;
+// The integers of a comma- or whitespace-separated list in order, each through fn(value, its text), which
+// returns an error to stop; what is not an integer in [-2^31 + 1, 2^31 - 1] is refused as a bad `what`.
+template <class Fn>
+Status for_each_integer(const std::string& text, const char* what, Fn&& fn) {
   std::string tok;
   std::stringstream ss(text);
   while (ss >> tok) {
@@ -65,16 +40,38 @@ expected<std::vector<int64_t>> parse_positions(const std::string& text, size_t n
       char* end = nullptr;
       errno = 0;
       const long long v = std::strtoll(p.c_str(), &end, 10);
-      if (errno || *end || v < -0x7fffffffLL || v > 0x7fffffffLL) return make_error("bad position \"%s\"", p.c_str());
-      const long long r = v < 0 ? static_cast<long long>(n) + v : v;
-      if (r < 0) return make_error("position %lld is before the first token (%zu tokens)", v, n);
-      if (r >= static_cast<long long>(n)) return make_error("position %lld is past the last token (%zu tokens)", v, n);
-      if (!pos.empty() && r <= pos.back())
-        return make_error("positions must be strictly ascending (%lld after %lld)", r,
-                          static_cast<long long>(pos.back()));
-      pos.push_back(r);
+      if (errno || *end || v < -0x7fffffffLL || v > 0x7fffffffLL) return make_error("bad %s \"%s\"", what, p.c_str());
+      DSV4_TRY(fn(v, p));
     }
   }
+  return {};
+}
+
+expected<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  DSV4_TRY(for_each_integer(text, "token id", [&](long long v, const std::string& p) -> Status {
+    if (v < 0) return make_error("bad token id \"%s\"", p.c_str());
+    ids.push_back(static_cast<int32_t>(v));
+    return {};
+  }));
+  if (ids.empty()) return make_error("no token ids given");
+  return ids;
+}
+
+// --positions: 0-based indices into a sequence of n tokens, strictly ascending once a negative one is
+// counted from the end (-1: the last token), so the same list fits sequences of different lengths.
+expected<std::vector<int64_t>> parse_positions(const std::string& text, size_t n) {
+  std::vector<int64_t> pos;
+  DSV4_TRY(for_each_integer(text, "position", [&](long long v, const std::string&) -> Status {
+    const long long r = v < 0 ? static_cast<long long>(n) + v : v;
+    if (r < 0) return make_error("position %lld is before the first token (%zu tokens)", v, n);
+    if (r >= static_cast<long long>(n)) return make_error("position %lld is past the last token (%zu tokens)", v, n);
+    if (!pos.empty() && r <= pos.back())
+      return make_error("positions must be strictly ascending (%lld after %lld)", r,
+                        static_cast<long long>(pos.back()));
+    pos.push_back(r);
+    return {};
+  }));
   if (pos.empty()) return make_error("no positions given");
   return pos;
 }
@@ -154,15 +151,7 @@ int run_logits(const LogitsArgs& a) {
     positions.push_back(std::move(pos));
   }
   EngineOptions o;
-  o.model_path = a.model;
-  o.synthetic = a.synthetic;
-  o.synthetic_seed = a.seed;
-  o.backend = a.backend;
-  o.cuda = cuda_options_for(a.cuda);
-  o.numerics = a.numerics;
-  o.threads = a.threads;
-  o.prefill_batch = a.batch;
-  o.expert_stats = a.expert_stats;
+  a.apply(o);
   size_t longest = 1;
   for (const auto& ids : seqs) longest = std::max(longest, ids.size() + static_cast<size_t>(a.greedy));
   o.ctx = a.ctx ? a.ctx : static_cast<uint32_t>(longest);
@@ -208,6 +197,7 @@ void register_logits(CLI::App& app) {
                   "own session of the one loaded model, their rows written one sequence after another");
   cmd->add_option("-o,--output", a->out, "Output file (little-endian float32)")->required();
   add_backend_flags(cmd, &a->backend, &a->numerics);
+  add_fast_skip_flag(cmd, &a->fast_skip);
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Tokens per forward batch; 0 = the backend's default (CUDA 4096, CPU 512)")
       ->capture_default_str();

@@ -39,6 +39,16 @@ inline void add_backend_flags(CLI::App* cmd, BackendChoice* backend, Numerics* n
       ->default_str(numerics_name(*numerics));
 }
 
+// --fast-skip SITES (EngineOptions::fast_skip): inputs fast numerics leaves unquantised, for measurements.
+inline void add_fast_skip_flag(CLI::App* cmd, unsigned* skip) {
+  cmd->add_option_function<std::string>(
+         "--fast-skip", [skip](const std::string& v) { *skip = *fast_sites_from_names(v); },
+         "With --numerics fast: leave these inputs unquantised (comma-separated: attn-in, q, wo-b, ffn-in, "
+         "shexp-mid, exp-mid, mtp), to measure what each costs in accuracy and gains in speed")
+      ->check(parsed_by([](const std::string& v) { return fast_sites_from_names(v); }))
+      ->default_str("none");
+}
+
 // --expert-stats FILE (EngineOptions::expert_stats).
 inline void add_expert_stats_flag(CLI::App* cmd, std::string* path) {
   cmd->add_option("--expert-stats", *path,
@@ -272,5 +282,30 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
 inline std::shared_ptr<const CudaOptions> cuda_options_for(const CudaOptions& s) {
   return std::make_shared<const CudaOptions>(s);
 }
+
+// What the model-loading commands without a server (bench, logits) take alike, and the EngineOptions it
+// sets; each command registers the flags it offers.
+struct LoadArgs {
+  std::string model, synthetic, expert_stats;  // -m, --synthetic, --expert-stats
+  uint64_t seed = 1;                           // of --synthetic
+  BackendChoice backend = BackendChoice::AUTO;
+  Numerics numerics = Numerics::REFERENCE;
+  unsigned fast_skip = 0;      // --fast-skip
+  int threads = 0, batch = 0;  // 0: the backend's default
+  CudaOptions cuda;
+
+  void apply(EngineOptions& o) const {
+    o.model_path = model;
+    o.synthetic = synthetic;
+    o.synthetic_seed = seed;
+    o.backend = backend;
+    o.cuda = cuda_options_for(cuda);
+    o.numerics = numerics;
+    o.fast_skip = fast_skip;
+    o.threads = threads;
+    o.prefill_batch = batch;
+    o.expert_stats = expert_stats;
+  }
+};
 
 }  // namespace dsv4::tools

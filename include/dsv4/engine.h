@@ -45,6 +45,10 @@ struct EngineOptions {
   float dspark_confidence = 0.7f;  // --dspark-confidence: DSpark proposals stop below this confidence (0: all)
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
+  // Under fast numerics, the inputs left unquantised (FastSite bits, core/numerics.h; 0: none, the default):
+  // a measurement of the accuracy / speed trade (`dsv4 logits|bench --fast-skip`). Snapshots record the
+  // numerics only, not this set.
+  unsigned fast_skip = 0;
   uint32_t ctx = 32768;  // default context of new sessions
   int threads = 0;       // CPU threads (0 = all cores)
   // Tokens per forward batch; 0 = the backend's default (default_prefill_batch):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh numerics [--dry-run]
 # Summary: fast and plain against reference on the full-size synthetic Flash: mean |Δ logprob| of reference's top-20 tokens over a greedy continuation
-# Environment: PROMPTS ("122 3000"), REPEATS (1), STEPS (24), PRESET (flash-q2)
+# Environment: PROMPTS ("122 3000"), REPEATS (1), STEPS (24), PRESET (flash-q2), FAST_SKIPS
 #
 # Issue #37's accuracy check of `--numerics fast` (docs/design-notes/fast-numerics.md) on the GPU machine.
 # For each prompt length L of $PROMPTS, $REPEATS prompts (random token ids from [1000, 120000), the first
@@ -13,6 +13,7 @@
 #      averaged over the positions, and how often the top-1 token differs from reference's; with
 #      REPEATS > 1 also per length the mean and range over its prompts, and on how many fast <= plain.
 # Each step is one process over every prompt (`--tokens-file` repeated: one model load, a session each).
+# FAST_SKIPS="attn-in;attn-in,q": more columns, fast with those inputs left unquantised (`--fast-skip`).
 # The bar: fast's distance no larger than plain's (reference vs plain: measured 0.20 on the 122-token
 # prompt; random weights amplify rounding differences, so both are large).
 # The model: `--synthetic $PRESET` (generated in memory by each run: no 80 GiB file in /dev/shm, which a host
@@ -57,14 +58,23 @@ done
 gpu_run --log "$LOG/greedy.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics reference \
   "${prompt_args[@]}" --positions -1 --greedy "$STEPS" "${seq_out[@]}" -o "$LOG/greedy.f32" || rc=1
 positions=$(seq -s, -$((STEPS + 1)) -2)
+columns=(plain fast)
 for num in reference plain fast; do
   gpu_run --log "$LOG/$num.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics "$num" \
     "${seq_in[@]}" --positions "$positions" -o "$LOG/$num.f32" || rc=1
 done
+IFS=';' read -ra skips <<<"${FAST_SKIPS:-}"
+for skip in "${skips[@]}"; do
+  skip=${skip// /}
+  [ -n "$skip" ] || continue
+  columns+=("fast-$skip")
+  gpu_run --log "$LOG/fast-$skip.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics fast \
+    --fast-skip "$skip" "${seq_in[@]}" --positions "$positions" -o "$LOG/fast-$skip.f32" || rc=1
+done
 gpu_dry_run && exit 0
-python3 - "$LOG" "$STEPS" "${names[@]}" >"$LOG/numerics.txt" <<'PY'
+python3 - "$LOG" "$STEPS" "${columns[*]}" "${names[@]}" >"$LOG/numerics.txt" <<'PY'
 import array, math, statistics, sys
-log, steps, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+log, steps, columns, names = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
 
 
 def logprob_rows(num):
@@ -85,27 +95,28 @@ def logprob_rows(num):
 ref = logprob_rows("reference")
 tops = [sorted(range(len(r)), key=lambda v: -r[v])[:20] for r in ref]
 dist, flips = {}, {}
-for num in ("plain", "fast"):
+for num in columns:
     x = logprob_rows(num)
     for i, name in enumerate(names):
         rs = range(i * steps, (i + 1) * steps)
         dist[num, name] = sum(abs(x[s][v] - ref[s][v]) for s in rs for v in tops[s]) / (20 * steps)
         flips[num, name] = sum(max(range(len(x[s])), key=lambda v: x[s][v]) != tops[s][0] for s in rs)
 print(f"against reference over {steps} greedy steps (teacher-forced): mean |d logprob| of reference's top-20 tokens,")
-print(f"and at how many steps the top-1 token differs")
-print(f"{'prompt':>8} {'plain':>8} {'top-1':>6} {'fast':>8} {'top-1':>6}")
+print(f"and at how many steps the top-1 token differs (columns: numerics, fast-SITES: fast with --fast-skip SITES)")
+print(f"{'prompt':>8}" + "".join(f" {c:>16} {'top-1':>5}" for c in columns))
 for name in names:
-    print(f"{name:>8} {dist['plain', name]:>8.4f} {flips['plain', name]:>6} {dist['fast', name]:>8.4f}"
-          f" {flips['fast', name]:>6}")
+    print(f"{name:>8}" + "".join(f" {dist[c, name]:>16.4f} {flips[c, name]:>5}" for c in columns))
 lengths = list(dict.fromkeys(n.split("-")[0] for n in names))
-if len(lengths) < len(names):  # REPEATS > 1: per length, the mean over its prompts and fast's share of wins
-    print(f"per length over its prompts: mean (min .. max) of plain and fast, and fast <= plain on how many")
+if len(lengths) < len(names):  # REPEATS > 1: per length, the mean over its prompts and the wins against plain
+    print("per length over its prompts: mean (min .. max), and on how many it is <= plain")
     for L in lengths:
         mine = [n for n in names if n.split("-")[0] == L]
-        p, f = [dist["plain", n] for n in mine], [dist["fast", n] for n in mine]
-        wins = sum(b <= a for a, b in zip(p, f))
-        print(f"{L:>8} plain {statistics.mean(p):.4f} ({min(p):.4f} .. {max(p):.4f})  fast {statistics.mean(f):.4f}"
-              f" ({min(f):.4f} .. {max(f):.4f})  fast <= plain on {wins} of {len(mine)}")
+        p = [dist["plain", n] for n in mine]
+        for c in columns:
+            d = [dist[c, n] for n in mine]
+            wins = sum(b <= a for a, b in zip(p, d))
+            print(f"{L:>8} {c:>16} {statistics.mean(d):.4f} ({min(d):.4f} .. {max(d):.4f})"
+                  + ("" if c == "plain" else f"  <= plain on {wins} of {len(mine)}"))
 PY
 cat "$LOG/numerics.txt"
 exit $rc

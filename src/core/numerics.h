@@ -15,6 +15,7 @@
 // KV-cache file is bound to (the stored values are the enum's).
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "core/act_quant.h"
@@ -26,6 +27,23 @@ enum class Numerics { REFERENCE = 0, PLAIN = 1, FAST = 2 };
 
 const char* numerics_name(Numerics n);  // "reference", "plain", "fast"
 expected<Numerics> numerics_from_name(std::string_view s);
+
+// The inputs FAST quantises (model-spec.md §9.1), as bits of a set: every one by default; a set without
+// some of them computes those layers as REFERENCE does (the accuracy / speed trade of
+// docs/design-notes/fast-numerics.md, chosen with `dsv4 logits|bench --fast-skip`).
+enum FastSite : unsigned {
+  FAST_ATTN_IN = 1u << 0,    // wq_a and wkv (the attention norm's output)
+  FAST_Q = 1u << 1,          // wq_b and the indexer's wq_b (the q norm's output)
+  FAST_WO_B = 1u << 2,       // wo_b (wo_a's output)
+  FAST_FFN_IN = 1u << 3,     // the routed and shared experts' gate and up (the FFN norm's output)
+  FAST_SHEXP_MID = 1u << 4,  // the shared expert's down (its SwiGLU)
+  FAST_EXP_MID = 1u << 5,    // the routed experts' down (their mid vector)
+  FAST_MTP = 1u << 6,        // the MTP block's e and h projections
+  FAST_ALL_SITES = (1u << 7) - 1,
+};
+// "attn-in,q,..." (names as above, lower case with dashes; "none" the empty set) <-> a set of FastSite bits.
+std::string fast_sites_name(unsigned sites);
+expected<unsigned> fast_sites_from_names(std::string_view list);
 
 // Whether the storage roundings of REFERENCE apply (KV, indexer, mHC state, pooled rows).
 inline bool simulates_storage(Numerics n) { return n != Numerics::PLAIN; }

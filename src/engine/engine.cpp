@@ -67,9 +67,11 @@ std::string EngineOptions::describe() const {
                                                     : strfmt(" dspark=%s dspark_confidence=%g", dspark_path.c_str(),
                                                              static_cast<double>(dspark_confidence)));
   const std::string stages = cpu_stages > 1 ? strfmt(" cpu_stages=%d", cpu_stages) : std::string();
-  return strfmt("model=%s%s%s backend=%s%s numerics=%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
+  const std::string skip = fast_skip ? " fast_skip=" + fast_sites_name(fast_skip) : std::string();
+  return strfmt("model=%s%s%s backend=%s%s numerics=%s%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
                 skew.c_str(), drafters.c_str(), backend_choice_name(backend), stages.c_str(), numerics_name(numerics),
-                ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ", switches.c_str());
+                skip.c_str(), ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ",
+                switches.c_str());
 }
 
 namespace {
@@ -393,6 +395,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   }
   ModelOptions mo;
   mo.numerics = numerics;
+  mo.fast_sites = FAST_ALL_SITES & ~o.fast_skip;
   if (!o.expert_stats.empty()) {
     std::error_code ec;
     if (std::filesystem::exists(o.expert_stats, ec)) {

@@ -93,7 +93,7 @@ expected<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelWeig
   s.sh_g = backend.alloc(G::F32, Fs, n);
   s.sh_u = backend.alloc(G::F32, Fs, n);
   s.sh_h = backend.alloc(G::F32, Fs, n);
-  if (m->act_quant() != ActQuant::NONE) s.xq = backend.alloc(G::F32, D, n);
+  if (m->act_quant(FAST_ATTN_IN | FAST_FFN_IN) != ActQuant::NONE) s.xq = backend.alloc(G::F32, D, n);
   if (m->has_head()) {  // (a pipeline stage before the last has no head)
     s.h = backend.alloc(G::F32, D, n);
     s.hn = backend.alloc(G::F32, D, n);
@@ -332,8 +332,8 @@ uint64_t model_scratch_bytes(const ModelSpec& S, const ModelOptions& options) {
                  static_cast<uint64_t>(S.o_groups) * S.o_lora_rank + 4 * hd + dI * HI + HI + 4 * dI +
                  std::max<uint32_t>(1, S.indexer_top_k) + S.n_expert + 2 * k + 3 * Fs;
   if (end == S.n_layer) row += 2 * D + S.n_vocab;
-  if (options.act_quant() != ActQuant::NONE) row += D;  // xq
-  uint64_t b = 4 * (n * row + D + D + D * hc);          // + sh_y, mtp_e, mtp_y
+  if (options.act_quant(FAST_ATTN_IN | FAST_FFN_IN) != ActQuant::NONE) row += D;  // xq
+  uint64_t b = 4 * (n * row + D + D + D * hc);                                    // + sh_y, mtp_e, mtp_y
   if (options.count_routing) b += 4 * k * n * S.n_layer;
   return b;
 }
@@ -532,7 +532,7 @@ CompressOp Model::indexer_compress(const DeviceLayer& L, LayerState& S, const Te
                      pos, 4, rope_for_ratio(4), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0, ref);
 }
 
-ActQuant Model::act_quant() const { return options_.act_quant(); }
+ActQuant Model::act_quant(unsigned site) const { return options_.act_quant(site); }
 
 void Model::project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w, ActQuant x_quant) {
   // MatmulsOp per weight type, in first-seen order, at most k_max each.
@@ -594,20 +594,21 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
       other.push_back({ikv, L[LT::INDEXER_COMPRESSOR_KV]});
       other.push_back({ig, L[LT::INDEXER_COMPRESSOR_GATE]});
     }
-    const Tensor xq = s.xq ? s.xq.rows(0, n) : xn;  // hc_pre's quantised copy of xn in fast numerics
-    if (xq.data == xn.data) {                       // one input: every projection together
+    // hc_pre's quantised copy of xn in fast numerics
+    const Tensor xq = act_quant(FAST_ATTN_IN) != ActQuant::NONE ? s.xq.rows(0, n) : xn;
+    if (xq.data == xn.data) {  // one input: every projection together
       lin.insert(lin.end(), other.begin(), other.end());
       other.clear();
     }
-    project(xq, lin, act_quant());
+    project(xq, lin, act_quant(FAST_ATTN_IN));
     if (!other.empty()) project(xn, other);
   }
 
   // Query path (§5.1): c_q = RMSNorm(W_qa x; q_norm); q = W_qb c_q, per-head RMSNorm, RoPE.
   // Quantised in place in fast numerics: the input of wq_b and the indexer's wq_b.
-  backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps, .quant = act_quant()});
+  backend_.rms_norm({.out = qa, .x = qa, .w = L[LT::ATTN_Q_A_NORM], .eps = P.rms_eps, .quant = act_quant(FAST_Q)});
   Tensor q = s.q.reshape(hd, H, options_.max_batch).rows(0, n * H).reshape(hd, H, n);
-  backend_.matmul({.out = q.reshape(H * hd, n), .w = L[LT::ATTN_Q_B], .x = qa, .x_quant = act_quant()});
+  backend_.matmul({.out = q.reshape(H * hd, n), .w = L[LT::ATTN_Q_B], .x = qa, .x_quant = act_quant(FAST_Q)});
   backend_.rms_norm({.out = q.reshape(hd, H * n),
                      .x = q.reshape(hd, H * n),
                      .w = Tensor{},
@@ -661,7 +662,8 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
                       .reshape(dI, HI * options_.max_batch)
                       .rows(0, HI * n)
                       .reshape(dI, HI, n);
-      backend_.matmul({.out = iq.reshape(HI * dI, n), .w = L[LT::INDEXER_ATTN_Q_B], .x = qa, .x_quant = act_quant()});
+      backend_.matmul(
+          {.out = iq.reshape(HI * dI, n), .w = L[LT::INDEXER_ATTN_Q_B], .x = qa, .x_quant = act_quant(FAST_Q)});
       backend_.rope({.x = iq, .pos = pos, .rope = rope, .inverse = false});
       backend_.quant_sim({iq.reshape(dI, HI * n), ref ? KvQuantSim::HADAMARD_FP4 : KvQuantSim::NONE, 0});
       backend_.scale({iw, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(HI))});
@@ -719,7 +721,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
   backend_.matmul(
       {.out = la, .w = L[LT::ATTN_OUTPUT_A], .x = o.reshape(H * hd, n), .groups = static_cast<int>(P.o_groups)});
   // wo_b reads la quantised in fast numerics (la is not read again: the backend may quantise it in place).
-  backend_.matmul({.out = s.y.rows(0, n), .w = L[LT::ATTN_OUTPUT_B], .x = la, .x_quantise = act_quant()});
+  backend_.matmul({.out = s.y.rows(0, n), .w = L[LT::ATTN_OUTPUT_B], .x = la, .x_quantise = act_quant(FAST_WO_B)});
 }
 
 Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash) {
@@ -739,16 +741,16 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
   const bool shexp = static_cast<bool>(L[LT::FFN_GATE_SHEXP]);
   Tensor g = s.sh_g.rows(0, n), u = s.sh_u.rows(0, n), h = s.sh_h.rows(0, n);
   // The experts' input: xn, quantised in fast numerics (hc_pre's copy; the router reads xn itself).
-  const Tensor xq = s.xq ? s.xq.rows(0, n) : xn;
+  const Tensor xq = act_quant(FAST_FFN_IN) != ActQuant::NONE ? s.xq.rows(0, n) : xn;
   auto shexp_hidden = [&] {  // h = SwiGLU(W_gate xq, W_up xq), quantised in fast numerics
-    project(xq, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}}, act_quant());
-    backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp, .quant = act_quant()});
+    project(xq, {{g, L[LT::FFN_GATE_SHEXP]}, {u, L[LT::FFN_UP_SHEXP]}}, act_quant(FAST_FFN_IN));
+    backend_.swiglu({.out = h, .gate = g, .up = u, .clamp = clamp, .quant = act_quant(FAST_SHEXP_MID)});
   };
   const bool branch = shexp && n == 1 && backend_.concurrent_branches();
   if (branch) {
     backend_.branch_begin();
     shexp_hidden();
-    backend_.matmul({.out = s.sh_y, .w = L[LT::FFN_DOWN_SHEXP], .x = h, .x_quant = act_quant()});
+    backend_.matmul({.out = s.sh_y, .w = L[LT::FFN_DOWN_SHEXP], .x = h, .x_quant = act_quant(FAST_SHEXP_MID)});
     backend_.branch_end();
   }
   // Router (§6.1–§6.3) and routed experts (§6.4).
@@ -773,8 +775,8 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
                         .weights = weights,
                         .clamp = clamp,
                         .accumulate = false,
-                        .mid_quant = act_quant(),
-                        .x_quant = act_quant(),
+                        .mid_quant = act_quant(FAST_EXP_MID),
+                        .x_quant = act_quant(FAST_FFN_IN),
                         .slots = L.slots,
                         .gate_host = L.gate_host,
                         .up_host = L.up_host,
@@ -790,7 +792,7 @@ Tensor Model::ffn_block(const DeviceLayer& L, int64_t n, uint32_t il, bool hash)
                      .x = h,
                      .groups = 1,
                      .accumulate = /*accumulate=*/true,
-                     .x_quant = act_quant()});  // y += W_down h
+                     .x_quant = act_quant(FAST_SHEXP_MID)});  // y += W_down h
   }
   return {};
 }
@@ -871,7 +873,8 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
   Tensor post = s.post.rows(0, n), comb = s.comb.reshape(hc * hc, options_.max_batch).rows(0, n).reshape(hc, hc, n);
   // hc_pre of a sublayer with its input norm fused in: xn = RMSNorm(u; norm), and in fast numerics
   // its quantised copy xq (the sublayer's FP8 linears' input).
-  auto hc_pre = [&](LT fn, LT scale, LT base, LT norm) {
+  auto hc_pre = [&](LT fn, LT scale, LT base, LT norm, unsigned site) {
+    const ActQuant quant = act_quant(site);
     backend_.hc_pre({.u = u,
                      .post = post,
                      .comb = comb,
@@ -885,8 +888,8 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
                      .norm_out = xn,
                      .norm_w = L[norm],
                      .norm_rms_eps = P.rms_eps,
-                     .norm_q = s.xq ? s.xq.rows(0, n) : Tensor{},
-                     .norm_quant = act_quant()});
+                     .norm_q = quant != ActQuant::NONE ? s.xq.rows(0, n) : Tensor{},
+                     .norm_quant = quant});
   };
   // Experts partly in host memory: the backend may copy them in while the attention runs.
   if (L.slots)
@@ -896,10 +899,10 @@ void Model::block(const DeviceLayer& L, std::span<const Segment> segs, int layer
                            .down_host = L.down_host,
                            .n = n,
                            .k = static_cast<int64_t>(P.n_expert_used)});
-  hc_pre(LT::HC_ATTN_FN, LT::HC_ATTN_SCALE, LT::HC_ATTN_BASE, LT::ATTN_NORM);
+  hc_pre(LT::HC_ATTN_FN, LT::HC_ATTN_SCALE, LT::HC_ATTN_BASE, LT::ATTN_NORM, FAST_ATTN_IN);
   attention_block(L, segs, layer, ratio, n);
   backend_.hc_post({.state = state, .y = y, .post = post, .comb = comb, .round_bf16 = ref});
-  hc_pre(LT::HC_FFN_FN, LT::HC_FFN_SCALE, LT::HC_FFN_BASE, LT::FFN_NORM);
+  hc_pre(LT::HC_FFN_FN, LT::HC_FFN_SCALE, LT::HC_FFN_BASE, LT::FFN_NORM, FAST_FFN_IN);
   const Tensor y2 = ffn_block(L, n, ffn_index, hash);
   if (options_.count_routing && layer >= 0 && sc_->route_log)
     backend_.copy(sc_->route_log.rows(layer * n, n), sc_->experts.rows(0, n));
@@ -1119,16 +1122,22 @@ Status Model::mtp_fill(KvState& st, const int32_t* next, const Tensor& hidden, i
   Tensor e = s.u.rows(0, rows), ye = s.ys.rows(0, rows), hn = s.xn.rows(0, rows);
   backend_.embed({e.reshape(D, hc, n), global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(n)});
   // (e and hn quantised in place in fast numerics: the projections' input.)
-  backend_.rms_norm(
-      {.out = e, .x = e, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps, .quant = act_quant()});
-  backend_.matmul({.out = ye, .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = e, .x_quant = act_quant()});
+  backend_.rms_norm({.out = e,
+                     .x = e,
+                     .w = mtp_head_[static_cast<size_t>(MT::ENORM)],
+                     .eps = P.rms_eps,
+                     .quant = act_quant(FAST_MTP)});
+  backend_.matmul({.out = ye, .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = e, .x_quant = act_quant(FAST_MTP)});
   const Tensor x = hidden.reshape(D * hc, hidden.n_elements() / (D * hc)).rows(0, n).reshape(D, rows);
-  backend_.rms_norm(
-      {.out = hn, .x = x, .w = mtp_head_[static_cast<size_t>(MT::HNORM)], .eps = P.rms_eps, .quant = act_quant()});
+  backend_.rms_norm({.out = hn,
+                     .x = x,
+                     .w = mtp_head_[static_cast<size_t>(MT::HNORM)],
+                     .eps = P.rms_eps,
+                     .quant = act_quant(FAST_MTP)});
   backend_.matmul({.out = state.reshape(D, rows),
                    .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)],
                    .x = hn,
-                   .x_quant = act_quant()});
+                   .x_quant = act_quant(FAST_MTP)});
   backend_.add({state.reshape(D, rows), ye});
   const Segment seg{&st, 0, n};
   block(mtp_block_, std::span<const Segment>(&seg, 1), /*layer=*/-1, 0, P.n_layer, false, n);
@@ -1156,10 +1165,15 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, 
   Tensor emb = s.mtp_y;  // [1, hc, D] scratch: embedding broadcast
   backend_.embed({emb, global_[static_cast<size_t>(GT::TOKEN_EMBD)], s.ids.head(1)});
   Tensor e_row = emb.reshape(D, hc).rows(0, 1);
-  backend_.rms_norm(
-      {.out = e, .x = e_row, .w = mtp_head_[static_cast<size_t>(MT::ENORM)], .eps = P.rms_eps, .quant = act_quant()});
-  backend_.matmul(
-      {.out = s.ys.rows(0, 1), .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)], .x = e, .x_quant = act_quant()});
+  backend_.rms_norm({.out = e,
+                     .x = e_row,
+                     .w = mtp_head_[static_cast<size_t>(MT::ENORM)],
+                     .eps = P.rms_eps,
+                     .quant = act_quant(FAST_MTP)});
+  backend_.matmul({.out = s.ys.rows(0, 1),
+                   .w = mtp_head_[static_cast<size_t>(MT::E_PROJ)],
+                   .x = e,
+                   .x_quant = act_quant(FAST_MTP)});
   Tensor hnorm = s.h.rows(0, 1);
   for (int64_t i = 0; i < hc; ++i) {
     Tensor xi = (chain ? st.mtp_hidden : st.last_hidden).rows(i, 1);
@@ -1167,9 +1181,10 @@ Status Model::mtp_forward(KvState& st, int32_t token, int64_t p, float* logits, 
                        .x = xi,
                        .w = mtp_head_[static_cast<size_t>(MT::HNORM)],
                        .eps = P.rms_eps,
-                       .quant = act_quant()});
+                       .quant = act_quant(FAST_MTP)});
     Tensor yi = state.reshape(D, hc).rows(i, 1);
-    backend_.matmul({.out = yi, .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)], .x = hnorm, .x_quant = act_quant()});
+    backend_.matmul(
+        {.out = yi, .w = mtp_head_[static_cast<size_t>(MT::H_PROJ)], .x = hnorm, .x_quant = act_quant(FAST_MTP)});
     backend_.add({yi, s.ys.rows(0, 1)});
   }
   // One block: window-only attention with plain RoPE, top-k MoE with bias.

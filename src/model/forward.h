@@ -78,8 +78,13 @@ struct ModelOptions {
   // The activation format of `fast` numerics (core/numerics.h; ignored in the others). The engine always
   // uses the default; tests set FP8_128 (DeepSeek's own act_quant) to compare the two.
   ActQuant fast_act = ActQuant::INT8_32;
-  // The linear layers' activation quantisation these options give: fast_act in fast numerics, else NONE.
-  ActQuant act_quant() const { return numerics == Numerics::FAST ? fast_act : ActQuant::NONE; }
+  // The inputs fast numerics quantises (FastSite bits; the others as in reference).
+  unsigned fast_sites = FAST_ALL_SITES;
+  // The linear layers' activation quantisation these options give: fast_act in fast numerics (at a site of
+  // fast_sites, when one is named), else NONE.
+  ActQuant act_quant(unsigned site = FAST_ALL_SITES) const {
+    return numerics == Numerics::FAST && (fast_sites & site) ? fast_act : ActQuant::NONE;
+  }
   // Compact KV rows in reference numerics (see LayerState); off = f32 rows, for
   // tests that check the compact state changes nothing.
   bool compact_kv = true;
@@ -288,7 +293,7 @@ class Model {
   // The linear layers' activation quantisation (ActQuant::NONE but in fast numerics): the model issues it
   // inside the op that produces each input (RmsNormOp::quant, HcPreOp::norm_quant, SwigluOp::quant,
   // MoeExpertsOp::mid_quant) or consumes it (MatmulOp::x_quantise).
-  ActQuant act_quant() const;
+  ActQuant act_quant(unsigned site = FAST_ALL_SITES) const;
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   // x_quant: MatmulsOp::x_quant (x is an activation quantiser's output).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w, ActQuant x_quant = ActQuant::NONE);

@@ -14,6 +14,7 @@
 #include "core/ggml_type.h"
 #include "core/hash.h"
 #include "core/host_memory.h"
+#include "core/numerics.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "core/utf8.h"
@@ -82,6 +83,23 @@ TEST(Pow2Ceil, Exact) {
   EXPECT_EQ(pow2_ceil(0.75f), 1.0f);
   EXPECT_EQ(pow2_ceil(0x1p-100f), 0x1p-100f);
   EXPECT_EQ(pow2_ceil(3.0f), 4.0f);
+}
+
+// --fast-skip's names: each site by name, lists in any order, "none", and unknown names refused naming them.
+TEST(FastSites, NamesRoundTrip) {
+  for (unsigned sites = 0; sites <= FAST_ALL_SITES; ++sites) {
+    auto back = fast_sites_from_names(fast_sites_name(sites));
+    ASSERT_TRUE(back.has_value()) << fast_sites_name(sites);
+    EXPECT_EQ(*back, sites) << fast_sites_name(sites);
+  }
+  EXPECT_EQ(fast_sites_name(FAST_ATTN_IN | FAST_Q), "attn-in,q");
+  EXPECT_EQ(*fast_sites_from_names("q,attn-in"), FAST_ATTN_IN | FAST_Q);
+  EXPECT_EQ(*fast_sites_from_names("none"), 0u);
+  auto bad = fast_sites_from_names("attn-in,wo_b");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("\"wo_b\""), std::string::npos) << bad.error().message;
+  EXPECT_FALSE(fast_sites_from_names("").has_value());
+  EXPECT_FALSE(fast_sites_from_names("q,").has_value());
 }
 
 TEST(Utf8, ValidationAndStreaming) {

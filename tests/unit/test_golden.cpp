@@ -150,7 +150,8 @@ TEST(Golden, ReferenceNumericsStayClose) {
 
 // Every position's logits of every sequence from the Model itself in fast numerics with activation format
 // `act` (the engine always uses ModelOptions' default).
-std::vector<std::vector<float>> fast_model_logits(const std::string& gguf, const Golden& g, ActQuant act) {
+std::vector<std::vector<float>> fast_model_logits(const std::string& gguf, const Golden& g, ActQuant act,
+                                                  unsigned sites = FAST_ALL_SITES) {
   std::vector<std::vector<float>> out;
   auto mf = open_model(gguf);
   EXPECT_TRUE(mf.has_value()) << (mf ? "" : mf.error().message);
@@ -159,6 +160,7 @@ std::vector<std::vector<float>> fast_model_logits(const std::string& gguf, const
   ModelOptions o;
   o.numerics = Numerics::FAST;
   o.fast_act = act;
+  o.fast_sites = sites;
   auto m = Model::create(*be, (*mf)->weights, nullptr, o);
   EXPECT_TRUE(m.has_value()) << (m ? "" : m.error().message);
   if (!m) return out;
@@ -205,6 +207,23 @@ TEST(Golden, FastNumericsStayCloseToReference) {
   EXPECT_LT(fr.kl_sum, 0.5 * pr.kl_sum);  // int8-32 perturbs less than fp8-128 (measured: 5x lower KL)
   EXPECT_LT(fr.kl_sum, rt.kl_sum);        // and less than reference's own roundings (0.0063 vs 0.0077)
   EXPECT_GT(fr.kl_sum, 0.0);              // and it does quantise
+}
+
+// --fast-skip: fast with no site quantised is reference, bitwise (every input of the list is one of the sites
+// and nothing else changes); with one site skipped it differs from both.
+TEST(Golden, FastSitesSkipped) {
+  Golden g = load_golden();
+  ASSERT_FALSE(g.sequences.empty());
+  std::string path = convert("f32");
+  const auto ref = all_logits(path, g, "reference");
+  const auto none = fast_model_logits(path, g, ActQuant::INT8_32, 0);
+  const auto all = fast_model_logits(path, g, ActQuant::INT8_32);
+  const auto some = fast_model_logits(path, g, ActQuant::INT8_32, FAST_ALL_SITES & ~FAST_ATTN_IN);
+  std::filesystem::remove(path);
+  ASSERT_EQ(none.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(none[i], ref[i]) << "sequence " << i;
+  EXPECT_GT(compare_all(ref, some, g.vocab).kl_sum, 0.0);
+  EXPECT_GT(compare_all(all, some, g.vocab).kl_sum, 0.0);
 }
 
 // q8, q4 and q2 conversions of the fixture in `dir`, each against the bounds above.
