@@ -325,6 +325,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   const Numerics numerics = o.numerics;
   if (o.prefill_batch < 0 || o.prefill_batch > 65536)
     return make_error("prefill batch %d out of range [1, 65536] (0: the backend's default)", o.prefill_batch);
+  if (o.fast_skip & ~FAST_ALL_SITES)
+    return make_error("fast_skip 0x%x names no site (sites: 0x1 .. 0x40)", o.fast_skip);
+  if (o.fast_skip && numerics != Numerics::FAST)
+    return make_error("--fast-skip %s needs --numerics fast (%s numerics quantises no input)",
+                      fast_sites_name(o.fast_skip).c_str(), numerics_name(numerics));
   // The CUDA switches are checked whichever backend runs (a typo must not depend on the machine).
   if (o.cuda) DSV4_TRY(o.cuda->check());
   if (o.synthetic.empty()) {
