@@ -80,9 +80,9 @@ struct ModelOptions {
   ActQuant fast_act = ActQuant::INT8_32;
   // The inputs fast numerics quantises (FastSite bits; the others as in reference).
   unsigned fast_sites = FAST_ALL_SITES;
-  // The linear layers' activation quantisation these options give: fast_act in fast numerics (at a site of
-  // fast_sites, when one is named), else NONE.
-  ActQuant act_quant(unsigned site = FAST_ALL_SITES) const {
+  // The activation quantisation of the input(s) `site` (FastSite bits) these options give: fast_act in fast
+  // numerics when fast_sites holds any of them, else NONE.
+  ActQuant act_quant(unsigned site) const {
     return numerics == Numerics::FAST && (fast_sites & site) ? fast_act : ActQuant::NONE;
   }
   // Compact KV rows in reference numerics (see LayerState); off = f32 rows, for
@@ -290,10 +290,10 @@ class Model {
   // layer il's compressor frontiers and their snapshot (either way).
   void alloc_spec(KvState& s);
   void copy_frontiers(KvState& s, size_t il, bool to_snapshot);
-  // The linear layers' activation quantisation (ActQuant::NONE but in fast numerics): the model issues it
-  // inside the op that produces each input (RmsNormOp::quant, HcPreOp::norm_quant, SwigluOp::quant,
+  // The activation quantisation of the input(s) `site` (FastSite bits; ActQuant::NONE but in fast numerics): the model
+  // issues it inside the op that produces each input (RmsNormOp::quant, HcPreOp::norm_quant, SwigluOp::quant,
   // MoeExpertsOp::mid_quant) or consumes it (MatmulOp::x_quantise).
-  ActQuant act_quant(unsigned site = FAST_ALL_SITES) const;
+  ActQuant act_quant(unsigned site) const;
   // out = W x for each (out, W) pair: MatmulsOp per weight type (one launch each on a GPU for a decode token).
   // x_quant: MatmulsOp::x_quant (x is an activation quantiser's output).
   void project(const Tensor& x, const std::vector<std::pair<Tensor, Tensor>>& out_w, ActQuant x_quant = ActQuant::NONE);
