@@ -203,35 +203,67 @@ __host__ __device__ constexpr size_t x8_shared_bytes(int64_t n_units) {
 // scale instead, act_int8_block_scale(max(amax, 1e-4)), and codes rint(x fl(1 / s)) (|code| <=
 // 127: the unit of act_quant_row's INT8_32, whose product with the weights is
 // then exactly the one of the quantised x above).
-// Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises.
-__device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units, bool quantise) {
-  auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
-  const int64_t n4 = n_units * 8;  // whole units per 8 lanes: a lane group is all in or all out
-  for (int64_t i0 = 0; i0 < n4; i0 += blockDim.x) {
-    const int64_t i = i0 + threadIdx.x;
-    const float4 v = i < n4 ? reinterpret_cast<const float4*>(x)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int finite = isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w);
-    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+// One round of block_stage_x_i8: float4s i0 + b blockDim.x + threadIdx.x (b < NB) of the n4, their loads in
+// flight together and their scale chains interleaved.
+template <int NB>
+__device__ __forceinline__ void stage_x_i8_round(unsigned char* dst, float* scale, const float* x, int64_t n4,
+                                                 int64_t i0, bool quantise) {
+  float4 v[NB];
+  float m[NB];
+  int finite[NB];
 #pragma unroll
-    for (int o = 4; o > 0; o >>= 1) {
-      m = fmaxf(m, __shfl_xor_sync(k_full_mask, m, o));
-      finite &= __shfl_xor_sync(k_full_mask, finite, o);
+  for (int b = 0; b < NB; ++b) {
+    const int64_t i = i0 + b * blockDim.x + threadIdx.x;
+    v[b] = i < n4 ? reinterpret_cast<const float4*>(x)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    finite[b] = isfinite(v[b].x) && isfinite(v[b].y) && isfinite(v[b].z) && isfinite(v[b].w);
+    m[b] = fmaxf(fmaxf(fabsf(v[b].x), fabsf(v[b].y)), fmaxf(fabsf(v[b].z), fabsf(v[b].w)));
+  }
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      m[b] = fmaxf(m[b], __shfl_xor_sync(k_full_mask, m[b], o));
+      finite[b] &= __shfl_xor_sync(k_full_mask, finite[b], o);
     }
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const int64_t i = i0 + b * blockDim.x + threadIdx.x;
     if (i >= n4) continue;
     // The unit's scale: the quantiser's (quantising) or the one its codes come back with (a non-finite unit
     // gets the NaN scale below either way).
-    const Int8Step sc = quantise ? act_int8_block_scale(fminf(fmaxf(m, 1e-4f), 3.0e38f)) : int8_codes_scale(m);
+    const Int8Step sc = quantise ? act_int8_block_scale(fminf(fmaxf(m[b], 1e-4f), 3.0e38f)) : int8_codes_scale(m[b]);
     const float inv = sc.inv;
     // Quantising, the block's largest value may round to 128 at the lower of two scales: clamped (as
     // act_quant_row clamps); recovered codes are within +-127 already.
     auto code = [inv](float f) {
       return static_cast<uint32_t>(min(127, max(-127, __float2int_rn(__fmul_rn(f, inv)))));
     };
-    const uint32_t q = (code(v.x) & 0xff) | (code(v.y) & 0xff) << 8 | (code(v.z) & 0xff) << 16 | code(v.w) << 24;
+    const uint32_t q =
+        (code(v[b].x) & 0xff) | (code(v[b].y) & 0xff) << 8 | (code(v[b].z) & 0xff) << 16 | code(v[b].w) << 24;
     const int64_t u = i >> 3;
     *reinterpret_cast<uint32_t*>(dst + u * k_x8_stride + (i & 7) * 4) = q;
-    if ((i & 7) == 0) scale[u] = finite ? sc.scale : __int_as_float(0x7fc00000);
+    if ((i & 7) == 0) scale[u] = finite[b] ? sc.scale : __int_as_float(0x7fc00000);
   }
+}
+
+// Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises. While more
+// than one float4 per thread is left, a round takes four per thread (wo_b's 8,192 values, 8 float4s per
+// thread of a 256-thread block: 2 rounds of independent loads and chains instead of 8 dependent ones); the
+// last one float4 per thread (the whole of K <= 8 blockDim.x, where four in flight measured slower).
+__device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units, bool quantise) {
+  auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
+  const int64_t n4 = n_units * 8;  // whole units per 8 lanes: a lane group is all in or all out
+  for (int64_t i0 = 0; i0 < n4;)
+    if (n4 - i0 > blockDim.x) {
+      stage_x_i8_round<4>(dst, scale, x, n4, i0, quantise);
+      i0 += 4 * blockDim.x;
+    } else {
+      stage_x_i8_round<1>(dst, scale, x, n4, i0, quantise);
+      i0 += blockDim.x;
+    }
 }
 
 // sum_j c_j q_j of Q8_0 unit l of a 4-byte aligned staged chunk with the x
