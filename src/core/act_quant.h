@@ -60,12 +60,17 @@ DSV4_HD int act_int8_exp(float amax) {
 struct Int8Scale {
   int M, k;
   DSV4_HD float value() const { return static_cast<float>(M) * pow2f(k); }
-  DSV4_HD float inverse() const {
-#ifdef __CUDA_ARCH__
-    return __frcp_rn(static_cast<float>(M)) * pow2f(-k);  // correctly rounded, as the host's 1 / M
-#else
-    return (1.0f / static_cast<float>(M)) * pow2f(-k);
-#endif
+  DSV4_HD float inverse() const { return recip_mantissa(M) * pow2f(-k); }
+  // fl(1 / M) for M in [8, 16): the correctly rounded quotient (the host's 1.0f / M, the device's
+  // __frcp_rn(M)) picked from eight constants by M's low three bits. A select tree, not a division: the
+  // device's correctly rounded reciprocal carries a branch to its slow path, which kept a warp quantising
+  // 32 blocks in registers (the q norm's fused quantiser) from interleaving them.
+  DSV4_HD static float recip_mantissa(int M) {
+    const bool b0 = (M & 1) != 0, b1 = (M & 2) != 0;
+    const float r8 = b0 ? 1.0f / 9.0f : 1.0f / 8.0f, r10 = b0 ? 1.0f / 11.0f : 1.0f / 10.0f;
+    const float r12 = b0 ? 1.0f / 13.0f : 1.0f / 12.0f, r14 = b0 ? 1.0f / 15.0f : 1.0f / 14.0f;
+    const float lo = b1 ? r10 : r8, hi = b1 ? r14 : r12;
+    return (M & 4) != 0 ? hi : lo;
   }
   DSV4_HD Int8Scale below() const { return M == 8 ? Int8Scale{15, k - 1} : Int8Scale{M - 1, k}; }
   // 2^i for i in [-126, 127], exactly.

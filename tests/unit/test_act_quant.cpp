@@ -213,6 +213,14 @@ TEST(ActQuant, DivisionFreeInt8ScaleIsTheDefinitions) {
   EXPECT_EQ(act_int8_exp(1e-4f), -20);
 }
 
+TEST(ActQuant, MantissaReciprocalsAreTheCorrectlyRoundedQuotients) {
+  // The select tree of Int8Scale::recip_mantissa against the division, bitwise, for every M of the grid.
+  for (int M = 8; M < 16; ++M) {
+    const float r = Int8Scale::recip_mantissa(M), q = 1.0f / static_cast<float>(M);
+    EXPECT_EQ(std::memcmp(&r, &q, sizeof r), 0) << "M = " << M;
+  }
+}
+
 TEST(ActQuant, Int8ScaleComesBackFromTheQuantisedValues) {
   // What the int8 kernels do with a quantiser's output y (act_quant.h, cuda's int8_codes_scale): the scale
   // act_int8_scale(max(amax_y, 1e-4)) of its largest |y| alone gives back every y_i as an integer code of

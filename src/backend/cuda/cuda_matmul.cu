@@ -249,22 +249,33 @@ __device__ __forceinline__ void stage_x_i8_round(unsigned char* dst, float* scal
   }
 }
 
-// Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises. While more
-// than one float4 per thread is left, a round takes four per thread (wo_b's 8,192 values, 8 float4s per
-// thread of a 256-thread block: 2 rounds of independent loads and chains instead of 8 dependent ones); the
-// last one float4 per thread (all of x when K <= 4 blockDim.x: four in flight regardless measured 3.5% and
-// 8% slower at K = 1,024, q_b and the indexer's wq_b, on an H100).
+// Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises. WIDE (x longer
+// than one float4 per thread): a round takes up to four float4s per thread, as many as are left (wo_b's
+// 8,192 values, 8 float4s per thread of a 256-thread block: 2 rounds of independent loads and scale chains
+// instead of 8 dependent ones; the shared expert's down, 2,048 values: one round of two). Without WIDE one
+// float4 per thread per round: the kernels for x of <= 4 blockDim.x values (q_b, the indexer's wq_b) keep
+// that code alone — with the wide rounds compiled in and never taken they measured 3-4% slower (H200).
+template <bool WIDE>
 __device__ __forceinline__ void block_stage_x_i8(unsigned char* dst, const float* x, int64_t n_units, bool quantise) {
   auto* scale = reinterpret_cast<float*>(dst + n_units * k_x8_stride);
   const int64_t n4 = n_units * 8;  // whole units per 8 lanes: a lane group is all in or all out
-  for (int64_t i0 = 0; i0 < n4;)
-    if (n4 - i0 > blockDim.x) {
-      stage_x_i8_round<4>(dst, scale, x, n4, i0, quantise);
-      i0 += 4 * blockDim.x;
-    } else {
-      stage_x_i8_round<1>(dst, scale, x, n4, i0, quantise);
-      i0 += blockDim.x;
+  const int64_t bd = blockDim.x;
+  for (int64_t i0 = 0; i0 < n4;) {
+    if constexpr (WIDE) {
+      if (n4 - i0 > 2 * bd) {
+        stage_x_i8_round<4>(dst, scale, x, n4, i0, quantise);
+        i0 += 4 * bd;
+        continue;
+      }
+      if (n4 - i0 > bd) {
+        stage_x_i8_round<2>(dst, scale, x, n4, i0, quantise);
+        i0 += 2 * bd;
+        continue;
+      }
     }
+    stage_x_i8_round<1>(dst, scale, x, n4, i0, quantise);
+    i0 += bd;
+  }
 }
 
 // sum_j c_j q_j of Q8_0 unit l of a 4-byte aligned staged chunk with the x
@@ -294,7 +305,7 @@ __global__ void __launch_bounds__(256)
   const float* xr = x + (r_blk / rows_per_group) * cols;  // every row of the block is in one group (the launcher)
   auto prologue = [&] {
     pdl_enter();
-    block_stage_x_i8(mv_smem, xr, n_units, Q);
+    block_stage_x_i8<(S > 1)>(mv_smem, xr, n_units, Q);  // S = 1: x of <= 32 units (the launcher's depth)
     __syncthreads();
   };
   if (r0 >= rows) {  // whole warps only; they still join the prologue
