@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/options/cuda_options.h"
@@ -40,13 +41,14 @@ inline void add_backend_flags(CLI::App* cmd, BackendChoice* backend, Numerics* n
 }
 
 // --fast-skip SITES (EngineOptions::fast_skip): inputs fast numerics leaves unquantised, for measurements.
-inline void add_fast_skip_flag(CLI::App* cmd, unsigned* skip) {
+inline void add_fast_skip_flag(CLI::App* cmd, std::optional<unsigned>* skip) {
   cmd->add_option_function<std::string>(
          "--fast-skip", [skip](const std::string& v) { *skip = *fast_sites_from_names(v); },
          "With --numerics fast: leave these inputs unquantised (comma-separated: attn-in, q, wo-b, ffn-in, "
-         "shexp-mid, exp-mid, mtp), to measure what each costs in accuracy and gains in speed")
+         "shexp-mid, exp-mid, mtp; none: quantise every one), to measure what each costs in accuracy and gains "
+         "in speed")
       ->check(parsed_by([](const std::string& v) { return fast_sites_from_names(v); }))
-      ->default_str("none");
+      ->default_str(fast_sites_name(FAST_ALL_SITES & ~FAST_DEFAULT_SITES));
 }
 
 // --expert-stats FILE (EngineOptions::expert_stats).
@@ -290,8 +292,8 @@ struct LoadArgs {
   uint64_t seed = 1;                           // of --synthetic
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
-  unsigned fast_skip = 0;      // --fast-skip
-  int threads = 0, batch = 0;  // 0: the backend's default
+  std::optional<unsigned> fast_skip;  // --fast-skip
+  int threads = 0, batch = 0;         // 0: the backend's default
   CudaOptions cuda;
 
   void apply(EngineOptions& o) const {

@@ -45,10 +45,11 @@ struct EngineOptions {
   float dspark_confidence = 0.7f;  // --dspark-confidence: DSpark proposals stop below this confidence (0: all)
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
-  // Under fast numerics, the inputs left unquantised (FastSite bits, core/numerics.h; 0: none, the default):
-  // a measurement of the accuracy / speed trade (`dsv4 logits|bench --fast-skip`). Snapshots record the
-  // numerics only, not this set.
-  unsigned fast_skip = 0;
+  // Under fast numerics, the inputs left unquantised (FastSite bits, core/numerics.h; 0: none; unset: those
+  // outside FAST_DEFAULT_SITES, i.e. the attention's input): a measurement of the accuracy / speed trade
+  // (`dsv4 logits|bench --fast-skip`). Set, it needs fast numerics. Snapshots record the numerics only, not
+  // this set.
+  std::optional<unsigned> fast_skip;
   uint32_t ctx = 32768;  // default context of new sessions
   int threads = 0;       // CPU threads (0 = all cores)
   // Tokens per forward batch; 0 = the backend's default (default_prefill_batch):

@@ -13,7 +13,8 @@
 #      averaged over the positions, and how often the top-1 token differs from reference's; with
 #      REPEATS > 1 also per length the mean and range over its prompts, and on how many fast <= plain.
 # Each step is one process over every prompt (`--tokens-file` repeated: one model load, a session each).
-# FAST_SKIPS="attn-in;attn-in,q": more columns, fast with those inputs left unquantised (`--fast-skip`).
+# FAST_SKIPS="none;attn-in,q": more columns, fast with those inputs left unquantised (`--fast-skip`; the
+# `fast` column is the default set, attn-in unquantised; `none` quantises every input).
 # The bar: fast's distance no larger than plain's (reference vs plain: measured 0.20 on the 122-token
 # prompt; random weights amplify rounding differences, so both are large).
 # The model: `--synthetic $PRESET` (generated in memory by each run: no 80 GiB file in /dev/shm, which a host

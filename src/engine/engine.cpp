@@ -67,7 +67,11 @@ std::string EngineOptions::describe() const {
                                                     : strfmt(" dspark=%s dspark_confidence=%g", dspark_path.c_str(),
                                                              static_cast<double>(dspark_confidence)));
   const std::string stages = cpu_stages > 1 ? strfmt(" cpu_stages=%d", cpu_stages) : std::string();
-  const std::string skip = fast_skip ? " fast_skip=" + fast_sites_name(fast_skip) : std::string();
+  // Under fast numerics the inputs it leaves unquantised, the default's too (a CSV header says which set ran).
+  const std::string skip =
+      numerics == Numerics::FAST || fast_skip
+          ? " fast_skip=" + fast_sites_name(fast_skip.value_or(FAST_ALL_SITES & ~FAST_DEFAULT_SITES))
+          : std::string();
   return strfmt("model=%s%s%s backend=%s%s numerics=%s%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
                 skew.c_str(), drafters.c_str(), backend_choice_name(backend), stages.c_str(), numerics_name(numerics),
                 skip.c_str(), ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ",
@@ -325,11 +329,11 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   const Numerics numerics = o.numerics;
   if (o.prefill_batch < 0 || o.prefill_batch > 65536)
     return make_error("prefill batch %d out of range [1, 65536] (0: the backend's default)", o.prefill_batch);
-  if (o.fast_skip & ~FAST_ALL_SITES)
-    return make_error("fast_skip 0x%x names no site (sites: 0x1 .. 0x40)", o.fast_skip);
+  if (o.fast_skip && (*o.fast_skip & ~FAST_ALL_SITES))
+    return make_error("fast_skip 0x%x names no site (sites: 0x1 .. 0x40)", *o.fast_skip);
   if (o.fast_skip && numerics != Numerics::FAST)
     return make_error("--fast-skip %s needs --numerics fast (%s numerics quantises no input)",
-                      fast_sites_name(o.fast_skip).c_str(), numerics_name(numerics));
+                      fast_sites_name(*o.fast_skip).c_str(), numerics_name(numerics));
   // The CUDA switches are checked whichever backend runs (a typo must not depend on the machine).
   if (o.cuda) DSV4_TRY(o.cuda->check());
   if (o.synthetic.empty()) {
@@ -400,7 +404,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   }
   ModelOptions mo;
   mo.numerics = numerics;
-  mo.fast_sites = FAST_ALL_SITES & ~o.fast_skip;
+  mo.fast_sites = o.fast_skip ? FAST_ALL_SITES & ~*o.fast_skip : FAST_DEFAULT_SITES;
   if (!o.expert_stats.empty()) {
     std::error_code ec;
     if (std::filesystem::exists(o.expert_stats, ec)) {

@@ -79,7 +79,7 @@ struct ModelOptions {
   // uses the default; tests set FP8_128 (DeepSeek's own act_quant) to compare the two.
   ActQuant fast_act = ActQuant::INT8_32;
   // The inputs fast numerics quantises (FastSite bits; the others as in reference).
-  unsigned fast_sites = FAST_ALL_SITES;
+  unsigned fast_sites = FAST_DEFAULT_SITES;
   // The activation quantisation of the input(s) `site` (FastSite bits) these options give: fast_act in fast
   // numerics when fast_sites holds any of them, else NONE.
   ActQuant act_quant(unsigned site) const {
