@@ -35,7 +35,8 @@ inline void add_backend_flags(CLI::App* cmd, BackendChoice* backend, Numerics* n
       ->default_str(backend_choice_name(*backend));
   cmd->add_option_function<std::string>(
          "--numerics", [numerics](const std::string& v) { *numerics = *numerics_from_name(v); },
-         "reference | plain | fast (fast: the linear layers' inputs quantised to int8 blocks)")
+         "reference | plain | fast (fast: the linear layers' inputs quantised to int8 blocks, the attention's excepted "
+         "by default)")
       ->check(parsed_by([](const std::string& v) { return numerics_from_name(v); }))
       ->default_str(numerics_name(*numerics));
 }
