@@ -30,7 +30,9 @@
 #             of each and the change. Model-level rates differ by up to +-4% between
 #             the GPU hosts the device tool hands out (PERFORMANCE.md); this
 #             interleaved A/B is stable to ~0.5%.
-#   FILTER    only the bench cases whose name contains it (both the timing and the A/B runs)
+#   FILTER    only the bench cases whose name contains it, or one of its '|'-separated parts ("x-int8|act_quant"),
+#             in the timing and the A/B runs (a baseline binary older than the '|' form takes the whole string
+#             as one substring: its side of the A/B stays empty)
 # Output: ops-bench-n<N>.txt, ab-n<N>.txt, ncu-<i>.txt, summary.txt in ./out; with the device tool (OUT set)
 # packed into $OUT/ops-bench-logs.tgz, summary.txt copied to $OUT/ops-bench-summary.txt (scripts/gpu/lib.sh).
 GPU_NAME=ops-bench

@@ -42,7 +42,8 @@ using namespace dsv4;
 using namespace dsv4::cudatest;
 
 struct Opts {
-  std::string filter;
+  std::string filter;       // --filter: '|'-separated substrings, a case runs when its name contains one
+  mutable int matched = 0;  // cases --filter let through
   int64_t n = 1;
   int reps = 0;  // ops per graph; 0 = as many as there are weight copies
   bool tensor_cores = true;
@@ -55,6 +56,18 @@ struct Opts {
   std::string expert_gemm = "auto";
   bool eg_codes = true;
   bool gemm_cache = true;
+
+  // Whether the case `name` runs (and counts it): no filter, or its name contains one of the filter's parts.
+  bool wants(const std::string& name) const {
+    bool hit = filter.empty();
+    for (size_t b = 0; !hit && b <= filter.size();) {
+      const size_t e = std::min(filter.find('|', b), filter.size());
+      hit = e > b && name.find(filter.substr(b, e - b)) != std::string::npos;
+      b = e + 1;
+    }
+    matched += hit;
+    return hit;
+  }
 };
 
 Tensor upload(Backend& gpu, GgmlType t, const std::vector<uint8_t>& bytes, int64_t n0, int64_t n1, int64_t n2 = 1) {
@@ -135,7 +148,7 @@ void bench_matmuls(Backend& gpu, Rng& r, const Opts& o) {
     const std::string name = strfmt("matmul %s %lldx%lld%s%s n=%lld", ggml_type_name(c.t), (long long)c.rows,
                                     (long long)c.cols, c.groups > 1 ? strfmt(" g%d", c.groups).c_str() : "",
                                     c.xq == ActQuant::NONE ? "" : " x-int8", (long long)o.n);
-    if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+    if (!o.wants(name)) continue;
     const double wbytes =
         static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(c.rows);
     const int copies = static_cast<int>(std::min<double>(64.0, std::max(2.0, std::ceil(256.0 * 1048576.0 / wbytes))));
@@ -177,7 +190,7 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
     std::string name = strfmt("matmuls %s ", ggml_type_name(c.t));
     for (size_t i = 0; i < c.rows.size(); ++i) name += strfmt("%s%lld", i ? "+" : "", (long long)c.rows[i]);
     name += strfmt("x%lld%s n=%lld", (long long)c.cols, c.xq == ActQuant::NONE ? "" : " x-int8", (long long)o.n);
-    if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+    if (!o.wants(name)) continue;
     double wbytes = 0;
     for (int64_t rows : c.rows)
       wbytes += static_cast<double>(ggml_row_bytes(c.t, static_cast<uint64_t>(c.cols))) * static_cast<double>(rows);
@@ -218,7 +231,7 @@ void bench_matmul_sets(Backend& gpu, Rng& r, const Opts& o) {
 void bench_experts(Backend& gpu, Rng& r, const Opts& o, GgmlType gu, GgmlType dn, ActQuant xq = ActQuant::NONE) {
   const std::string name = strfmt("moe_experts %s/%s E=256 k=6%s n=%lld", ggml_type_name(gu), ggml_type_name(dn),
                                   xq == ActQuant::NONE ? "" : " x-int8", (long long)o.n);
-  if (!o.filter.empty() && name.find(o.filter) == std::string::npos) return;
+  if (!o.wants(name)) return;
   const int64_t E = 256, F = 2048, D = 4096, k = 6, n = o.n;
   Tensor gate = upload(gpu, gu, random_weight(r, gu, D, F * E), D, F, E);
   Tensor up = upload(gpu, gu, random_weight(r, gu, D, F * E), D, F, E);
@@ -305,8 +318,8 @@ void bench_mhc(Backend& gpu, Rng& r, const Opts& o) {
   const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc, n = o.n;
   const std::string pre_name = strfmt("hc_pre F16 %lldx%lld n=%lld", (long long)hc, (long long)D, (long long)n);
   const std::string post_name = strfmt("hc_post %lldx%lld n=%lld", (long long)hc, (long long)D, (long long)n);
-  const bool want_pre = o.filter.empty() || pre_name.find(o.filter) != std::string::npos;
-  const bool want_post = o.filter.empty() || post_name.find(o.filter) != std::string::npos;
+  const bool want_pre = o.wants(pre_name);
+  const bool want_post = o.wants(post_name);
   if (!want_pre && !want_post) return;
   const int reps = o.reps > 0 ? o.reps : 8;
   std::vector<Tensor> owned;
@@ -357,7 +370,7 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
                                     : ratio == 4 ? "ratio 4 top-512"
                                                  : "ratio 128",
                                     (long long)n, (long long)end);
-    if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+    if (!o.wants(name)) continue;
     const int64_t comp_rows = ratio ? end / ratio : 0;
     auto rows = [&](int64_t count) {
       Tensor t = gpu.alloc(GgmlType::KV_FP8, d, count);
@@ -406,7 +419,8 @@ const char* k_usage =
     "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-int8-tiles]\n"
     "                      [--no-token-matvec] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
     "                      [--no-expert-gemm-codes]\n"
-    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\")\n"
+    "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\"), or\n"
+    "                      one of S's '|'-separated parts (\"x-int8|act_quant\"); none matching is an error\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
     "  --reps R            ops per recorded graph (default: one per weight copy, 16 for the experts)\n"
     "  --no-tensor-cores   batched matmuls on the FFMA tiles\n"
@@ -443,7 +457,7 @@ void bench_act_quant(Backend& gpu, Rng& r, const Opts& o) {
     for (const bool fused : {true, false}) {
       const std::string name =
           strfmt("act_quant %s %s n=%lld", fused ? "fused" : "separate", what[which], (long long)n);
-      if (!o.filter.empty() && name.find(o.filter) == std::string::npos) continue;
+      if (!o.wants(name)) continue;
       std::vector<Tensor> owned;
       auto keep = [&](Tensor t) {
         owned.push_back(t);
@@ -505,7 +519,7 @@ void bench_overlap(Backend& gpu, Rng& r, const Opts& o) {
   const std::string names[2] = {strfmt("overlap hc_pre F16 4x4096 > matmuls Q8_0 1024+512x4096 n=%lld", (long long)n),
                                 strfmt("overlap rms_norm 1024 > matmul Q8_0 32768x1024 n=%lld", (long long)n)};
   for (int which = 0; which < 2; ++which) {
-    if (!o.filter.empty() && names[which].find(o.filter) == std::string::npos) continue;
+    if (!o.wants(names[which])) continue;
     std::vector<Tensor> owned;
     auto keep = [&](Tensor t) {
       owned.push_back(t);
@@ -651,5 +665,9 @@ int main(int argc, char** argv) {
   bench_mhc(**gpu, r, o);
   bench_act_quant(**gpu, r, o);
   bench_overlap(**gpu, r, o);
+  if (o.matched == 0) {
+    std::fprintf(stderr, "bench_cuda_ops: no case matches --filter %s\n", o.filter.c_str());
+    return 2;
+  }
   return 0;
 }
