@@ -49,7 +49,7 @@ inline void add_fast_skip_flag(CLI::App* cmd, std::optional<unsigned>* skip) {
          "shexp-mid, exp-mid, mtp; none: quantise every one), to measure what each costs in accuracy and gains "
          "in speed")
       ->check(parsed_by([](const std::string& v) { return fast_sites_from_names(v); }))
-      ->default_str(fast_sites_name(FAST_ALL_SITES & ~FAST_DEFAULT_SITES));
+      ->default_str(fast_sites_name(FAST_DEFAULT_SKIP));
 }
 
 // --expert-stats FILE (EngineOptions::expert_stats).

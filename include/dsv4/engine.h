@@ -45,8 +45,8 @@ struct EngineOptions {
   float dspark_confidence = 0.7f;  // --dspark-confidence: DSpark proposals stop below this confidence (0: all)
   BackendChoice backend = BackendChoice::AUTO;
   Numerics numerics = Numerics::REFERENCE;
-  // Under fast numerics, the inputs left unquantised (FastSite bits, core/numerics.h; 0: none; unset: those
-  // outside FAST_DEFAULT_SITES, i.e. the attention's input): a measurement of the accuracy / speed trade
+  // Under fast numerics, the inputs left unquantised (FastSite bits, core/numerics.h; 0: none; unset:
+  // FAST_DEFAULT_SKIP, the attention's input): a measurement of the accuracy / speed trade
   // (`dsv4 logits|bench --fast-skip`). Set, it needs fast numerics. Snapshots record the numerics only, not
   // this set.
   std::optional<unsigned> fast_skip;

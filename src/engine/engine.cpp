@@ -68,10 +68,9 @@ std::string EngineOptions::describe() const {
                                                              static_cast<double>(dspark_confidence)));
   const std::string stages = cpu_stages > 1 ? strfmt(" cpu_stages=%d", cpu_stages) : std::string();
   // Under fast numerics the inputs it leaves unquantised, the default's too (a CSV header says which set ran).
-  const std::string skip =
-      numerics == Numerics::FAST || fast_skip
-          ? " fast_skip=" + fast_sites_name(fast_skip.value_or(FAST_ALL_SITES & ~FAST_DEFAULT_SITES))
-          : std::string();
+  const std::string skip = numerics == Numerics::FAST || fast_skip
+                               ? " fast_skip=" + fast_sites_name(fast_skip.value_or(FAST_DEFAULT_SKIP))
+                               : std::string();
   return strfmt("model=%s%s%s backend=%s%s numerics=%s%s ctx=%u threads=%d prefill_batch=%s%s%s%s", model.c_str(),
                 skew.c_str(), drafters.c_str(), backend_choice_name(backend), stages.c_str(), numerics_name(numerics),
                 skip.c_str(), ctx, threads, batch.c_str(), stats.c_str(), switches.empty() ? "" : " ",
@@ -404,7 +403,7 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
   }
   ModelOptions mo;
   mo.numerics = numerics;
-  mo.fast_sites = o.fast_skip ? FAST_ALL_SITES & ~*o.fast_skip : FAST_DEFAULT_SITES;
+  mo.fast_sites = FAST_ALL_SITES & ~o.fast_skip.value_or(FAST_DEFAULT_SKIP);
   if (!o.expert_stats.empty()) {
     std::error_code ec;
     if (std::filesystem::exists(o.expert_stats, ec)) {
