@@ -250,9 +250,10 @@ __device__ __forceinline__ void stage_x_i8_round(unsigned char* dst, float* scal
 }
 
 // Every thread of the block calls it (blockDim.x a multiple of 32); the caller synchronises. WIDE (x longer
-// than one float4 per thread): a round takes up to four float4s per thread, as many as are left (wo_b's
-// 8,192 values, 8 float4s per thread of a 256-thread block: 2 rounds of independent loads and scale chains
-// instead of 8 dependent ones; the shared expert's down, 2,048 values: one round of two). Without WIDE one
+// than one float4 per thread): a round takes four float4s per thread while more than two are left, two
+// while more than one is (the slots past the end are masked) (wo_b's 8,192 values, 8 float4s per thread of a
+// 256-thread block: 2 rounds of independent loads and scale chains instead of 8 dependent ones; the shared
+// expert's down, 2,048 values: one round of two). Without WIDE one
 // float4 per thread per round: the kernels for x of <= 4 blockDim.x values (q_b, the indexer's wq_b) keep
 // that code alone — with the wide rounds compiled in and never taken they measured 3-4% slower (H200).
 template <bool WIDE>
