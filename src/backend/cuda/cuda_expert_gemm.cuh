@@ -218,7 +218,8 @@ struct EgUnit {
 // put() decodes both units as EgUnit<T>::put does. Generic: two units, each loaded on its own; types whose
 // units share bytes or headers specialise it to load them once (a producer's global loads are one row per
 // thread, so each costs a shared-memory wavefront per thread: their count bounds the grouped GEMM). prev:
-// the chunk c - 1 of the same row, loaded just before (c > 0), whose bytes a chunk may reuse.
+// the chunk this thread loaded before, whose bytes a chunk may reuse when adj (prev is chunk c - 1 of the
+// same row).
 template <GgmlType T>
 struct EgUnits {
   typename EgUnit<T>::Raw u0, u1;
@@ -230,7 +231,7 @@ struct EgUnits {
 };
 template <GgmlType T>
 struct EgChunk : EgUnits<T> {
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&, bool) {
     return {{EgUnit<T>::load(row, 2 * c), EgUnit<T>::load(row, 2 * c + 1)}};
   }
 };
@@ -290,15 +291,15 @@ struct EgUnit<GgmlType::Q2_K> {
 // Q2_K chunk c: units 2c, 2c + 1 (v = 2 (c % 4) + i of block c / 4) read the same 32 code bytes (their
 // 2-bit fields 2 (v % 4)) and adjacent scale bytes: loaded once, 10 loads instead of the units' 20; an odd
 // chunk shares its code bytes and d, dmin with the chunk before it (fields 4 and 6 of the same bytes) and
-// reads only its scale word.
+// reads only its scale word (adj: prev is that chunk).
 template <>
 struct EgChunk<GgmlType::Q2_K> : EgUnits<GgmlType::Q2_K> {
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj) {
     const uint8_t* blk = row + (c >> 2) * 84;
     const int v0 = 2 * static_cast<int>(c & 3);
     EgChunk r;
     const uint32_t sc = ld(reinterpret_cast<const uint32_t*>(blk + 2 * v0));  // scale bytes 2 v0 .. 2 v0 + 3
-    if (c & 1) {
+    if ((c & 1) && adj) {
       r.u0 = prev.u0;
     } else {
       r.u0.dd = ld(reinterpret_cast<const uint32_t*>(blk + 80));
@@ -383,11 +384,11 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // IQ2_XXS chunk c: units 2c, 2c + 1 are the 16 bytes at 2 + 16 (c % 4) of block c / 4 (after its f16 d),
 // read as 4 words from the 4-byte boundary at or below them and, when they start 2 bytes past one (rows of
 // an odd number of blocks, or even blocks), the 2 bytes after those words (never past the block); d is
-// read by the block's first chunk only: 5-6 loads instead of the units' 10.
+// read by the block's first chunk and where prev is not chunk c - 1 (adj): 5-6 loads instead of the units' 10.
 template <>
 struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
   using U = EgUnit<GgmlType::IQ2_XXS>;
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj) {
     const uint8_t* blk = row + (c >> 2) * 66;
     const uint8_t* q = blk + 2 + 16 * (c & 3);
     const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(q) & 3u);  // 0 or 2
@@ -400,7 +401,7 @@ struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
     uint32_t x[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = __funnelshift_r(v[i], v[i + 1], sh);
-    const uint32_t d = (c & 3) == 0 ? ld(reinterpret_cast<const uint16_t*>(blk)) : prev.u0.d;
+    const uint32_t d = (c & 3) == 0 || !adj ? ld(reinterpret_cast<const uint16_t*>(blk)) : prev.u0.d;
     return {{U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}}};
   }
   // The code path (CudaContext::expert_gemm_codes): both units' codes and, returned, the block's scale d / 8.

@@ -16,33 +16,38 @@
 // times the scale: one wgmma per 16 columns under x_exact, two otherwise.
 // Block: 128 weight rows x the <= 128 assignments of one plan tile
 // (k_wg_tokens: each decoded weight chunk serves up to 128 tokens), 64-column
-// chunks in k_eg_stages shared stages, 384 threads:
-//   1 producer warpgroup: thread p decodes both 32-element units of row p per
-//     chunk;
+// chunks in k_eg_stages shared stages, 512 threads:
+//   2 producer warpgroups (k_wg_pgroups): thread p of each decodes both
+//     32-element units of row p per chunk, warpgroup g the chunk pairs
+//     2 q, 2 q + 1 with q % 2 == g, so that two chunks are decoded at once;
+//     setmaxnreg moves registers from the producers (k_wg_preg) to the
+//     consumers (k_wg_creg);
 //   2 consumer warpgroups: consumer thread 0 fetches the tile's split x two
 //     chunks ahead, two bulk copies (cp.async.bulk, completing on the stage's
 //     mbarrier) per chunk from the copy that expert_gemm_gather_x_kernel laid
 //     out in the stage layout; warpgroup wg owns rows 64 wg.., all tokens; per 16
 //     columns three m64nNk16 wgmmas (N = the tile's count rounded up to 32), operands
 //     straight from shared memory (no ldmatrix); accumulators in registers
-//     (64 + 64 per thread, hence 384 threads: <= 168 registers each).
+//     (64 + 64 per thread: > 128 registers each, the entry count at 512
+//     threads, hence setmaxnreg).
 // The stages hold 8x8 "core matrices" (8 rows x 16 bytes, 128 contiguous bytes)
 // in row-group-major order, element (r, k) of a chunk at halves
 // ((r / 8) 8 + k / 8) 64 + (r % 8) 8 + k % 8, which is what wgmma reads without
 // swizzling (descriptor: LBO = 128 bytes between cores along K, SBO = 1024
 // bytes between row groups; bench/micro/wgmma_f16.cu checked it on the H200).
-// Hand-off: named barriers full[s] (producers arrive after their writes and a
+// Hand-off: named barriers full[s] (the chunk's producer warpgroup arrives after its writes and a
 // fence.proxy.async, which makes generic stores visible to wgmma's async
 // proxy), the x mbarriers xbar[s] (phase c / 3 of stage s: chunk c's x), and
 // empty[s] (consumers arrive once wgmma.wait_group says the wgmmas reading the
 // stage are complete, one chunk later; a consumer-only barrier orders the next
-// bulk copy into a stage after both warpgroups' wgmmas on it).
-// Measured (H200, bench_cuda_ops --filter moe): 12.3 vs the tile's 17.2 ms per
-// layer at 4,096 tokens with uniform routing (15.1 with per-thread cp.async
-// copies of x), but slower than the tile for
-// tiles of few assignments (its cost is nearly flat in the count: one producer
-// warpgroup decodes 128 rows x K whatever N is), hence the MoE op's per-expert
-// choice (CudaContext::expert_gemm_min).
+// bulk copy into a stage after both warpgroups' wgmmas on it). With two producer
+// warpgroups a stage's barriers serve both, one chunk at a time: chunk c + 3's
+// producer passes empty[s] only once the consumers have taken chunk c, and they
+// take chunks in order, so no barrier phase holds two warpgroups' arrivals.
+// Its cost is nearly flat in a tile's assignment count (the producers decode
+// 128 rows x K whatever N is), so for experts of few assignments the tile is
+// faster: the MoE op chooses per expert (CudaContext::expert_gemm_min).
+// Measurements: docs/design-notes/moe-grouped-gemm.md.
 // Built for sm_90a only (the wgmma instructions); on any other target the
 // kernel is a trap and expert_wgmma_available() says false, so the caller
 // keeps the tile of cuda_mma.cuh. CPU reference: cpu::moe_experts.
@@ -66,9 +71,23 @@ namespace {
 // accumulators per 64-column chunk (12 truncating additions): NMSE 6e-14..8e-13, that seed passes, and the
 // op time is the same as with 8.
 [[maybe_unused]] constexpr int k_wg_slice_chunks = 1;
-constexpr int k_wg_producers = 128;                 // one warpgroup: thread p decodes row p (both units of a chunk)
+// Producer warpgroups: in each, thread p decodes row p (both units of a chunk). With two, warpgroup g decodes
+// the chunk pairs 2 q, 2 q + 1 with q % 2 == g (a pair keeps the bytes an odd chunk shares with the even one:
+// EgChunk::load's prev), so two chunks are decoded at once: one producer warp per scheduler decoding a chunk
+// was the kernel's critical path (docs/design-notes/moe-grouped-gemm.md).
+constexpr int k_wg_pgroups = 2;
+constexpr int k_wg_producers = 128 * k_wg_pgroups;
 constexpr int k_wg_threads = k_wg_producers + 256;  // + two consumer warpgroups
-static_assert(k_wg_producers == k_eg_rows, "one producer thread per weight row");
+// A chunk's hand-off barriers (full[s], empty[s]) count the one producer warpgroup that decodes it and the
+// two consumer warpgroups.
+[[maybe_unused]] constexpr int k_wg_bar_threads = 128 + 256;
+static_assert(k_eg_rows == 128, "one producer thread per weight row in each producer warpgroup");
+static_assert(k_wg_pgroups == 1 || k_wg_pgroups == 2, "one or two producer warpgroups");
+// Registers per thread with two producer warpgroups (512 threads: 128 each at entry, 65,536 in all): the
+// producers give theirs down to k_wg_preg and the consumers take k_wg_creg (setmaxnreg; their accumulators
+// need ~160); 256 k_wg_preg + 256 k_wg_creg must not exceed the pool, or the consumers' increase never returns.
+[[maybe_unused]] constexpr int k_wg_preg = 72, k_wg_creg = 184;
+static_assert(k_wg_pgroups == 1 || 256 * (k_wg_preg + k_wg_creg) <= 65536, "setmaxnreg within the block's pool");
 
 [[maybe_unused]] __host__ __device__ constexpr int wg_off(int r, int k) { return eg_core_off(r, k); }
 
@@ -90,10 +109,19 @@ static_assert(sizeof(WgStage) % 128 == 0, "stages keep 128-byte alignment");
 #ifdef DSV4_EG_WGMMA
 // Named barriers 1.. (0 is __syncthreads) over the whole block: full[s] = 1 + s, empty[s] = 1 + k_eg_stages + s.
 __device__ __forceinline__ void wg_bar_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(k_wg_bar_threads) : "memory");
 }
 __device__ __forceinline__ void wg_bar_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(k_wg_threads) : "memory");
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(k_wg_bar_threads) : "memory");
+}
+// The warpgroup's registers per thread from here on (every thread of the warpgroup executes it).
+template <int N>
+__device__ __forceinline__ void wg_regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void wg_regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 // Shared-memory matrix descriptor (no swizzle): start address, LBO, SBO in 16-byte units.
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
@@ -331,25 +359,33 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   static_assert(256 % (k_eg_bk * k_wg_slice_chunks) == 0, "codes: a slice within one 256-column block");
 
   if (tid < k_wg_producers) {
-    // ---- producer: thread p decodes both units of each chunk of row p ----
-    const int p = tid;
+    // ---- producers: thread p of warpgroup pg decodes both units of row p in each of its chunks ----
+    if constexpr (k_wg_pgroups > 1) wg_regs_dec<k_wg_preg>();
+    const int pg = tid / 128, p = tid % 128;
     const int64_t drow = r0 + p < R ? r0 + p : R - 1;  // rows past R repeat the last one (not stored)
     const uint8_t* dptr = we + drow * static_cast<int64_t>(row_bytes);
     const int e_r = codes ? 0 : split_exponent(RowBound<T>::partial(dptr, n_units, 0, 1));
-    sm.e_r[p] = e_r;  // read by the consumers' epilogue, after a full[] barrier
+    if (pg == 0) sm.e_r[p] = e_r;  // read by the consumers' epilogue, after a full[] barrier
     const float s_r = eg_pow2(e_r);
-    EgUnit<T>::tables(sm.tables, tab, p, k_wg_producers);
+    EgUnit<T>::tables(sm.tables, tab, tid, k_wg_producers);
     asm volatile("bar.sync %0, %1;\n" ::"n"(1 + 2 * k_eg_stages), "n"(k_wg_producers)
                  : "memory");  // the producers' tables
     // Row p's units start at cores (p / 8, 0) and (p / 8, 4), row p % 8.
     const int wofs = wg_off(p, 0);
     constexpr int upc = k_eg_bk / 32;  // units per chunk
     static_assert(upc == 2, "two units per producer thread and chunk");
+    // This warpgroup's i-th chunk (pairs 2 q, 2 q + 1 with q % k_wg_pgroups == pg) and how many it has.
+    auto chunk_of = [&](int i) { return k_wg_pgroups == 1 ? i : 4 * (i >> 1) + 2 * pg + (i & 1); };
+    const int n_mine = k_wg_pgroups == 1 ? n_chunks : 2 * (n_chunks / 4) + min(max(n_chunks % 4 - 2 * pg, 0), 2);
     using Raw2 = EgChunk<T>;  // the chunk's bytes, read once (cuda_expert_gemm.cuh)
-    // Chunks load in order, each after chunk c - 1 (the last set loaded: prev).
-    auto load2 = [&](int c, const Raw2& prev) { return EgChunk<T>::load(dptr, static_cast<int64_t>(c), prev); };
-    auto step = [&](int c, const Raw2& raw) {
-      const int s = c % k_eg_stages;
+    // Chunks load in this warpgroup's order, each after its i - 1 (the last set loaded: prev), which a chunk
+    // reuses only when it is the chunk just before it (adj).
+    auto load2 = [&](int i, const Raw2& prev) {
+      const int c = chunk_of(i);
+      return EgChunk<T>::load(dptr, static_cast<int64_t>(c), prev, i > 0 && chunk_of(i - 1) == c - 1);
+    };
+    auto step = [&](int i, const Raw2& raw) {
+      const int c = chunk_of(i), s = c % k_eg_stages;
       if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
       bool put_codes = false;
       if constexpr (can_codes) {
@@ -362,24 +398,26 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma's async proxy
       wg_bar_arrive(1 + s);                                           // full[s]
     };
-    // Software pipeline: the raw bytes of chunks c + 1 and c + 2 are in registers while chunk c is decoded
+    // Software pipeline: the raw bytes of chunks i + 1 and i + 2 are in registers while chunk i is decoded
     // (three register sets, the loop unrolled by three so that no set is copied).
+    if (n_mine == 0) return;
     Raw2 ra = load2(0, Raw2{}), rb = ra, rc = ra;
-    if (n_chunks > 1) rb = load2(1, ra);
-    for (int c = 0; c < n_chunks; c += 3) {
-      if (c + 2 < n_chunks) rc = load2(c + 2, rb);
-      step(c, ra);
-      if (c + 1 >= n_chunks) break;
-      if (c + 3 < n_chunks) ra = load2(c + 3, rc);
-      step(c + 1, rb);
-      if (c + 2 >= n_chunks) break;
-      if (c + 4 < n_chunks) rb = load2(c + 4, ra);
-      step(c + 2, rc);
+    if (n_mine > 1) rb = load2(1, ra);
+    for (int i = 0; i < n_mine; i += 3) {
+      if (i + 2 < n_mine) rc = load2(i + 2, rb);
+      step(i, ra);
+      if (i + 1 >= n_mine) break;
+      if (i + 3 < n_mine) ra = load2(i + 3, rc);
+      step(i + 1, rb);
+      if (i + 2 >= n_mine) break;
+      if (i + 4 < n_mine) rb = load2(i + 4, ra);
+      step(i + 2, rc);
     }
     return;
   }
 
   // ---- consumers: warpgroup wg owns weight rows 64 wg .. 64 wg + 63 of the block, all the tile's tokens ----
+  if constexpr (k_wg_pgroups > 1) wg_regs_inc<k_wg_creg>();
   // The wgmma width follows the tile's assignment count: N = 32, 64, 96 or 128 (block-uniform; one loop per
   // width, so that no wgmma sits in a divergent path: ptxas would serialise them).
   const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
