@@ -314,20 +314,27 @@ __device__ __forceinline__ float fp8_block_value_dev(float v, float s) {
 // infinite amax makes the block NaN. int8: INT8_32, else FP8_128.
 // INT8_32 without a division or a libm call (a fused quantiser runs 32 blocks on one warp in series):
 // s and fl(1 / s) from act_int8_block_scale, as act_quant_row computes them.
+// One value of an INT8_32 block under its step (the block's scale and fl(1 / scale)).
+__device__ __forceinline__ float act_int8_value_dev(float v, Int8Step st) {
+  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, st.inv)), -127.0f, 127.0f), st.scale);
+}
 __device__ __forceinline__ float act_quant_value_dev(float v, float amax, bool int8) {
   if (isinf(amax)) return __int_as_float(0x7fc00000);
   if (!int8) return fp8_block_value_dev(v, pow2_ceil_dev(amax / k_fp8_max_dev));
-  const Int8Step st = act_int8_block_scale(amax);
-  return __fmul_rn(clamp_dev(rintf(__fmul_rn(v, st.inv)), -127.0f, 127.0f), st.scale);
+  return act_int8_value_dev(v, act_int8_block_scale(amax));
 }
 
 // The same for K blocks at once, block k in register k across the warp (lane l holds y[k] = value l of
 // block k; bit k of `in` clear for lanes past the row's end), quantised in place. The amax reductions
 // run one shuffle stage of all K blocks at a time — K independent shuffles in flight rather than K chains
 // of five dependent ones (a one-warp q norm with its 32 blocks in chains measured 7.3 us against 4.6 for
-// the norm and a separate act_quant launch, H100). Every lane of the warp calls it.
+// the norm and a separate act_quant launch, H100). After them every lane holds every block's amax: with
+// K > 1 lane k finds block k's step (act_int8_block_scale, ~90 instructions) and the warp broadcasts it —
+// one scale computation per lane instead of K, the same operations per block, so the same bits. Every
+// lane of the warp calls it.
 template <int K>
 __device__ __forceinline__ void warp_int8_32_quant_regs(float (&y)[K], uint32_t in) {
+  static_assert(K >= 1 && K <= 32, "one block per lane at most");
   float a[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) a[k] = (in >> k) & 1u ? fmaxf(1e-4f, fabsf(y[k])) : 1e-4f;
@@ -335,8 +342,20 @@ __device__ __forceinline__ void warp_int8_32_quant_regs(float (&y)[K], uint32_t 
   for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
     for (int k = 0; k < K; ++k) a[k] = fmaxf(a[k], __shfl_xor_sync(k_full_mask, a[k], o));
+  if constexpr (K == 1) {
+    y[0] = act_quant_value_dev(y[0], a[0], true);
+  } else {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    float mine = 1.0f;  // lanes >= K: any finite amax (their step is not read)
 #pragma unroll
-  for (int k = 0; k < K; ++k) y[k] = act_quant_value_dev(y[k], a[k], true);
+    for (int k = 0; k < K; ++k) mine = lane == k ? a[k] : mine;
+    const Int8Step st = act_int8_block_scale(isinf(mine) ? 1.0f : mine);  // an infinite amax: NaN below
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const Int8Step sk{__shfl_sync(k_full_mask, st.scale, k), __shfl_sync(k_full_mask, st.inv, k)};
+      y[k] = isinf(a[k]) ? __int_as_float(0x7fc00000) : act_int8_value_dev(y[k], sk);
+    }
+  }
 }
 
 // ActQuant::INT8_32 of one whole 32-value block held across a warp (lane l holds value l). Every lane of the
