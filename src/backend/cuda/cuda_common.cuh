@@ -122,7 +122,7 @@ struct CudaContext {
   // Prefill experts with >= expert_gemm_min assignments in a batch on the
   // grouped GEMM (cuda_expert_wgmma.cu); 0: never (tensor cores off, no sm_90a
   // kernel here, or CudaBackendOptions::expert_gemm "off"); 1: every expert
-  // ("on", tests).
+  // ("on", tests); k_expert_gemm_auto (-1): a threshold per weight type (expert_gemm_auto_min).
   int expert_gemm_min = 0;
   // The grouped GEMM (cuda_expert_wgmma.cu) takes IQ2_XXS weights as exact integer codes with the block scale
   // in the accumulation (one wgmma per 16 columns and x term instead of two); false: as f16 hi/lo splits like

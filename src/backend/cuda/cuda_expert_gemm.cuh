@@ -414,14 +414,10 @@ struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
 
 // The GEMM's kernel (cuda_expert_wgmma.cu, sm_90a builds only) takes plan tiles of
 // k_wg_tokens assignments; the MoE op gives it the experts with at least
-// CudaContext::expert_gemm_min assignments in a batch ("auto":
-// k_expert_gemm_auto_min of backend/options/cuda_options.h; with fewer, the decode of a 128-row block serves too few
-// tokens and the tile of cuda_mma.cuh is faster). Measured on the H200 with the
-// synthetic Flash (experts ms per 4,096-token batch, 43 layers, x copied per
-// consumer thread): tile only 741, threshold 128: 730, 96: 700, 64: 685, every
-// expert: 750. With x fetched by bulk copies (the kernel as it is) the
-// threshold 64 takes 576 ms, and 48 measured within +-0.5% of 64 at model
-// level (PERFORMANCE.md).
+// CudaContext::expert_gemm_min assignments in a batch ("auto": expert_gemm_auto_min
+// of backend/options/cuda_options.h, per weight type; with fewer, the decode of a
+// 128-row block serves too few tokens and the tile of cuda_mma.cuh is faster;
+// measurements: docs/design-notes/moe-grouped-gemm.md).
 constexpr int k_wg_tokens = 128;
 struct ExpertGemmArgs {
   const int32_t* list;

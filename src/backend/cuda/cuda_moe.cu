@@ -41,13 +41,11 @@
 //   the device: the grid is sized for the worst case (ceil(n*k / tile) + E
 //   tiles) and surplus blocks exit, so the host never waits.
 //   On an sm_90a build and device (CudaContext::expert_gemm_min; --expert-gemm
-//   auto|on|off|N), the plan puts the experts with >= expert_gemm_min
-//   assignments in the batch into a second list of tiles of 128, for the
-//   grouped GEMM of cuda_expert_wgmma.cu (x split once for gate and up): each
-//   weight chunk is decoded once per 128 assignments into shared memory and
-//   multiplied by wgmma; the rest (and such an expert's tail of fewer than
-//   expert_gemm_min past its last full 128) run on the tile as above.
-//   The FFMA tile gives each output element the matvec's float operations
+//   auto|on|off|N; auto: expert_gemm_auto_min of the gate/up weight type), the plan puts the experts with >=
+//   expert_gemm_min assignments in the batch into a second list of tiles of 128, for the grouped GEMM of
+//   cuda_expert_wgmma.cu (x split once for gate and up): each weight chunk is decoded once per 128 assignments into
+//   shared memory and multiplied by wgmma; the rest (and such an expert's tail of fewer than expert_gemm_min past its
+//   last full 128) run on the tile as above. The FFMA tile gives each output element the matvec's float operations
 //   (bit-identical whichever path runs); the tensor-core tile agrees to f32
 //   rounding. Scratch: [n*k][2F + D] floats, the plan, the split x.
 //   CPU reference: cpu::moe_experts (cpu_moe.cpp).
@@ -67,6 +65,7 @@
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/cuda_tile.cuh"
+#include "backend/options/cuda_options.h"
 
 namespace dsv4::cuda {
 
@@ -871,7 +870,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   // once the batch averages >= 32 per expert (each decoded weight unit then
   // serves twice the tokens; smaller batches would leave 32-tiles mostly empty);
   // else the FFMA tile's 8.
-  bool all_mma = ctx.tensor_cores, all_eg = ctx.expert_gemm_min > 0;  // expert_gemm_min: with tensor cores only
+  bool all_mma = ctx.tensor_cores, all_eg = ctx.expert_gemm_min != 0;  // expert_gemm_min: with tensor cores only
   for (const Tensor* t : {&gate, &up, &down})
     dispatch_weight_type(t->type, [&](auto tag) {
       all_mma = all_mma && mma_type<decltype(tag)::value>();
@@ -880,9 +879,10 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   // Experts of >= big_min assignments in this batch on the grouped GEMM (cuda_expert_gemm.cuh; tiles of
   // k_wg_tokens), the others on the tile; big_min 1 (--expert-gemm on): every expert, and no tile launches.
   // Not with experts read in place from host memory: the GEMM's bulk copies would (the tile instead).
-  const int big_min = grouped && all_eg && (!placed || gather || prefetched) && D % k_eg_bk == 0 && F % k_eg_bk == 0
-                          ? ctx.expert_gemm_min
-                          : 0;
+  // "auto" (k_expert_gemm_auto): the threshold where the GEMM overtakes the tile for this weight type.
+  const int eg_min = ctx.expert_gemm_min == k_expert_gemm_auto ? expert_gemm_auto_min(gate.type) : ctx.expert_gemm_min;
+  const int big_min =
+      grouped && all_eg && (!placed || gather || prefetched) && D % k_eg_bk == 0 && F % k_eg_bk == 0 ? eg_min : 0;
   const bool tiles_too = big_min != 1;
   const int tile = all_mma ? (n_assign >= 32 * E ? 32 : 16) : k_tile_tokens;
   const size_t act_bytes = static_cast<size_t>(n_assign) * static_cast<size_t>(2 * F + D) * sizeof(float);

@@ -14,6 +14,7 @@ constexpr const char* k_dup_names[] = {"hc_pre",    "hc_head",    "rms_norm",   
 static_assert(std::size(k_dup_names) == static_cast<size_t>(CudaDupOp::COUNT));
 
 std::string expert_gemm_text(int n) {
+  if (n == k_expert_gemm_auto) return "auto";
   if (n == 0) return "off";
   if (n == 1) return "on";
   return std::to_string(n);
@@ -130,8 +131,19 @@ const char* act_quant_fusion_name(ActQuantFusion mode) {
   return "?";
 }
 
+int expert_gemm_auto_min(GgmlType gate_type) {
+  // H100, one layer of Flash experts, uniform routing (bench_cuda_ops --expert-gemm off|on): the q2 experts
+  // (IQ2_XXS gate/up, Q2_K down) on the GEMM lose at 18 assignments per expert and win from 24 on; Q4_K
+  // loses at 48 and wins at 96 (crossing near 83).
+  switch (gate_type) {
+    case GgmlType::IQ2_XXS: return 32;
+    case GgmlType::Q4_K: return 96;
+    default: return 64;
+  }
+}
+
 expected<int> parse_expert_gemm(std::string_view text) {
-  if (text == "auto") return k_expert_gemm_auto_min;
+  if (text == "auto") return k_expert_gemm_auto;
   if (text == "on") return 1;
   if (text == "off") return 0;
   int n = 0;
@@ -172,8 +184,8 @@ Status CudaOptions::check() const {
     return make_error("--ffma-max-tokens %lld: want 0 to 64", static_cast<long long>(ffma_max_tokens));
   if (cublas == CublasMode::LIBRARY && cublas_library.empty())
     return make_error("--cublas: empty (want auto, off or the path of libcublas)");
-  if (expert_gemm_min < 0 || expert_gemm_min > 1000000)
-    return make_error("--expert-gemm %d: want 0 (off) to 1000000 assignments", expert_gemm_min);
+  if (expert_gemm_min != k_expert_gemm_auto && (expert_gemm_min < 0 || expert_gemm_min > 1000000))
+    return make_error("--expert-gemm %d: want auto, 0 (off) or 1 to 1000000 assignments", expert_gemm_min);
   if (expert_group_min < 1 || expert_group_min > 1000000)
     return make_error("--expert-group-min %lld: want 1 to 1000000 tokens", static_cast<long long>(expert_group_min));
   if (dup_ops >> static_cast<unsigned>(CudaDupOp::COUNT)) return make_error("--dup-ops: unknown op bits 0x%x", dup_ops);

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/ggml_type.h"
 
 namespace dsv4 {
 
@@ -45,9 +46,13 @@ enum class CudaDupOp : unsigned {
   COUNT
 };
 
-// The grouped expert GEMM's default threshold: experts with at least this
-// many assignments in a prefill batch (measured: backend/cuda/cuda_expert_gemm.cuh).
-inline constexpr int k_expert_gemm_auto_min = 64;
+// CudaOptions::expert_gemm_min's "auto": the threshold follows the experts' weight type
+// (expert_gemm_auto_min).
+inline constexpr int k_expert_gemm_auto = -1;
+// The grouped expert GEMM's threshold under "auto": experts with at least this many assignments in a
+// prefill batch, by the gate/up weight type (where the GEMM and the tile cross, measured per type:
+// docs/design-notes/moe-grouped-gemm.md) — IQ2_XXS (the q2 files) 32, Q4_K 96, others 64.
+int expert_gemm_auto_min(GgmlType gate_type);
 // Batches of at least this many tokens group the routed experts by expert
 // (CudaOptions::expert_group_min; measured: PERFORMANCE.md, serving several agents).
 inline constexpr int64_t k_expert_group_auto_min = 65;
@@ -102,8 +107,8 @@ struct CudaOptions {
   // Prefill experts with at least this many assignments in a batch run as
   // one grouped GEMM per matrix (cuda_expert_wgmma.cu: wgmma, sm_90a builds
   // and devices, tensor cores only), the others on the tile. 0: never; 1:
-  // every expert.
-  int expert_gemm_min = k_expert_gemm_auto_min;
+  // every expert; k_expert_gemm_auto: expert_gemm_auto_min of the weight type.
+  int expert_gemm_min = k_expert_gemm_auto;
   // The grouped GEMM's IQ2_XXS weights as exact integer codes (f16) with each block's scale applied to the
   // chunk sums: one wgmma per 16 columns and x term instead of the split's two (cuda_expert_gemm.cuh); false:
   // f16 hi/lo splits, as the other weight types.
@@ -164,7 +169,7 @@ struct CudaOptions {
 
 // The command-line spellings (the CLI validates with these; errors name the value):
 //   cublas       auto | off | PATH
-//   expert gemm  auto | on | off | N (1 .. 1000000)
+//   expert gemm  auto | on | off | N (1 .. 1000000); auto: k_expert_gemm_auto
 //   dup ops      comma-separated names of cuda_dup_op_names()
 Status parse_cublas(std::string_view text, CudaOptions& options);
 expected<int> parse_expert_gemm(std::string_view text);
