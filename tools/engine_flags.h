@@ -190,7 +190,8 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
   cmd->add_option_function<std::string>(
          "--expert-gemm", [s](const std::string& v) { s->expert_gemm_min = *parse_expert_gemm(v); },
          "Prefill experts on the grouped wgmma GEMM (sm_90a): those with at least N assignments in a batch (the "
-         "others on the tile); auto (N by weight type: 32 IQ2_XXS, 96 Q4_K, else 64), on (every expert), off, or N")
+         "others on the tile); auto (N by weight type: " +
+             expert_gemm_auto_text() + "), on (every expert), off, or N")
       ->check(parsed_by([](const std::string& v) { return parse_expert_gemm(v); }))
       ->type_name("auto|on|off|N")
       ->default_str("auto")

@@ -45,6 +45,7 @@ TEST(CudaOptions, ExpertGemmAutoThresholdFollowsTheWeightType) {
   EXPECT_EQ(expert_gemm_auto_min(GgmlType::Q2_K), 64);
   for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4})
     EXPECT_GE(expert_gemm_auto_min(t), 2) << "auto never means every expert (1) or none (0)";
+  EXPECT_EQ(expert_gemm_auto_text(), "32 IQ2_XXS, 96 Q4_K, else 64");  // as --help and the device banner say
 }
 
 }  // namespace

@@ -176,9 +176,8 @@ class CudaBackend final : public Backend {
                       ? std::string()
                       : std::string(", no grouped expert GEMM (needs an sm_90a build and device)"))
            : ctx_.expert_gemm_min == k_expert_gemm_auto
-               ? strfmt(", prefill experts of >= %d (IQ2_XXS), %d (Q4_K) or %d assignments on the grouped GEMM (wgmma)",
-                        expert_gemm_auto_min(GgmlType::IQ2_XXS), expert_gemm_auto_min(GgmlType::Q4_K),
-                        expert_gemm_auto_min(GgmlType::Q8_0))
+               ? ", prefill experts of >= N assignments on the grouped GEMM (wgmma; N by weight type: " +
+                     expert_gemm_auto_text() + ")"
                : strfmt(", prefill experts of >= %d assignments on the grouped GEMM (wgmma)", ctx_.expert_gemm_min))
               .c_str(),
           pdl_enabled() ? "on" : "off",

@@ -142,6 +142,12 @@ int expert_gemm_auto_min(GgmlType gate_type) {
   }
 }
 
+std::string expert_gemm_auto_text() {
+  return std::to_string(expert_gemm_auto_min(GgmlType::IQ2_XXS)) + " IQ2_XXS, " +
+         std::to_string(expert_gemm_auto_min(GgmlType::Q4_K)) + " Q4_K, else " +
+         std::to_string(expert_gemm_auto_min(GgmlType::Q8_0));
+}
+
 expected<int> parse_expert_gemm(std::string_view text) {
   if (text == "auto") return k_expert_gemm_auto;
   if (text == "on") return 1;
