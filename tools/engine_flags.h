@@ -198,8 +198,8 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->group(group);
   cmd->add_flag_callback(
          "--no-expert-gemm-codes", [s] { s->expert_gemm_codes = false; },
-         "Grouped GEMM: IQ2_XXS weights as f16 hi/lo splits (two wgmmas per x term) instead of exact integer "
-         "codes with the block scale applied to the sums (one)")
+         "Grouped GEMM: IQ2_XXS and Q2_K weights as f16 hi/lo splits (two wgmmas per x term) instead of exact "
+         "integer codes with the block scale applied to the sums (one; Q2_K's mins as one more per 64 columns)")
       ->group(group);
   cmd->add_option("--expert-group-min", s->expert_group_min,
                   "Routed experts of batches of at least N tokens grouped by expert (each expert's weights read once "

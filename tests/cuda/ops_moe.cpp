@@ -320,20 +320,32 @@ void cases_moe(Harness& h) {
     // GPU's mid agrees with the CPU's to f32 rounding, and a value that lands within that of an int8 rounding
     // boundary moves by one step (about once per 250,000 values; NMSE ~2e-7 per step at F = 256): k_thr_sim.
     // And the rounding happened: the result is off the CPU without mid_quant by far more.
+    // "degenerate": the Q2_K down blocks' d is 0, 1e-7 (dmin / d beyond the grouped GEMM's codes range:
+    // EgChunk<Q2_K>::put_codes rescales by a power of two) or as random_weight makes it, in turn; with
+    // reference numerics too ("fast" false: nothing quantised, the f32 bound).
     {
       struct M {
         G gate_up, down;
         int64_t n;
+        bool degenerate = false, fast = true;
       };
-      for (const M& m : {M{G::IQ2_XXS, G::Q2_K, 1}, M{G::IQ2_XXS, G::Q2_K, 5}, M{G::IQ2_XXS, G::Q2_K, 160},
-                         M{G::IQ2_XXS, G::Q2_K, 600}, M{G::Q4_K, G::Q4_K, 1}, M{G::Q4_K, G::Q4_K, 24},
-                         M{G::MXFP4, G::MXFP4, 3}, M{G::Q8_0, G::F16, 20}}) {
+      for (const M& m :
+           {M{G::IQ2_XXS, G::Q2_K, 1}, M{G::IQ2_XXS, G::Q2_K, 5}, M{G::IQ2_XXS, G::Q2_K, 160},
+            M{G::IQ2_XXS, G::Q2_K, 600}, M{G::IQ2_XXS, G::Q2_K, 600, true}, M{G::IQ2_XXS, G::Q2_K, 600, true, false},
+            M{G::Q4_K, G::Q4_K, 1}, M{G::Q4_K, G::Q4_K, 24}, M{G::MXFP4, G::MXFP4, 3}, M{G::Q8_0, G::F16, 20}}) {
         Bufs b(h);
         const int64_t E = 8, F = 256, D = 256, k = 2;
         Pair gate = b.random_weight(m.gate_up, Shape(D, F, E)), up = b.random_weight(m.gate_up, Shape(D, F, E));
-        Pair down = b.random_weight(m.down, Shape(F, D, E));
+        std::vector<uint8_t> down_bytes = random_weight(r, m.down, F, D * E);
+        if (m.degenerate) {
+          auto* blk = reinterpret_cast<quant::BlockQ2_K*>(down_bytes.data());
+          for (size_t i = 0; i < down_bytes.size() / sizeof(quant::BlockQ2_K); ++i)
+            if (i % 3 != 2) blk[i].d = i % 3 == 0 ? 0 : f32_to_f16(1e-7f);
+        }
+        Pair down = b.weight(m.down, std::move(down_bytes), Shape(F, D, E));
         std::vector<float> xv = random_normal(r, static_cast<size_t>(m.n * D));
-        for (int64_t t = 0; t < m.n; ++t) act_quant_row(xv.data() + t * D, D, ActQuant::INT8_32);
+        if (m.fast)
+          for (int64_t t = 0; t < m.n; ++t) act_quant_row(xv.data() + t * D, D, ActQuant::INT8_32);
         Pair x = b.f32(xv, Shape(D, m.n));
         std::vector<int32_t> e(static_cast<size_t>(m.n * k));
         for (size_t i = 0; i < e.size(); ++i) e[i] = static_cast<int32_t>((i % 2 ? 1 : 0) + 2 * r.below(E / 2));
@@ -350,17 +362,22 @@ void cases_moe(Harness& h) {
                               .experts = ex.*side,
                               .weights = wt.*side,
                               .clamp = 10.0f,
-                              .mid_quant = ActQuant::INT8_32,
-                              .x_quant = ActQuant::INT8_32};
+                              .mid_quant = m.fast ? ActQuant::INT8_32 : ActQuant::NONE,
+                              .x_quant = m.fast ? ActQuant::INT8_32 : ActQuant::NONE};
         };
         MoeExpertsOp c = op(&Pair::c), g = op(&Pair::g);
         h.cpu.moe_experts(c);
         h.gpu.moe_experts(g);
+        if (!m.fast) {
+          h.report.nmse("moe_experts", strfmt("IQ2_XXS/Q2_K n=%lld degenerate", (long long)m.n), b.diff(out),
+                        k_thr_f32);
+          continue;
+        }
         c.out = plain.c;
         c.mid_quant = ActQuant::NONE;
         h.cpu.moe_experts(c);
-        const std::string sp =
-            strfmt("%s/%s n=%lld mid int8-32", ggml_type_name(m.gate_up), ggml_type_name(m.down), (long long)m.n);
+        const std::string sp = strfmt("%s/%s n=%lld mid int8-32%s", ggml_type_name(m.gate_up), ggml_type_name(m.down),
+                                      (long long)m.n, m.degenerate ? " degenerate" : "");
         h.report.nmse("moe_experts", sp, b.diff(out), k_thr_sim);
         const double moved = diff_f32(b.get_f32(out.g, h.gpu), b.get_f32(plain.c, h.cpu)).nmse;
         h.report.check("moe_experts", sp + " vs unquantised", moved > 1e-7, strfmt("nmse %9.2e (> 1e-7)", moved));

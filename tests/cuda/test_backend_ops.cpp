@@ -394,7 +394,7 @@ int main(int argc, char** argv) {
       "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
       "                 auto (default: N by weight type, 32 IQ2_XXS, 96 Q4_K, else 64), on (every expert), off (the "
       "tile), or N\n"
-      "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS weights as f16 hi/lo splits, not integer codes\n"
+      "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS and Q2_K weights as f16 hi/lo splits, not integer codes\n"
       "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n"
       "  --cpu-experts S  decode batches leave this share of their host experts to the CPU (default 0: none)\n";
   for (int i = 1; i < argc; ++i) {

@@ -52,8 +52,18 @@ constexpr bool expert_gemm_type() {
 // code (2 ls + 1) grid_j <= 31 * 43 = 1333 (11 bits, exact in f16).
 template <GgmlType T>
 constexpr bool expert_gemm_codes_type() {
-  return T == GgmlType::IQ2_XXS;
+  return T == GgmlType::IQ2_XXS || T == GgmlType::Q2_K;
 }
+// Q2_K as codes (w = d sc_j q - dmin m_j, j the 16-column sub-block): the chunk's sums are
+// d sum_k (sc_j q_k) x_k - dmin sum_j m_j S_j with S_j = sum of x over sub-block j, so the consumers need
+// each token's sub-block sums (the gather's sums: expert_gemm_sums); EgChunk<Q2_K>::put_codes has the layout.
+template <GgmlType T>
+constexpr bool expert_gemm_codes_need_sums() {
+  return T == GgmlType::Q2_K;
+}
+// Whether the gather must write the sub-block sums for a launch on weights of type t (codes_on:
+// CudaContext::expert_gemm_codes).
+inline bool expert_gemm_sums(GgmlType t, bool codes_on) { return codes_on && t == GgmlType::Q2_K; }
 
 // An upper bound of |w| over the blocks j = first, first + step, ... of a row,
 // from the block headers only.
@@ -133,28 +143,88 @@ __host__ __device__ constexpr int eg_core_off(int r, int k) {
   return ((r >> 3) * 8 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7);
 }
 
+// hi = f16(a), lo = f16(a - hi) for two values, packed (low half: a): split_f16's bits.
+__device__ __forceinline__ void eg_split2(float a, float b, uint32_t& h, uint32_t& l) {
+  const __half2 hh = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(hh);
+  const __half2 ll = __floats2half2_rn(a - hf.x, b - hf.y);
+  h = *reinterpret_cast<const uint32_t*>(&hh);
+  l = *reinterpret_cast<const uint32_t*>(&ll);
+}
+
+// Offset (halves) of element (r, k < 16) of a chunk's 16-column sums block (Q2_K codes: the mins' A and
+// B operands, EgChunk<Q2_K>::put_codes): the same 8x8 cores, two per row group (a group is 256 bytes).
+__host__ __device__ constexpr int eg_sums_off(int r, int k) {
+  return ((r >> 3) * 2 + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7);
+}
+constexpr int k_eg_sums_k = 16;  // columns of a chunk's sums block (one k16 wgmma)
+
 // The split x of the big plan tiles, gathered into the stage layout so that one bulk copy per chunk fills a
 // stage (cuda_expert_wgmma.cu). Tile z (big[z] = {expert, first list index, nt, P}, P a multiple of 8 from the
 // plan) owns r8 = round_up(nt, 8) token rows at xth / xtl + P cols halves, chunk-major: chunk c at + c r8 64,
-// its element (t, k) at eg_core_off(t, k); rows nt..r8-1 are zeros. Grid (cols / 64, max big tiles), 256
+// its element (t, k) at eg_core_off(t, k); rows nt..r8-1 are zeros. With sums (expert_gemm_sums) it also
+// writes the tokens' sums blocks at xts + P cols / 4: chunk c at + c r8 16, token t's 16 halves at
+// eg_sums_off(t, k) = (S0h, S0l, S0h, S1h, S1l, S1h, .., S3l, S3h, 0, 0, 0, 0) with S_j = 2^-4 sum of
+// (xh + xl) over the chunk's sub-block j (16 columns; 2^-4 keeps 16 values below 2^15 in f16 range) as
+// hi + lo (EgChunk<Q2_K>::put_codes pairs them with the rows' A). Grid (cols / 64, max big tiles), 256
 // threads; blocks past n_big exit.
 static __global__ void __launch_bounds__(256)
     expert_gemm_gather_x_kernel(const __half* __restrict__ xh, const __half* __restrict__ xl, int64_t cols,
                                 const int32_t* __restrict__ list, const int4* __restrict__ big,
                                 const int32_t* __restrict__ n_big, int x_div, __half* __restrict__ xth,
-                                __half* __restrict__ xtl) {
+                                __half* __restrict__ xtl, __half* __restrict__ xts) {
   pdl_enter();
   if (static_cast<int>(blockIdx.y) >= *n_big) return;
   const int4 td = big[blockIdx.y];
   const int nt = td.z, r8 = (nt + 7) & ~7, c = static_cast<int>(blockIdx.x);
   const int64_t base = static_cast<int64_t>(td.w) * cols + static_cast<int64_t>(c) * r8 * 64;
-  for (int i = threadIdx.x; i < 16 * r8; i += blockDim.x) {  // (hi/lo, token, 16-byte vector): 8 vectors per row
-    const int hl = i >= 8 * r8, j = i - (hl ? 8 * r8 : 0), t = j >> 3, v = j & 7;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (t < nt) {
-      const int64_t row = list[td.y + t] / x_div;
-      val = *reinterpret_cast<const uint4*>((hl ? xl : xh) + row * cols + c * 64 + v * 8);
+  const int n_vec = (xts ? 17 : 16) * r8;  // (hi/lo, token, 16-byte vector): 8 vectors per row; sums: 1 per token
+  for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
+    const bool sm = i >= 16 * r8;
+    const int hl = i >= 8 * r8, j = i - (sm ? 16 * r8 : hl ? 8 * r8 : 0), t = sm ? j : j >> 3, v = j & 7;
+    const int64_t row = t < nt ? list[td.y + t] / x_div : -1;
+    if (sm) {
+      uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (row >= 0) {
+        const uint4* src = reinterpret_cast<const uint4*>(xh + row * cols + c * 64);
+        const uint4* srl = reinterpret_cast<const uint4*>(xl + row * cols + c * 64);
+        uint32_t hs[2], ls[2];
+#pragma unroll
+        for (int sb = 0; sb < 4; sb += 2) {
+          float s[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s[h] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const uint4 u = src[2 * (sb + h) + q], ul = srl[2 * (sb + h) + q];
+              const uint32_t uw[4] = {u.x, u.y, u.z, u.w}, lw[4] = {ul.x, ul.y, ul.z, ul.w};
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&uw[e]));
+                const float2 g = __half22float2(*reinterpret_cast<const __half2*>(&lw[e]));
+                s[h] += (f.x + g.x) + (f.y + g.y);
+              }
+            }
+          }
+          eg_split2(s[0] * 0.0625f, s[1] * 0.0625f, hs[sb / 2], ls[sb / 2]);  // (S_sb, S_sb+1) hi, lo
+        }
+        // (S0h, S0l), (S0h, S1h), (S1l, S1h), (S2h, S2l), (S2h, S3h), (S3l, S3h), 0, 0
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const uint32_t h0 = hs[p] & 0xFFFFu, h1 = hs[p] >> 16, l0 = ls[p] & 0xFFFFu, l1 = ls[p] >> 16;
+          w[3 * p] = h0 | (l0 << 16);
+          w[3 * p + 1] = h0 | (h1 << 16);
+          w[3 * p + 2] = l1 | (h1 << 16);
+        }
+      }
+      __half* dst = xts + static_cast<int64_t>(td.w) * (cols / 4) + static_cast<int64_t>(c) * r8 * k_eg_sums_k;
+      *reinterpret_cast<uint4*>(dst + eg_sums_off(t, 0)) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(dst + eg_sums_off(t, 8)) = make_uint4(w[4], w[5], w[6], w[7]);
+      continue;
     }
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row >= 0) val = *reinterpret_cast<const uint4*>((hl ? xl : xh) + row * cols + c * 64 + v * 8);
     *reinterpret_cast<uint4*>((hl ? xtl : xth) + base + eg_core_off(t, 8 * v)) = val;
   }
 }
@@ -172,15 +242,6 @@ struct EgTables {
 // 2^e as a float (e in f32's normal exponent range; RowBound's bounds keep it
 // within [-10, 50] for every finite block scale).
 __device__ __forceinline__ float eg_pow2(int e) { return __int_as_float((min(max(e, -126), 127) + 127) << 23); }
-
-// hi = f16(a), lo = f16(a - hi) for two values, packed (low half: a): split_f16's bits.
-__device__ __forceinline__ void eg_split2(float a, float b, uint32_t& h, uint32_t& l) {
-  const __half2 hh = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(hh);
-  const __half2 ll = __floats2half2_rn(a - hf.x, b - hf.y);
-  h = *reinterpret_cast<const uint32_t*>(&hh);
-  l = *reinterpret_cast<const uint32_t*>(&ll);
-}
 
 // One 32-element unit of a weight row, decoded with the scale factor s and
 // written to shared memory as hi (dh) and lo (dl) halves, in two
@@ -286,6 +347,27 @@ struct EgUnit<GgmlType::Q2_K> {
       }
     }
   }
+  // The code path (EgChunk<Q2_K>::put_codes): the unit's weights without their mins as f16 sc_j q f (f a power
+  // of two or 0: exact), written to dh only.
+  __device__ __forceinline__ static void put_codes(const Raw& r, float f, uint16_t* dh, int vs) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float s = static_cast<float>((r.sc >> (8 * k)) & 0x0Fu) * f;
+      const __half2 t01 = __floats2half2_rn(0.0f, s), t23 = __floats2half2_rn(2.0f * s, 3.0f * s);
+      const uint32_t th[2] = {*reinterpret_cast<const uint32_t*>(&t01), *reinterpret_cast<const uint32_t*>(&t23)};
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t hv[4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t sel = eg_sel4((r.q[4 * k + 2 * m + i] >> r.shift) & 0x03030303u);
+          hv[2 * i] = eg_pick(th, sel);
+          hv[2 * i + 1] = eg_pick(th, sel >> 16);
+        }
+        *reinterpret_cast<uint4*>(dh + vs * (2 * k + m)) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+      }
+    }
+  }
 };
 
 // Q2_K chunk c: units 2c, 2c + 1 (v = 2 (c % 4) + i of block c / 4) read the same 32 code bytes (their
@@ -313,6 +395,43 @@ struct EgChunk<GgmlType::Q2_K> : EgUnits<GgmlType::Q2_K> {
     r.u1.sc = sc >> 16;
     r.u1.shift = r.u0.shift + 2;
     return r;
+  }
+  // The code path. Per row and chunk (one 256-column block: d, dmin; the sub-blocks j = 0..3 of 16
+  // columns, u0's two and u1's two, scales sc_j and mins m_j)
+  //   sum_k w_k x_k = sigma (sum_k c_k x_k + sum_j A_j S_j),  c_k = sc_j q_k d / sigma,  A_j = -16 dmin m_j / sigma
+  // with S_j 2^-4 times the sum of x over sub-block j (the gather's sums). sigma = d 2^e with the least
+  // e >= 0 that keeps |A| <= 2^14 in f16 range (e = 0 unless |dmin| 240 > 2^14 |d|), so c = sc_j q 2^-e, an
+  // integer <= 45 times a power of two: exact in f16 (for e <= 24; beyond, c x is below 2^-24 of the min
+  // term); d = 0: sigma from dmin, c = 0. The codes go to dh (4 vectors per unit as put()), the row's A to
+  // dm (its row of a sums block, eg_sums_off: (A0h, A0h, A0l, A1h, A1h, A1l, .., A3l, 0, 0, 0, 0), paired
+  // with the gather's (S0h, S0l, S0h, ..) to A_j S_j to ~22 bits); sigma is returned (the consumers'
+  // per-chunk row scale, as IQ2_XXS's d / 8).
+  __device__ __forceinline__ float put_codes(const EgTables&, uint16_t* dh, int vs, uint16_t* dm) const {
+    using U = EgUnit<GgmlType::Q2_K>;
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(u0.dd & 0xffffu));
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(u0.dd >> 16));
+    const float over = fabsf(dmin) * 240.0f / (16384.0f * fabsf(d));  // > 1: A out of range with sigma = d
+    int e = 0;
+    if (over > 1.0f && d != 0.0f) frexpf(over, &e);  // over <= 2^e
+    const float sig = d != 0.0f ? ldexpf(d, e) : (dmin != 0.0f ? fabsf(dmin) * (240.0f / 16384.0f) : 1.0f);
+    const float f = d != 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+    U::put_codes(u0, f, dh, vs);
+    U::put_codes(u1, f, dh + 4 * vs, vs);
+    const float a = -16.0f * dmin / sig;
+    uint32_t h[2], l[2];
+    eg_split2(static_cast<float>((u0.sc >> 4) & 0x0Fu) * a, static_cast<float>((u0.sc >> 12) & 0x0Fu) * a, h[0], l[0]);
+    eg_split2(static_cast<float>((u1.sc >> 4) & 0x0Fu) * a, static_cast<float>((u1.sc >> 12) & 0x0Fu) * a, h[1], l[1]);
+    uint32_t w[6];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {  // sub-blocks 2 p, 2 p + 1
+      const uint32_t h0 = h[p] & 0xFFFFu, h1 = h[p] >> 16, l0 = l[p] & 0xFFFFu, l1 = l[p] >> 16;
+      w[3 * p] = h0 | (h0 << 16);
+      w[3 * p + 1] = l0 | (h1 << 16);
+      w[3 * p + 2] = h1 | (l1 << 16);
+    }
+    *reinterpret_cast<uint4*>(dm) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(dm + 64) = make_uint4(w[4], w[5], 0u, 0u);  // the next core along K
+    return sig;
   }
 };
 
@@ -426,7 +545,8 @@ struct ExpertGemmArgs {
   int64_t max_tiles;
   const __half* xth;  // their split x, gathered (expert_gemm_gather_x_kernel)
   const __half* xtl;
-  const int* e_t;  // the x rows' exponents
+  const __half* xts;  // their sums blocks (expert_gemm_sums: Q2_K codes), or null
+  const int* e_t;     // the x rows' exponents
   int x_div;
   bool x_exact;  // x is an activation quantiser's output: xtl is all zeros and is not read
 };

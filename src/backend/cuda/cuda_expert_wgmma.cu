@@ -94,7 +94,9 @@ static_assert(k_wg_pgroups == 1 || 256 * (k_wg_preg + k_wg_creg) <= 65536, "setm
 struct WgStage {
   uint16_t wh[k_eg_rows * k_eg_bk], wl[k_eg_rows * k_eg_bk];
   uint16_t xh[k_wg_tokens * k_eg_bk], xl[k_wg_tokens * k_eg_bk];
-  float ds[k_eg_rows];  // integer codes (CudaContext::expert_gemm_codes): each row's block scale d / 8 for this chunk
+  float ds[k_eg_rows];  // integer codes (CudaContext::expert_gemm_codes): each row's scale for this chunk (IQ2_XXS
+                        // d / 8, Q2_K sigma)
+  uint16_t xs[k_wg_tokens * k_eg_sums_k];  // Q2_K codes: the tokens' sums block (wl: the rows' A)
 };
 struct WgSmem {
   WgStage st[k_eg_stages];
@@ -239,11 +241,13 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t
 // The consumers' loop (threads k_wg_producers.. of the block) for N-token wgmmas (N = 32, 64, 96 or 128):
 // part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices; CODES: the
 // weights are integer codes (wh only) and acc = fma(part, the row's d / 8, acc) per slice (a slice never
-// spans two 256-column blocks).
-template <int N, bool XE, bool CODES>
+// spans two 256-column blocks). MINS (Q2_K codes): one more wgmma per chunk, the rows' A of the mins (wl)
+// times the tokens' sub-block sums (xs, a bulk copy from xts), both sums blocks of 16 columns (eg_sums_off;
+// EgChunk<Q2_K>::put_codes), into the same slice.
+template <int N, bool XE, bool CODES, bool MINS>
 __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, int64_t R, int64_t r0, int nt,
-                                           int n_chunks, const __half* __restrict__ xth,
-                                           const __half* __restrict__ xtl) {
+                                           int n_chunks, const __half* __restrict__ xth, const __half* __restrict__ xtl,
+                                           const __half* __restrict__ xts) {
   const int ctid = static_cast<int>(threadIdx.x) - k_wg_producers, wg = ctid >> 7;
   // The tile's x, gathered in the stage layout (expert_gemm_gather_x_kernel): chunk c is r8 token rows of
   // 128 bytes each for hi and for lo, two bulk copies issued by consumer thread 0, two chunks ahead.
@@ -252,9 +256,11 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
     if (ctid == 0 && c < n_chunks) {
       const int s = c % k_eg_stages;
       const int64_t at = static_cast<int64_t>(c) * r8 * k_eg_bk;
-      mbar_expect(&sm.xbar[s], (XE ? 1 : 2) * r8 * 128);
+      mbar_expect(&sm.xbar[s], (XE ? 1 : 2) * r8 * 128 + (MINS ? r8 * 2 * k_eg_sums_k : 0));
       bulk_copy(sm.st[s].xh, xth + at, r8 * 128, &sm.xbar[s]);
       if constexpr (!XE) bulk_copy(sm.st[s].xl, xtl + at, r8 * 128, &sm.xbar[s]);
+      if constexpr (MINS)  // chunk c's sums block: r8 rows of 32 bytes
+        bulk_copy(sm.st[s].xs, xts + static_cast<int64_t>(c) * r8 * k_eg_sums_k, r8 * 2 * k_eg_sums_k, &sm.xbar[s]);
     }
   };
   copy_x(0);
@@ -291,6 +297,9 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
       if constexpr (!CODES) wgmma_n<N>(part, al, bh, 1);
       if constexpr (!XE) wgmma_n<N>(part, ah, bl, 1);
     }
+    // sums blocks: 8x8 cores, LBO 128 bytes along K, SBO 256 bytes between row groups (two cores each)
+    if constexpr (MINS)
+      wgmma_n<N>(part, wg_desc(st.wl + eg_sums_off(64 * wg, 0), 128, 256), wg_desc(st.xs, 128, 256), 1);
     wg_commit();
     wg_wait<1>();  // chunk c - 1's wgmmas are complete: its stage may be refilled
     if (c >= 1 && c - 1 + k_eg_stages < n_chunks)
@@ -329,8 +338,8 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     expert_wgmma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
                         const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                         const int32_t* __restrict__ n_tiles, const __half* __restrict__ xth,
-                        const __half* __restrict__ xtl, const int* __restrict__ tok_exp, int x_div, bool x_exact,
-                        bool codes_on, QuantTables tab) {
+                        const __half* __restrict__ xtl, const __half* __restrict__ xts, const int* __restrict__ tok_exp,
+                        int x_div, bool x_exact, bool codes_on, QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
   __trap();  // never launched: expert_wgmma_available() is false for this target
 #else
@@ -355,7 +364,7 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   __syncthreads();
   const int n_chunks = static_cast<int>(cols / k_eg_bk);
   constexpr bool can_codes = expert_gemm_codes_type<T>();
-  const bool codes = can_codes && codes_on;  // block-uniform
+  const bool codes = can_codes && codes_on;  // block-uniform (Q2_K: the gather wrote xts, expert_gemm_sums)
   static_assert(256 % (k_eg_bk * k_wg_slice_chunks) == 0, "codes: a slice within one 256-column block");
 
   if (tid < k_wg_producers) {
@@ -390,7 +399,10 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
       bool put_codes = false;
       if constexpr (can_codes) {
         if (codes) {  // both units of a chunk lie in one 256-value block: one scale
-          sm.st[s].ds[p] = raw.put_codes(sm.tables, sm.st[s].wh + wofs, k_wg_vs);
+          if constexpr (expert_gemm_codes_need_sums<T>())  // and the row's A of the mins into wl (a sums block)
+            sm.st[s].ds[p] = raw.put_codes(sm.tables, sm.st[s].wh + wofs, k_wg_vs, sm.st[s].wl + eg_sums_off(p, 0));
+          else
+            sm.st[s].ds[p] = raw.put_codes(sm.tables, sm.st[s].wh + wofs, k_wg_vs);
           put_codes = true;
         }
       }
@@ -423,14 +435,16 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
   auto consume = [&](auto exact, auto codes_tag) {
     constexpr bool XE = decltype(exact)::value, CO = decltype(codes_tag)::value;
+    constexpr bool MI = CO && expert_gemm_codes_need_sums<T>();
+    const __half *xh = xth + tile_at, *xl = xtl + tile_at, *xs = MI ? xts + tile_at / 4 : nullptr;
     if (nt <= 32)
-      wg_consume<32, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<32, XE, CO, MI>(sm, out, R, r0, nt, n_chunks, xh, xl, xs);
     else if (nt <= 64)
-      wg_consume<64, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<64, XE, CO, MI>(sm, out, R, r0, nt, n_chunks, xh, xl, xs);
     else if (nt <= 96)
-      wg_consume<96, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<96, XE, CO, MI>(sm, out, R, r0, nt, n_chunks, xh, xl, xs);
     else
-      wg_consume<128, XE, CO>(sm, out, R, r0, nt, n_chunks, xth + tile_at, xtl + tile_at);
+      wg_consume<128, XE, CO, MI>(sm, out, R, r0, nt, n_chunks, xh, xl, xs);
   };
   auto consume_x = [&](auto codes_tag) {
     if (x_exact)
@@ -482,13 +496,14 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
                          const ExpertGemmArgs& a) {
   const int64_t cols = w.ne[0];
   DSV4_ASSERT(cols % k_eg_bk == 0, "moe_experts: wgmma grouped GEMM columns");
+  DSV4_ASSERT(!expert_gemm_sums(w.type, ctx.expert_gemm_codes) || a.xts, "moe_experts: Q2_K codes without x sums");
   dispatch_weight_type(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (expert_gemm_type<T>()) {
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R, wr, w.row_bytes(),
-                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.e_t, a.x_div, a.x_exact,
+                    cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.xts, a.e_t, a.x_div, a.x_exact,
                     ctx.expert_gemm_codes, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {

@@ -731,12 +731,20 @@ ExpertPlan make_plan(const CudaContext& ctx, void* base, const int32_t* experts,
 struct EgSplit {
   const __half* xth;
   const __half* xtl;
+  const __half* xts;  // the sums blocks (expert_gemm_sums), or null
   const int* e_t;
 };
 // Rows of the gathered x: every assignment of the big list, each tile padded to 8.
 int64_t eg_tiled_rows(int64_t n_assign, int64_t max_big) { return n_assign + 7 * max_big; }
+// Bytes of the gathered x for rows of up to cols columns: hi and lo halves, and the sums blocks (16 halves per
+// row and 64 columns).
+size_t eg_tiled_bytes(int64_t rows, int64_t cols) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(cols) * 4 +
+         static_cast<size_t>(rows) * static_cast<size_t>(cols) / 2;
+}
+// sums: also the tokens' sub-block sums (expert_gemm_sums: a Q2_K matrix on codes), after hi and lo.
 EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const float* x, int64_t x_rows, int64_t x_stride,
-                          int64_t cols, int x_div) {
+                          int64_t cols, int x_div, bool sums) {
   DSV4_ASSERT(p.eg_split &&
                   static_cast<size_t>(x_rows * cols) * 4 + static_cast<size_t>(x_rows) * 4 <=
                       mma_split_bytes(1, p.split_units) &&
@@ -750,17 +758,19 @@ EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const flo
   CUDA_CHECK_LAUNCH();
   auto* xth = static_cast<__half*>(p.eg_tiled);
   auto* xtl = xth + p.eg_rows * cols;
+  auto* xts = sums ? xtl + p.eg_rows * cols : nullptr;  // eg_rows x cols / 4 halves (eg_tiled_bytes)
   launch_kernel(expert_gemm_gather_x_kernel, dim3(ceil_div(cols, k_eg_bk), static_cast<unsigned>(p.max_big)), 256, 0,
-                ctx.stream, xh, xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl);
+                ctx.stream, xh, xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl, xts);
   CUDA_CHECK_LAUNCH();
-  return {xth, xtl, e_t};
+  return {xth, xtl, xts, e_t};
 }
 // x_exact: x is an activation quantiser's output (ExpertGemmArgs::x_exact).
 void expert_gemm(const CudaContext& ctx, float* out, int64_t R, const Tensor& w, ExpertRows wr, const ExpertPlan& p,
                  const EgSplit& xs, int x_div, bool x_exact) {
   DSV4_ASSERT(p.max_big > 0, "moe_experts: no big tiles planned");
-  launch_expert_wgmma(ctx, out, R, w, wr,
-                      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.e_t, x_div, x_exact});
+  launch_expert_wgmma(
+      ctx, out, R, w, wr,
+      ExpertGemmArgs{p.list, p.big, p.n_tiles + 1, p.max_big, xs.xth, xs.xtl, xs.xts, xs.e_t, x_div, x_exact});
 }
 
 // x: x_rows input rows of x_stride floats; assignment a reads row a / x_div; x_quant: the quantiser whose
@@ -895,8 +905,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const int64_t digit_units = !grouped && ctx.int_dot ? std::max(n * (D / 32), n_assign * (F / 32)) : 0;
   const size_t split_pad = (mma_split_bytes(1, split_units) + 15) / 16 * 16;
   const int64_t eg_rows = big_min > 0 ? eg_tiled_rows(n_assign, plan_max_big(n_assign, E, big_min)) : 0;
-  const size_t eg_pad =
-      (big_min > 1 ? split_pad : 0) + static_cast<size_t>(eg_rows) * static_cast<size_t>(std::max(D, F)) * 4;
+  const size_t eg_pad = (big_min > 1 ? split_pad : 0) + eg_tiled_bytes(eg_rows, std::max(D, F));
   const size_t digit_pad = (static_cast<size_t>(digit_units) * sizeof(XDigits) + 15) / 16 * 16;
   // Host experts that are not pinned: staged through the host (cuda_expert_stream.cuh) instead of the copy kernel.
   ExpertStreamRunner* streamer = ctx.expert_stream;
@@ -1004,8 +1013,10 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       plan.eg_rows = eg_rows;
       plan.eg_cols = std::max(D, F);
       if (big_min > 0) {
-        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k));
         const bool x_exact = op.x_quant != ActQuant::NONE;
+        const bool sums =
+            expert_gemm_sums(gate.type, ctx.expert_gemm_codes) || expert_gemm_sums(up.type, ctx.expert_gemm_codes);
+        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k), sums);
         expert_gemm(ctx, g, F, gate, wg, plan, xs, static_cast<int>(k), x_exact);
         expert_gemm(ctx, u, F, up, wu, plan, xs, static_cast<int>(k), x_exact);
       }
@@ -1019,9 +1030,11 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
                     op.clamp, q8);
       CUDA_CHECK_LAUNCH();
       if (!q8) launch_act_quant(ctx.stream, g, g, F, n_assign, op.mid_quant);
-      if (big_min > 0)
-        expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1), 1,
-                    op.mid_quant != ActQuant::NONE);
+      if (big_min > 0) {
+        const bool x_exact = op.mid_quant != ActQuant::NONE;
+        const bool sums = expert_gemm_sums(down.type, ctx.expert_gemm_codes);
+        expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1, sums), 1, x_exact);
+      }
       if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1, op.mid_quant);
     } else {
       // Gate and up in one pass over x with the SwiGLU in its epilogue when they share a layout.
