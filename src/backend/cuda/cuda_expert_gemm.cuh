@@ -22,7 +22,10 @@
 // every product exact, and adds the chunk's sums times each row's d / 8 (one
 // rounded f32 FMA per chunk, in place of the slice addition below; e_r = 0).
 // One wgmma per 16 columns and x term where the split takes two, and no lo
-// half to decode and store.
+// half to decode and store. Q2_K the same way: w = d sc_j q - dmin m_j with the
+// code sc_j q <= 45 and the row scale d; the mins' part of a chunk is one more
+// k16 product of the rows' -16 dmin m_j / d with the tokens' sub-block sums / 16
+// (both f16 hi/lo, ~22 bits; EgChunk<Q2_K>::put_codes).
 // Tensor-core f32 accumulation truncates (cuda_gemm.cu): each slice of
 // k_wg_slice_chunks chunks (cuda_expert_wgmma.cu: one) accumulates into fresh registers that are then added
 // to the block's accumulators with one rounded f32 addition.

@@ -10,10 +10,12 @@
 // is an activation quantiser's output (x_exact: MoeExpertsOp::x_quant for gate
 // and up, mid_quant for down) x_lo is 0: two wgmmas per 16 columns and one
 // bulk copy of x per chunk instead of three and two, the same sums. IQ2_XXS
-// weights go as exact integer codes by default (CudaContext::expert_gemm_codes,
-// cuda_expert_gemm.cuh): producers write wh only and each row's block scale
-// d / 8 per chunk, consumers run c x_hi (+ c x_lo) and add each chunk's sums
-// times the scale: one wgmma per 16 columns under x_exact, two otherwise.
+// and Q2_K weights go as exact integer codes by default (CudaContext::expert_gemm_codes,
+// cuda_expert_gemm.cuh): producers write wh only and each row's scale per chunk
+// (IQ2_XXS d / 8, Q2_K sigma), consumers run c x_hi (+ c x_lo) and add each
+// chunk's sums times the scale: one wgmma per 16 columns under x_exact, two
+// otherwise; Q2_K's mins as one more wgmma per chunk (the rows' A in wl, the
+// tokens' sub-block sums in xs).
 // Block: 128 weight rows x the <= 128 assignments of one plan tile
 // (k_wg_tokens: each decoded weight chunk serves up to 128 tokens), 64-column
 // chunks in k_eg_stages shared stages, 512 threads:
