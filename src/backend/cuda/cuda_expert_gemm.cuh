@@ -116,7 +116,7 @@ struct RowBound<GgmlType::IQ2_XXS> {  // 66-byte blocks of 256: |d (0.5 + ls) 0.
 };
 
 // x rows [n][x_stride] -> xh, xl [n][cols] f16 (hi, lo of x 2^e_t) and e_t [n];
-// one 256-thread block per row.
+// one 256-thread block per row. xl null: x is exact in f16 (an activation quantiser's output), no lo halves.
 static __global__ void __launch_bounds__(256)
     expert_gemm_split_x_kernel(const float* __restrict__ x, int64_t x_stride, int64_t cols, __half* __restrict__ xh,
                                __half* __restrict__ xl, int* __restrict__ tok_exp) {
@@ -135,7 +135,7 @@ static __global__ void __launch_bounds__(256)
     split_f16(ldexpf(xr[c], e), h0, l0);
     split_f16(ldexpf(xr[c + 1], e), h1, l1);
     h2[c / 2] = half2_bits(h0, h1);
-    l2[c / 2] = half2_bits(l0, l1);
+    if (xl) l2[c / 2] = half2_bits(l0, l1);
   }
 }
 
@@ -170,7 +170,7 @@ constexpr int k_eg_sums_k = 16;  // columns of a chunk's sums block (one k16 wgm
 // eg_sums_off(t, k) = (S0h, S0l, S0h, S1h, S1l, S1h, .., S3l, S3h, 0, 0, 0, 0) with S_j = 2^-4 sum of
 // (xh + xl) over the chunk's sub-block j (16 columns; 2^-4 keeps 16 values below 2^15 in f16 range) as
 // hi + lo (EgChunk<Q2_K>::put_codes pairs them with the rows' A). Grid (cols / 64, max big tiles), 256
-// threads; blocks past n_big exit.
+// threads; blocks past n_big exit. xl null (x exact): xtl is not written, the sums are of xh.
 static __global__ void __launch_bounds__(256)
     expert_gemm_gather_x_kernel(const __half* __restrict__ xh, const __half* __restrict__ xl, int64_t cols,
                                 const int32_t* __restrict__ list, const int4* __restrict__ big,
@@ -181,16 +181,17 @@ static __global__ void __launch_bounds__(256)
   const int4 td = big[blockIdx.y];
   const int nt = td.z, r8 = (nt + 7) & ~7, c = static_cast<int>(blockIdx.x);
   const int64_t base = static_cast<int64_t>(td.w) * cols + static_cast<int64_t>(c) * r8 * 64;
-  const int n_vec = (xts ? 17 : 16) * r8;  // (hi/lo, token, 16-byte vector): 8 vectors per row; sums: 1 per token
+  // (hi, then lo, token, 16-byte vector): 8 vectors per row; then the sums: 1 per token
+  const int n_hl = (xl ? 16 : 8) * r8, n_vec = n_hl + (xts ? r8 : 0);
   for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
-    const bool sm = i >= 16 * r8;
-    const int hl = i >= 8 * r8, j = i - (sm ? 16 * r8 : hl ? 8 * r8 : 0), t = sm ? j : j >> 3, v = j & 7;
+    const bool sm = i >= n_hl;
+    const int hl = i >= 8 * r8, j = i - (sm ? n_hl : hl ? 8 * r8 : 0), t = sm ? j : j >> 3, v = j & 7;
     const int64_t row = t < nt ? list[td.y + t] / x_div : -1;
     if (sm) {
       uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (row >= 0) {
         const uint4* src = reinterpret_cast<const uint4*>(xh + row * cols + c * 64);
-        const uint4* srl = reinterpret_cast<const uint4*>(xl + row * cols + c * 64);
+        const uint4* srl = xl ? reinterpret_cast<const uint4*>(xl + row * cols + c * 64) : nullptr;
         uint32_t hs[2], ls[2];
 #pragma unroll
         for (int sb = 0; sb < 4; sb += 2) {
@@ -200,7 +201,7 @@ static __global__ void __launch_bounds__(256)
             s[h] = 0.0f;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
-              const uint4 u = src[2 * (sb + h) + q], ul = srl[2 * (sb + h) + q];
+              const uint4 u = src[2 * (sb + h) + q], ul = srl ? srl[2 * (sb + h) + q] : make_uint4(0, 0, 0, 0);
               const uint32_t uw[4] = {u.x, u.y, u.z, u.w}, lw[4] = {ul.x, ul.y, ul.z, ul.w};
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
@@ -551,7 +552,7 @@ struct ExpertGemmArgs {
   const __half* xts;  // their sums blocks (expert_gemm_sums: Q2_K codes), or null
   const int* e_t;     // the x rows' exponents
   int x_div;
-  bool x_exact;  // x is an activation quantiser's output: xtl is all zeros and is not read
+  bool x_exact;  // x is an activation quantiser's output, exact in f16: no x_lo (xtl not written, not read)
 };
 // True when this binary carries the sm_90a kernel and the device runs it
 // (probed once: a CC 9.0 device and the sm_90a image loaded).

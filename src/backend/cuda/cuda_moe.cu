@@ -742,9 +742,10 @@ size_t eg_tiled_bytes(int64_t rows, int64_t cols) {
   return static_cast<size_t>(rows) * static_cast<size_t>(cols) * 4 +
          static_cast<size_t>(rows) * static_cast<size_t>(cols) / 2;
 }
-// sums: also the tokens' sub-block sums (expert_gemm_sums: a Q2_K matrix on codes), after hi and lo.
+// sums: also the tokens' sub-block sums (expert_gemm_sums: a Q2_K matrix on codes), after hi and lo;
+// x_exact (ExpertGemmArgs::x_exact): no lo halves are written (the GEMM does not read them).
 EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const float* x, int64_t x_rows, int64_t x_stride,
-                          int64_t cols, int x_div, bool sums) {
+                          int64_t cols, int x_div, bool sums, bool x_exact) {
   DSV4_ASSERT(p.eg_split &&
                   static_cast<size_t>(x_rows * cols) * 4 + static_cast<size_t>(x_rows) * 4 <=
                       mma_split_bytes(1, p.split_units) &&
@@ -754,13 +755,13 @@ EgSplit expert_gemm_split(const CudaContext& ctx, const ExpertPlan& p, const flo
   auto* xl = xh + x_rows * cols;
   auto* e_t = reinterpret_cast<int*>(xl + x_rows * cols);
   launch_kernel(expert_gemm_split_x_kernel, static_cast<unsigned>(x_rows), 256, 0, ctx.stream, x, x_stride, cols, xh,
-                xl, e_t);
+                x_exact ? nullptr : xl, e_t);
   CUDA_CHECK_LAUNCH();
   auto* xth = static_cast<__half*>(p.eg_tiled);
   auto* xtl = xth + p.eg_rows * cols;
   auto* xts = sums ? xtl + p.eg_rows * cols : nullptr;  // eg_rows x cols / 4 halves (eg_tiled_bytes)
   launch_kernel(expert_gemm_gather_x_kernel, dim3(ceil_div(cols, k_eg_bk), static_cast<unsigned>(p.max_big)), 256, 0,
-                ctx.stream, xh, xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl, xts);
+                ctx.stream, xh, x_exact ? nullptr : xl, cols, p.list, p.big, p.n_tiles + 1, x_div, xth, xtl, xts);
   CUDA_CHECK_LAUNCH();
   return {xth, xtl, xts, e_t};
 }
@@ -1016,7 +1017,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
         const bool x_exact = op.x_quant != ActQuant::NONE;
         const bool sums =
             expert_gemm_sums(gate.type, ctx.expert_gemm_codes) || expert_gemm_sums(up.type, ctx.expert_gemm_codes);
-        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k), sums);
+        const EgSplit xs = expert_gemm_split(ctx, plan, op.x.f32(), n, D, D, static_cast<int>(k), sums, x_exact);
         expert_gemm(ctx, g, F, gate, wg, plan, xs, static_cast<int>(k), x_exact);
         expert_gemm(ctx, u, F, up, wu, plan, xs, static_cast<int>(k), x_exact);
       }
@@ -1033,7 +1034,8 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       if (big_min > 0) {
         const bool x_exact = op.mid_quant != ActQuant::NONE;
         const bool sums = expert_gemm_sums(down.type, ctx.expert_gemm_codes);
-        expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1, sums), 1, x_exact);
+        expert_gemm(ctx, y, D, down, wd, plan, expert_gemm_split(ctx, plan, g, n_assign, F, F, 1, sums, x_exact), 1,
+                    x_exact);
       }
       if (tiles_too) expert_tiles(ctx, y, D, down, wd, plan, g, n_assign, F, 1, op.mid_quant);
     } else {
