@@ -51,8 +51,9 @@ constexpr bool expert_gemm_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::IQ2_XXS;
 }
 // Types whose weights the GEMM can also take as exact f16 integer codes with one scale per 256-value block
-// and row (CudaContext::expert_gemm_codes; EgUnit<T>::put_codes): IQ2_XXS, w = (d / 8) (2 ls + 1) grid_j sign_j, the
-// code (2 ls + 1) grid_j <= 31 * 43 = 1333 (11 bits, exact in f16).
+// and row (CudaContext::expert_gemm_codes; EgChunk<T>::put_codes): IQ2_XXS, w = (d / 8) (2 ls + 1) grid_j sign_j, the
+// code (2 ls + 1) grid_j <= 31 * 43 = 1333 (11 bits, exact in f16); Q2_K, the code sc_j q <= 45 with the
+// mins apart (below).
 template <GgmlType T>
 constexpr bool expert_gemm_codes_type() {
   return T == GgmlType::IQ2_XXS || T == GgmlType::Q2_K;

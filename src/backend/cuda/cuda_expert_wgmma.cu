@@ -242,7 +242,7 @@ __device__ __forceinline__ void wgmma_n(float (&d)[N / 2], uint64_t da, uint64_t
 
 // The consumers' loop (threads k_wg_producers.. of the block) for N-token wgmmas (N = 32, 64, 96 or 128):
 // part = this slice's products (fresh at each slice start), acc = the rounded sum of the slices; CODES: the
-// weights are integer codes (wh only) and acc = fma(part, the row's d / 8, acc) per slice (a slice never
+// weights are integer codes (wh only) and acc = fma(part, the row's scale ds, acc) per slice (a slice never
 // spans two 256-column blocks). MINS (Q2_K codes): one more wgmma per chunk, the rows' A of the mins (wl)
 // times the tokens' sub-block sums (xs, a bulk copy from xts), both sums blocks of 16 columns (eg_sums_off;
 // EgChunk<Q2_K>::put_codes), into the same slice.
