@@ -124,7 +124,7 @@ struct CudaContext {
   // kernel here, or CudaBackendOptions::expert_gemm "off"); 1: every expert
   // ("on", tests); k_expert_gemm_auto (-1): a threshold per weight type (expert_gemm_auto_min).
   int expert_gemm_min = 0;
-  // The grouped GEMM (cuda_expert_wgmma.cu) takes IQ2_XXS weights as exact integer codes with the block scale
+  // The grouped GEMM (cuda_expert_wgmma.cu) takes IQ2_XXS and Q2_K weights as exact integer codes with the block scale
   // in the accumulation (one wgmma per 16 columns and x term instead of two); false: as f16 hi/lo splits like
   // the other types (CudaOptions::expert_gemm_codes).
   bool expert_gemm_codes = true;

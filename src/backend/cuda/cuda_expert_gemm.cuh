@@ -60,14 +60,11 @@ constexpr bool expert_gemm_codes_type() {
 }
 // Q2_K as codes (w = d sc_j q - dmin m_j, j the 16-column sub-block): the chunk's sums are
 // d sum_k (sc_j q_k) x_k - dmin sum_j m_j S_j with S_j = sum of x over sub-block j, so the consumers need
-// each token's sub-block sums (the gather's sums: expert_gemm_sums); EgChunk<Q2_K>::put_codes has the layout.
-template <GgmlType T>
-constexpr bool expert_gemm_codes_need_sums() {
-  return T == GgmlType::Q2_K;
-}
+// each token's sub-block sums (the gather's sums); EgChunk<Q2_K>::put_codes has the layout.
+constexpr bool expert_gemm_codes_need_sums(GgmlType t) { return t == GgmlType::Q2_K; }
 // Whether the gather must write the sub-block sums for a launch on weights of type t (codes_on:
 // CudaContext::expert_gemm_codes).
-inline bool expert_gemm_sums(GgmlType t, bool codes_on) { return codes_on && t == GgmlType::Q2_K; }
+constexpr bool expert_gemm_sums(GgmlType t, bool codes_on) { return codes_on && expert_gemm_codes_need_sums(t); }
 
 // An upper bound of |w| over the blocks j = first, first + step, ... of a row,
 // from the block headers only.

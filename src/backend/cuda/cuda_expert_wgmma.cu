@@ -400,8 +400,8 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
       if (c >= k_eg_stages) wg_bar_sync(1 + k_eg_stages + s);  // consumers done with chunk c - stages
       bool put_codes = false;
       if constexpr (can_codes) {
-        if (codes) {  // both units of a chunk lie in one 256-value block: one scale
-          if constexpr (expert_gemm_codes_need_sums<T>())  // and the row's A of the mins into wl (a sums block)
+        if (codes) {                                     // both units of a chunk lie in one 256-value block: one scale
+          if constexpr (expert_gemm_codes_need_sums(T))  // and the row's A of the mins into wl (a sums block)
             sm.st[s].ds[p] = raw.put_codes(sm.tables, sm.st[s].wh + wofs, k_wg_vs, sm.st[s].wl + eg_sums_off(p, 0));
           else
             sm.st[s].ds[p] = raw.put_codes(sm.tables, sm.st[s].wh + wofs, k_wg_vs);
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
   const int64_t tile_at = static_cast<int64_t>(td.w) * cols;  // the tile's gathered x
   auto consume = [&](auto exact, auto codes_tag) {
     constexpr bool XE = decltype(exact)::value, CO = decltype(codes_tag)::value;
-    constexpr bool MI = CO && expert_gemm_codes_need_sums<T>();
+    constexpr bool MI = CO && expert_gemm_codes_need_sums(T);
     const __half *xh = xth + tile_at, *xl = xtl + tile_at, *xs = MI ? xts + tile_at / 4 : nullptr;
     if (nt <= 32)
       wg_consume<32, XE, CO, MI>(sm, out, R, r0, nt, n_chunks, xh, xl, xs);

@@ -111,7 +111,8 @@ struct CudaOptions {
   // and devices, tensor cores only), the others on the tile. 0: never; 1:
   // every expert; k_expert_gemm_auto: expert_gemm_auto_min of the weight type.
   int expert_gemm_min = k_expert_gemm_auto;
-  // The grouped GEMM's IQ2_XXS weights as exact integer codes (f16) with each block's scale applied to the
+  // The grouped GEMM's IQ2_XXS and Q2_K weights as exact integer codes (f16; Q2_K's mins as one more wgmma per
+  // 64 columns) with each block's scale applied to the
   // chunk sums: one wgmma per 16 columns and x term instead of the split's two (cuda_expert_gemm.cuh); false:
   // f16 hi/lo splits, as the other weight types.
   bool expert_gemm_codes = true;
