@@ -277,6 +277,36 @@ struct EgUnit {
   }
 };
 
+// Wide loads (a producer's row in 16-byte aligned pieces; EgChunk<T>::load's `wide`: rows 16-byte aligned,
+// their byte count a multiple of 16): v holds three aligned 16-byte pieces (v[4 i .. 4 i + 3] = bytes
+// 16 i .. 16 i + 15), w[i] = bytes m + 4 i .. m + 4 i + 3 for an even m <= 14 (bytes past v read as 0). The
+// word shift m / 4 is two selects per word, the half-word one a funnel shift.
+template <int N>
+__device__ __forceinline__ void eg_words_at(const uint32_t (&v)[12], uint32_t m, uint32_t (&w)[N]) {
+  static_assert(N <= 11, "words within the three pieces");
+  uint32_t t[12];
+#pragma unroll
+  for (int i = 0; i < 12; ++i) t[i] = (m & 8u) ? (i + 2 < 12 ? v[i + 2] : 0u) : v[i];
+#pragma unroll
+  for (int i = 0; i < 12; ++i) t[i] = (m & 4u) ? (i + 1 < 12 ? t[i + 1] : 0u) : t[i];
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(t[i], t[i + 1], 8u * (m & 3u));
+}
+// The three aligned 16-byte pieces that hold byte s and the 47 - (s % 16) bytes after it, and s % 16.
+__device__ __forceinline__ uint32_t eg_load_pieces(const uint8_t* s, uint32_t (&v)[12]) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(s) & ~static_cast<uintptr_t>(15);
+  const uint4* p = reinterpret_cast<const uint4*>(a);
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const uint4 q = ld(p + i);
+    v[4 * i] = q.x;
+    v[4 * i + 1] = q.y;
+    v[4 * i + 2] = q.z;
+    v[4 * i + 3] = q.w;
+  }
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(s) - a);
+}
+
 // One 64-column chunk (two units, 2c and 2c + 1) of a weight row: load() reads its bytes into registers,
 // put() decodes both units as EgUnit<T>::put does. Generic: two units, each loaded on its own; types whose
 // units share bytes or headers specialise it to load them once (a producer's global loads are one row per
@@ -294,7 +324,7 @@ struct EgUnits {
 };
 template <GgmlType T>
 struct EgChunk : EgUnits<T> {
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&, bool) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk&, bool, bool) {
     return {{EgUnit<T>::load(row, 2 * c), EgUnit<T>::load(row, 2 * c + 1)}};
   }
 };
@@ -375,10 +405,11 @@ struct EgUnit<GgmlType::Q2_K> {
 // Q2_K chunk c: units 2c, 2c + 1 (v = 2 (c % 4) + i of block c / 4) read the same 32 code bytes (their
 // 2-bit fields 2 (v % 4)) and adjacent scale bytes: loaded once, 10 loads instead of the units' 20; an odd
 // chunk shares its code bytes and d, dmin with the chunk before it (fields 4 and 6 of the same bytes) and
-// reads only its scale word (adj: prev is that chunk).
+// reads only its scale word (adj: prev is that chunk). Not `wide`: the code bytes as three aligned 16-byte
+// pieces (4-5 loads a pair) made the down kernel slower (4.03 -> 4.36 M cycles, H100; moe-grouped-gemm.md).
 template <>
 struct EgChunk<GgmlType::Q2_K> : EgUnits<GgmlType::Q2_K> {
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj) {
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj, bool) {
     const uint8_t* blk = row + (c >> 2) * 84;
     const int v0 = 2 * static_cast<int>(c & 3);
     EgChunk r;
@@ -434,6 +465,54 @@ struct EgChunk<GgmlType::Q2_K> : EgUnits<GgmlType::Q2_K> {
     *reinterpret_cast<uint4*>(dm) = make_uint4(w[0], w[1], w[2], w[3]);
     *reinterpret_cast<uint4*>(dm + 64) = make_uint4(w[4], w[5], 0u, 0u);  // the next core along K
     return sig;
+  }
+};
+
+// Q4_K chunk c: units 2c, 2c + 1 are sub-blocks j = 2 (c % 4), j + 1 of block c / 4 (144 bytes: d, dmin, the
+// 12 scale bytes, 128 code bytes), the low and high nibbles of the same 32 code bytes at 16 + 32 (c % 4); the
+// block's first 16 bytes (d, dmin, scales) are one 16-byte load, read again only where prev is not chunk c - 1
+// of the same block (adj). 2-3 loads per chunk instead of the units' 12 (WeightUnit<Q4_K>::decode reads
+// d, dmin and the three scale words per unit). put() computes the floats as that decode does (the same bits).
+// Rows of Q4_K are whole 16-byte pieces (144 bytes a block), as the decoder's 16-byte code loads assume.
+template <>
+struct EgChunk<GgmlType::Q4_K> {
+  uint4 hdr;      // d, dmin (x), the scale words (y, z, w)
+  uint32_t q[8];  // the chunk's 32 code bytes
+  int j0;         // its first sub-block
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj, bool) {
+    const uint8_t* blk = row + (c >> 2) * 144;
+    EgChunk r;
+    r.hdr = (c & 3) != 0 && adj ? prev.hdr : ld(reinterpret_cast<const uint4*>(blk));
+    const uint4* q = reinterpret_cast<const uint4*>(blk + 16 + 32 * (c & 3));
+    const uint4 a = ld(q), b = ld(q + 1);
+    r.q[0] = a.x, r.q[1] = a.y, r.q[2] = a.z, r.q[3] = a.w, r.q[4] = b.x, r.q[5] = b.y, r.q[6] = b.z, r.q[7] = b.w;
+    r.j0 = 2 * static_cast<int>(c & 3);
+    return r;
+  }
+  __device__ __forceinline__ void put(float s, const QuantTables&, const EgTables&, uint16_t* dh, uint16_t* dl,
+                                      int vs) const {
+    const float d = f16_bits_to_f32(static_cast<uint16_t>(hdr.x & 0xffffu)) * s;
+    const float dmin = f16_bits_to_f32(static_cast<uint16_t>(hdr.x >> 16)) * s;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // unit 2c + i: sub-block j0 + i, nibble i
+      int sc, m;
+      q4k_scale_min(j0 + i, hdr.y, hdr.z, hdr.w, sc, m);
+      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {  // 8 elements: code words 2 v, 2 v + 1
+        uint32_t h[4], l[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t word = q[2 * v + (k >> 1)];
+          const int b0 = 16 * (k & 1);
+          const float q0 = static_cast<float>((word >> (b0 + 4 * i)) & 0x0Fu);
+          const float q1 = static_cast<float>((word >> (b0 + 8 + 4 * i)) & 0x0Fu);
+          eg_split2(sub_rn(mul_rn(d1, q0), m1), sub_rn(mul_rn(d1, q1), m1), h[k], l[k]);
+        }
+        *reinterpret_cast<uint4*>(dh + vs * (4 * i + v)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(dl + vs * (4 * i + v)) = make_uint4(l[0], l[1], l[2], l[3]);
+      }
+    }
   }
 };
 
@@ -506,11 +585,29 @@ struct EgUnit<GgmlType::IQ2_XXS> {
 // read as 4 words from the 4-byte boundary at or below them and, when they start 2 bytes past one (rows of
 // an odd number of blocks, or even blocks), the 2 bytes after those words (never past the block); d is
 // read by the block's first chunk and where prev is not chunk c - 1 (adj): 5-6 loads instead of the units' 10.
+// wide (rows in aligned 16-byte pieces): an even chunk loads its pair's bytes, 34 from 16 (c % 4) in the
+// block (d and the pair's 32 code bytes when c % 4 = 0; chunk c - 1's last 2 bytes and the pair's when 2, then
+// d on its own) as three 16-byte pieces, and keeps chunk c + 1's 16 in nx; the odd chunk after it (adj) takes
+// them: 3-4 loads per chunk pair instead of 10-12 (each a wavefront per row in L1).
 template <>
 struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
   using U = EgUnit<GgmlType::IQ2_XXS>;
-  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj) {
+  uint32_t nx[4];  // wide, even chunk: chunk c + 1's code words
+  __device__ __forceinline__ static EgChunk load(const uint8_t* row, int64_t c, const EgChunk& prev, bool adj,
+                                                 bool wide) {
+    if (wide && (c & 1) && adj)
+      return {{U::Raw{prev.u0.d, prev.nx[0], prev.nx[1]}, U::Raw{prev.u0.d, prev.nx[2], prev.nx[3]}}, {}};
     const uint8_t* blk = row + (c >> 2) * 66;
+    if (wide && !(c & 1)) {
+      // bytes 16 (c % 4) .. + 34 of the block: they end within the block, so the pieces within the row
+      uint32_t v[12], w[9], x[8];
+      const uint32_t m = eg_load_pieces(blk + 16 * (c & 3), v);
+      eg_words_at(v, m, w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = __funnelshift_r(w[i], w[i + 1], 16);  // from byte 2 on
+      const uint32_t d = (c & 3) == 0 ? (w[0] & 0xFFFFu) : ld(reinterpret_cast<const uint16_t*>(blk));
+      return {{U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}}, {x[4], x[5], x[6], x[7]}};
+    }
     const uint8_t* q = blk + 2 + 16 * (c & 3);
     const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(q) & 3u);  // 0 or 2
     const uint32_t* w = reinterpret_cast<const uint32_t*>(q - mis);
@@ -523,7 +620,7 @@ struct EgChunk<GgmlType::IQ2_XXS> : EgUnits<GgmlType::IQ2_XXS> {
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = __funnelshift_r(v[i], v[i + 1], sh);
     const uint32_t d = (c & 3) == 0 || !adj ? ld(reinterpret_cast<const uint16_t*>(blk)) : prev.u0.d;
-    return {{U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}}};
+    return {{U::Raw{d, x[0], x[1]}, U::Raw{d, x[2], x[3]}}, {}};
   }
   // The code path (CudaContext::expert_gemm_codes): both units' codes and, returned, the block's scale d / 8.
   __device__ __forceinline__ float put_codes(const EgTables& et, uint16_t* dh, int vs) const {

@@ -334,14 +334,15 @@ __device__ __forceinline__ void wg_consume(WgSmem& sm, float* __restrict__ out, 
 }
 #endif
 
-// grid (ceil(R / k_eg_rows), plan max tiles); tiles[y] = {expert, first list index, count}.
+// grid (ceil(R / k_eg_rows), plan max tiles); tiles[y] = {expert, first list index, count}. wide: every row
+// starts 16-byte aligned and row_bytes is a multiple of 16 (EgChunk<T>::load's aligned 16-byte pieces).
 template <GgmlType T>
 __global__ void __launch_bounds__(k_wg_threads, 1)
     expert_wgmma_kernel(float* __restrict__ out, int64_t R, ExpertRows w, size_t row_bytes, int64_t n_units,
                         const int32_t* __restrict__ list, const int4* __restrict__ tiles,
                         const int32_t* __restrict__ n_tiles, const __half* __restrict__ xth,
                         const __half* __restrict__ xtl, const __half* __restrict__ xts, const int* __restrict__ tok_exp,
-                        int x_div, bool x_exact, bool codes_on, QuantTables tab) {
+                        int x_div, bool x_exact, bool codes_on, bool wide, QuantTables tab) {
 #ifndef DSV4_EG_WGMMA
   __trap();  // never launched: expert_wgmma_available() is false for this target
 #else
@@ -375,12 +376,13 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     const int pg = tid / 128, p = tid % 128;
     const int64_t drow = r0 + p < R ? r0 + p : R - 1;  // rows past R repeat the last one (not stored)
     const uint8_t* dptr = we + drow * static_cast<int64_t>(row_bytes);
-    const int e_r = codes ? 0 : split_exponent(RowBound<T>::partial(dptr, n_units, 0, 1));
-    if (pg == 0) sm.e_r[p] = e_r;  // read by the consumers' epilogue, after a full[] barrier
-    const float s_r = eg_pow2(e_r);
+    // Row p's exponent, from one warpgroup (the other reads it after the barrier below; the consumers'
+    // epilogue after a full[] barrier).
+    if (pg == 0) sm.e_r[p] = codes ? 0 : split_exponent(RowBound<T>::partial(dptr, n_units, 0, 1));
     EgUnit<T>::tables(sm.tables, tab, tid, k_wg_producers);
     asm volatile("bar.sync %0, %1;\n" ::"n"(1 + 2 * k_eg_stages), "n"(k_wg_producers)
-                 : "memory");  // the producers' tables
+                 : "memory");  // the producers' tables and row exponents
+    const float s_r = eg_pow2(sm.e_r[p]);
     // Row p's units start at cores (p / 8, 0) and (p / 8, 4), row p % 8.
     const int wofs = wg_off(p, 0);
     constexpr int upc = k_eg_bk / 32;  // units per chunk
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(k_wg_threads, 1)
     // reuses only when it is the chunk just before it (adj).
     auto load2 = [&](int i, const Raw2& prev) {
       const int c = chunk_of(i);
-      return EgChunk<T>::load(dptr, static_cast<int64_t>(c), prev, i > 0 && chunk_of(i - 1) == c - 1);
+      return EgChunk<T>::load(dptr, static_cast<int64_t>(c), prev, i > 0 && chunk_of(i - 1) == c - 1, wide);
     };
     auto step = [&](int i, const Raw2& raw) {
       const int c = chunk_of(i), s = c % k_eg_stages;
@@ -503,10 +505,12 @@ void launch_expert_wgmma(const CudaContext& ctx, float* out, int64_t R, const Te
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (expert_gemm_type<T>()) {
       allow_smem(expert_wgmma_kernel<T>, sizeof(WgSmem));
+      auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      const bool wide = w.row_bytes() % 16 == 0 && a16(wr.dev) && a16(wr.host) && a16(wr.stage);
       const dim3 grid(ceil_div(R, k_eg_rows), static_cast<unsigned>(a.max_tiles));
       launch_kernel(expert_wgmma_kernel<T>, grid, k_wg_threads, sizeof(WgSmem), ctx.stream, out, R, wr, w.row_bytes(),
                     cols / 32, a.list, a.tiles, a.n_tiles, a.xth, a.xtl, a.xts, a.e_t, a.x_div, a.x_exact,
-                    ctx.expert_gemm_codes, ctx.tables);
+                    ctx.expert_gemm_codes, wide, ctx.tables);
       CUDA_CHECK_LAUNCH();
     } else {
       DSV4_ASSERT(false, "moe_experts: grouped GEMM for %s", ggml_type_name(T));
