@@ -432,7 +432,7 @@ const char* k_usage =
     "  --no-token-matvec   matmuls of 2..4 tokens on the tiles instead of the token matvec\n"
     "  --no-gemm-cache     the cuBLAS matmuls split their weights every call (the default keeps the splits)\n"
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
-    "                      auto (default: N by weight type, 32 IQ2_XXS, 96 Q4_K, else 64), on (every expert), off (the "
+    "                      auto (default: N by weight type, 32 IQ2_XXS and Q4_K, else 64), on (every expert), off (the "
     "tile), or N\n"
     "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS and Q2_K weights as f16 hi/lo splits, not integer codes\n";
 

@@ -392,7 +392,7 @@ int main(int argc, char** argv) {
       "  --no-int-dot  decode experts on the float matvec\n"
       "  --no-int8-tiles  tiles of int8-quantised x on f16 MMAs (x hi + lo) instead of int8 ones\n"
       "  --expert-gemm M  prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
-      "                 auto (default: N by weight type, 32 IQ2_XXS, 96 Q4_K, else 64), on (every expert), off (the "
+      "                 auto (default: N by weight type, 32 IQ2_XXS and Q4_K, else 64), on (every expert), off (the "
       "tile), or N\n"
       "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS and Q2_K weights as f16 hi/lo splits, not integer codes\n"
       "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n"

@@ -133,19 +133,20 @@ const char* act_quant_fusion_name(ActQuantFusion mode) {
 
 int expert_gemm_auto_min(GgmlType gate_type) {
   // H100, one layer of Flash experts, uniform routing (bench_cuda_ops --expert-gemm off|on): the q2 experts
-  // (IQ2_XXS gate/up, Q2_K down) on the GEMM lose at 18 assignments per expert and win from 24 on; Q4_K
-  // loses at 48 and wins at 96 (crossing near 83).
+  // (IQ2_XXS gate/up, Q2_K down) and, since its wider producer loads, the Q4_K ones on the GEMM lose at 18
+  // assignments per expert and win from 24 on.
   switch (gate_type) {
-    case GgmlType::IQ2_XXS: return 32;
-    case GgmlType::Q4_K: return 96;
+    case GgmlType::IQ2_XXS:
+    case GgmlType::Q4_K: return 32;
     default: return 64;
   }
 }
 
 std::string expert_gemm_auto_text() {
-  return std::to_string(expert_gemm_auto_min(GgmlType::IQ2_XXS)) + " IQ2_XXS, " +
-         std::to_string(expert_gemm_auto_min(GgmlType::Q4_K)) + " Q4_K, else " +
-         std::to_string(expert_gemm_auto_min(GgmlType::Q8_0));
+  const int iq2 = expert_gemm_auto_min(GgmlType::IQ2_XXS), q4 = expert_gemm_auto_min(GgmlType::Q4_K);
+  return (iq2 == q4 ? std::to_string(iq2) + " IQ2_XXS and Q4_K"
+                    : std::to_string(iq2) + " IQ2_XXS, " + std::to_string(q4) + " Q4_K") +
+         ", else " + std::to_string(expert_gemm_auto_min(GgmlType::Q8_0));
 }
 
 expected<int> parse_expert_gemm(std::string_view text) {

@@ -51,9 +51,9 @@ enum class CudaDupOp : unsigned {
 inline constexpr int k_expert_gemm_auto = -1;
 // The grouped expert GEMM's threshold under "auto": experts with at least this many assignments in a
 // prefill batch, by the gate/up weight type (where the GEMM and the tile cross, measured per type:
-// docs/design-notes/moe-grouped-gemm.md) — IQ2_XXS (the q2 files) 32, Q4_K 96, others 64.
+// docs/design-notes/moe-grouped-gemm.md) — IQ2_XXS (the q2 files) and Q4_K 32, others 64.
 int expert_gemm_auto_min(GgmlType gate_type);
-// "32 IQ2_XXS, 96 Q4_K, else 64": expert_gemm_auto_min's thresholds as --help and the device banner print them.
+// "32 IQ2_XXS and Q4_K, else 64": expert_gemm_auto_min's thresholds as --help and the device banner print them.
 std::string expert_gemm_auto_text();
 // Batches of at least this many tokens group the routed experts by expert
 // (CudaOptions::expert_group_min; measured: PERFORMANCE.md, serving several agents).
