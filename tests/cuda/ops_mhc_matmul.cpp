@@ -106,6 +106,67 @@ void cases_mhc(Harness& h) {
                      diff_f32(b.get_f32(xq.g, h.gpu), host_act_quant(b.get_f32(xn.g, h.gpu), c.D, nq)));
     }
   }
+  if (h.want("hc_pre")) {
+    // The mix partials' kernels by batch size (one token; tokens; lanes, from 128 tokens: cuda_mhc.cu) give
+    // every token the same bits: a batch's rows equal each of its tokens' hc_pre alone (a partial last slice:
+    // D = 200, hc = 4).
+    const C inv[] = {{256, 4, 150, GgmlType::F16, false},
+                     {128, 2, 131, GgmlType::BF16, false},
+                     {200, 4, 129, GgmlType::F32, false},
+                     {256, 4, 40, GgmlType::F16, false},
+                     {4096, 4, 300, GgmlType::F16, true}};
+    for (const C& c : inv) {
+      if (c.flash && !h.flash) continue;
+      const int64_t mix = (2 + c.hc) * c.hc, w = c.hc * c.D;
+      Bufs b(h);
+      const std::vector<float> sv = random_normal(r, static_cast<size_t>(c.n * w));
+      Pair fn = b.random_weight(c.fn, Shape(w, mix));
+      Pair scale = b.weight_f32(random_uniform(r, 3, 0.5f, 2.0f), Shape(3));
+      Pair base = b.weight_f32(random_normal(r, static_cast<size_t>(mix), 0.5f), Shape(mix));
+      Pair nw = b.weight_f32(random_uniform(r, static_cast<size_t>(c.D), 0.5f, 1.5f), Shape(c.D));
+      // hc_pre of tokens [j0, j0 + n) on the GPU: u, post, comb, xn one after another.
+      auto run = [&](int64_t j0, int64_t n) {
+        Pair state = b.f32(std::vector<float>(sv.begin() + j0 * w, sv.begin() + (j0 + n) * w), Shape(c.D, c.hc, n));
+        Pair u = b.out(GgmlType::F32, Shape(c.D, n)), post = b.out(GgmlType::F32, Shape(c.hc, n));
+        Pair comb = b.out(GgmlType::F32, Shape(c.hc, c.hc, n)), xn = b.out(GgmlType::F32, Shape(c.D, n));
+        h.gpu.hc_pre({.u = u.g,
+                      .post = post.g,
+                      .comb = comb.g,
+                      .state = state.g,
+                      .fn = fn.g,
+                      .scale = scale.g,
+                      .base = base.g,
+                      .norm_eps = 1e-6f,
+                      .hc_eps = 1e-6f,
+                      .sinkhorn_iters = 20,
+                      .norm_out = xn.g,
+                      .norm_w = nw.g,
+                      .norm_rms_eps = 1e-6f});
+        std::vector<float> all;
+        for (const Pair* p : {&u, &post, &comb, &xn}) {
+          const std::vector<float> v = b.get_f32(p->g, h.gpu);
+          all.insert(all.end(), v.begin(), v.end());
+        }
+        return all;
+      };
+      const std::vector<float> batch = run(0, c.n);
+      const int64_t per = c.D + c.hc + c.hc * c.hc + c.D;  // one token's values in run's order
+      for (const int64_t j : {int64_t{0}, c.n / 2, c.n - 1}) {
+        const std::vector<float> one = run(j, 1);
+        std::vector<float> want;
+        int64_t at = 0;
+        for (const int64_t k : {c.D, c.hc, c.hc * c.hc, c.D}) {
+          want.insert(want.end(), batch.begin() + at + j * k, batch.begin() + at + (j + 1) * k);
+          at += c.n * k;
+        }
+        DSV4_ASSERT(static_cast<int64_t>(want.size()) == per, "hc_pre invariance: %zu values", want.size());
+        h.report.exact("hc_pre batch == one token",
+                       strfmt("[%lld of %lld,%lld,%lld] fn %s", (long long)j, (long long)c.n, (long long)c.hc,
+                              (long long)c.D, ggml_type_name(c.fn)),
+                       diff_f32(one, want));
+      }
+    }
+  }
   if (h.want("hc_post")) {
     for (const C& c : shapes) {
       if (c.flash && !h.flash) continue;

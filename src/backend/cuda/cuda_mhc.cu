@@ -17,7 +17,11 @@
 //              loaded and decoded once for the 4 tokens, the 4 warps of a block
 //              on one slice (one token per warp read fn from L2 once per token
 //              and slice: 12x the state's bytes, ~0.4 ms of a 2,048-token call).
-//              The partials' bits do not depend on the grouping or the batch.
+//              From 128 tokens (n_mix 24 or 8): two threads per token, each
+//              forming all 32 lane chains of its rows and adding them in
+//              warp_sum's tree without shuffles (hc_mix_partial_lanes_kernel).
+//              The partials' bits do not depend on the grouping or the batch
+//              (test_cuda_ops: "hc_pre batch == one token").
 //           2. finalize: one block per token (batches > 16 tokens: the
 //              register-light loop path below, 3 blocks per SM); the block copies the partials
 //              to shared memory, one warp per mix row (and one for the sum of
@@ -237,6 +241,190 @@ __global__ void __launch_bounds__(128)
       }
     }
   }
+}
+
+// Large batches (n >= k_mix_lanes_min): a block per (k_mix_lanes_tokens tokens,
+// slice s), two threads per token (thread p: mix rows p NM / 2 ..), the same
+// bits again without shuffles. A thread forms its rows' partials of (t, s)
+// alone: chain l (l = 0..31) is what lane l of the warp kernels forms (its 8
+// elements [256 s + 8 l, +8) in element order, one fmaf chain per mix row; the
+// squares in double, thread 0 of the pair), and the chains are added in
+// warp_sum's tree — l with l + 16, then with l + 8, 4, 2, 1 — which is the
+// order in which a binary counter adds them when they come in bit-reversed
+// order (0, 16, 8, 24, 4, ...): chain i of that order goes in with one
+// addition per trailing one bit of i (mix_tree_push within a quarter, then
+// the quarters). Quarter q of that order is the chains l = 4 br3(j) + br2(q),
+// j = 0..7.
+// Shared memory: the slice's fn rows decoded once per block as floats (the
+// values the warp kernels decode; a warp reads two addresses, in distinct
+// banks), and x̄ by quarters, double-buffered: cp.async brings quarter q + 1
+// (the block's tokens x 8 chains of 32 bytes, 32 KiB) while quarter q is
+// summed (a thread loading its own token would keep only a chain's 32 bytes
+// in flight). Two threads per token (12 rows each, 128 registers: ptxas spills
+// ~90 bytes) measured 3% faster than one (24 rows, 212 registers, half the
+// warps per SM); either takes about half the instructions of the tokens
+// kernel, whose 5-step shuffle trees per (t, s, m) were ~30% of its
+// instructions and most of its short-scoreboard stalls (ncu, H100, n = 4,096:
+// 503 -> 258 us; PERFORMANCE.md "Where the time goes").
+constexpr int k_mix_lanes_tokens = 128;                      // tokens per block
+constexpr int k_mix_lanes_threads = 2 * k_mix_lanes_tokens;  // two threads per token
+constexpr int64_t k_mix_lanes_min = 128;                     // batches of at least this many tokens
+constexpr int k_mix_lanes_xs = 8 * 8 + 4;  // floats per token row of a quarter's x̄ (+16 bytes: LDS.128 conflict-free)
+constexpr int k_mix_lanes_fs = k_mix_slice + 4;  // floats per fn row (+16 bytes: the pair's rows in distinct banks)
+template <int NM>
+constexpr size_t mix_lanes_smem() {
+  return (static_cast<size_t>(NM) * k_mix_lanes_fs + 2 * k_mix_lanes_tokens * k_mix_lanes_xs) * sizeof(float);
+}
+
+// Adds chain number I of the bit-reversed order into the tree levels st (warp_sum's pairing): returns the
+// level-k sum a chain completes (k = the trailing one bits of I), kept in st[k] for a later partner.
+template <int I, typename V>
+__device__ __forceinline__ V mix_tree_push(V (&st)[3], V v) {
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    if (!((I >> k) & 1)) {
+      st[k] = v;
+      return v;
+    }
+    if constexpr (std::is_same_v<V, double>)
+      v = __dadd_rn(st[k], v);
+    else
+      v = __fadd_rn(st[k], v);
+  }
+  return v;  // I = 7: the level-3 sum of the eight
+}
+__host__ __device__ constexpr int mix_bitrev3(int j) { return ((j & 1) << 2) | (j & 2) | ((j & 4) >> 2); }
+
+// NM mix rows (n_mix == NM: 24 for hc = 4, 8 for hc = 2).
+template <GgmlType T, int NM>
+__global__ void __launch_bounds__(k_mix_lanes_threads, 2)
+    hc_mix_partial_lanes_kernel(const float* state, int64_t n, int64_t len, const uint8_t* fn, size_t fn_row_bytes,
+                                int S, float* part_dot, double* part_ss, QuantTables tab) {
+  constexpr int U = WeightUnit<T>::U, E = k_mix_lane, TB = k_mix_lanes_tokens, P = k_mix_lanes_threads / TB;
+  constexpr int R = NM / P, RG = R % 2 == 0 ? 2 : 1;  // rows per thread; rows whose weights are loaded together
+  static_assert(E % U == 0 && E == 8, "a chain is 8 elements: whole units");
+  static_assert(NM % P == 0, "whole rows per thread");
+  extern __shared__ __align__(16) float mix_lanes_smem[];
+  float* fs = mix_lanes_smem;                        // fs[m k_mix_lanes_fs + e]: fn row m, element 256 s + e
+  float* xq = mix_lanes_smem + NM * k_mix_lanes_fs;  // [2][TB][k_mix_lanes_xs]: quarter q's chains j = 0..7
+  const int64_t s = blockIdx.y, tb = static_cast<int64_t>(blockIdx.x) * TB;
+  const int n_chains = static_cast<int>(min(int64_t{32}, (len - s * k_mix_slice) / E));  // len % 8 == 0
+  // The slice of fn (a constant weight: before pdl_enter, overlapping the predecessor). Chains past len (a
+  // partial last slice) are skipped below, as the warp kernels' lanes past it.
+  for (int i = threadIdx.x; i < NM * 32; i += blockDim.x) {
+    const int m = i >> 5, l = i & 31;
+    if (l >= n_chains) continue;
+    float w[E];
+    const uint8_t* row = fn + static_cast<int64_t>(m) * fn_row_bytes;
+#pragma unroll
+    for (int u = 0; u < E / U; ++u) WeightUnit<T>::decode(row, (s * k_mix_slice + 8 * l) / U + u, w + u * U, tab);
+    float4* d = reinterpret_cast<float4*>(fs + m * k_mix_lanes_fs + 8 * l);
+    d[0] = make_float4(w[0], w[1], w[2], w[3]);
+    d[1] = make_float4(w[4], w[5], w[6], w[7]);
+  }
+  pdl_enter();
+  // Quarter q's x̄ into buffer q & 1: 16-byte pieces, 16 per token (8 chains x 2), consecutive threads along a
+  // token's pieces.
+  auto fetch = [&](int q) {
+    const int lq = ((q & 1) << 1) | (q >> 1);
+    float* dst = xq + (q & 1) * TB * k_mix_lanes_xs;
+    for (int c = threadIdx.x; c < TB * 16; c += blockDim.x) {
+      const int tk = c >> 4, j = (c >> 1) & 7, h = c & 1, l = 4 * mix_bitrev3(j) + lq;
+      if (tb + tk < n && l < n_chains)
+        cp_async_vec(reinterpret_cast<float4*>(dst + tk * k_mix_lanes_xs + 8 * j + 4 * h),
+                     reinterpret_cast<const float4*>(state + (tb + tk) * len + s * k_mix_slice + 8 * l + 4 * h));
+    }
+    cp_async_commit();
+  };
+  fetch(0);
+  const int tk = static_cast<int>(threadIdx.x) / P, p = static_cast<int>(threadIdx.x) % P;
+  const int64_t t = tb + tk;
+  const float* fr = fs + p * R * k_mix_lanes_fs;  // this thread's rows
+  float lv3[R], lv4[R];                           // the tree's levels 3 and 4 (quarters 0 + 1, then (0 + 1) + (2 + 3))
+  double sv3 = 0.0, sv4 = 0.0;
+#pragma unroll 1
+  for (int q = 0; q < 4; ++q) {
+    if (q + 1 < 4) {
+      fetch(q + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // quarter q's x̄ (and, the first time, fs) visible to the block
+    const int lq = ((q & 1) << 1) | (q >> 1);
+    const float* xr = xq + (q & 1) * TB * k_mix_lanes_xs + tk * k_mix_lanes_xs;
+    float st[R][3], g[R];
+    double sst[3], gs = 0.0;
+    auto chain = [&](auto jtag) {
+      constexpr int J = decltype(jtag)::value;
+      const int l = 4 * mix_bitrev3(J) + lq;
+      const bool on = l < n_chains;  // uniform: a chain past len is 0
+      float x[E];
+      if (on) {
+        const float4 a = reinterpret_cast<const float4*>(xr + 8 * J)[0],
+                     b = reinterpret_cast<const float4*>(xr + 8 * J)[1];
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      }
+      if (p == 0) {
+        double ss = 0.0;
+        if (on)
+#pragma unroll
+          for (int j = 0; j < E; ++j) ss += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+        gs = mix_tree_push<J>(sst, ss);
+      }
+      // RG rows at a time: their 8 weights each, then the RG chains interleaved element by element.
+#pragma unroll
+      for (int r0 = 0; r0 < R; r0 += RG) {
+        float c[RG];
+#pragma unroll
+        for (int r = 0; r < RG; ++r) c[r] = 0.0f;
+        if (on) {
+          float wv[RG][E];
+#pragma unroll
+          for (int r = 0; r < RG; ++r) {
+            const float4* w = reinterpret_cast<const float4*>(fr + (r0 + r) * k_mix_lanes_fs + 8 * l);
+            const float4 w0 = w[0], w1 = w[1];
+            wv[r][0] = w0.x, wv[r][1] = w0.y, wv[r][2] = w0.z, wv[r][3] = w0.w;
+            wv[r][4] = w1.x, wv[r][5] = w1.y, wv[r][6] = w1.z, wv[r][7] = w1.w;
+          }
+#pragma unroll
+          for (int j = 0; j < E; ++j)
+#pragma unroll
+            for (int r = 0; r < RG; ++r) c[r] = fmaf(wv[r][j], x[j], c[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < RG; ++r) g[r0 + r] = mix_tree_push<J>(st[r0 + r], c[r]);
+      }
+    };
+    chain(std::integral_constant<int, 0>{});
+    chain(std::integral_constant<int, 1>{});
+    chain(std::integral_constant<int, 2>{});
+    chain(std::integral_constant<int, 3>{});
+    chain(std::integral_constant<int, 4>{});
+    chain(std::integral_constant<int, 5>{});
+    chain(std::integral_constant<int, 6>{});
+    chain(std::integral_constant<int, 7>{});
+    // g: the quarter's level-3 sums; levels 3 and 4 as a binary counter over the quarters.
+    if (q == 0 || q == 2) {
+#pragma unroll
+      for (int m = 0; m < R; ++m) lv3[m] = g[m];
+      sv3 = gs;
+    } else {
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        const float v = __fadd_rn(lv3[m], g[m]);
+        lv4[m] = q == 1 ? v : __fadd_rn(lv4[m], v);
+      }
+      const double v = __dadd_rn(sv3, gs);
+      sv4 = q == 1 ? v : __dadd_rn(sv4, v);
+    }
+    __syncthreads();  // every thread is done with buffer q & 1 before quarter q + 2's copy lands there
+  }
+  if (t >= n) return;
+  float* pd = part_dot + (t * S + s) * NM + p * R;
+#pragma unroll
+  for (int m = 0; m < R; ++m) pd[m] = lv4[m];
+  if (p == 0) part_ss[t * S + s] = sv4;
 }
 
 // mix[m] = rho * (sum over slices of the dot partials); rho from the double
@@ -628,7 +816,9 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
   DSV4_ASSERT(reinterpret_cast<uintptr_t>(state.data) % 16 == 0, "hc: state not 16-byte aligned");
   DSV4_ASSERT(len % 8 == 0, "hc: state width %lld (a multiple of 8)", static_cast<long long>(len));
   const int S = static_cast<int>((len + k_mix_slice - 1) / k_mix_slice);
-  const bool tokens = n > k_mix_tokens_min;  // the tokens kernel (the results do not depend on the choice)
+  // The kernel by batch size (the results do not depend on the choice).
+  const bool lanes = n >= k_mix_lanes_min && (n_mix == 24 || n_mix == 8);
+  const bool tokens = !lanes && n > k_mix_tokens_min;
   const int64_t warps = tokens ? S * ((n + k_mix_tt - 1) / k_mix_tt) : n * S * ((n_mix + k_mix_pre - 1) / k_mix_pre);
   DSV4_ASSERT(S <= 65535 && warps / 4 < 0x7fffffff, "hc: state of %lld x %lld too large", static_cast<long long>(n),
               static_cast<long long>(len));
@@ -644,7 +834,21 @@ int run_mix_partials(const CudaContext& ctx, const Tensor& state, const Tensor& 
   };
   auto go_type = [&](auto type_tag) {
     constexpr GgmlType T = decltype(type_tag)::value;
-    if (tokens)
+    if (lanes) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(n, int64_t{k_mix_lanes_tokens})), static_cast<unsigned>(S));
+      auto go_lanes = [&](auto nm_tag) {
+        constexpr int NM = decltype(nm_tag)::value;
+        auto* kernel = hc_mix_partial_lanes_kernel<T, NM>;
+        allow_smem(kernel, mix_lanes_smem<NM>());
+        launch_kernel(kernel, grid, k_mix_lanes_threads, mix_lanes_smem<NM>(), ctx.stream, state.f32(), n, len,
+                      static_cast<const uint8_t*>(fn.data), fn.row_bytes(), S, *part_dot, *part_ss, ctx.tables);
+        CUDA_CHECK_LAUNCH();
+      };
+      if (n_mix == 24)
+        go_lanes(std::integral_constant<int, 24>{});
+      else
+        go_lanes(std::integral_constant<int, 8>{});
+    } else if (tokens)
       go(hc_mix_partial_tokens_kernel<T>);
     else
       go(hc_mix_partial_kernel<T>);
