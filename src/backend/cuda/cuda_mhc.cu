@@ -38,9 +38,12 @@
 //              with HcPreOp::norm_out, the same block then writes RMSNorm(u; w)
 //              with rms_norm_kernel's row code (the sublayer's input norm: one
 //              launch less per sublayer), and with HcPreOp::norm_quant INT8_32
-//              for batches of <= 16 tokens also its quantised copy
-//              (block_rms_norm_regs' q8: `fast` numerics' act_quant in the
-//              decode chain's kernel; larger batches: an act_quant launch).
+//              also its quantised copy (block_rms_norm_regs' q8: `fast`
+//              numerics' act_quant inside the finalize): for batches of more
+//              than 16 tokens by default (CudaContext::fuse_act_quant; H100,
+//              hc_pre with its norm at 4,096 tokens 607 -> 541 us against a
+//              separate act_quant launch), for decode steps only with
+//              --act-quant-fusion=all (slower there: fast-numerics.md).
 //           S depends only on hc*D, so results never depend on the batch size.
 //           (A block per (token, slice, 8 rows) with block-wide reductions
 //           measured 1.5 ms per prefill call of 2,048 tokens.)
@@ -574,9 +577,8 @@ __device__ __forceinline__ void hc_pre_finalize_body(const float* state, int64_t
                                                      const float* base, float norm_eps, float hc_eps, int iters,
                                                      float* u, float* post, float* comb, float* xn, const float* xn_w,
                                                      float xn_eps, float* xq8_arg) {
-  // The quantised copy only in the register kernel (small batches: one launch fewer in the decode chain); the
-  // loop kernel's launcher quantises by a launch after it (the code kept out of its 85 registers).
-  float* const xq8 = Regs ? xq8_arg : nullptr;
+  // The quantised copy (INT8_32) inside the norm when the launcher passes it (launch_hc_pre: which path when).
+  float* const xq8 = xq8_arg;
   extern __shared__ unsigned char fin_sm[];
   __shared__ float mix[(2 + k_max_hc) * k_max_hc];
   __shared__ float pre[k_max_hc];
@@ -701,7 +703,8 @@ __global__ void hc_pre_finalize_kernel(DSV4_HC_FINALIZE_PARAMS) {
 }
 
 // Larger batches (throughput): the loop path, at most 85 registers (3 blocks
-// of 256 threads per SM; ptxas: 80 registers, a few bytes of spills).
+// of 256 threads per SM; ptxas: 80 registers, 64 / 96 bytes of spill stores /
+// loads with the norm's quantiser compiled in).
 __global__ void __launch_bounds__(256, 3) hc_pre_finalize_loop_kernel(DSV4_HC_FINALIZE_PARAMS) {
   pdl_enter();
   hc_pre_finalize_body<true, false>(DSV4_HC_FINALIZE_ARGS);
@@ -889,10 +892,13 @@ void launch_hc_pre(const CudaContext& ctx, const HcPreOp& op) {
   const bool quant = op.norm_out && op.norm_quant != ActQuant::NONE;
   DSV4_ASSERT(!quant || (op.norm_q.ne[0] == D && op.norm_q.n_rows() >= n), "hc_pre: quantised norm output shape");
   if (n == 0) return;
-  // INT8_32 in the register kernel's norm (rows its 256 threads hold in registers); otherwise an act_quant
-  // launch after it.
+  // INT8_32 inside the finalize's norm (rows its 256 threads hold in registers): in the loop kernel (larger
+  // batches) whenever quantisation is fused (ctx.fuse_act_quant), in the register kernel (decode) only with
+  // every norm's quantiser fused (ctx.fuse_act_quant_norms: slower at decode); otherwise an act_quant launch
+  // after it.
   const bool loop = n > k_finalize_tr_min;
-  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && ctx.fuse_act_quant_norms && !loop && D <= k_norm_reg * 256
+  float* xq8 = quant && op.norm_quant == ActQuant::INT8_32 && (loop ? ctx.fuse_act_quant : ctx.fuse_act_quant_norms) &&
+                       D <= k_norm_reg * 256
                    ? op.norm_q.f32()
                    : nullptr;
   float* part_dot;

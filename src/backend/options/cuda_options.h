@@ -61,7 +61,8 @@ inline constexpr int64_t k_expert_group_auto_min = 65;
 
 // Where `fast` numerics' INT8_32 activation quantisation runs on CUDA (CudaOptions::act_quant_fusion; the
 // same bits every way): AUTO inside the kernels where that measured faster than a separate act_quant launch
-// (the SwiGLUs, the decode experts' digit split of mid, the int8 matvec's staging of wo_b's input), ALL also
+// (the SwiGLUs, the decode experts' digit split of mid, the int8 matvec's staging of wo_b's input, hc_pre's
+// fused norm in batches of more than 16 tokens), ALL also
 // in the norms (rms_norm, hc_pre's fused norm: a warp quantises the row's blocks it holds; its first form
 // measured slower than the separate launch, the form since not yet measured), OFF: every quantisation its
 // own act_quant launch after the producer.
