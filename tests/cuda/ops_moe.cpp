@@ -318,7 +318,9 @@ void cases_moe(Harness& h) {
     // fast numerics: x and the mid vector quantised (MoeExpertsOp::x_quant, mid_quant) on every path: decode,
     // the tiles, the grouped GEMM (which then drops the x_lo products: n = 600 gives ~150 per expert). The
     // GPU's mid agrees with the CPU's to f32 rounding, and a value that lands within that of an int8 rounding
-    // boundary moves by one step (about once per 250,000 values; NMSE ~2e-7 per step at F = 256): k_thr_sim.
+    // boundary moves by one step (about once per 250,000 values; NMSE ~2e-7 per step at F = 256): k_thr_sim,
+    // times 16 / n below 16 tokens, where one step is a larger share of the few tokens' outputs (n = 5, seed
+    // 14137725081619323530 with --cpu-experts 0.5: 1.9e-6, one step).
     // And the rounding happened: the result is off the CPU without mid_quant by far more.
     // "degenerate": the Q2_K down blocks' d is 0, 1e-7 (dmin / d beyond the grouped GEMM's codes range:
     // EgChunk<Q2_K>::put_codes rescales by a power of two) or as random_weight makes it, in turn; with
@@ -378,7 +380,7 @@ void cases_moe(Harness& h) {
         h.cpu.moe_experts(c);
         const std::string sp = strfmt("%s/%s n=%lld mid int8-32%s", ggml_type_name(m.gate_up), ggml_type_name(m.down),
                                       (long long)m.n, m.degenerate ? " degenerate" : "");
-        h.report.nmse("moe_experts", sp, b.diff(out), k_thr_sim);
+        h.report.nmse("moe_experts", sp, b.diff(out), k_thr_sim * std::max(1.0, 16.0 / static_cast<double>(m.n)));
         const double moved = diff_f32(b.get_f32(out.g, h.gpu), b.get_f32(plain.c, h.cpu)).nmse;
         h.report.check("moe_experts", sp + " vs unquantised", moved > 1e-7, strfmt("nmse %9.2e (> 1e-7)", moved));
       }
