@@ -4,6 +4,34 @@
 
 namespace dsv4::cudatest {
 
+namespace {
+
+// hc_pre's tensors on both backends (xq, nq: the norm's quantised copy, optional) and the op over one side's
+// (side: &Pair::c, the CPU's, or &Pair::g).
+struct HcPreTensors {
+  Pair u, post, comb, state, fn, scale, base, xn, nw, xq;
+  ActQuant nq = ActQuant::NONE;
+  HcPreOp op(Tensor Pair::*side) const {
+    return {.u = u.*side,
+            .post = post.*side,
+            .comb = comb.*side,
+            .state = state.*side,
+            .fn = fn.*side,
+            .scale = scale.*side,
+            .base = base.*side,
+            .norm_eps = 1e-6f,
+            .hc_eps = 1e-6f,
+            .sinkhorn_iters = 20,
+            .norm_out = xn.*side,
+            .norm_w = nw.*side,
+            .norm_rms_eps = 1e-6f,
+            .norm_q = xq.*side,
+            .norm_quant = nq};
+  }
+};
+
+}  // namespace
+
 void cases_mhc(Harness& h) {
   Rng& r = h.rng;
   if (h.want("embed")) {
@@ -63,36 +91,9 @@ void cases_mhc(Harness& h) {
       // launch after it.
       Pair xq = b.out(GgmlType::F32, Shape(c.D, c.n));
       const ActQuant nq = c.n == 5 ? ActQuant::FP8_128 : ActQuant::INT8_32;
-      h.cpu.hc_pre({.u = u.c,
-                    .post = post.c,
-                    .comb = comb.c,
-                    .state = state.c,
-                    .fn = fn.c,
-                    .scale = scale.c,
-                    .base = base.c,
-                    .norm_eps = 1e-6f,
-                    .hc_eps = 1e-6f,
-                    .sinkhorn_iters = 20,
-                    .norm_out = xn.c,
-                    .norm_w = nw.c,
-                    .norm_rms_eps = 1e-6f,
-                    .norm_q = xq.c,
-                    .norm_quant = nq});
-      h.gpu.hc_pre({.u = u.g,
-                    .post = post.g,
-                    .comb = comb.g,
-                    .state = state.g,
-                    .fn = fn.g,
-                    .scale = scale.g,
-                    .base = base.g,
-                    .norm_eps = 1e-6f,
-                    .hc_eps = 1e-6f,
-                    .sinkhorn_iters = 20,
-                    .norm_out = xn.g,
-                    .norm_w = nw.g,
-                    .norm_rms_eps = 1e-6f,
-                    .norm_q = xq.g,
-                    .norm_quant = nq});
+      const HcPreTensors tp{u, post, comb, state, fn, scale, base, xn, nw, xq, nq};
+      h.cpu.hc_pre(tp.op(&Pair::c));
+      h.gpu.hc_pre(tp.op(&Pair::g));
       const std::string s =
           strfmt("[%lld,%lld,%lld] fn %s", (long long)c.n, (long long)c.hc, (long long)c.D, ggml_type_name(c.fn));
       h.report.nmse("hc_pre u", s, b.diff(u), k_thr_f32);
@@ -129,19 +130,7 @@ void cases_mhc(Harness& h) {
         Pair state = b.f32(std::vector<float>(sv.begin() + j0 * w, sv.begin() + (j0 + n) * w), Shape(c.D, c.hc, n));
         Pair u = b.out(GgmlType::F32, Shape(c.D, n)), post = b.out(GgmlType::F32, Shape(c.hc, n));
         Pair comb = b.out(GgmlType::F32, Shape(c.hc, c.hc, n)), xn = b.out(GgmlType::F32, Shape(c.D, n));
-        h.gpu.hc_pre({.u = u.g,
-                      .post = post.g,
-                      .comb = comb.g,
-                      .state = state.g,
-                      .fn = fn.g,
-                      .scale = scale.g,
-                      .base = base.g,
-                      .norm_eps = 1e-6f,
-                      .hc_eps = 1e-6f,
-                      .sinkhorn_iters = 20,
-                      .norm_out = xn.g,
-                      .norm_w = nw.g,
-                      .norm_rms_eps = 1e-6f});
+        h.gpu.hc_pre(HcPreTensors{u, post, comb, state, fn, scale, base, xn, nw}.op(&Pair::g));
         std::vector<float> all;
         for (const Pair* p : {&u, &post, &comb, &xn}) {
           const std::vector<float> v = b.get_f32(p->g, h.gpu);
