@@ -264,11 +264,12 @@ __global__ void __launch_bounds__(128)
 // (the block's tokens x 8 chains of 32 bytes, 32 KiB) while quarter q is
 // summed (a thread loading its own token would keep only a chain's 32 bytes
 // in flight). Two threads per token (12 rows each, 128 registers: ptxas spills
-// ~90 bytes) measured 3% faster than one (24 rows, 212 registers, half the
-// warps per SM); either takes about half the instructions of the tokens
-// kernel, whose 5-step shuffle trees per (t, s, m) were ~30% of its
-// instructions and most of its short-scoreboard stalls (ncu, H100, n = 4,096:
-// 503 -> 258 us; PERFORMANCE.md "Where the time goes").
+// ~90 bytes) measured faster than one (24 rows, 212 registers, half the warps
+// per SM): the kernel 258 against 281 us at 4,096 tokens (ncu, H100), hc_pre
+// 509 against 526. Either takes about half the instructions of the tokens
+// kernel (503 us), whose 5-step shuffle trees per (t, s, m) were ~30% of its
+// instructions and most of its short-scoreboard stalls (PERFORMANCE.md "Where
+// the time goes").
 constexpr int k_mix_lanes_tokens = 128;                      // tokens per block
 constexpr int k_mix_lanes_threads = 2 * k_mix_lanes_tokens;  // two threads per token
 constexpr int64_t k_mix_lanes_min = 128;                     // batches of at least this many tokens
