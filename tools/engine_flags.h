@@ -201,6 +201,13 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "Grouped GEMM: IQ2_XXS and Q2_K weights as f16 hi/lo splits (two wgmmas per x term) instead of exact "
          "integer codes with the block scale applied to the sums (one; Q2_K's mins as one more per 64 columns)")
       ->group(group);
+  cmd->add_option("--fast-attention-terms", s->fast_attention_terms,
+                  "--numerics fast: q and the softmax weights in the tensor-core attention as 1, 2 or 3 bf16 terms "
+                  "(8, 16 or 24 significant bits; 3: f32-exact, as the other numerics)")
+      ->type_name("1|2|3")
+      ->check(CLI::Range(1, 3))
+      ->capture_default_str()
+      ->group(group);
   cmd->add_option("--expert-group-min", s->expert_group_min,
                   "Routed experts of batches of at least N tokens grouped by expert (each expert's weights read once "
                   "per tile); smaller batches run the per-assignment matvec")

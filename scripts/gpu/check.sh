@@ -22,6 +22,8 @@
 #                     (auto) picks per expert by its assignments in the batch (both kernels in one batch)
 #   test_cuda_ops_eg_split  the same on the grouped GEMM with IQ2_XXS weights as f16 hi/lo splits
 #                     (--no-expert-gemm-codes) instead of integer codes
+#   test_cuda_ops_attn2, _attn1  the attention cases with `fast` ops' q and P as 2 or 1 bf16 terms
+#                     (--fast-attention-terms; the default 3 is bitwise the reference kernel)
 #   test_cuda_ops_nogather  the MoE cases with experts in host memory read in place (--no-expert-gather)
 #   test_cuda_ops_cpuexp  the MoE cases with half of a decode batch's host experts computed by the CPU
 #                     (--cpu-experts 0.5: 8-bit activations, tolerance k_thr_host_experts)
@@ -170,6 +172,8 @@ checks() {  # in a subshell of its own: its logs are packed when it ends, before
   run_step test_cuda_ops_tile "$BIN/test_cuda_ops" --no-flash --no-cublas
   run_step test_cuda_ops_eg "$BIN/test_cuda_ops" --filter moe --expert-gemm on  # Flash shapes too (also with --quick)
   run_step test_cuda_ops_eg_split "$BIN/test_cuda_ops" --filter moe --expert-gemm on --no-expert-gemm-codes
+  run_step test_cuda_ops_attn2 "$BIN/test_cuda_ops" --filter attention --fast-attention-terms 2
+  run_step test_cuda_ops_attn1 "$BIN/test_cuda_ops" --filter attention --fast-attention-terms 1
   run_step test_cuda_ops_noeg "$BIN/test_cuda_ops" --filter moe --expert-gemm off
   run_step test_cuda_ops_nogather "$BIN/test_cuda_ops" --filter moe_experts --no-flash --no-expert-gather
   run_step test_cuda_ops_cpuexp "$BIN/test_cuda_ops" --filter moe_experts --no-flash --cpu-experts 0.5

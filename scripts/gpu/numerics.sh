@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh numerics [--dry-run]
 # Summary: fast and plain against reference on the full-size synthetic Flash: mean |Δ logprob| of reference's top-20 tokens over a greedy continuation
-# Environment: PROMPTS ("122 3000"), REPEATS (1), STEPS (24), PRESET (flash-q2), FAST_SKIPS
+# Environment: PROMPTS ("122 3000"), REPEATS (1), STEPS (24), PRESET (flash-q2), FAST_SKIPS, FAST_ATTN_TERMS
 #
 # Issue #37's accuracy check of `--numerics fast` (docs/design-notes/fast-numerics.md) on the GPU machine.
 # For each prompt length L of $PROMPTS, $REPEATS prompts (random token ids from [1000, 120000), the first
@@ -15,6 +15,8 @@
 # Each step is one process over every prompt (`--tokens-file` repeated: one model load, a session each).
 # FAST_SKIPS="none;attn-in,q": more columns, fast with those inputs left unquantised (`--fast-skip`; the
 # `fast` column is the default set, attn-in unquantised; `none` quantises every input).
+# FAST_ATTN_TERMS="2;1": more columns, fast with q and P in the attention as that many bf16 terms
+# (`--fast-attention-terms`; the `fast` column takes the default).
 # The bar: fast's distance no larger than plain's (reference vs plain: measured 0.20 on the 122-token
 # prompt; random weights amplify rounding differences, so both are large).
 # The model: `--synthetic $PRESET` (generated in memory by each run: no 80 GiB file in /dev/shm, which a host
@@ -33,6 +35,10 @@ gpu_need_uint STEPS REPEATS
 [ "$REPEATS" -ge 1 ] || gpu_die "REPEATS=$REPEATS: want at least one prompt per length"
 for l in $PROMPTS; do [[ $l =~ ^[1-9][0-9]*$ ]] || gpu_die "PROMPTS: $l is not a token count"; done
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
+IFS=';' read -ra attn_terms <<<"${FAST_ATTN_TERMS:-}"
+for at in "${attn_terms[@]}"; do
+  [[ ${at// /} =~ ^[123]?$ ]] || gpu_die "FAST_ATTN_TERMS: $at is not 1, 2 or 3"
+done
 gpu_probe
 gpu_use_run_libs
 gpu_binaries dsv4
@@ -71,6 +77,13 @@ for skip in "${skips[@]}"; do
   columns+=("fast-$skip")
   gpu_run --log "$LOG/fast-$skip.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics fast \
     --fast-skip "$skip" "${seq_in[@]}" --positions "$positions" -o "$LOG/fast-$skip.f32" || rc=1
+done
+for at in "${attn_terms[@]}"; do
+  at=${at// /}
+  [ -n "$at" ] || continue
+  columns+=("fast-attn$at")
+  gpu_run --log "$LOG/fast-attn$at.log" "$DSV4" logits --synthetic "$PRESET" --backend cuda --numerics fast \
+    --fast-attention-terms "$at" "${seq_in[@]}" --positions "$positions" -o "$LOG/fast-attn$at.f32" || rc=1
 done
 gpu_dry_run && exit 0
 python3 - "$LOG" "$STEPS" "${columns[*]}" "${names[@]}" >"$LOG/numerics.txt" <<'PY'

@@ -713,6 +713,7 @@ void Model::attention_block(const DeviceLayer& L, std::span<const Segment> segs,
     a.ratio = mtp_block ? 0 : static_cast<int>(ratio);
     a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     a.keys_bf16 = ref;  // the ring and the compressed rows went through the FP8/bf16 simulation
+    a.fast = options_.numerics == Numerics::FAST;
     atts.push_back(a);
   }
   backend_.attention_seqs(atts);

@@ -264,6 +264,9 @@ struct AttentionOp {
   // simulation of the nope dims and a bf16 RoPE tail; KV_FP8 rows always are):
   // a backend may feed the keys to bf16 tensor cores without rounding them.
   bool keys_bf16 = false;
+  // `fast` numerics (a tolerance, not f32 rounding): a backend may round q and the softmax weights to fewer
+  // bits on tensor cores (CUDA: CudaOptions::fast_attention_terms).
+  bool fast = false;
 };
 
 // Router (§6.1–§6.3): s = sqrt(softplus(logits)); experts = hash table row of

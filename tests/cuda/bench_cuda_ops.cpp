@@ -56,6 +56,7 @@ struct Opts {
   std::string expert_gemm = "auto";
   bool eg_codes = true;
   bool gemm_cache = true;
+  int attn_terms = 0;  // --fast-attention-terms: the attention cases as `fast` ops with this many bf16 terms
 
   // Whether the case `name` runs (and counts it): no filter, or its name contains one of the filter's parts.
   bool wants(const std::string& name) const {
@@ -405,6 +406,7 @@ void bench_attention(Backend& gpu, Rng& r, const Opts& o) {
     op.ratio = ratio;
     op.scale = 1.0f / std::sqrt(static_cast<float>(d));
     op.keys_bf16 = true;
+    op.fast = o.attn_terms != 0;
     const int reps = o.reps > 0 ? o.reps : 4;
     const double sec = time_ops(gpu, reps, [&](int) { gpu.attention(op); });
     row(name.c_str(), sec, keys * static_cast<double>(ring.row_bytes()), 4.0 * H * d * keys);
@@ -418,7 +420,7 @@ const char* k_usage =
     "usage: bench_cuda_ops [--filter S] [--n N] [--reps R] [--no-tensor-cores] [--cublas auto|off|PATH]\n"
     "                      [--gemm-min-tokens N] [--no-int-dot] [--no-int8-matvec] [--no-int8-tiles]\n"
     "                      [--no-token-matvec] [--no-gemm-cache] [--expert-gemm auto|on|off|N]\n"
-    "                      [--no-expert-gemm-codes]\n"
+    "                      [--no-expert-gemm-codes] [--fast-attention-terms N]\n"
     "  --filter S          only cases whose name contains S (e.g. \"Q8_0\", \"moe\", \"attention\", \"hc_\"), or\n"
     "                      one of S's '|'-separated parts (\"x-int8|act_quant\"); none matching is an error\n"
     "  --n N               tokens per op (default 1: decode; e.g. 512: a prefill batch)\n"
@@ -434,7 +436,8 @@ const char* k_usage =
     "  --expert-gemm M     prefill experts with >= N assignments in a batch on the grouped wgmma GEMM:\n"
     "                      auto (default: N by weight type, 32 IQ2_XXS and Q4_K, else 64), on (every expert), off (the "
     "tile), or N\n"
-    "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS and Q2_K weights as f16 hi/lo splits, not integer codes\n";
+    "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS and Q2_K weights as f16 hi/lo splits, not integer codes\n"
+    "  --fast-attention-terms N  the attention cases as `fast` ops, q and P as N (1, 2, 3) bf16 terms\n";
 
 }  // namespace
 
@@ -611,6 +614,8 @@ int main(int argc, char** argv) {
       o.expert_gemm = argv[++i];
     else if (a == "--no-expert-gemm-codes")
       o.eg_codes = false;
+    else if (a == "--fast-attention-terms" && i + 1 < argc)
+      o.attn_terms = std::atoi(argv[++i]);
     else if (a == "--help" || a == "-h") {
       std::printf("%s", k_usage);
       return 0;
@@ -646,6 +651,7 @@ int main(int argc, char** argv) {
   }
   gopt.expert_gemm_min = *eg;
   gopt.expert_gemm_codes = o.eg_codes;
+  if (o.attn_terms) gopt.fast_attention_terms = o.attn_terms;
   gopt.gemm_weight_cache = o.gemm_cache;
   gopt.print_properties = false;
   auto gpu = make_cuda_backend(0, gopt);

@@ -371,10 +371,27 @@ void cases_attention(Harness& h) {
     og.out = out.g, og.q = q.g, og.ring = ring.g, og.comp = comp.g, og.sel = sel.g, og.sinks = sinks.g, og.pos = p.g;
     h.cpu.attention(oc);
     h.gpu.attention(og);
-    h.report.nmse(
-        "attention",
-        strfmt("H=%lld d=%lld n=%lld pos %d.. (%s)", (long long)c.H, (long long)c.d, (long long)n, c.pos[0], c.what),
-        b.diff(out), k_thr_f32);
+    const std::string sp =
+        strfmt("H=%lld d=%lld n=%lld pos %d.. (%s)", (long long)c.H, (long long)c.d, (long long)n, c.pos[0], c.what);
+    h.report.nmse("attention", sp, b.diff(out), k_thr_f32);
+    // `fast` (AttentionOp::fast): with 3 terms, or where the tensor-core kernel does not run or takes no fewer
+    // (head widths other than 512), bitwise the op above; with fewer, q and P rounded to 16 or 8 significant
+    // bits (relative 2^-17 or 2^-9 per value): NMSE bounds far above those roundings' and far below a wrong key
+    // or head (~1).
+    Pair fout = b.out(GgmlType::F32, Shape(c.d, c.H, n));
+    AttentionOp of = og;
+    of.out = fout.g;
+    of.fast = true;
+    h.gpu.attention(of);
+    const bool rounds =
+        h.tensor_cores && c.d == 512 && h.fast_attention_terms < 3 && (c.rows_type == GgmlType::KV_FP8 || c.keys_bf16);
+    if (rounds)
+      h.report.nmse("attention fast", sp + strfmt(", %d bf16 terms", h.fast_attention_terms),
+                    diff_f32(b.get_f32(fout.g, h.gpu), b.get_f32(out.c, h.cpu)),
+                    h.fast_attention_terms == 2 ? 1e-8 : 1e-4);
+    else
+      h.report.exact("attention fast", sp + " == reference",
+                     diff_f32(b.get_f32(fout.g, h.gpu), b.get_f32(out.g, h.gpu)));
   }
   {
     // The KV_FP8 key decode bit for bit, e4m3 subnormal codes included (NMSE could

@@ -50,11 +50,12 @@ struct Harness {
   Backend& gpu;
   Rng rng;
   Report report;
-  bool flash = true;          // include DeepSeek V4 Flash shapes (GBs of weights)
-  std::string filter;         // run only ops whose name contains this
-  bool tensor_cores = true;   // the gpu backend runs batched matmuls on tensor cores
-  bool expert_gather = true;  // host-memory experts gathered into GPU memory first (CudaOptions::expert_gather)
-  float cpu_experts = 0.0f;   // decode batches' share of host experts on the CPU (CudaOptions::cpu_experts)
+  bool flash = true;             // include DeepSeek V4 Flash shapes (GBs of weights)
+  std::string filter;            // run only ops whose name contains this
+  bool tensor_cores = true;      // the gpu backend runs batched matmuls on tensor cores
+  bool expert_gather = true;     // host-memory experts gathered into GPU memory first (CudaOptions::expert_gather)
+  float cpu_experts = 0.0f;      // decode batches' share of host experts on the CPU (CudaOptions::cpu_experts)
+  int fast_attention_terms = 3;  // bf16 terms of q and P in `fast` attention ops (CudaOptions::fast_attention_terms)
   bool want(const char* op) const { return filter.empty() || std::string(op).find(filter) != std::string::npos; }
 };
 

@@ -382,11 +382,13 @@ int main(int argc, char** argv) {
   std::string expert_gemm = "auto";
   std::string filter;
   float cpu_experts = 0.0f;
+  int attn_terms = 3;
   const std::string usage =
       std::string("usage: ") + argv[0] +
       " [--seed N] [--filter OP] [--no-flash] [--no-tensor-cores] [--no-cublas] [--no-int-dot] [--no-int8-tiles] "
       "[--no-gemm-cache] "
-      "[--expert-gemm auto|on|off|N] [--no-expert-gemm-codes] [--no-expert-gather] [--cpu-experts SHARE]\n"
+      "[--expert-gemm auto|on|off|N] [--no-expert-gemm-codes] [--no-expert-gather] [--cpu-experts SHARE] "
+      "[--fast-attention-terms N]\n"
       "  --no-cublas   batched matmuls on the tensor-core tile also at >= 128 tokens\n"
       "  --no-gemm-cache  the cuBLAS matmuls split their weights every call (no GemmWeightCache)\n"
       "  --no-int-dot  decode experts on the float matvec\n"
@@ -396,7 +398,8 @@ int main(int argc, char** argv) {
       "tile), or N\n"
       "  --no-expert-gemm-codes  the grouped GEMM's IQ2_XXS and Q2_K weights as f16 hi/lo splits, not integer codes\n"
       "  --no-expert-gather  experts placed in host memory read in place (not gathered into GPU memory)\n"
-      "  --cpu-experts S  decode batches leave this share of their host experts to the CPU (default 0: none)\n";
+      "  --cpu-experts S  decode batches leave this share of their host experts to the CPU (default 0: none)\n"
+      "  --fast-attention-terms N  bf16 terms of q and P in `fast` attention (1, 2 or 3, the default)\n";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc)
@@ -423,6 +426,8 @@ int main(int argc, char** argv) {
       expert_gemm = argv[++i];
     else if (a == "--no-expert-gemm-codes")
       eg_codes = false;
+    else if (a == "--fast-attention-terms" && i + 1 < argc)
+      attn_terms = std::atoi(argv[++i]);
     else if (a == "--help") {
       std::printf("%s", usage.c_str());
       return 0;
@@ -441,6 +446,7 @@ int main(int argc, char** argv) {
   if (!gather) std::printf("test_backend_ops: --no-expert-gather\n");
   if (!eg_codes) std::printf("test_backend_ops: --no-expert-gemm-codes\n");
   if (cpu_experts != 0.0f) std::printf("test_backend_ops: --cpu-experts %.2f\n", static_cast<double>(cpu_experts));
+  if (attn_terms != 3) std::printf("test_backend_ops: --fast-attention-terms %d\n", attn_terms);
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_backend_ops: no CUDA device: nothing to test\n");
     return 77;
@@ -463,6 +469,7 @@ int main(int argc, char** argv) {
   }
   gopt.expert_gemm_min = *eg;
   gopt.expert_gemm_codes = eg_codes;
+  gopt.fast_attention_terms = attn_terms;
   auto gpu = make_cuda_backend(0, gopt);
   if (!gpu) {
     std::fprintf(stderr, "test_backend_ops: %s\n", gpu.error().message.c_str());
@@ -470,7 +477,7 @@ int main(int argc, char** argv) {
   }
   auto cpu = make_cpu_backend(0);
   std::printf("cpu: %s\ngpu: %s\n", cpu->name().c_str(), (*gpu)->name().c_str());
-  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores, gather, cpu_experts};
+  Harness h{*cpu, **gpu, Rng(seed), Report{}, flash, filter, tensor_cores, gather, cpu_experts, attn_terms};
   struct Group {
     const char* name;
     void (*fn)(Harness&);

@@ -18,6 +18,10 @@
 //    rounding of what the previous ones leave): 24 significant bits, exact for
 //    f32 values away from underflow. Each term's products are exact and the MMA
 //    accumulates in f32 (lo, mid, hi in that order);
+//  * under `fast` numerics (AttentionOp::fast) heads of 512 may take q and P
+//    as 2 or 1 bf16 terms instead (CudaContext::fast_attention_terms: 16 or 8
+//    significant bits, 4 or 2 MMAs per product pair instead of 6, and at 1 term
+//    a third of the q staging), held to a tolerance against the CPU;
 //  * each key tile's P K goes into fresh MMA accumulators (a chain of 6 MMAs)
 //    that are added to O with an f32 FMA: over thousands of keys one MMA chain
 //    drifted to NMSE 3.5e-10 against the CPU (8,320 keys); this way 3e-13.
@@ -74,7 +78,7 @@ namespace {
 constexpr int k_am_threads = 256;
 constexpr int k_am_warps = k_am_threads / 32;
 constexpr int k_am_keys = 32;              // keys per tile
-constexpr int k_am_terms = 3;              // bf16 terms of q and P
+constexpr int k_am_terms = 3;              // bf16 terms of q and P (f32-exact); `fast` may take fewer
 constexpr int k_am_pad = 8;                // bf16 padding of Qs / Ks rows
 constexpr int k_am_sp_ld = k_am_keys + 8;  // f32 row stride of Sp
 constexpr int k_am_ps_ld = k_am_keys + 8;  // bf16 row stride of Ps
@@ -83,16 +87,18 @@ constexpr int k_am_max_nt = k_am_max_d / 64;
 constexpr int64_t k_am_min_tokens = 8;  // smaller batches (decode) split each token's keys ...
 constexpr int k_am_splits = 16;         // ... over this many blocks
 
-size_t am_smem_bytes(int MT, int64_t d, int64_t stage_ld) {
+size_t am_smem_bytes(int MT, int terms, int64_t d, int64_t stage_ld) {
   const int64_t HB = 16 * MT, KS = k_am_warps / MT, ld = d + k_am_pad;
-  return static_cast<size_t>(2 * (k_am_terms * HB * ld + k_am_keys * ld) + k_am_keys * stage_ld +
-                             4 * KS * HB * k_am_sp_ld + 2 * k_am_terms * HB * k_am_ps_ld + 4 * HB + 2 * k_am_keys);
+  return static_cast<size_t>(2 * (terms * HB * ld + k_am_keys * ld) + k_am_keys * stage_ld + 4 * KS * HB * k_am_sp_ld +
+                             2 * terms * HB * k_am_ps_ld + 4 * HB + 2 * k_am_keys);
 }
 
-// x = t[0] + t[1] + t[2] (bf16 bits; each term the rounding of what is left).
-__device__ __forceinline__ void split_bf16x3(float x, uint16_t (&t)[k_am_terms]) {
+// x ~ t[0] + .. + t[N - 1] (bf16 bits; each term the rounding of what is left): exact for N = 3 (24
+// significant bits), x's leading 16 or 8 bits for N = 2 or 1.
+template <int N>
+__device__ __forceinline__ void split_bf16(float x, uint16_t (&t)[N]) {
 #pragma unroll
-  for (int i = 0; i < k_am_terms; ++i) {
+  for (int i = 0; i < N; ++i) {
     t[i] = bf16_bits_rn(x);
     x -= bf16_bits_to_f32(t[i]);
   }
@@ -164,8 +170,9 @@ __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* s
 // gridDim.z writes its running max m, denominator l and unnormalised O to
 // part_ml[2 slot + {0, 1}], part_acc[slot d + e], slot = (t H + h) S + s, the
 // layout attention_combine merges (cuda_attention.cu).
-template <int MT, int D>
-__global__ void __launch_bounds__(k_am_threads)
+// TERMS: bf16 terms of q and P (k_am_terms: f32-exact; fewer only for AttentionOp::fast).
+template <int MT, int D, int TERMS>
+__global__ void __launch_bounds__(k_am_threads, TERMS == 1 && D == 512 ? 2 : 1)
     attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q, SeqTable<AttKeySource> srcs,
                          bool per_token, const int32_t* pos, const float* sinks, int H, float scale, int stage_ld) {
   pdl_enter();
@@ -180,11 +187,11 @@ __global__ void __launch_bounds__(k_am_threads)
   extern __shared__ __align__(16) unsigned char am_smem[];
   constexpr int ld = d + k_am_pad;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(am_smem);                    // [terms][HB][ld]
-  uint16_t* Ks = Qs + k_am_terms * HB * ld;                               // [keys][ld]
+  uint16_t* Ks = Qs + TERMS * HB * ld;                                    // [keys][ld]
   uint8_t* stage = reinterpret_cast<uint8_t*>(Ks + k_am_keys * ld);       // [keys][stage_ld] raw rows of the next tile
   float* Sp = reinterpret_cast<float*>(stage + k_am_keys * stage_ld);     // [KS][HB][sp_ld]
   uint16_t* Ps = reinterpret_cast<uint16_t*>(Sp + KS * HB * k_am_sp_ld);  // [terms][HB][ps_ld]
-  float* al = reinterpret_cast<float*>(Ps + k_am_terms * HB * k_am_ps_ld);  // [HB] alpha; at the end the denominators
+  float* al = reinterpret_cast<float*>(Ps + TERMS * HB * k_am_ps_ld);     // [HB] alpha; at the end the denominators
   uint8_t* kst = reinterpret_cast<uint8_t*>(al + HB);  // [2][keys] 0 missing, 1 ring, 2 comp (tile parity)
 
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -229,7 +236,7 @@ __global__ void __launch_bounds__(k_am_threads)
   if (n_tiles > 0) fetch(0, idx_next);
   idx_next = key_index(1);
 
-  // q rows of the block's heads as three bf16 terms (rows >= H: zero); float4 loads, 8 in flight per thread.
+  // q rows of the block's heads as TERMS bf16 terms (rows >= H: zero); float4 loads, 8 in flight per thread.
   {
     const int n4 = HB * d / 4;
     constexpr int B = 8;
@@ -246,13 +253,13 @@ __global__ void __launch_bounds__(k_am_threads)
       for (int u = 0; u < B; ++u) {
         const int f = f0 + u * k_am_threads + static_cast<int>(threadIdx.x), r = 4 * f / d, e = 4 * f - r * d;
         if (f >= n4) continue;
-        uint16_t x0[k_am_terms], x1[k_am_terms], x2[k_am_terms], x3[k_am_terms];
-        split_bf16x3(v[u].x, x0);
-        split_bf16x3(v[u].y, x1);
-        split_bf16x3(v[u].z, x2);
-        split_bf16x3(v[u].w, x3);
+        uint16_t x0[TERMS], x1[TERMS], x2[TERMS], x3[TERMS];
+        split_bf16<TERMS>(v[u].x, x0);
+        split_bf16<TERMS>(v[u].y, x1);
+        split_bf16<TERMS>(v[u].z, x2);
+        split_bf16<TERMS>(v[u].w, x3);
 #pragma unroll
-        for (int k = 0; k < k_am_terms; ++k)
+        for (int k = 0; k < TERMS; ++k)
           *reinterpret_cast<uint2*>(Qs + (k * HB + r) * ld + e) =
               make_uint2(x0[k] | (static_cast<uint32_t>(x1[k]) << 16), x2[k] | (static_cast<uint32_t>(x3[k]) << 16));
       }
@@ -303,15 +310,15 @@ __global__ void __launch_bounds__(k_am_threads)
       const uint16_t* kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * ld + kr * dr + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < dr; kk += 16) {
-        uint32_t a[k_am_terms][4], b[2][4];
+        uint32_t a[TERMS][4], b[2][4];
 #pragma unroll
-        for (int k = 0; k < k_am_terms; ++k) ldsm_x4(a[k], qa + k * HB * ld + kk);
+        for (int k = 0; k < TERMS; ++k) ldsm_x4(a[k], qa + k * HB * ld + kk);
 #pragma unroll
         for (int np = 0; np < 2; ++np) ldsm_x4(b[np], kb + np * 16 * ld + kk);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int k = k_am_terms - 1; k >= 0; --k)
+          for (int k = TERMS - 1; k >= 0; --k)
             mma_bf16_16816(s[nt], a[k], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
       }
       float* sp = Sp + (kr * HB + mt_s * 16 + g) * k_am_sp_ld + 2 * tq;
@@ -346,10 +353,10 @@ __global__ void __launch_bounds__(k_am_threads)
         const int j = sub * KPT + u;
         const float p = (lg[u] == neg_inf || m_new == neg_inf) ? 0.0f : expf(lg[u] - m_new);
         ps += p;
-        uint16_t pt[k_am_terms];
-        split_bf16x3(p, pt);
+        uint16_t pt[TERMS];
+        split_bf16<TERMS>(p, pt);
 #pragma unroll
-        for (int k = 0; k < k_am_terms; ++k) Ps[(k * HB + row) * k_am_ps_ld + j] = pt[k];
+        for (int k = 0; k < TERMS; ++k) Ps[(k * HB + row) * k_am_ps_ld + j] = pt[k];
       }
 #pragma unroll
       for (int o = TPR / 2; o > 0; o >>= 1) ps += __shfl_xor_sync(k_full_mask, ps, o);
@@ -381,11 +388,11 @@ __global__ void __launch_bounds__(k_am_threads)
             for (int c = 0; c < 4; ++c) ta[m][j][c] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < k_am_keys; kk += 16) {
-          uint32_t a[MT][k_am_terms][4];
+          uint32_t a[MT][TERMS][4];
 #pragma unroll
           for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int k = 0; k < k_am_terms; ++k)
+            for (int k = 0; k < TERMS; ++k)
               ldsm_x4(a[m][k], Ps + (k * HB + m * 16 + (lane & 15)) * k_am_ps_ld + kk + (lane >> 4) * 8);
           const uint16_t* vb =
               Ks + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + warp * dw + 32 * gq + (lane >> 4) * 8;
@@ -399,7 +406,7 @@ __global__ void __launch_bounds__(k_am_threads)
 #pragma unroll
               for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int k = k_am_terms - 1; k >= 0; --k)
+                for (int k = TERMS - 1; k >= 0; --k)
                   mma_bf16_16816(ta[m][2 * np + half], a[m][k], b[2 * half], b[2 * half + 1]);
           }
         }
@@ -480,22 +487,29 @@ void launch_attention_mma_tokens(const CudaContext& ctx, const AttentionOp& like
     part_acc = static_cast<float*>(ctx.scratch->get((acc_floats + ml_floats) * sizeof(float), ctx.stream));
     part_ml = part_acc + acc_floats;
   }
-  auto go = [&](auto kernel, int MT) {
-    const size_t smem = am_smem_bytes(MT, d, stage_ld);
+  auto go = [&](auto kernel, int MT, int terms) {
+    const size_t smem = am_smem_bytes(MT, terms, d, stage_ld);
     allow_smem(kernel, smem);
     launch_kernel(kernel, dim3(static_cast<unsigned>(n), ceil_div(H, 16 * MT), static_cast<unsigned>(S)), k_am_threads,
                   smem, ctx.stream, out, part_acc, part_ml, q, srcs, per_token, pos, like.sinks.f32(),
                   static_cast<int>(H), like.scale, static_cast<int>(stage_ld));
     CUDA_CHECK_LAUNCH();
   };
+  // bf16 terms of q and P: fewer than f32-exact only under `fast` (AttentionOp::fast, CudaContext::
+  // fast_attention_terms) and for heads of 512 (DeepSeek V4's; the other widths keep one instantiation).
+  const int terms = like.fast && d == 512 ? ctx.fast_attention_terms : k_am_terms;
   auto by_width = [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
     if (d == 128)
-      go(attention_mma_kernel<MT, 128>, MT);
+      go(attention_mma_kernel<MT, 128, k_am_terms>, MT, k_am_terms);
     else if (d == 256)
-      go(attention_mma_kernel<MT, 256>, MT);
+      go(attention_mma_kernel<MT, 256, k_am_terms>, MT, k_am_terms);
+    else if (terms == 1)
+      go(attention_mma_kernel<MT, 512, 1>, MT, 1);
+    else if (terms == 2)
+      go(attention_mma_kernel<MT, 512, 2>, MT, 2);
     else
-      go(attention_mma_kernel<MT, 512>, MT);
+      go(attention_mma_kernel<MT, 512, k_am_terms>, MT, k_am_terms);
   };
   // MT = 2 (32 heads per block) for prefill batches: each key tile serves more heads. Decode (S > 1): MT = 1,
   // twice the blocks (Flash: 4 head groups x 16 splits = 64) with half the q staging and MMAs each.

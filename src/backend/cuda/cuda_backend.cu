@@ -152,6 +152,7 @@ class CudaBackend final : public Backend {
     }
     ctx_.expert_gemm_min = ctx_.tensor_cores && expert_wgmma_available() ? opts_.expert_gemm_min : 0;
     ctx_.expert_gemm_codes = opts_.expert_gemm_codes;
+    ctx_.fast_attention_terms = opts_.fast_attention_terms;
     ctx_.expert_group_min = opts_.expert_group_min;
     ctx_.expert_gather = opts_.expert_gather;
     ctx_.host_ranges = &registered_;

@@ -128,6 +128,8 @@ struct CudaContext {
   // in the accumulation (one wgmma per 16 columns and x term instead of two); false: as f16 hi/lo splits like
   // the other types (CudaOptions::expert_gemm_codes).
   bool expert_gemm_codes = true;
+  // bf16 terms of q and P in the tensor-core attention of `fast` ops (AttentionOp::fast; CudaOptions).
+  int fast_attention_terms = 3;
   // Routed experts of batches of >= expert_group_min tokens grouped by expert (CudaOptions::expert_group_min).
   int64_t expert_group_min = 65;
   // Routed experts in host memory (MoeExpertsOp::slots) used by an op are first copied into GPU memory by one

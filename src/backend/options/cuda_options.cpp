@@ -198,6 +198,8 @@ Status CudaOptions::check() const {
   if (dup_ops >> static_cast<unsigned>(CudaDupOp::COUNT)) return make_error("--dup-ops: unknown op bits 0x%x", dup_ops);
   if (!(cpu_experts < 0.0f || (cpu_experts >= 0.0f && cpu_experts <= 1.0f)))
     return make_error("--cpu-experts %g: want auto, off or a share from 0 to 1", static_cast<double>(cpu_experts));
+  if (fast_attention_terms < 1 || fast_attention_terms > 3)
+    return make_error("--fast-attention-terms %d: want 1, 2 or 3", fast_attention_terms);
   if (cpu_expert_threads < 0 || cpu_expert_threads > 4096)
     return make_error("cpu expert threads %d: want 0 (every core but one) to 4096", cpu_expert_threads);
   return {};
@@ -223,6 +225,8 @@ std::string CudaOptions::describe() const {
   if (pdl != d.pdl) add("pdl=off");
   if (expert_gemm_min != d.expert_gemm_min) add("expert_gemm=" + expert_gemm_text(expert_gemm_min));
   if (expert_gemm_codes != d.expert_gemm_codes) add("expert_gemm_codes=off");
+  if (fast_attention_terms != d.fast_attention_terms)
+    add("fast_attention_terms=" + std::to_string(fast_attention_terms));
   if (expert_group_min != d.expert_group_min) add("expert_group_min=" + std::to_string(expert_group_min));
   if (expert_gather != d.expert_gather) add("expert_gather=off");
   if (expert_prefetch != d.expert_prefetch) add("expert_prefetch=off");

@@ -117,6 +117,12 @@ struct CudaOptions {
   // chunk sums: one wgmma per 16 columns and x term instead of the split's two (cuda_expert_gemm.cuh); false:
   // f16 hi/lo splits, as the other weight types.
   bool expert_gemm_codes = true;
+  // bf16 terms of q and of the softmax weights P in the tensor-core attention of `fast` numerics (heads of
+  // 512; AttentionOp::fast, cuda_attention_mma.cu): 3 (24 significant bits, f32-exact as under the other
+  // numerics), 2 (16) or 1 (8, the bf16 of DeepSeek's own inference). Fewer terms take fewer MMAs and, at 1,
+  // a third of the q staging. The default stays 3 until the speed and the full-size accuracy check of
+  // issue #37 are measured for the others.
+  int fast_attention_terms = 3;
   // Routed experts of batches of at least this many tokens are grouped by
   // expert (each expert's weights read once per tile of its assignments);
   // smaller batches (decode steps, batched decode steps of a few sessions) run
