@@ -170,9 +170,11 @@ __device__ __forceinline__ void warp_key_to_bf16(uint16_t* dst, const uint8_t* s
 // gridDim.z writes its running max m, denominator l and unnormalised O to
 // part_ml[2 slot + {0, 1}], part_acc[slot d + e], slot = (t H + h) S + s, the
 // layout attention_combine merges (cuda_attention.cu).
-// TERMS: bf16 terms of q and P (k_am_terms: f32-exact; fewer only for AttentionOp::fast).
+// TERMS: bf16 terms of q and P (k_am_terms: f32-exact; fewer only for AttentionOp::fast). One term at width
+// 512 asks for two blocks per SM (128 registers; its shared memory allows it); the others name no minimum (0),
+// as before the template had TERMS: an explicit 1 let ptxas give them ~50% more registers.
 template <int MT, int D, int TERMS>
-__global__ void __launch_bounds__(k_am_threads, TERMS == 1 && D == 512 ? 2 : 1)
+__global__ void __launch_bounds__(k_am_threads, TERMS == 1 && D == 512 ? 2 : 0)
     attention_mma_kernel(float* out, float* part_acc, float* part_ml, const float* q, SeqTable<AttKeySource> srcs,
                          bool per_token, const int32_t* pos, const float* sinks, int H, float scale, int stage_ld) {
   pdl_enter();
