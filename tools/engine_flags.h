@@ -205,7 +205,7 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
                   "--numerics fast: q and the softmax weights in the tensor-core attention as 1, 2 or 3 bf16 terms "
                   "(8, 16 or 24 significant bits; 3: f32-exact, as the other numerics)")
       ->type_name("1|2|3")
-      ->check(CLI::Range(1, 3))
+      ->check(CLI::Range(1, 3).description(""))
       ->capture_default_str()
       ->group(group);
   cmd->add_option("--expert-group-min", s->expert_group_min,
