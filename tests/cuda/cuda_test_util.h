@@ -5,10 +5,13 @@
 // and a summary.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,25 @@
 #include "quant/quant.h"
 
 namespace dsv4::cudatest {
+
+// The seed of a test program whose only argument is `--seed N` (default: random); --help prints the usage and
+// exits 0, anything else exits 2 with it. `name` is printed with the seed, so that a failure can be repeated.
+inline uint64_t seed_arg(const char* name, int argc, char** argv) {
+  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else {
+      std::fprintf(a == "--help" ? stdout : stderr, "usage: %s [--seed N]\n", argv[0]);
+      std::exit(a == "--help" ? 0 : 2);
+    }
+  }
+  std::printf("%s: seed %llu (repeat with --seed %llu)\n", name, static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  return seed;
+}
 
 // xoshiro256** seeded through splitmix64.
 class Rng {

@@ -9,11 +9,9 @@
 //
 //   test_cuda_decode [--seed N]
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include "backend/cuda/cuda_mma.cuh"
@@ -234,22 +232,7 @@ void check_kernel_sources(Report& rep) {
 }
 
 int main(int argc, char** argv) {
-  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc)
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--help") {
-      std::printf("usage: %s [--seed N]\n", argv[0]);
-      return 0;
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
-  std::printf("test_cuda_decode (host): seed %llu (repeat with --seed %llu)\n", static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(seed));
+  const uint64_t seed = seed_arg("test_cuda_decode (host)", argc, argv);
   Rng r(seed);
   Report rep;
   check_kernel_sources(rep);

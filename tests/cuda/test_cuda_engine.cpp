@@ -17,7 +17,6 @@
 //
 // Exit code non-zero on any failure (77 without a CUDA device).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,22 +71,7 @@ bool bitwise(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc)
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--help") {
-      std::printf("usage: %s [--seed N]\n", argv[0]);
-      return 0;
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
-  std::printf("test_cuda_engine: seed %llu (repeat with --seed %llu)\n", static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(seed));
+  const uint64_t seed = seed_arg("test_cuda_engine", argc, argv);
   if (!cuda_device_present()) {
     std::fprintf(stderr, "test_cuda_engine: no CUDA device: nothing to test\n");
     return 77;
