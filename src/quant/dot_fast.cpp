@@ -44,6 +44,16 @@ DSV4_AVX2 inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// The sums of a's and of b's eight lanes with one fold: hadd gives [a01, a23, b01, b23 | a45, a67, b45,
+// b67], a second hadd pairs those again, and the two 128-bit halves are added.
+DSV4_AVX2 inline void hsum_i32_pair(__m256i a, __m256i b, int32_t& sa, int32_t& sb) {
+  __m256i h = _mm256_hadd_epi32(a, b);
+  h = _mm256_hadd_epi32(h, h);
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  sa = _mm_cvtsi128_si32(s);
+  sb = _mm_extract_epi32(s, 1);
+}
+
 DSV4_AVX2 inline uint64_t load_u64(const void* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
@@ -51,48 +61,70 @@ DSV4_AVX2 inline uint64_t load_u64(const void* p) {
 }
 
 // IQ2_XXS: group ib's 32 weights are ±grid bytes (4 grid entries of 8 magnitudes, 4 sign patterns);
-// sg * y = |y| * (sg * sign(y)), so maddubs gets the unsigned |y| (128 for -128) and the signed sg.
+// sg * y = |y| * (sg * sign(y)), so maddubs gets the unsigned |y| (128 for -128) and the signed sg. The
+// group's scale 2 ls + 1 multiplies the int16 pair sums in the madd that widens them (|pair| <= 11,008,
+// times <= 31, two per int32 lane), and two accumulators (even and odd groups) keep the adds independent.
+DSV4_AVX2 inline __m256i iq2_xxs_group(const BlockIQ2_XXS& w, const int8_t* yq, int ib, const uint64_t* grid,
+                                       const int8_t* masks) {
+  uint32_t wa, wb;
+  detail::iq2_xxs_group_words(w, ib, wa, wb);
+  const __m256i g =
+      _mm256_set_epi64x(static_cast<int64_t>(grid[wa >> 24]), static_cast<int64_t>(grid[(wa >> 16) & 0xFF]),
+                        static_cast<int64_t>(grid[(wa >> 8) & 0xFF]), static_cast<int64_t>(grid[wa & 0xFF]));
+  const __m256i m = _mm256_set_epi64x(static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 21) & 127))),
+                                      static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 14) & 127))),
+                                      static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 7) & 127))),
+                                      static_cast<int64_t>(load_u64(masks + 8 * (wb & 127))));
+  const __m256i sg = _mm256_sub_epi8(_mm256_xor_si256(g, m), m);  // g or -g
+  const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yq + 32 * ib));
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(yv), _mm256_sign_epi8(sg, yv));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(static_cast<int16_t>(2 * (wb >> 28) + 1)));
+}
+
 DSV4_AVX2 float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* a, int64_t nb) {
   const uint64_t* grid = iq2xxs_grid();
   const int8_t* masks = detail::iq2xxs_sign_mask();  // 8 bytes (0 or -1) per sign index
-  const __m256i ones = _mm256_set1_epi16(1);
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8_K& y = a[b];
-    __m256i acc = _mm256_setzero_si256();
-    for (int ib = 0; ib < k_qk_k / 32; ++ib) {
-      uint32_t wa, wb;
-      detail::iq2_xxs_group_words(w[b], ib, wa, wb);
-      const __m256i g =
-          _mm256_set_epi64x(static_cast<int64_t>(grid[wa >> 24]), static_cast<int64_t>(grid[(wa >> 16) & 0xFF]),
-                            static_cast<int64_t>(grid[(wa >> 8) & 0xFF]), static_cast<int64_t>(grid[wa & 0xFF]));
-      const __m256i m = _mm256_set_epi64x(static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 21) & 127))),
-                                          static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 14) & 127))),
-                                          static_cast<int64_t>(load_u64(masks + 8 * ((wb >> 7) & 127))),
-                                          static_cast<int64_t>(load_u64(masks + 8 * (wb & 127))));
-      const __m256i sg = _mm256_sub_epi8(_mm256_xor_si256(g, m), m);  // g or -g
-      const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * ib));
-      const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(yv), _mm256_sign_epi8(sg, yv));
-      const __m256i p32 = _mm256_madd_epi16(p16, ones);
-      acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p32, _mm256_set1_epi32(2 * static_cast<int32_t>(wb >> 28) + 1)));
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    for (int ib = 0; ib < k_qk_k / 32; ib += 2) {
+      acc0 = _mm256_add_epi32(acc0, iq2_xxs_group(w[b], y.qs, ib, grid, masks));
+      acc1 = _mm256_add_epi32(acc1, iq2_xxs_group(w[b], y.qs, ib + 1, grid, masks));
     }
-    const int32_t bsum = hsum_i32(acc);
+    const int32_t bsum = hsum_i32(_mm256_add_epi32(acc0, acc1));
     sum += f16_to_f32(w[b].d) * y.d * static_cast<float>(bsum);
   }
   return 0.125f * sum;
 }
 
-// Q2_K: 2-bit quants of 16-weight groups with 4-bit scales (low nibble) and mins (high nibble).
+// Q2_K: 2-bit quants of 16-weight groups with 4-bit scales (low nibble) and mins (high nibble). The 16
+// scales, masked once per block and held in both 128-bit lanes, are spread over the int16 lanes of each
+// 32-byte chunk by one byte shuffle (bytes 0-15 of chunk (h, s) belong to group 8 h + 2 s, bytes 16-31 to
+// the next: k_q2k_scale_idx). The block's two integer sums are folded together at the end.
+struct Q2kScaleIdx {
+  alignas(32) int8_t v[8][32];  // chunk c = 4 h + s: byte i -> scale byte 2 c + (i >= 16) for even i, else zero
+};
+constexpr Q2kScaleIdx make_q2k_scale_idx() {
+  Q2kScaleIdx t{};
+  for (int c = 0; c < 8; ++c)
+    for (int i = 0; i < 32; ++i) t.v[c][i] = static_cast<int8_t>(i % 2 == 1 ? -1 : 2 * c + (i >= 16 ? 1 : 0));
+  return t;
+}
+constexpr Q2kScaleIdx k_q2k_scale_idx = make_q2k_scale_idx();
+
 DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
   const __m256i three = _mm256_set1_epi8(3);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ2_K& x = w[b];
     const BlockQ8_K& y = a[b];
     const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), low4));
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-    const int32_t isum_min = hsum_i32(_mm256_madd_epi16(mins, bsums));
+    const __m256i min_part = _mm256_madd_epi16(mins, bsums);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc, low4));
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
@@ -100,13 +132,13 @@ DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb
         const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), three);
         const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 128 * h + 32 * s));
         const __m256i p16 = _mm256_maddubs_epi16(q2, yv);
-        const int g = 8 * h + 2 * s;  // bytes 0-15 of the chunk: group g; 16-31: group g + 1
-        const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(x.scales[g] & 0x0F)),
-                                                _mm_set1_epi16(static_cast<int16_t>(x.scales[g + 1] & 0x0F)));
+        const __m256i scale = _mm256_shuffle_epi8(
+            scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s])));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale));
       }
     }
-    const int32_t isum = hsum_i32(acc);
+    int32_t isum, isum_min;
+    hsum_i32_pair(acc, min_part, isum, isum_min);
     const float dall = y.d * f16_to_f32(x.d);
     const float dmin = y.d * f16_to_f32(x.dmin);
     sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
@@ -115,28 +147,57 @@ DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb
 }
 
 // Q4_K: 4-bit quants, chunk c's 32 bytes carry sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles).
+// The block's eight 6-bit scales and mins are unpacked at once (four bytes per 32-bit word, the bit
+// moves of detail::q4_k_scale_min) into one 16-byte register [scales 0-7 | mins 0-7], held in both
+// 128-bit lanes; a byte shuffle spreads a sub-block's scale over the int16 lanes of its madd
+// (k_q4k_idx.scale) and each min over the two 16-element sums of its sub-block (k_q4k_idx.min).
+struct Q4kIdx {
+  alignas(32) int8_t scale[8][32];  // sub-block j: byte i -> byte j for even i, else zero
+  alignas(32) int8_t min[32];       // int16 lane l (bytes 2l, 2l + 1) -> min byte 8 + l / 2
+};
+constexpr Q4kIdx make_q4k_idx() {
+  Q4kIdx t{};
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 32; ++i) t.scale[j][i] = static_cast<int8_t>(i % 2 == 1 ? -1 : j);
+  // In-lane shuffles: lanes 0-7 (sums 0-7, mins 0-3) in the low 128 bits, lanes 8-15 in the high.
+  for (int i = 0; i < 32; ++i) t.min[i] = static_cast<int8_t>(i % 2 == 1 ? -1 : 8 + (i / 2) / 2);
+  return t;
+}
+constexpr Q4kIdx k_q4k_idx = make_q4k_idx();
+
 DSV4_AVX2 float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* a, int64_t nb) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i min_idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q4k_idx.min));
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ4_K& x = w[b];
     const BlockQ8_K& y = a[b];
+    uint32_t u[3];
+    std::memcpy(u, x.scales, 12);
+    const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu, m_lo = u[1] & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    const __m256i sm =
+        _mm256_broadcastsi128_si256(_mm_set_epi32(static_cast<int32_t>(m_hi), static_cast<int32_t>(m_lo),
+                                                  static_cast<int32_t>(sc_hi), static_cast<int32_t>(sc_lo)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+    const __m256i min_part = _mm256_madd_epi16(bsums, _mm256_shuffle_epi8(sm, min_idx));
     __m256i acc = _mm256_setzero_si256();
-    int32_t isum_min = 0;
     for (int c = 0; c < 4; ++c) {
-      int sc0, m0, sc1, m1;
-      detail::q4_k_scale_min(x.scales, 2 * c, sc0, m0);
-      detail::q4_k_scale_min(x.scales, 2 * c + 1, sc1, m1);
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * c));
       const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
       const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * c)));
       const __m256i phi =
           _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * c + 32)));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc0))));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc1))));
-      isum_min += m0 * (y.bsums[4 * c] + y.bsums[4 * c + 1]) + m1 * (y.bsums[4 * c + 2] + y.bsums[4 * c + 3]);
+      const __m256i sc0 =
+          _mm256_shuffle_epi8(sm, _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q4k_idx.scale[2 * c])));
+      const __m256i sc1 =
+          _mm256_shuffle_epi8(sm, _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q4k_idx.scale[2 * c + 1])));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, sc0));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, sc1));
     }
-    const int32_t isum = hsum_i32(acc);
+    int32_t isum, isum_min;
+    hsum_i32_pair(acc, min_part, isum, isum_min);
     const float dall = y.d * f16_to_f32(x.d);
     const float dmin = y.d * f16_to_f32(x.dmin);
     sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
