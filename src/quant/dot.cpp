@@ -10,7 +10,9 @@
 //      Q2_K  x Q8_K : Σ_b (y.d*fp16(d))*Σ_g sc_g*Σ_{i∈g} q*y.qs - (y.d*fp16(dmin))*Σ_g m_g*bsums[g]
 //      Q4_K  x Q8_K : same with 8 sub-blocks of 32 (mins use bsums[2j] + bsums[2j+1])
 //      IQ2_XXS x Q8_K: 0.125 * Σ_b (fp16(d)*y.d) * Σ_ib (2*ls+1) * Σ grid*sign*y.qs
-//      MXFP4 x Q8_0F: Σ_b ((0.5*2^(e-127))*dx) * Σ_i x2[code_i]*qx_i (x2: twice the E2M1 value, an integer)
+//      MXFP4 x Q8_0F: Σ_b ((0.5*2^(e-127))*dx) * Σ_i x2[code_i]*qx_i (x2: twice the E2M1 value, an integer),
+//                     the blocks' terms summed in 8 lanes (block b in lane b mod 8), folded as
+//                     ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))
 //    Float weight types take f32 activations and fall back to vec_dot_f32.
 #include <cmath>
 #include <cstring>
@@ -63,17 +65,20 @@ float dot_q8_0_q8_0f(const BlockQ8_0* w, const BlockQ8_0F* a, int64_t nb) {
 }
 
 // MXFP4 weights x Q8_0F activations (block j: element j is the low nibble of qs[j], element j + 16 the high).
+// Block b's term goes to running sum b mod 8, so that a SIMD kernel adds 8 blocks' terms with one vector add
+// and no dependent chain of scalar adds (a block is only 17 bytes); the lanes are folded in the order a
+// 256-bit register's horizontal sum takes (halves, then pairs, then the two left).
 float dot_mxfp4_q8_0f(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
-  float sum = 0.0f;
+  float lane[8] = {};
   for (int64_t b = 0; b < nb; ++b) {
     int32_t isum = 0;  // |isum| <= 32 * 12 * 128
     for (int j = 0; j < k_qk_mxfp4 / 2; ++j) {
       isum += detail::k_mxfp4_x2[w[b].qs[j] & 0x0F] * static_cast<int32_t>(a[b].qs[j]);
       isum += detail::k_mxfp4_x2[w[b].qs[j] >> 4] * static_cast<int32_t>(a[b].qs[j + k_qk_mxfp4 / 2]);
     }
-    sum += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
+    lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
   }
-  return sum;
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
 float dot_q2_k_q8_k(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {

@@ -219,11 +219,12 @@ DSV4_AVX2 inline __m256i mxfp4_block_partials(const BlockMXFP4& w, const BlockQ8
 }
 
 // The blocks' integer sums 8 at a time (a tree of horizontal adds folds 8 blocks' partials into one
-// register), then the reference's float updates block by block.
+// register), their float terms as one vector (block b + i in lane i: the reference's lanes) added to the
+// 8 running sums; a tail of fewer than 8 blocks goes lane by lane, then the reference's fold.
 DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
   const __m256i table =
       _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::k_mxfp4_x2)));
-  float sum = 0.0f;
+  __m256 lanes = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     __m256i p[8];
@@ -231,18 +232,27 @@ DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t
     const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
     // h0 = [blocks 0-3 over lanes 0-3 | blocks 0-3 over lanes 4-7], h1 the same for blocks 4-7.
-    const __m256i s =
+    const __m256i isum =
         _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-    alignas(32) int32_t isum[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(isum), s);
-    for (int i = 0; i < 8; ++i)
-      sum += (0.5f * detail::mxfp4_scale(w[b + i].e)) * a[b + i].d * static_cast<float>(isum[i]);
+    // 0.5 * 2^(e - 127) (mxfp4_scale: e = 0 is 2^-127) and the activation scales, built in registers (scalar
+    // stores read back as one vector would stall store forwarding).
+    const __m256i e =
+        _mm256_setr_epi32(w[b].e, w[b + 1].e, w[b + 2].e, w[b + 3].e, w[b + 4].e, w[b + 5].e, w[b + 6].e, w[b + 7].e);
+    const __m256i bits = _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
+                                            _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+    const __m256 hs = _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_castsi256_ps(bits));
+    const __m256 dx =
+        _mm256_setr_ps(a[b].d, a[b + 1].d, a[b + 2].d, a[b + 3].d, a[b + 4].d, a[b + 5].d, a[b + 6].d, a[b + 7].d);
+    const __m256 term = _mm256_mul_ps(_mm256_mul_ps(hs, dx), _mm256_cvtepi32_ps(isum));
+    lanes = _mm256_add_ps(lanes, term);
   }
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, lanes);
   for (; b < nb; ++b) {
     const int32_t isum = hsum_i32(mxfp4_block_partials(w[b], a[b], table));
-    sum += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
+    lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
   }
-  return sum;
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
 bool cpu_has_avx2() {
