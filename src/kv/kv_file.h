@@ -144,8 +144,10 @@ struct KvFileView {
 // Checks, in order: the header (kv_parse_header against image.size()), the
 // file checksum, the text / token / tool-map hashes, token ids >= 0, the
 // tool map, and that the payload is a full session snapshot of exactly
-// n_tokens tokens with the header's numerics. Spans point into `image`.
+// n_tokens tokens with the header's numerics. Spans point into `image`, which must outlive the view (a
+// temporary buffer would leave them dangling: that overload is deleted).
 expected<KvFileView> kv_parse_file(std::span<const uint8_t> image);
+expected<KvFileView> kv_parse_file(std::vector<uint8_t>&& image) = delete;
 
 // Streaming file checksum: feed the image in order; bytes of the usage block
 // are skipped by position.

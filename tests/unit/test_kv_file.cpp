@@ -287,12 +287,14 @@ TEST(KvFile, GoldenFilesWrittenFromTheDocument) {
   c.tools = &v->tools;
   EXPECT_EQ(kv_build_image(c, v->usage), image);
 
-  auto plain = kv_parse_file(kvtest::read_bytes(dir + "valid_plain.bin"));
+  const std::vector<uint8_t> plain_image = kvtest::read_bytes(dir + "valid_plain.bin");  // the view's bytes
+  auto plain = kv_parse_file(plain_image);
   ASSERT_TRUE(plain.has_value()) << plain.error().message;
   EXPECT_FALSE(plain->header.decoded_key());
   EXPECT_EQ(plain->header.reason, SaveReason::FRONTIER);
   EXPECT_EQ(plain->text, "hello world");
-  auto torn = kv_parse_file(kvtest::read_bytes(dir + "torn_usage.bin"));
+  const std::vector<uint8_t> torn_image = kvtest::read_bytes(dir + "torn_usage.bin");
+  auto torn = kv_parse_file(torn_image);
   ASSERT_TRUE(torn.has_value());
   EXPECT_EQ(torn->usage.hits, 0u);
   const std::pair<const char*, const char*> rejected[] = {
@@ -303,7 +305,8 @@ TEST(KvFile, GoldenFilesWrittenFromTheDocument) {
       {"light_payload.bin", "light checkpoint"},
   };
   for (const auto& [file, why] : rejected) {
-    auto r = kv_parse_file(kvtest::read_bytes(dir + file));
+    const std::vector<uint8_t> bytes = kvtest::read_bytes(dir + file);
+    auto r = kv_parse_file(bytes);
     ASSERT_FALSE(r.has_value()) << file;
     EXPECT_NE(r.error().message.find(why), std::string::npos) << file << ": " << r.error().message;
   }
