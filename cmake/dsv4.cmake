@@ -22,6 +22,22 @@ if(DSV4_SANITIZE)
   endif()
 endif()
 
+if(DSV4_TSAN)
+  # ThreadSanitizer for the threaded layers (runtime, server, thread pool, expert streaming): not with
+  # DSV4_SANITIZE or DSV4_FUZZ (ASan and TSan cannot share a process).
+  if(DSV4_SANITIZE OR DSV4_FUZZ)
+    message(FATAL_ERROR "DSV4_TSAN=ON cannot be combined with DSV4_SANITIZE or DSV4_FUZZ (AddressSanitizer)")
+  endif()
+  set(DSV4_SAN_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:${DSV4_SAN_FLAGS}>")
+  add_link_options(${DSV4_SAN_FLAGS})
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    # GCC 12 with -fsanitize=thread reports false -Warray-bounds / -Wstringop-overread inside
+    # std::vector::insert.
+    list(APPEND DSV4_WARNINGS -Wno-array-bounds -Wno-stringop-overread)
+  endif()
+endif()
+
 if(DSV4_FUZZ)
   # Coverage instrumentation for everything the fuzz targets call; the targets
   # themselves add -fsanitize=fuzzer at link (tests/fuzz/CMakeLists.txt).
