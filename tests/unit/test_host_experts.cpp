@@ -67,7 +67,9 @@ TEST(FastDot, EqualsTheScalarReferenceBitForBit) {
   std::printf("fast dot ISA: %s\n", quant::dot_fast_isa());
   for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4}) {
     const bool small_blocks = ggml_type_info(t).block_elems == 32;  // rows of any multiple of 32
-    for (int64_t n : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{small_blocks ? 224 : 512}}) {
+    // Small blocks: 7 and 13 blocks too (MXFP4's kernel takes 8 blocks at a time, then a tail).
+    for (int64_t n : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{small_blocks ? 224 : 512},
+                      int64_t{small_blocks ? 416 : 768}}) {
       for (int trial = 0; trial < 20; ++trial) {
         // Weights quantised from normals (realistic scales) or raw random bytes (every code, any scale).
         std::vector<uint8_t> w;
