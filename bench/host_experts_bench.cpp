@@ -1,5 +1,6 @@
 // The host experts (backend/host) at Flash shapes: one decode token's k = 1, 2, 6 experts per call,
-// back to back (as decode layers come), best of 20: ms per call and GB/s of expert bytes.
+// back to back (as decode layers come), best of 20: ms per call and GB/s of expert bytes; then each dot
+// kernel alone on one thread (ns per row of the gate and the down matrix).
 //   build/bench/host_experts_bench [threads (default 0: every core but one)] [q2|q4|mxfp4 (default q2)]
 //                                  [scalar: the reference dots instead of the SIMD ones]
 // q2: IQ2_XXS gate/up, Q2_K down (the q2 file); q4: Q4_K; mxfp4: MXFP4 (the MXFP4Experts file).
@@ -14,6 +15,7 @@
 #include "backend/host/host_experts.h"
 #include "core/float_conv.h"
 #include "quant/dot_fast.h"
+#include "quant/quant.h"
 
 using namespace dsv4;
 
@@ -91,5 +93,27 @@ int main(int argc, char** argv) {
     }
     std::printf("threads %d k=%d: %.3f ms per call, %.2f GB/s (%.2f per thread)\n", he.threads(), k, best * 1e3,
                 k * eb / best / 1e9, k * eb / best / 1e9 / he.threads());
+  }
+  // One dot kernel alone on this thread: expert 0's gate rows against x and its down rows against a
+  // row of the same length, best of 20 passes over the matrix.
+  struct Mat {
+    GgmlType type;
+    const uint8_t* base;
+    int64_t rows, cols;
+  };
+  for (const Mat m : {Mat{gu, mem.data(), F, D}, Mat{dn, mem.data() + 2 * gb, D, F}}) {
+    std::vector<uint8_t> act(quant::act_row_bytes(m.type, m.cols));
+    quant::quantize_act(m.type, x.data(), act.data(), m.cols);
+    const auto rb = static_cast<int64_t>(ggml_row_bytes(m.type, static_cast<uint64_t>(m.cols)));
+    double best = 1e9;
+    float sink = 0.0f;
+    for (int rep = 0; rep < 20; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t r = 0; r < m.rows; ++r) sink += quant::vec_dot_q_fast(m.type, m.base + r * rb, act.data(), m.cols);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("dot %s x %lld: %.1f ns per row, %.2f GB/s on one thread (%g)\n", ggml_type_name(m.type),
+                static_cast<long long>(m.cols), best / static_cast<double>(m.rows) * 1e9,
+                static_cast<double>(m.rows * rb) / best / 1e9, static_cast<double>(sink));
   }
 }
