@@ -3,8 +3,9 @@
 // bit-identical to the reference in dot.cpp).
 //
 // Per weight block (256 elements; MXFP4: 32) the reference forms exact integer
-// sums and then one float update of the running sum; these kernels form the
-// same integers with 32 int8 lanes:
+// sums and then one float update of the running sum (MXFP4: of running sum
+// b mod 8, which the kernel keeps as the 8 lanes of one register); these
+// kernels form the same integers with 32 int8 lanes:
 //   _mm256_maddubs_epi16(u, s): u8 x s8 products summed in pairs into int16
 //     (saturating; every use below stays far inside int16:
 //      IQ2_XXS |y| <= 128 times grid magnitude <= 43: pair <= 11,008;
