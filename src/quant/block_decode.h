@@ -38,6 +38,18 @@ inline int round_clamp(float v, int lo, int hi) {
 // still keep in vector registers (no reassociation needed).
 constexpr int k_lanes = 16;
 
+// The lanes' sum, folded by halves: lane j += lane j + N/2, then j + N/4, ... (N a power of two). For N = 8
+// this is ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)), the order of a 256-bit register's horizontal sum.
+template <int N>
+inline float fold_lanes(const float* v) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  float t[N];
+  for (int j = 0; j < N; ++j) t[j] = v[j];
+  for (int w = N / 2; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) t[j] += t[j + w];
+  return t[0];
+}
+
 struct LaneAcc {
   float v[k_lanes] = {};
 
@@ -46,13 +58,7 @@ struct LaneAcc {
     for (int64_t i = 0; i < n; i += k_lanes)
       for (int j = 0; j < k_lanes; ++j) v[j] += a[i + j] * b[i + j];
   }
-  float total() const {
-    float t[k_lanes];
-    for (int j = 0; j < k_lanes; ++j) t[j] = v[j];
-    for (int w = k_lanes / 2; w >= 1; w /= 2)
-      for (int j = 0; j < w; ++j) t[j] += t[j + w];
-    return t[0];
-  }
+  float total() const { return fold_lanes<k_lanes>(v); }
 };
 
 // ---- Q4_K packed 6-bit scales (formats.md §2.3) -----------------------------

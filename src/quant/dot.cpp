@@ -66,8 +66,8 @@ float dot_q8_0_q8_0f(const BlockQ8_0* w, const BlockQ8_0F* a, int64_t nb) {
 
 // MXFP4 weights x Q8_0F activations (block j: element j is the low nibble of qs[j], element j + 16 the high).
 // Block b's term goes to running sum b mod 8, so that a SIMD kernel adds 8 blocks' terms with one vector add
-// and no dependent chain of scalar adds (a block is only 17 bytes); the lanes are folded in the order a
-// 256-bit register's horizontal sum takes (halves, then pairs, then the two left).
+// and no dependent chain of scalar adds (a block is only 17 bytes); the lanes are folded by halves
+// (detail::fold_lanes).
 float dot_mxfp4_q8_0f(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
   float lane[8] = {};
   for (int64_t b = 0; b < nb; ++b) {
@@ -78,7 +78,7 @@ float dot_mxfp4_q8_0f(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
     }
     lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
   }
-  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  return detail::fold_lanes<8>(lane);
 }
 
 float dot_q2_k_q8_k(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {

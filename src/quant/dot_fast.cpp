@@ -253,7 +253,7 @@ DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t
     const int32_t isum = hsum_i32(mxfp4_block_partials(w[b], a[b], table));
     lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
   }
-  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  return detail::fold_lanes<8>(lane);
 }
 
 bool cpu_has_avx2() {
