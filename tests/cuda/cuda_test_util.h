@@ -21,11 +21,15 @@
 
 namespace dsv4::cudatest {
 
-// The seed of a test program whose only argument is `--seed N` (default: random); --help prints the usage and
-// exits 0, anything else exits 2 with it. `name` is printed with the seed, so that a failure can be repeated.
-inline uint64_t seed_arg(const char* name, int argc, char** argv) {
-  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+// A seed from the clock and the system's random device.
+inline uint64_t random_seed() {
+  return (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// The command line `name [--seed N]` of a test program: the seed (default `seed`), printed with `name` so that a
+// failure can be repeated; --help prints the usage and exits 0, anything else exits 2 with it.
+inline uint64_t seed_arg(const char* name, int argc, char** argv, uint64_t seed = random_seed()) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc) {

@@ -101,8 +101,6 @@ int main(int argc, char** argv) {
   const uint64_t seed =
       tiny_test_seed("test_cuda_offload", argc, argv,
                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) % 100000);
-  std::printf("test_cuda_offload: seed %llu (repeat with --seed %llu)\n", static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(seed));
   const TinyModelFile tiny("test_cuda_offload", seed);
   const ModelFile* mf = tiny.mf.get();
   const int64_t V = mf->spec().n_vocab;

@@ -54,8 +54,7 @@ std::vector<float> run(Model& m, const std::vector<int32_t>& tokens) {
 
 int main(int argc, char** argv) {
   const uint64_t seed = tiny_test_seed("test_cuda_pipeline", argc, argv, 17);
-  std::printf("test_cuda_pipeline: seed %llu, %d CUDA devices\n", static_cast<unsigned long long>(seed),
-              cuda_device_count());
+  std::printf("test_cuda_pipeline: %d CUDA devices\n", cuda_device_count());
   const TinyModelFile tiny("test_cuda_pipeline", seed);
   const ModelFile* mf = tiny.mf.get();
   const std::vector<int32_t> tokens = seeded_tokens(seed, static_cast<size_t>(k_prompt + k_steps), mf->spec().n_vocab);

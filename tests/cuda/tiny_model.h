@@ -13,23 +13,16 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/assert.h"
+#include "cuda_test_util.h"
 #include "model/model_file.h"
 #include "synth/synth.h"
 
 namespace dsv4::cudatest {
 
-// The command line `name [--seed N]`: the seed (default `seed`). Exits with 2 on anything else, and with 77
-// (ctest's "skipped") when no CUDA device is present.
+// seed_arg's command line (cuda_test_util.h), then an exit with 77 (ctest's "skipped") when no CUDA device is
+// present.
 inline uint64_t tiny_test_seed(const char* name, int argc, char** argv, uint64_t seed) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      std::exit(2);
-    }
-  }
+  seed = seed_arg(name, argc, argv, seed);
   if (!cuda_device_present()) {
     std::fprintf(stderr, "%s: no CUDA device: nothing to test\n", name);
     std::exit(77);
