@@ -203,7 +203,8 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
       ->group(group);
   cmd->add_option("--fast-attention-terms", s->fast_attention_terms,
                   "--numerics fast: q and the softmax weights in the tensor-core attention as 1, 2 or 3 bf16 terms "
-                  "(8, 16 or 24 significant bits; 3: f32-exact, as the other numerics)")
+                  "(8, 16 or 24 significant bits; 1: bf16, as DeepSeek's own inference; 3: f32-exact, as the other "
+                  "numerics)")
       ->type_name("1|2|3")
       ->check(CLI::Range(1, 3).description(""))
       ->capture_default_str()

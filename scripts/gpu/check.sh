@@ -23,7 +23,8 @@
 #   test_cuda_ops_eg_split  the same on the grouped GEMM with IQ2_XXS weights as f16 hi/lo splits
 #                     (--no-expert-gemm-codes) instead of integer codes
 #   test_cuda_ops_attn2, _attn1  the attention cases with `fast` ops' q and P as 2 or 1 bf16 terms
-#                     (--fast-attention-terms; the default 3 is bitwise the reference kernel)
+#                     (--fast-attention-terms; 1 is dsv4's default; the test's default 3 is bitwise the
+#                     reference kernel)
 #   test_cuda_ops_nogather  the MoE cases with experts in host memory read in place (--no-expert-gather)
 #   test_cuda_ops_cpuexp  the MoE cases with half of a decode batch's host experts computed by the CPU
 #                     (--cpu-experts 0.5: 8-bit activations, tolerance k_thr_host_experts)

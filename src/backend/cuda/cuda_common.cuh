@@ -129,7 +129,7 @@ struct CudaContext {
   // the other types (CudaOptions::expert_gemm_codes).
   bool expert_gemm_codes = true;
   // bf16 terms of q and P in the tensor-core attention of `fast` ops (AttentionOp::fast; CudaOptions).
-  int fast_attention_terms = 3;
+  int fast_attention_terms = 1;
   // Routed experts of batches of >= expert_group_min tokens grouped by expert (CudaOptions::expert_group_min).
   int64_t expert_group_min = 65;
   // Routed experts in host memory (MoeExpertsOp::slots) used by an op are first copied into GPU memory by one

@@ -120,9 +120,10 @@ struct CudaOptions {
   // bf16 terms of q and of the softmax weights P in the tensor-core attention of `fast` numerics (heads of
   // 512; AttentionOp::fast, cuda_attention_mma.cu): 3 (24 significant bits, f32-exact as under the other
   // numerics), 2 (16) or 1 (8, the bf16 of DeepSeek's own inference). Fewer terms take fewer MMAs and, at 1,
-  // a third of the q staging. The default stays 3 until the speed and the full-size accuracy check of
-  // issue #37 are measured for the others.
-  int fast_attention_terms = 3;
+  // a third of the q staging. Default 1: a 4,096-token batch's attention takes 46% less time than with 3 terms
+  // (H100, bench_cuda_ops), and the full-size distance to `reference` is no larger (issue #37's check:
+  // docs/design-notes/fast-numerics.md, "Attention on one bf16 term").
+  int fast_attention_terms = 1;
   // Routed experts of batches of at least this many tokens are grouped by
   // expert (each expert's weights read once per tile of its assignments);
   // smaller batches (decode steps, batched decode steps of a few sessions) run
