@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "core/float_conv.h"
@@ -148,6 +149,28 @@ TEST(ThreadPool, CoversRangeOnce) {
       pool.parallel_for(10, [&](size_t b2, size_t e2) { total += static_cast<int>(e2 - b2); });
   });
   EXPECT_EQ(total.load(), 80);
+}
+
+TEST(ThreadPool, BackToBackLoopsFromTwoCallersAfterSpinningAndSleeping) {
+  // The workers poll between loops and sleep after ThreadPool::k_spin: loops that come back to back, after a
+  // longer pause, and from two threads at once (serialised) each cover their range exactly once.
+  ThreadPool pool(3);
+  auto caller = [&pool](uint32_t seed) {
+    Rng r(seed);
+    std::vector<std::atomic<int>> hits(3000);
+    for (int call = 0; call < 400; ++call) {
+      const size_t n = 1 + r.below(3000);
+      for (size_t i = 0; i < n; ++i) hits[i].store(0);
+      pool.parallel_for(n, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "item " << i << " of " << n << ", call " << call;
+      if (call % 100 == 99) std::this_thread::sleep_for(ThreadPool::k_spin * 3);
+    }
+  };
+  std::thread other(caller, 2u);
+  caller(1u);
+  other.join();
 }
 
 TEST(Rng, CounterHashIsOrderFree) {

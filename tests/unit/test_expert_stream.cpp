@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "backend/host/expert_stream.h"
-#include "backend/host/spin_team.h"
+#include "backend/host/request_poll.h"
+#include "core/spin_team.h"
 
 namespace dsv4 {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/host/host_experts.h"
-#include "backend/host/spin_team.h"
+#include "core/spin_team.h"
 #include "core/float_conv.h"
 #include "quant/dot_fast.h"
 #include "quant/quant.h"
@@ -290,7 +290,7 @@ TEST(SpinTeam, EveryItemOnceOverManyCallsSpinningAndAfterSleeping) {
       });
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i].load(), 1) << "item " << i << " of " << n << ", call " << call;
       // Now and then a pause longer than the spin: the workers sleep and must wake for the next call.
-      if (call % 150 == 149) std::this_thread::sleep_for(SpinTeam::k_spin * 3);
+      if (call % 150 == 149) std::this_thread::sleep_for(SpinTeam::k_default_spin * 3);
     }
   }
 }

@@ -12,7 +12,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_launch.cuh"
-#include "backend/host/spin_team.h"
+#include "backend/host/request_poll.h"
 #include "core/log.h"
 #include "quant/dot_fast.h"
 

@@ -6,7 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/host/spin_team.h"
+#include "backend/host/request_poll.h"
+#include "core/spin_team.h"
 #include "core/log.h"
 
 namespace dsv4 {

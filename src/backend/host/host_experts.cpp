@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/assert.h"
-#include "backend/host/spin_team.h"
+#include "core/spin_team.h"
 #include "quant/dot_fast.h"
 #include "quant/quant.h"
 

@@ -1,4 +1,4 @@
-#include "backend/host/spin_team.h"
+#include "core/spin_team.h"
 
 #include <algorithm>
 
@@ -8,6 +8,23 @@
 
 namespace dsv4 {
 
+namespace {
+thread_local bool t_spin_worker = false;
+
+// Spins until done(): `spins` pauses first, then yields the core between looks (see the top of
+// spin_team.h). 4,096 pauses (PAUSE teams) are ~0.1 ms on current x86 cores, longer than a loop's last
+// chunks usually take; yield teams yield after 64.
+template <class Done>
+void wait_until(Done done, int spins) {
+  for (int i = 0; !done(); ++i) {
+    if (i < spins)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+}
+}  // namespace
+
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -16,23 +33,9 @@ void cpu_relax() {
 #endif
 }
 
-uint32_t RequestPoll::next(const uint32_t* word, const std::atomic<bool>& stop) {
-  while (!stop.load(std::memory_order_relaxed)) {
-    const uint32_t r = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-    if (r != last_) {
-      last_ = r;
-      return r;
-    }
-    if (std::chrono::steady_clock::now() - idle_since_ < k_busy) {
-      for (int i = 0; i < 64; ++i) cpu_relax();
-    } else {
-      std::this_thread::sleep_for(k_nap);
-    }
-  }
-  return 0;
-}
+bool SpinTeam::on_worker() { return t_spin_worker; }
 
-SpinTeam::SpinTeam(int n_threads) {
+SpinTeam::SpinTeam(int n_threads, std::chrono::microseconds spin, bool yield) : spin_(spin), yield_(yield) {
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker(); });
 }
 
@@ -56,13 +59,17 @@ void SpinTeam::work() {
 }
 
 void SpinTeam::worker() {
+  t_spin_worker = true;
   uint64_t seen = 0;
   auto last = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint64_t g = gen_.load(std::memory_order_acquire);
     if (g == seen || (g & 1u)) {
-      if (std::chrono::steady_clock::now() - last < k_spin) {
-        for (int i = 0; i < 32; ++i) cpu_relax();
+      if (std::chrono::steady_clock::now() - last < spin_) {
+        if (yield_)
+          std::this_thread::yield();
+        else
+          for (int i = 0; i < 32; ++i) cpu_relax();
         continue;
       }
       std::unique_lock<std::mutex> lock(mu_);
@@ -95,7 +102,7 @@ void SpinTeam::run(size_t n, size_t grain, const std::function<void(size_t, size
   // Odd: workers stay out. (gen_ here and inside_ in worker(): each side writes one and then reads the other,
   // which needs sequential consistency for one of them to see the other's write.)
   gen_.fetch_add(1, std::memory_order_seq_cst);
-  while (inside_.load(std::memory_order_seq_cst) != 0) cpu_relax();
+  wait_until([&] { return inside_.load(std::memory_order_seq_cst) == 0; }, yield_ ? 64 : 4096);
   fn_ = &fn;
   n_ = n;
   grain_ = std::max<size_t>(grain, 1);
@@ -107,7 +114,7 @@ void SpinTeam::run(size_t n, size_t grain, const std::function<void(size_t, size
     if (sleepers_ > 0) cv_.notify_all();
   }
   work();
-  while (done_.load(std::memory_order_acquire) != n) cpu_relax();
+  wait_until([&] { return done_.load(std::memory_order_acquire) == n; }, yield_ ? 64 : 4096);
 }
 
 }  // namespace dsv4
