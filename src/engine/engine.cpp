@@ -394,7 +394,10 @@ expected<std::unique_ptr<Engine>> Engine::load(const EngineOptions& o) {
       upload_bar->bar->update(sum);
     };
   };
-  const int stage_threads = o.cpu_stages > 1 && o.threads > 0 ? std::max(1, o.threads / o.cpu_stages) : o.threads;
+  // CPU stages share the cores (--threads, else all of them): each backend gets its part of them.
+  const int cpu_threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int stage_threads = o.cpu_stages > 1 ? std::max(1, cpu_threads / o.cpu_stages) : o.threads;
   DSV4_TRY_ASSIGN(impl->backend, make_backend(o, devices[0], stage_threads, hook(0)));
   for (size_t k = 1; k < n_stages; ++k) {
     DSV4_TRY_ASSIGN(auto be, make_backend(o, o.cpu_stages > 1 ? 0 : devices[k], stage_threads, hook(k)));

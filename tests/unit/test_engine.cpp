@@ -104,6 +104,28 @@ TEST_F(EngineTest, ChunkedPrefillEqualsWholePrefill) {
   EXPECT_TRUE(bitwise_equal(pieces, *all));
 }
 
+TEST_F(EngineTest, ThreadsSizeTheBackendAndChangeNoBit) {
+  // --threads gives the CPU backend its own pool of that many threads (the engine's info names it); the
+  // logits do not depend on it (every output element is one thread's, in a fixed order).
+  auto t = tiny_tokens(200, 4);
+  std::vector<float> want;
+  for (int threads : {1, 3, 2}) {
+    EngineOptions o = options(64);
+    o.threads = threads;
+    auto e = Engine::load(o);
+    ASSERT_TRUE(e.has_value()) << e.error().message;
+    EXPECT_NE((*e)->info().backend.find("cpu (" + std::to_string(threads) + " threads)"), std::string::npos)
+        << (*e)->info().backend;
+    auto s = (*e)->new_session();
+    auto got = (*s)->prefill_all_logits(t);
+    ASSERT_TRUE(got.has_value());
+    if (want.empty())
+      want = *got;
+    else
+      EXPECT_TRUE(bitwise_equal(*got, want)) << threads << " threads";
+  }
+}
+
 TEST_F(EngineTest, DecodeEqualsPrefill) {
   auto t = tiny_tokens(320, 5);
   auto e = load(64);

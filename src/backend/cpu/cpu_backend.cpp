@@ -18,13 +18,17 @@ namespace cpu {
 namespace {
 std::unique_ptr<ThreadPool> g_pool;
 std::once_flag g_pool_once;
-int g_threads = 0;
+thread_local ThreadPool* t_pool = nullptr;  // the pool of the backend whose op this thread is running
 }  // namespace
 
 ThreadPool& pool() {
-  std::call_once(g_pool_once, [] { g_pool = std::make_unique<ThreadPool>(g_threads); });
+  if (t_pool) return *t_pool;
+  std::call_once(g_pool_once, [] { g_pool = std::make_unique<ThreadPool>(0); });
   return *g_pool;
 }
+
+PoolScope::PoolScope(ThreadPool& p) : prev_(t_pool) { t_pool = &p; }
+PoolScope::~PoolScope() { t_pool = prev_; }
 
 // Lane k sums a[i] * b[i] over i = k (mod 8) in order (lanes 0-3 in lo, 4-7 in hi), then a fixed tree.
 // The lanes are vector values (element-wise IEEE operations: the same results as eight scalar sums; the
@@ -65,15 +69,12 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) {
-    cpu::pool();
-    (void)n_threads;
-  }
+  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
   ~CpuBackend() override {
     for (auto& [p, n] : allocs_) std::free(p);
   }
   BackendKind kind() const override { return BackendKind::CPU; }
-  std::string name() const override { return strfmt("cpu (%d threads)", cpu::pool().size()); }
+  std::string name() const override { return strfmt("cpu (%d threads)", pool_.size()); }
 
   Tensor alloc(GgmlType type, int64_t n0, int64_t n1, int64_t n2, int64_t n3) override {
     Tensor t = make_tensor(nullptr, type, n0, n1, n2, n3);
@@ -222,12 +223,15 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Adds the wall time of one op call to the profile (ops run synchronously on the CPU).
+  // Every op runs inside one: its loops go to this backend's pool (cpu::pool()), and with profiling on, the
+  // wall time of the call is added to the profile under `key` (ops run synchronously on the CPU).
   struct Timed {
     CpuBackend* be;
     std::string key;
     std::chrono::steady_clock::time_point t0;
-    Timed(CpuBackend* b, std::string k) : be(b), key(std::move(k)), t0(std::chrono::steady_clock::now()) {}
+    cpu::PoolScope scope;
+    Timed(CpuBackend* b, std::string k)
+        : be(b), key(std::move(k)), t0(std::chrono::steady_clock::now()), scope(b->pool_) {}
     ~Timed() {
       if (key.empty()) return;
       OpTiming& t = be->profile_[key];
@@ -237,6 +241,7 @@ class CpuBackend final : public Backend {
     }
   };
 
+  ThreadPool pool_;
   std::mutex mu_;
   std::unordered_map<void*, size_t> allocs_;
   bool profiling_ = false;
@@ -245,9 +250,6 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  cpu::g_threads = n_threads;
-  return std::make_unique<CpuBackend>(n_threads);
-}
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 
 }  // namespace dsv4

@@ -16,12 +16,25 @@ namespace dsv4 {
 
 class ThreadPool;
 
+// n_threads: the backend's own worker pool (the calling thread included); <= 0: every core.
 std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
 
 namespace cpu {
 
 // Shared helpers of the op files (cpu_*.cpp).
+// The pool an op's loops run on: the backend's whose op this thread is running (make_cpu_backend's
+// n_threads; PoolScope), else a process-wide pool of every core (an op function called directly).
 ThreadPool& pool();
+class PoolScope {
+ public:
+  explicit PoolScope(ThreadPool& p);
+  ~PoolScope();
+  PoolScope(const PoolScope&) = delete;
+  PoolScope& operator=(const PoolScope&) = delete;
+
+ private:
+  ThreadPool* prev_;
+};
 // Fixed-order f32 dot product (8 interleaved partial sums, then a fixed tree).
 float dot(const float* a, const float* b, int64_t n);
 // Dequantises row r of a weight tensor into dst (ne0 floats).
