@@ -9,20 +9,7 @@
 namespace dsv4 {
 
 namespace {
-thread_local bool t_spin_worker = false;
-
-// Spins until done(): `spins` pauses first, then yields the core between looks (see the top of
-// spin_team.h). 4,096 pauses (PAUSE teams) are ~0.1 ms on current x86 cores, longer than a loop's last
-// chunks usually take; yield teams yield after 64.
-template <class Done>
-void wait_until(Done done, int spins) {
-  for (int i = 0; !done(); ++i) {
-    if (i < spins)
-      cpu_relax();
-    else
-      std::this_thread::yield();
-  }
-}
+thread_local bool t_in_run = false;  // SpinTeam::in_run()
 }  // namespace
 
 void cpu_relax() {
@@ -33,7 +20,20 @@ void cpu_relax() {
 #endif
 }
 
-bool SpinTeam::on_worker() { return t_spin_worker; }
+bool SpinTeam::in_run() { return t_in_run; }
+
+// Pauses first, then yields the core between looks: 4,096 pauses (PAUSE teams) are ~0.1 ms on current x86
+// cores, longer than a loop's last chunks usually take; yield teams yield after 64.
+template <class Done>
+void SpinTeam::wait_until(Done done) const {
+  const int spins = yield_ ? 64 : 4096;
+  for (int i = 0; !done(); ++i) {
+    if (i < spins)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+}
 
 SpinTeam::SpinTeam(int n_threads, std::chrono::microseconds spin, bool yield) : spin_(spin), yield_(yield) {
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker(); });
@@ -59,7 +59,7 @@ void SpinTeam::work() {
 }
 
 void SpinTeam::worker() {
-  t_spin_worker = true;
+  t_in_run = true;
   uint64_t seen = 0;
   auto last = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
@@ -94,15 +94,23 @@ void SpinTeam::worker() {
 
 void SpinTeam::run(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
   if (n == 0) return;
+  if (t_in_run) {
+    fn(0, n);
+    return;
+  }
   if (workers_.empty()) {
     const size_t step = std::max<size_t>(grain, 1);
     for (size_t b = 0; b < n; b += step) fn(b, std::min(n, b + step));
     return;
   }
+  struct InRun {
+    InRun() { t_in_run = true; }
+    ~InRun() { t_in_run = false; }
+  } in_run;
   // Odd: workers stay out. (gen_ here and inside_ in worker(): each side writes one and then reads the other,
   // which needs sequential consistency for one of them to see the other's write.)
   gen_.fetch_add(1, std::memory_order_seq_cst);
-  wait_until([&] { return inside_.load(std::memory_order_seq_cst) == 0; }, yield_ ? 64 : 4096);
+  wait_until([&] { return inside_.load(std::memory_order_seq_cst) == 0; });
   fn_ = &fn;
   n_ = n;
   grain_ = std::max<size_t>(grain, 1);
@@ -114,7 +122,7 @@ void SpinTeam::run(size_t n, size_t grain, const std::function<void(size_t, size
     if (sleepers_ > 0) cv_.notify_all();
   }
   work();
-  wait_until([&] { return done_.load(std::memory_order_acquire) == n; }, yield_ ? 64 : 4096);
+  wait_until([&] { return done_.load(std::memory_order_acquire) == n; });
 }
 
 }  // namespace dsv4

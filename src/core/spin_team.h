@@ -6,8 +6,9 @@
 // atomic add each.
 //
 // run(n, grain, fn) calls fn(begin, end) over [0, n) in chunks of `grain` items on the workers and the
-// calling thread, and returns when every chunk is done. One caller at a time (calls are not re-entrant);
-// which thread runs a chunk varies, so fn must not depend on it. Where the caller has run out of chunks it
+// calling thread, and returns when every chunk is done. One caller at a time; a run called from inside a
+// run (by a chunk, on the caller or a worker of any team) calls fn over the whole range inline. Which
+// thread runs a chunk varies, so fn must not depend on it. Where the caller has run out of chunks it
 // waits for the workers' last ones spinning, then yielding its core.
 //
 // Two ways to poll: PAUSE loops (the host experts: cores set aside for them, where the next loop must start
@@ -46,15 +47,17 @@ class SpinTeam {
   SpinTeam& operator=(const SpinTeam&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
-  std::chrono::microseconds spin() const { return spin_; }
   void run(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 
-  // Whether the calling thread is a worker of some SpinTeam (ThreadPool runs loops called from there inline).
-  static bool on_worker();
+  // Whether the calling thread is inside a run of some SpinTeam: a worker, or a caller whose run has not
+  // returned (a run from there is inline; ThreadPool checks it before taking its call lock).
+  static bool in_run();
 
  private:
   void worker();
   void work();  // claims and runs chunks of the published call until none is left
+  template <class Done>
+  void wait_until(Done done) const;  // spins, then yields, until done() (see the top of this file)
 
   const std::chrono::microseconds spin_;
   const bool yield_;

@@ -7,10 +7,6 @@
 
 namespace dsv4 {
 
-namespace {
-thread_local bool t_in_loop = false;  // this thread is running a parallel_for (its own chunks or a worker's)
-}
-
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   team_ = std::make_unique<SpinTeam>(n_threads, k_spin, true);
@@ -25,15 +21,11 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   min_chunk = std::max<size_t>(1, min_chunk);
   const size_t max_tasks = static_cast<size_t>(size()) * 4;
   const size_t chunk = std::max(min_chunk, (n + max_tasks - 1) / max_tasks);
-  if (size() == 1 || t_in_loop || SpinTeam::on_worker() || chunk >= n) {
+  if (size() == 1 || SpinTeam::in_run() || chunk >= n) {  // (a loop called from a loop runs inline)
     fn(0, n);
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
-  struct InLoop {
-    InLoop() { t_in_loop = true; }
-    ~InLoop() { t_in_loop = false; }
-  } in_loop;
   team_->run(n, chunk, fn);
 }
 

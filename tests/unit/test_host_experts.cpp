@@ -274,6 +274,22 @@ TEST(HostExperts, MismatchedShapesAreRefused) {
   EXPECT_DEATH(h.run(t), "do not chain");
 }
 
+TEST(SpinTeam, ARunFromInsideARunIsInline) {
+  SpinTeam team(3);
+  std::atomic<int> total{0}, calls{0};
+  team.run(8, 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i)
+      team.run(10, 2, [&](size_t b2, size_t e2) {
+        EXPECT_TRUE(b2 == 0 && e2 == 10) << "inline: the whole range in one call";
+        total += static_cast<int>(e2 - b2);
+        ++calls;
+      });
+  });
+  EXPECT_EQ(total.load(), 80);
+  EXPECT_EQ(calls.load(), 8);
+  EXPECT_FALSE(SpinTeam::in_run());  // the caller left its run
+}
+
 TEST(SpinTeam, EveryItemOnceOverManyCallsSpinningAndAfterSleeping) {
   std::mt19937 g(9);
   for (int threads : {1, 2, 4, 8}) {
