@@ -244,11 +244,14 @@ TEST(ServerHttp, DisconnectCancelsDecodingPrefillingAndQueuedWork) {
   EXPECT_TRUE(s.metrics_show("dsv4_jobs_total{result=\"cancelled\"} 2", 2000ms));
   EXPECT_LT(std::chrono::steady_clock::now() - t1, 1000ms);
 
-  // Queued: a request waiting behind a running one never reaches the engine.
+  // Queued: a request waiting behind a running one never reaches the engine. The runtime reports busy before the
+  // backend has seen the running request's prompt, so wait for the prompt itself.
+  const size_t prompts_before = s.backend->prompts().size() + 1;  // the cancelled two and the running one
   auto running = std::async(std::launch::async,
                             [&] { return s.client().Post("/v1/chat/completions", k_chat, "application/json"); });
-  for (int i = 0; i < 200 && !s.http->runtime().busy(); ++i) std::this_thread::sleep_for(5ms);
-  const size_t prompts_before = s.backend->prompts().size();
+  for (int i = 0; i < 400 && s.backend->prompts().size() < prompts_before; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(s.http->runtime().busy());
+  ASSERT_EQ(s.backend->prompts().size(), prompts_before);
   fd = open_request(s.port, "/v1/chat/completions", prefill_body);
   for (int i = 0; i < 200 && s.http->runtime().queue_depth() == 0; ++i) std::this_thread::sleep_for(5ms);
   ASSERT_EQ(s.http->runtime().queue_depth(), 1u);

@@ -274,9 +274,10 @@ TEST(ServerScheduler, QueueLimitCancellationAndDrain) {
   JobInput in = chat_job(b->tokenizer(), {user("go")}, ThinkingMode::CHAT);
   auto running = std::make_shared<Job>(in);
   ASSERT_EQ(s.submit(running), Scheduler::Admit::OK);
-  // Wait until the worker took it, so the queue is empty again.
-  for (int i = 0; i < 200 && !s.busy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Wait until the worker took it and gave its prompt to the engine, so the queue is empty again.
+  for (int i = 0; i < 400 && b->prompts().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_TRUE(s.busy());
+  ASSERT_EQ(b->prompts().size(), 1u);
   auto queued = std::make_shared<Job>(in);
   ASSERT_EQ(s.submit(queued), Scheduler::Admit::OK);
   EXPECT_EQ(s.submit(std::make_shared<Job>(in)), Scheduler::Admit::QUEUE_FULL);
