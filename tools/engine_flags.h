@@ -264,8 +264,9 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--cpu-experts", [s](const std::string& v) { s->cpu_experts = *parse_cpu_experts(v); },
          "Decode steps with routed experts in host memory (--gpu-memory): the CPU computes this share of the host "
          "experts a step uses (all cores but one, or --threads; SIMD integer dots) while the GPU gathers the "
-         "others over the bus. auto: the CPU's measured rate over the CPU's plus the bus's; off: all gathered "
-         "(worth it only where the CPU computes experts at a good part of the bus's rate: measure)")
+         "others over the bus. auto: as many as the CPU computes before the gather of the rest ends, fitted to "
+         "every step's measured times (it follows a CPU that slows down, and takes none from a slow one); off: "
+         "all gathered")
       ->check(parsed_by([](const std::string& v) { return parse_cpu_experts(v); }))
       ->type_name("auto|off|SHARE")
       ->default_str("off")

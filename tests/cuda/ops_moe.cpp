@@ -222,7 +222,7 @@ void cases_moe(Harness& h) {
               // tolerance.
               // With a CPU share (decode batches of <= 16 tokens, gathered), the host's rows come from 8-bit
               // activations: the host tolerance against the CPU reference.
-              if (h.expert_gather && h.cpu_experts > 0.0f && n <= 16)
+              if (h.expert_gather && h.cpu_experts != 0.0f && n <= 16)
                 h.report.nmse("moe_experts placed, host share", sp,
                               diff_f32(b.get_f32(placed.g, h.gpu), b.get_f32(out.c, h.cpu)), k_thr_host_experts);
               else if (h.expert_gather || n * c.k < 64)

@@ -5,7 +5,8 @@
 //   * gathered (CudaOptions::cpu_experts off; 0 and 2 experts resident per
 //     layer): every logit bitwise the resident run's (the gathered experts run
 //     the same kernels on the same bytes);
-//   * a share of each decode step's host experts on the CPU (0.5 and 1;
+//   * a share of each decode step's host experts on the CPU (0.5, 1 and auto,
+//     whose share follows the measured times: backend/host/host_share.h;
 //     backend/host): the prompt's logits bitwise (prefill batches gather); the
 //     decode steps' logits off the resident run's by the CPU's 8-bit
 //     activations (HostExperts): median step NMSE <= 1e-3, and at most 20% of
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
                         {0.5f, 0},
                         {0.5f, 2},
                         {1.0f, 0},
+                        {-1.0f, 0},
                         {0.0f, 0, StreamExperts::ON},
                         {0.0f, 2, StreamExperts::ON},
                         {0.0f, 0, StreamExperts::AUTO, one_tensor},
@@ -149,8 +151,9 @@ int main(int argc, char** argv) {
     auto be = cuda_backend(c.cpu_experts, c.stream, c.pin_limit, c.prefetch);
     WeightPlacement p;
     const Logits got = run(*be, *mf, o, want.tokens, false, &p);
-    std::string what = strfmt("%llu of %llu resident, cpu share %.1f", (unsigned long long)p.min_resident,
-                              (unsigned long long)E, static_cast<double>(c.cpu_experts));
+    std::string what =
+        strfmt("%llu of %llu resident, cpu share %s", (unsigned long long)p.min_resident, (unsigned long long)E,
+               c.cpu_experts < 0.0f ? "auto" : strfmt("%.1f", static_cast<double>(c.cpu_experts)).c_str());
     if (c.stream == StreamExperts::ON) what += ", streamed";
     if (c.pin_limit > 0) what += ", one tensor pinned, the rest streamed";
     if (!c.prefetch) what += ", no prefetch";

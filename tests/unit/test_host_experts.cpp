@@ -215,6 +215,19 @@ TEST(HostExperts, MatchesTheReferenceMoeWithinTheActivationQuantisation) {
         else
           ASSERT_EQ(y1[i], 0.0f) << "assignment " << a << " is the GPU's";
       }
+    // zero_others off (the CUDA runner, whose sum reads only the host's rows): the others are left as they were.
+    std::vector<float> y2(y.size(), 7.0f);
+    HostExpertTask keep = ex.task(c.n, c.k, x.data(), mixed.data(), w.data(), y2.data());
+    keep.zero_others = false;
+    EXPECT_EQ(h1.run(keep), (na + 1) / 2);
+    for (int64_t a = 0; a < na; ++a)
+      for (int64_t d = 0; d < c.D; ++d) {
+        const size_t i = static_cast<size_t>(a * c.D + d);
+        if (a % 2 == 0)
+          ASSERT_TRUE(bits_equal(y2[i], y[i])) << "assignment " << a << " row " << d;
+        else
+          ASSERT_EQ(y2[i], 7.0f) << "assignment " << a << " is the GPU's";
+      }
   }
 }
 

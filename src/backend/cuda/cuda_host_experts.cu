@@ -24,43 +24,57 @@ constexpr int64_t k_max_k = 16;
 // A request the CPU has not answered after this long is a hang, reported and fatal (a decode step takes ms).
 constexpr uint64_t k_wait_limit_ns = 60ull * 1000 * 1000 * 1000;
 
-// One block: the inputs into the mailbox's buffers (x [n_x floats], ids2 and weights [n_assign]), then the
-// request. Every thread fences its own writes to system scope before the barrier, so the host sees the inputs
-// before it sees the new sequence number.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One block: the inputs into the mailbox's buffers (x [n_x floats], ids2 and weights [n_assign], the gathered
+// and skipped counts), then the request; nothing when the plan gave the host no expert. Every thread fences its
+// own writes to system scope before the barrier, so the host sees the inputs before it sees the new sequence
+// number.
 __global__ void __launch_bounds__(1024)
-    host_request_kernel(HostMailbox* box, uint32_t* seq, uint32_t job, float* __restrict__ x_h,
-                        int32_t* __restrict__ ids_h, float* __restrict__ w_h, const float* __restrict__ x,
-                        const int32_t* __restrict__ ids2, const float* __restrict__ w, int64_t n_x, int64_t n_assign) {
+    host_request_kernel(HostMailbox* box, HostSeq* seq, const HostPlanState* plan, uint32_t job,
+                        float* __restrict__ x_h, int32_t* __restrict__ ids_h, float* __restrict__ w_h,
+                        const float* __restrict__ x, const int32_t* __restrict__ ids2, const float* __restrict__ w,
+                        const int32_t* gathered, int64_t n_x, int64_t n_assign) {
   pdl_enter();
+  if (plan->host == 0) return;
   for (int64_t i = threadIdx.x; i < n_x; i += blockDim.x) x_h[i] = x[i];
   for (int64_t i = threadIdx.x; i < n_assign; i += blockDim.x) {
     ids_h[i] = ids2[i];
     w_h[i] = w[i];
   }
+  volatile HostMailbox* b = box;
+  if (threadIdx.x == 0) {
+    b->job = job;
+    b->gathered = static_cast<uint32_t>(*gathered);
+    b->skipped = static_cast<uint32_t>(plan->skipped);
+  }
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t s = *seq + 1 == 0 ? 1 : *seq + 1;  // never 0 (RequestPoll: 0 means stopped)
-    *seq = s;
-    volatile HostMailbox* b = box;
-    b->job = job;
-    __threadfence_system();
+    const uint32_t s = seq->seq + 1 == 0 ? 1 : seq->seq + 1;  // never 0 (RequestPoll: 0 means stopped)
+    seq->seq = s;
+    seq->posted_ns = global_ns();
     b->request = s;
   }
 }
 
 // One thread: returns once the host's answer carries the last request's sequence number (y_host is then
-// written); traps with a message after k_wait_limit_ns.
-__global__ void host_wait_kernel(const HostMailbox* box, const uint32_t* seq) {
+// written), then gives the host its times: posting to this kernel, and the wait; returns at once when the plan
+// posted no request. Traps with a message after k_wait_limit_ns.
+__global__ void host_wait_kernel(HostMailbox* box, const HostSeq* seq, const HostPlanState* plan) {
   pdl_enter();
-  if (threadIdx.x != 0) return;
-  const uint32_t s = *seq;
-  const volatile uint32_t* answer = &box->answer;
-  uint64_t t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (*answer != s) {
+  if (threadIdx.x != 0 || plan->host == 0) return;
+  const uint32_t s = seq->seq;
+  volatile HostMailbox* b = box;
+  const unsigned long long t0 = global_ns();
+  unsigned long long t = t0;
+  while (b->answer != s) {
     __nanosleep(256);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    t = global_ns();
     if (t - t0 > k_wait_limit_ns) {
       printf("dsv4: fatal: host experts: request %u not answered by the CPU within %llu s\n", s,
              static_cast<unsigned long long>(k_wait_limit_ns / 1000000000ull));
@@ -68,6 +82,10 @@ __global__ void host_wait_kernel(const HostMailbox* box, const uint32_t* seq) {
     }
   }
   __threadfence_system();
+  b->gpu_us = static_cast<float>(t0 - seq->posted_ns) * 1e-3f;
+  b->wait_us = static_cast<float>(t - t0) * 1e-3f;
+  __threadfence_system();
+  b->timed = s;
 }
 }  // namespace
 
@@ -77,8 +95,19 @@ HostExpertRunner::HostExpertRunner(int threads, float share)
   CUDA_CHECK(cudaHostAlloc(&p, sizeof(HostMailbox), cudaHostAllocMapped));
   box_ = new (p) HostMailbox();
   CUDA_CHECK(cudaHostGetDevicePointer(&box_d_, p, 0));
-  CUDA_CHECK(cudaMalloc(&seq_d_, sizeof(uint32_t)));
-  CUDA_CHECK(cudaMemset(seq_d_, 0, sizeof(uint32_t)));
+  CUDA_CHECK(cudaHostAlloc(&p, k_slots * sizeof(HostShareRule), cudaHostAllocMapped));
+  rules_ = static_cast<HostShareRule*>(p);
+  for (int i = 0; i < k_slots; ++i) new (rules_ + i) HostShareRule();
+  CUDA_CHECK(cudaHostGetDevicePointer(&rules_d_, p, 0));
+  if (share_ >= 0.0f) {  // fixed: ready now; auto: after the calibration (plan_for)
+    controls_.assign(k_slots, HostShareControl::fixed(share_));
+    for (int i = 0; i < k_slots; ++i) rules_[i] = controls_[static_cast<size_t>(i)].rule();
+    controls_ready_.store(true, std::memory_order_release);
+  }
+  CUDA_CHECK(cudaMalloc(&seq_d_, sizeof(HostSeq)));
+  CUDA_CHECK(cudaMemset(seq_d_, 0, sizeof(HostSeq)));
+  CUDA_CHECK(cudaMalloc(&plan_d_, k_slots * sizeof(HostPlanState)));
+  CUDA_CHECK(cudaMemset(plan_d_, 0, k_slots * sizeof(HostPlanState)));
   CUDA_CHECK(cudaDeviceSynchronize());
   const uint32_t seen = box_->request;  // before the worker starts: a request may come before it runs
   thread_ = std::thread([this, seen] { worker(seen); });
@@ -87,34 +116,69 @@ HostExpertRunner::HostExpertRunner(int threads, float share)
 HostExpertRunner::~HostExpertRunner() {
   stop_.store(true);
   thread_.join();
-  if (stats_.calls > 0)
+  if (stats_.calls > 0) {
+    const double calls = static_cast<double>(stats_.calls);
     log_info(
         "cuda: host experts: %llu requests, %.2f host assignments and %.3f ms each, %.1f GB/s of expert "
-        "matrices",
-        static_cast<unsigned long long>(stats_.calls),
-        static_cast<double>(stats_.assignments) / static_cast<double>(stats_.calls),
-        1e3 * stats_.seconds / static_cast<double>(stats_.calls),
-        stats_.seconds > 0 ? stats_.bytes / stats_.seconds / 1e9 : 0.0);
-  for (void* p : {static_cast<void*>(box_), static_cast<void*>(x_h_), static_cast<void*>(ids_h_),
-                  static_cast<void*>(w_h_), static_cast<void*>(y_h_)})
+        "matrices; the CPU took %.2f of %.2f host experts a request, and the GPU waited for it after %.1f%% of "
+        "them (%.1f ms in all)",
+        static_cast<unsigned long long>(stats_.calls), static_cast<double>(stats_.assignments) / calls,
+        1e3 * stats_.seconds / calls, stats_.seconds > 0 ? stats_.bytes / stats_.seconds / 1e9 : 0.0,
+        static_cast<double>(stats_.host) / calls, static_cast<double>(stats_.used) / calls,
+        stats_.timed ? 100.0 * static_cast<double>(stats_.waited) / static_cast<double>(stats_.timed) : 0.0,
+        stats_.wait_us * 1e-3);
+    const HostShareControl& c = controls_.front();
+    if (c.adaptive())
+      log_info(
+          "cuda: host experts: last fit of a one-token request: the CPU %.0f us an expert (spread %.0f us), the "
+          "GPU %.0f us + %.0f us a gathered expert",
+          c.cpu_fit().rate(), c.cpu_fit().spread(), c.gpu_fit().intercept(), c.gpu_fit().slope());
+  }
+  for (void* p : {static_cast<void*>(box_), static_cast<void*>(rules_), static_cast<void*>(x_h_),
+                  static_cast<void*>(ids_h_), static_cast<void*>(w_h_), static_cast<void*>(y_h_)})
     if (p) CUDA_CHECK(cudaFreeHost(p));
   CUDA_CHECK(cudaFree(seq_d_));
+  CUDA_CHECK(cudaFree(plan_d_));
 }
 
-// The worker: waits for each request (RequestPoll), computes the job, publishes y_host, then the answer.
+// The host experts a task names (its assignments < 0), each counted once.
+int HostExpertRunner::distinct_host_experts(const HostExpertTask& t) {
+  seen_.assign(static_cast<size_t>((t.gate.count + 63) / 64), 0);
+  int n = 0;
+  for (int64_t a = 0; a < t.n_tokens * t.k; ++a) {
+    const int32_t e = -1 - t.experts[a];
+    if (e < 0 || e >= t.gate.count) continue;
+    uint64_t& word = seen_[static_cast<size_t>(e) / 64];
+    const uint64_t bit = uint64_t{1} << (e % 64);
+    n += (word & bit) == 0;
+    word |= bit;
+  }
+  return n;
+}
+
+// The worker: waits for each request (RequestPoll), computes the job, publishes y_host; feeds the job's control
+// the CPU's time and the GPU's times of the request before (its answer came before this request was posted, so
+// they are in the mailbox), writes the rule the next request's plan reads, then the answer.
 void HostExpertRunner::worker(uint32_t last) {
   using clock = std::chrono::steady_clock;
   RequestPoll poll(last);
+  uint32_t prev = 0;  // the previous request, its control and the experts the GPU gathered for it
+  size_t prev_slot = 0;
+  int prev_gathered = 0;
   while (const uint32_t r = poll.next(&box_->request, stop_)) {
+    const auto t0 = clock::now();
     const uint32_t job = __atomic_load_n(&box_->job, __ATOMIC_ACQUIRE);
+    const int gathered = static_cast<int>(__atomic_load_n(&box_->gathered, __ATOMIC_ACQUIRE));
+    const int skipped = static_cast<int>(__atomic_load_n(&box_->skipped, __ATOMIC_ACQUIRE));
     DSV4_ASSERT(job < n_jobs_.load(std::memory_order_acquire), "host experts: request for job %u of %zu", job,
                 n_jobs_.load());
+    DSV4_ASSERT(controls_ready_.load(std::memory_order_acquire), "host experts: request before the share's rule");
     const HostExpertTask& t = jobs_[job];
+    const size_t slot = static_cast<size_t>(std::min<int64_t>(t.n_tokens, k_slots) - 1);
+    int host = 0;
     try {
-      const auto t0 = clock::now();
+      host = distinct_host_experts(t);
       const int64_t n = experts_.run(t);
-      stats_.seconds += std::chrono::duration<double>(clock::now() - t0).count();
-      stats_.calls += 1;
       stats_.assignments += static_cast<uint64_t>(n);
       stats_.bytes +=
           static_cast<double>(n) * static_cast<double>(t.gate.expert_bytes + t.up.expert_bytes + t.down.expert_bytes);
@@ -123,6 +187,25 @@ void HostExpertRunner::worker(uint32_t last) {
       std::fprintf(stderr, "dsv4: fatal: host experts: %s\n", e.what());
       std::abort();
     }
+    const double cpu_s = std::chrono::duration<double>(clock::now() - t0).count();
+    stats_.seconds += cpu_s;
+    stats_.calls += 1;
+    stats_.host += static_cast<uint64_t>(host);
+    stats_.used += static_cast<uint64_t>(host + gathered);
+    if (prev != 0 && __atomic_load_n(&box_->timed, __ATOMIC_ACQUIRE) == prev) {
+      const volatile HostMailbox* vb = box_;
+      const float gpu_us = vb->gpu_us, wait_us = vb->wait_us;
+      controls_[prev_slot].observe_gpu(prev_gathered, gpu_us);
+      rules_[prev_slot] = controls_[prev_slot].rule();
+      stats_.timed += 1;
+      stats_.waited += wait_us > 5.0f;
+      stats_.wait_us += wait_us;
+    }
+    controls_[slot].observe_cpu(host, cpu_s * 1e6, skipped);
+    rules_[slot] = controls_[slot].rule();
+    prev = r;
+    prev_slot = slot;
+    prev_gathered = gathered;
     __atomic_store_n(&box_->answer, r, __ATOMIC_RELEASE);
     poll.served();
   }
@@ -149,9 +232,9 @@ bool HostExpertRunner::ensure_buffers(int64_t n_assign, int64_t n_tokens, int64_
   return n_tokens <= cap_tokens_ && n_assign <= cap_assign_;
 }
 
-// The share that balances the two paths: the CPU computes its experts at r_cpu bytes/s (timed on this op's
-// matrices: k experts of one token, best of 3) while the bus gathers the others at r_bus (a copy of bus_bytes,
-// best of 3), so share = r_cpu / (r_cpu + r_bus) makes both take the same time per byte of experts.
+// First estimates for `auto`'s controls: the CPU's time per expert (this op's matrices: k experts of one
+// token, best of 3, over k) and the bus's per gathered expert (a copy of bus_bytes, best of 3, scaled to an
+// expert's three matrices). The controls then fit both to every request's times (HostShareControl).
 void HostExpertRunner::calibrate(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src,
                                  void* bus_dst, size_t bus_bytes) {
   const int64_t D = shape.gate.cols, k = std::min<int64_t>(6, shape.gate.count);
@@ -170,11 +253,10 @@ void HostExpertRunner::calibrate(const CudaContext& ctx, const HostExpertTask& s
   double cpu_s = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    experts_.run(t);  // the worker is idle: no request was posted before the share was known
+    experts_.run(t);  // the worker is idle: no request is posted before the controls are ready
     cpu_s = std::min(cpu_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double cpu_bytes =
-      static_cast<double>(k) *
+  const double expert_bytes =
       static_cast<double>(shape.gate.expert_bytes + shape.up.expert_bytes + shape.down.expert_bytes);
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
@@ -191,29 +273,35 @@ void HostExpertRunner::calibrate(const CudaContext& ctx, const HostExpertTask& s
   }
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
-  const double r_cpu = cpu_bytes / std::max(cpu_s, 1e-9);
+  const double r_cpu = static_cast<double>(k) * expert_bytes / std::max(cpu_s, 1e-9);
   const double r_bus = static_cast<double>(bus_bytes) / std::max(static_cast<double>(bus_ms) * 1e-3, 1e-9);
-  share_ = static_cast<float>(r_cpu / (r_cpu + r_bus));
+  const double cpu_us = 1e6 * expert_bytes / r_cpu, bus_us = 1e6 * expert_bytes / r_bus;
+  controls_.assign(k_slots, HostShareControl::adaptive(cpu_us, bus_us));
+  for (int i = 0; i < k_slots; ++i) rules_[i] = controls_[static_cast<size_t>(i)].rule();
+  controls_ready_.store(true, std::memory_order_release);
   log_info(
-      "cuda: host experts: the CPU computes %.1f GB/s of experts (%d threads, %s dots), the bus gathers %.1f GB/s: "
-      "the CPU takes %.0f%% of the host experts of each decode step (--cpu-experts)",
-      r_cpu / 1e9, experts_.threads(), quant::dot_fast_isa(), r_bus / 1e9, 100.0 * share_);
+      "cuda: host experts: the CPU computes %.1f GB/s of experts (%d threads, %s dots; %.0f us an expert), the "
+      "bus gathers %.1f GB/s (%.0f us an expert): the CPU takes as many of each decode step's host experts as "
+      "end no later than the gather, fitted to every step's times (--cpu-experts auto)",
+      r_cpu / 1e9, experts_.threads(), quant::dot_fast_isa(), cpu_us, r_bus / 1e9, bus_us);
 }
 
-float HostExpertRunner::share_for(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src,
-                                  void* bus_dst, size_t bus_bytes) {
-  if (share_ == 0.0f) return 0.0f;
-  if (!shape.gate.base || !shape.up.base || !shape.down.base) return 0.0f;  // not host memory we registered
-  if (!ensure_buffers(shape.n_tokens * shape.k, shape.n_tokens, shape.gate.cols, ctx.capturing)) return 0.0f;
-  if (share_ < 0.0f) {
-    if (ctx.capturing) return 0.0f;
+HostExpertRunner::Plan HostExpertRunner::plan_for(const CudaContext& ctx, const HostExpertTask& shape,
+                                                  const void* bus_src, void* bus_dst, size_t bus_bytes) {
+  if (share_ == 0.0f) return {};
+  if (!shape.gate.base || !shape.up.base || !shape.down.base) return {};  // not host memory we registered
+  if (!ensure_buffers(shape.n_tokens * shape.k, shape.n_tokens, shape.gate.cols, ctx.capturing)) return {};
+  if (!controls_ready_.load(std::memory_order_acquire)) {
+    if (ctx.capturing) return {};
     calibrate(ctx, shape, bus_src, bus_dst, bus_bytes);
   }
-  return share_;
+  const int64_t slot = std::min<int64_t>(shape.n_tokens, k_slots) - 1;
+  return {static_cast<const HostShareRule*>(rules_d_) + slot, plan_d_ + slot};
 }
 
-const float* HostExpertRunner::launch(const CudaContext& ctx, const HostExpertTask& shape, const float* x_dev,
-                                      const int32_t* ids2_dev, const float* weights_dev) {
+const float* HostExpertRunner::launch(const CudaContext& ctx, const Plan& plan, const HostExpertTask& shape,
+                                      const float* x_dev, const int32_t* ids2_dev, const float* weights_dev,
+                                      const int32_t* gathered_dev) {
   const int64_t n = shape.n_tokens, na = n * shape.k, D = shape.gate.cols;
   DSV4_ASSERT(x_h_ && n <= cap_tokens_ && na <= cap_assign_ && D <= cap_d_, "host experts: launch without buffers");
   const auto key = std::make_tuple(static_cast<const void*>(shape.gate.base), n, shape.k);
@@ -227,19 +315,21 @@ const float* HostExpertRunner::launch(const CudaContext& ctx, const HostExpertTa
     t.experts = ids_h_;
     t.weights = w_h_;
     t.y = y_h_;
+    t.zero_others = false;  // expert_sum_kernel reads only the host's rows
     n_jobs_.store(i + 1, std::memory_order_release);
     it = job_index_.emplace(key, static_cast<uint32_t>(i)).first;
   }
-  launch_kernel(host_request_kernel, 1, 1024, 0, ctx.stream, static_cast<HostMailbox*>(box_d_), seq_d_, it->second,
-                static_cast<float*>(x_d_), static_cast<int32_t*>(ids_d_), static_cast<float*>(w_d_), x_dev, ids2_dev,
-                weights_dev, n * D, na);
+  launch_kernel(host_request_kernel, 1, 1024, 0, ctx.stream, static_cast<HostMailbox*>(box_d_), seq_d_,
+                static_cast<const HostPlanState*>(plan.state), it->second, static_cast<float*>(x_d_),
+                static_cast<int32_t*>(ids_d_), static_cast<float*>(w_d_), x_dev, ids2_dev, weights_dev, gathered_dev,
+                n * D, na);
   CUDA_CHECK_LAUNCH();
   return static_cast<const float*>(y_d_);
 }
 
-void HostExpertRunner::join(const CudaContext& ctx) {
-  launch_kernel(host_wait_kernel, 1, 32, 0, ctx.stream, static_cast<const HostMailbox*>(box_d_),
-                static_cast<const uint32_t*>(seq_d_));
+void HostExpertRunner::join(const CudaContext& ctx, const Plan& plan) {
+  launch_kernel(host_wait_kernel, 1, 32, 0, ctx.stream, static_cast<HostMailbox*>(box_d_),
+                static_cast<const HostSeq*>(seq_d_), static_cast<const HostPlanState*>(plan.state));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,20 +1,29 @@
 // The host's share of a decode step's host-memory experts (CudaOptions::cpu_experts,
 // docs/design-notes/expert-offload.md). For an op whose experts are partly in host
-// memory, the gather plan (cuda_moe.cu) hands the first `share` of the host experts
+// memory, the gather plan (cuda_moe.cu) hands the first h of the u host experts
 // that the batch uses to the CPU (their assignments marked -1 - e in a copy of the
-// expert ids) and gathers the rest over the bus. GPU and CPU meet through mapped
-// pinned memory, with no driver call in between:
-//   GPU  plan -> host_request_kernel: x, ids, weights into the mailbox, then the
-//        request (job, sequence number) -> gather -> the device's experts ->
-//        host_wait_kernel (until the CPU's answer carries that sequence number)
-//        -> expert sum (adds y_host's rows, read in place)
+// expert ids) and gathers the rest over the bus; h = host_share_plan(rule, u)
+// (backend/host/host_share.h: a fixed share, or `auto`, the h that ends the two
+// paths soonest by a fit of what the earlier requests measured). GPU and CPU meet
+// through mapped pinned memory, with no driver call in between:
+//   GPU  plan (reads the rule; h into HostPlanState) -> host_request_kernel: x,
+//        ids, weights, the gathered and skipped counts into the mailbox, then
+//        the request (job, sequence number; the GPU timer at posting kept on
+//        the device) -> gather -> the device's experts -> host_wait_kernel
+//        (until the CPU's answer carries that sequence number; then the GPU's
+//        path and wait times into the mailbox) -> expert sum (the host's rows
+//        of y_host, read in place, for the assignments marked the host's).
+//        With h = 0 the request and the wait return at once: no round trip.
 //   CPU  one worker thread polls the request word, runs HostExperts::run (backend/
-//        host, all cores) on the job's matrices, writes y_host, then the answer.
+//        host, all cores) on the job's matrices, writes y_host, feeds its time
+//        and the GPU's times of the request before to the job's HostShareControl,
+//        writes the next rule, then the answer.
 // so the CPU computes while the GPU gathers. (Copy-engine transfers and a
 // cudaLaunchHostFunc in a side stream were measured first: the transfers queued
 // behind the gather's reads of host memory and the host function started late,
 // so the two paths ran mostly one after the other.) Everything on the GPU side
-// is kernels: a decode graph records it like any other op. The worker spins
+// is kernels: a decode graph records it like any other op, and the rule it reads
+// is memory, so a recorded graph follows the rule's changes. The worker spins
 // while requests keep coming and sleeps in 100 us naps after 20 ms without one.
 #pragma once
 
@@ -29,6 +38,7 @@
 #include <vector>
 
 #include "backend/host/host_experts.h"
+#include "backend/host/host_share.h"
 
 namespace dsv4::cuda {
 
@@ -36,43 +46,72 @@ struct CudaContext;
 
 // The mailbox in mapped pinned memory (written by one side, read by the other).
 struct HostMailbox {
-  uint32_t request = 0;  // GPU -> CPU: sequence number of the latest request
-  uint32_t job = 0;      //             its job (HostExpertRunner::jobs_ index)
-  uint32_t answer = 0;   // CPU -> GPU: sequence number of the latest finished request
+  uint32_t request = 0;   // GPU -> CPU: sequence number of the latest request
+  uint32_t job = 0;       //             its job (HostExpertRunner::jobs_ index)
+  uint32_t gathered = 0;  //             the experts the GPU gathers beside it
+  uint32_t skipped = 0;   //             the ops before it that gave the CPU none (HostPlanState)
+  uint32_t answer = 0;    // CPU -> GPU: sequence number of the latest finished request
+  uint32_t timed = 0;     // GPU -> CPU: the request whose times these are (after its answer):
+  float gpu_us = 0.0f;    //             posting it to reaching the wait
+  float wait_us = 0.0f;   //             the wait for the answer
+};
+
+// Device memory: the latest request's sequence number and the GPU timer (ns) when it was posted.
+struct HostSeq {
+  uint32_t seq = 0;
+  unsigned long long posted_ns = 0;
+};
+
+// Device memory, one per batch size, written by the gather plan: this op's host experts (0: no request), the ops
+// in a row that used host experts and gave the CPU none (host_share_plan's `since`), and how many of those came
+// before this op's request.
+struct HostPlanState {
+  int32_t host = 0, since = 0, skipped = 0;
 };
 
 class HostExpertRunner {
  public:
-  // share: the fraction of the used host experts the CPU takes; < 0: measured on the first op (calibrate).
+  // share: the fraction of the used host experts the CPU takes; < 0: auto (calibrated on the first op, then
+  // adapted to every request's times: HostShareControl).
   HostExpertRunner(int threads, float share);
   ~HostExpertRunner();
   HostExpertRunner(const HostExpertRunner&) = delete;
   HostExpertRunner& operator=(const HostExpertRunner&) = delete;
 
-  // The share for an op of `task`'s matrices (pointers into host memory), or 0 when the op cannot use the
-  // host path now (no buffers yet while a graph is being recorded, or larger than the buffers). Measures the
-  // share first when it is "auto" and nothing is being recorded: `bus_src` / `bus_dst` (device-usable host
-  // memory and device memory of `bus_bytes` each) time the bus.
-  float share_for(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
-                  size_t bus_bytes);
+  // The rule (device-usable, in mapped memory; the gather plan reads it) and the plan's state for an op of
+  // `task`'s matrices (pointers into host memory), or nullptrs when the op cannot use the host path now (no
+  // buffers yet while a graph is being recorded, or larger than the buffers). Calibrates first when the share is "auto"
+  // and nothing is being recorded: `bus_src` / `bus_dst` (device-usable host memory and device memory of `bus_bytes`
+  // each) time the bus.
+  struct Plan {
+    const HostShareRule* rule = nullptr;  // mapped memory
+    HostPlanState* state = nullptr;       // device memory
+  };
+  Plan plan_for(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
+                size_t bus_bytes);
 
-  // Posts the host's part of an op on ctx.stream (see the top of this file): ids2 [n_assign] (host
-  // assignments < 0). Returns y_host [n_assign, D] (device-usable; the host rows, zeros elsewhere), valid on
-  // ctx.stream after join().
-  const float* launch(const CudaContext& ctx, const HostExpertTask& shape, const float* x_dev, const int32_t* ids2_dev,
-                      const float* weights_dev);
-  void join(const CudaContext& ctx);
+  // Posts the host's part of an op on ctx.stream (see the top of this file) unless the plan gave it no expert:
+  // ids2 [n_assign] (host assignments < 0), gathered_dev the plan's count of gathered experts. Returns y_host
+  // [n_assign, D] (device-usable; the host's rows, for the assignments ids2 marks), valid on ctx.stream after
+  // join().
+  const float* launch(const CudaContext& ctx, const Plan& plan, const HostExpertTask& shape, const float* x_dev,
+                      const int32_t* ids2_dev, const float* weights_dev, const int32_t* gathered_dev);
+  void join(const CudaContext& ctx, const Plan& plan);
 
   int threads() const { return experts_.threads(); }
   // Worker totals since the start (logged when the runner ends): requests, host assignments, seconds computing,
-  // the bytes of expert matrices they read.
+  // the bytes of expert matrices they read; host experts and host + gathered experts over the requests; the
+  // timed requests and those the GPU waited more than 5 us for, and its waiting time.
   struct Stats {
-    uint64_t calls = 0, assignments = 0;
-    double seconds = 0, bytes = 0;
+    uint64_t calls = 0, assignments = 0, host = 0, used = 0, timed = 0, waited = 0;
+    double seconds = 0, bytes = 0, wait_us = 0;
   };
+  // A control per batch size (tokens 1..k_slots; larger batches share the last).
+  static constexpr int k_slots = 16;
 
  private:
   void worker(uint32_t last);
+  int distinct_host_experts(const HostExpertTask& t);
   bool ensure_buffers(int64_t n_assign, int64_t n_tokens, int64_t D, bool capturing);
   void calibrate(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
                  size_t bus_bytes);
@@ -80,6 +119,14 @@ class HostExpertRunner {
   HostExperts experts_;
   float share_;
   Stats stats_;  // the worker's (read after it has stopped)
+  // The rules in mapped pinned memory (rules_d_: their device address), one per batch size, and their controls:
+  // made by the constructor (a fixed share) or the calibration (auto) before any request; then only the worker
+  // touches the controls and writes the rules.
+  HostShareRule* rules_ = nullptr;
+  void* rules_d_ = nullptr;
+  std::vector<HostShareControl> controls_;
+  std::atomic<bool> controls_ready_{false};
+  std::vector<uint64_t> seen_;  // the worker's bitset of experts (distinct_host_experts)
   // Mapped pinned buffers (host pointers; *_d_: their device pointers): the mailbox, x [max_tokens * D], ids and
   // weights [max_assign], y [max_assign * D].
   HostMailbox* box_ = nullptr;
@@ -88,7 +135,8 @@ class HostExpertRunner {
   float* w_h_ = nullptr;
   float* y_h_ = nullptr;
   void *box_d_ = nullptr, *x_d_ = nullptr, *ids_d_ = nullptr, *w_d_ = nullptr, *y_d_ = nullptr;
-  uint32_t* seq_d_ = nullptr;  // device memory: the last sequence number posted
+  HostSeq* seq_d_ = nullptr;         // device memory
+  HostPlanState* plan_d_ = nullptr;  // device memory, k_slots
   int64_t cap_tokens_ = 0, cap_assign_ = 0, cap_d_ = 0;
   // Jobs by (gate matrix, tokens, k): the task with the mailbox's buffers; the index is the request's job.
   // A fixed array, so that appending never moves an entry the worker may be reading.

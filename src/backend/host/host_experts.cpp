@@ -52,7 +52,7 @@ int64_t HostExperts::run(const HostExpertTask& t) {
   for (int64_t a = 0; a < n_assign; ++a) {
     if (t.experts[a] < 0)
       mine.push_back(a);
-    else
+    else if (t.zero_others)
       std::memset(t.y + a * D, 0, static_cast<size_t>(D) * sizeof(float));
   }
   if (mine.empty()) return 0;

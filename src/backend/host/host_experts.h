@@ -11,7 +11,8 @@
 //   y[a, d] = down[e, d] . Q8_K(mid)                        d < D
 // with the integer dot products of quant::vec_dot_q_fast (the ds4 CPU
 // convention: bit-identical to quant::vec_dot_q). Every other row of y is set
-// to zero, so the caller adds y to the device's per-assignment rows. The
+// to zero (unless zero_others is off: a caller that reads only the host's rows),
+// so the caller can add y to the device's per-assignment rows. The
 // results differ from the f32-activation reference (cpu_moe.cpp) by the
 // activations' 8-bit quantisation (tested with an NMSE bound).
 #pragma once
@@ -45,6 +46,7 @@ struct HostExpertTask {
   float clamp = 10.0f;
   ActQuant mid_quant = ActQuant::NONE;  // MoeExpertsOp::mid_quant: applied to mid before its int8 rows
   float* y = nullptr;                   // [n_tokens * k, D] out
+  bool zero_others = true;              // set the rows of the other assignments to zero (else left as they are)
 };
 
 class HostExperts {
