@@ -14,7 +14,8 @@
 #                placement), each budget B of $BUDGETS with each --cpu-experts C
 #                of $CPU_EXPERTS (off, the default: every host expert gathered
 #                over the bus; auto or a SHARE such as 0.15: the CPU computes
-#                that share of each decode step's host experts, listed)
+#                a share of each decode step's host experts; the CSV lists the
+#                share it took, from the runner's exit log)
 #   uniform-B-noprefetch  each budget B of $NOPREFETCH_BUDGETS with
 #                --no-expert-prefetch (prefill gathers each layer's host experts
 #                after its router instead of copying them in beside the
@@ -79,7 +80,7 @@ run_one() {
   fi
   local resident host row share
   resident=$(sed -n 's/.*routed experts (\([0-9]*-[0-9]*\) of 256 per layer.*/\1/p' "$LOG/$name.log" | head -1)
-  share=$(sed -n 's/.*the CPU takes \([0-9]*%\) of the host experts.*/\1/p' "$LOG/$name.log" | head -1)
+  share=$(sed -n 's/.*the CPU took \([0-9.]*%\) of the host experts.*/\1/p' "$LOG/$name.log" | head -1)
   [ -z "$share" ] && [ -n "$budget" ] && [ "$cpu" != off ] && share=$cpu
   [ -z "$budget" ] || [ "$cpu" = off ] && share=0
   host=$(sed -n 's/.*; \([0-9.]*\) GiB of routed experts read from host memory.*/\1/p' "$LOG/$name.log" | head -1)

@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(1024)
     b->job = job;
     b->gathered = static_cast<uint32_t>(*gathered);
     b->skipped = static_cast<uint32_t>(plan->skipped);
+    b->skipped_used = static_cast<uint32_t>(plan->skipped_used);
   }
   __threadfence_system();
   __syncthreads();
@@ -119,16 +120,17 @@ HostExpertRunner::~HostExpertRunner() {
   if (stats_.calls > 0) {
     const double calls = static_cast<double>(stats_.calls);
     log_info(
-        "cuda: host experts: %llu requests, %.2f host assignments and %.3f ms each, %.1f GB/s of expert "
-        "matrices; the CPU took %.2f of %.2f host experts a request, and the GPU waited for it after %.1f%% of "
-        "them (%.1f ms in all)",
-        static_cast<unsigned long long>(stats_.calls), static_cast<double>(stats_.assignments) / calls,
-        1e3 * stats_.seconds / calls, stats_.seconds > 0 ? stats_.bytes / stats_.seconds / 1e9 : 0.0,
-        static_cast<double>(stats_.host) / calls, static_cast<double>(stats_.used) / calls,
+        "cuda: host experts: %llu requests (%.1f%% of the ops that used host experts), %.2f host assignments and "
+        "%.3f ms each, %.1f GB/s of expert matrices; the CPU took %.1f%% of the host experts the ops used, and "
+        "the GPU waited for it after %.1f%% of the requests (%.1f ms in all)",
+        static_cast<unsigned long long>(stats_.calls), 100.0 * calls / static_cast<double>(stats_.ops),
+        static_cast<double>(stats_.assignments) / calls, 1e3 * stats_.seconds / calls,
+        stats_.seconds > 0 ? stats_.bytes / stats_.seconds / 1e9 : 0.0,
+        100.0 * static_cast<double>(stats_.host) / static_cast<double>(std::max<uint64_t>(stats_.used, 1)),
         stats_.timed ? 100.0 * static_cast<double>(stats_.waited) / static_cast<double>(stats_.timed) : 0.0,
         stats_.wait_us * 1e-3);
     const HostShareControl& c = controls_.front();
-    if (c.adaptive())
+    if (c.adaptive() && c.cpu_fit().rate() > 0)
       log_info(
           "cuda: host experts: last fit of a one-token request: the CPU %.0f us an expert (spread %.0f us), the "
           "GPU %.0f us + %.0f us a gathered expert",
@@ -170,6 +172,7 @@ void HostExpertRunner::worker(uint32_t last) {
     const uint32_t job = __atomic_load_n(&box_->job, __ATOMIC_ACQUIRE);
     const int gathered = static_cast<int>(__atomic_load_n(&box_->gathered, __ATOMIC_ACQUIRE));
     const int skipped = static_cast<int>(__atomic_load_n(&box_->skipped, __ATOMIC_ACQUIRE));
+    const int skipped_used = static_cast<int>(__atomic_load_n(&box_->skipped_used, __ATOMIC_ACQUIRE));
     DSV4_ASSERT(job < n_jobs_.load(std::memory_order_acquire), "host experts: request for job %u of %zu", job,
                 n_jobs_.load());
     DSV4_ASSERT(controls_ready_.load(std::memory_order_acquire), "host experts: request before the share's rule");
@@ -191,7 +194,8 @@ void HostExpertRunner::worker(uint32_t last) {
     stats_.seconds += cpu_s;
     stats_.calls += 1;
     stats_.host += static_cast<uint64_t>(host);
-    stats_.used += static_cast<uint64_t>(host + gathered);
+    stats_.ops += 1 + static_cast<uint64_t>(skipped);
+    stats_.used += static_cast<uint64_t>(host + gathered + skipped_used);
     if (prev != 0 && __atomic_load_n(&box_->timed, __ATOMIC_ACQUIRE) == prev) {
       const volatile HostMailbox* vb = box_;
       const float gpu_us = vb->gpu_us, wait_us = vb->wait_us;

@@ -46,14 +46,15 @@ struct CudaContext;
 
 // The mailbox in mapped pinned memory (written by one side, read by the other).
 struct HostMailbox {
-  uint32_t request = 0;   // GPU -> CPU: sequence number of the latest request
-  uint32_t job = 0;       //             its job (HostExpertRunner::jobs_ index)
-  uint32_t gathered = 0;  //             the experts the GPU gathers beside it
-  uint32_t skipped = 0;   //             the ops before it that gave the CPU none (HostPlanState)
-  uint32_t answer = 0;    // CPU -> GPU: sequence number of the latest finished request
-  uint32_t timed = 0;     // GPU -> CPU: the request whose times these are (after its answer):
-  float gpu_us = 0.0f;    //             posting it to reaching the wait
-  float wait_us = 0.0f;   //             the wait for the answer
+  uint32_t request = 0;       // GPU -> CPU: sequence number of the latest request
+  uint32_t job = 0;           //             its job (HostExpertRunner::jobs_ index)
+  uint32_t gathered = 0;      //             the experts the GPU gathers beside it
+  uint32_t skipped = 0;       //             the ops before it that gave the CPU none (HostPlanState),
+  uint32_t skipped_used = 0;  //         and the host experts they used
+  uint32_t answer = 0;        // CPU -> GPU: sequence number of the latest finished request
+  uint32_t timed = 0;         // GPU -> CPU: the request whose times these are (after its answer):
+  float gpu_us = 0.0f;        //             posting it to reaching the wait
+  float wait_us = 0.0f;       //             the wait for the answer
 };
 
 // Device memory: the latest request's sequence number and the GPU timer (ns) when it was posted.
@@ -63,10 +64,10 @@ struct HostSeq {
 };
 
 // Device memory, one per batch size, written by the gather plan: this op's host experts (0: no request), the ops
-// in a row that used host experts and gave the CPU none (host_share_plan's `since`), and how many of those came
-// before this op's request.
+// in a row that used host experts and gave the CPU none (host_share_plan's `since`) and the host experts they
+// used, and both counts as they were before this op's request (for the CPU's fit and its statistics).
 struct HostPlanState {
-  int32_t host = 0, since = 0, skipped = 0;
+  int32_t host = 0, since = 0, since_used = 0, skipped = 0, skipped_used = 0;
 };
 
 class HostExpertRunner {
@@ -100,10 +101,11 @@ class HostExpertRunner {
 
   int threads() const { return experts_.threads(); }
   // Worker totals since the start (logged when the runner ends): requests, host assignments, seconds computing,
-  // the bytes of expert matrices they read; host experts and host + gathered experts over the requests; the
-  // timed requests and those the GPU waited more than 5 us for, and its waiting time.
+  // the bytes of expert matrices they read; the host experts the CPU computed, the ops before the last request
+  // that used host experts and the host experts they used; the timed requests and those the GPU waited more
+  // than 5 us for, and its waiting time.
   struct Stats {
-    uint64_t calls = 0, assignments = 0, host = 0, used = 0, timed = 0, waited = 0;
+    uint64_t calls = 0, assignments = 0, host = 0, ops = 0, used = 0, timed = 0, waited = 0;
     double seconds = 0, bytes = 0, wait_us = 0;
   };
   // A control per batch size (tokens 1..k_slots; larger batches share the last).

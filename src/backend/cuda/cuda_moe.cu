@@ -498,14 +498,18 @@ __global__ void __launch_bounds__(1024)
       r.c1 = v->c1;
       r.g0 = v->g0;
       r.b = v->b;
-      const int32_t before = state->since;
+      const int32_t before = state->since, before_used = state->since_used;
       int32_t since = before;
       host = host_share_plan(r, used, since);
       __syncwarp();
       if (lane == 0) {
         state->host = host;
         state->since = since;
-        if (host > 0) state->skipped = before;
+        state->since_used = host > 0 ? 0 : before_used + used;
+        if (host > 0) {
+          state->skipped = before;
+          state->skipped_used = before_used;
+        }
       }
     }
     int32_t c = 0;
