@@ -5,6 +5,7 @@
 // tested against these).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -205,5 +206,25 @@ TEST(CpuOps, MoeMidQuantQuantisesTheDownProjectionsInput) {
     const std::vector<float> want = get(*be, y);
     for (int64_t i = 0; i < D; ++i)
       EXPECT_NEAR(quant[static_cast<size_t>(t * D + i)], want[static_cast<size_t>(i)], 1e-5f) << t << "," << i;
+  }
+}
+
+// dot4 is four dots computed together: each result bitwise dot's, for every length (the 8-wide body and the
+// tail), and dot(a, b) == dot(b, a) (the matmul's row groups rely on it).
+TEST(CpuOps, Dot4IsFourDotsBitwise) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 31, 64, 100, 1000, 4096}) {
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(4 * n));
+    for (auto& v : a) v = d(g);
+    for (auto& v : b) v = d(g) * 1e3f;
+    const float* rows[4] = {b.data(), b.data() + n, b.data() + 2 * n, b.data() + 3 * n};
+    float out[4];
+    cpu::dot4(a.data(), rows, n, out);
+    for (int j = 0; j < 4; ++j) {
+      const float want = cpu::dot(a.data(), rows[j], n);
+      EXPECT_EQ(std::bit_cast<uint32_t>(out[j]), std::bit_cast<uint32_t>(want)) << "n " << n << " row " << j;
+      EXPECT_EQ(std::bit_cast<uint32_t>(cpu::dot(rows[j], a.data(), n)), std::bit_cast<uint32_t>(want));
+    }
   }
 }

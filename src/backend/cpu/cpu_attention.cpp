@@ -153,7 +153,14 @@ void indexer_scores(const IndexerScoresOp& op) {
         }
         const float* row = rows.row(k);
         float acc = 0;
-        for (int64_t h = 0; h < HI; ++h) acc += wt[h] * std::max(0.0f, dot(q + h * dI, row, dI));
+        int64_t h = 0;
+        for (; h + 4 <= HI; h += 4) {  // four heads' dots at a time (each bitwise its dot), added in head order
+          const float* q4[4] = {q + h * dI, q + (h + 1) * dI, q + (h + 2) * dI, q + (h + 3) * dI};
+          float v[4];
+          dot4(row, q4, dI, v);
+          for (int j = 0; j < 4; ++j) acc += wt[h + j] * std::max(0.0f, v[j]);
+        }
+        for (; h < HI; ++h) acc += wt[h] * std::max(0.0f, dot(q + h * dI, row, dI));
         s[k] = acc;
       }
     }
@@ -220,10 +227,14 @@ void attention(const AttentionOp& op) {
       const float* q = op.q.f32() + (t * H + h) * d;
       logit.resize(keys.size());
       float mx = -std::numeric_limits<float>::infinity();
-      for (size_t s = 0; s < keys.size(); ++s) {
-        logit[s] = dot(q, keys[s], d) * op.scale;
-        mx = std::max(mx, logit[s]);
+      size_t s4 = 0;
+      for (; s4 + 4 <= keys.size(); s4 += 4) {  // four keys at a time: each bitwise its dot
+        float v[4];
+        dot4(q, keys.data() + s4, d, v);
+        for (int j = 0; j < 4; ++j) logit[s4 + j] = v[j] * op.scale;
       }
+      for (; s4 < keys.size(); ++s4) logit[s4] = dot(q, keys[s4], d) * op.scale;
+      for (size_t s = 0; s < keys.size(); ++s) mx = std::max(mx, logit[s]);
       double den = std::exp(static_cast<double>(sinks[h]) - mx);
       std::vector<double> acc(static_cast<size_t>(d), 0.0);
       for (size_t s = 0; s < keys.size(); ++s) {

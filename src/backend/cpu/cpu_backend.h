@@ -37,6 +37,9 @@ class PoolScope {
 };
 // Fixed-order f32 dot product (8 interleaved partial sums, then a fixed tree).
 float dot(const float* a, const float* b, int64_t n);
+// out[j] = dot(a, b[j], n) for j < 4, bitwise (each sum in dot's order), computed together: four independent
+// chains of additions where one dot is bound by the latency of its own (~3x dot's rate).
+void dot4(const float* a, const float* const b[4], int64_t n, float out[4]);
 // Dequantises row r of a weight tensor into dst (ne0 floats).
 void weight_row(const Tensor& w, int64_t r, float* dst);
 float sigmoid(float x);

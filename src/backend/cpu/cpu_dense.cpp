@@ -50,16 +50,40 @@ void matmul(const MatmulOp& op) {
   const int64_t rows_per_group = rows / groups;
   const float* x = op.x.f32();
   float* out = op.out.f32();
+  auto store = [&](int64_t t, int64_t r, float v) {
+    float& o = out[t * rows + r];
+    o = op.accumulate ? o + v : v;
+  };
+  auto x_of = [&](int64_t t, int64_t r) { return x + t * cols * groups + (r / rows_per_group) * cols; };
+  // Every output is dot(row, x) in dot's order; dot4 computes four of them together: four tokens against one row
+  // (batches of 4+), or four rows of one group against one token (the rows dequantised first).
   pool().parallel_for(static_cast<size_t>(rows), [&](size_t b, size_t e) {
-    std::vector<float> wr(static_cast<size_t>(cols));
-    for (size_t r = b; r < e; ++r) {
-      weight_row(op.w, static_cast<int64_t>(r), wr.data());
-      const int64_t g = static_cast<int64_t>(r) / rows_per_group;
-      for (int64_t t = 0; t < n; ++t) {
-        float& o = out[t * rows + static_cast<int64_t>(r)];
-        const float v = dot(wr.data(), x + t * cols * groups + g * cols, cols);
-        o = op.accumulate ? o + v : v;
+    std::vector<float> wr(static_cast<size_t>(4 * cols));
+    for (auto r = static_cast<int64_t>(b); r < static_cast<int64_t>(e);) {
+      if (n < 4 && r + 4 <= static_cast<int64_t>(e) && r / rows_per_group == (r + 3) / rows_per_group) {
+        const float* w4[4];
+        for (int j = 0; j < 4; ++j) {
+          weight_row(op.w, r + j, wr.data() + j * cols);
+          w4[j] = wr.data() + j * cols;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          float v[4];
+          dot4(x_of(t, r), w4, cols, v);
+          for (int j = 0; j < 4; ++j) store(t, r + j, v[j]);
+        }
+        r += 4;
+        continue;
       }
+      weight_row(op.w, r, wr.data());
+      int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {
+        const float* x4[4] = {x_of(t, r), x_of(t + 1, r), x_of(t + 2, r), x_of(t + 3, r)};
+        float v[4];
+        dot4(wr.data(), x4, cols, v);
+        for (int j = 0; j < 4; ++j) store(t + j, r, v[j]);
+      }
+      for (; t < n; ++t) store(t, r, dot(wr.data(), x_of(t, r), cols));
+      ++r;
     }
   });
 }

@@ -96,19 +96,37 @@ void moe_experts(const MoeExpertsOp& op) {
   pool().parallel_for(
       static_cast<size_t>(n_active * F),
       [&](size_t b, size_t e) {
-        std::vector<float> wg(static_cast<size_t>(D)), wu(static_cast<size_t>(D));
-        for (size_t item = b; item < e; ++item) {
+        // Rows f and f + 1 of one expert together where the range holds both: dot4 over gate f, up f, gate f + 1,
+        // up f + 1 (each bitwise its dot).
+        std::vector<float> w(static_cast<size_t>(4 * D));
+        const float* w4[4] = {w.data(), w.data() + D, w.data() + 2 * D, w.data() + 3 * D};
+        auto set = [&](int64_t a, int64_t f, float g, float u) {
+          const float gt = std::min(g, c);
+          const float up = std::clamp(u, -c, c);
+          mid[static_cast<size_t>(a * F + f)] = gt * sigmoid(gt) * up * op.weights.f32()[a];  // weight before down
+        };
+        for (size_t item = b; item < e;) {
           const int32_t ex = active[item / static_cast<size_t>(F)];
           const int64_t f = static_cast<int64_t>(item % static_cast<size_t>(F));
-          expert_row(op.gate, op.gate_host, ex, F, f, wg.data());
-          expert_row(op.up, op.up_host, ex, F, f, wu.data());
+          const bool two = item + 1 < e && f + 1 < F;
+          expert_row(op.gate, op.gate_host, ex, F, f, w.data());
+          expert_row(op.up, op.up_host, ex, F, f, w.data() + D);
+          if (two) {
+            expert_row(op.gate, op.gate_host, ex, F, f + 1, w.data() + 2 * D);
+            expert_row(op.up, op.up_host, ex, F, f + 1, w.data() + 3 * D);
+          }
           for (int64_t a : by_expert[static_cast<size_t>(ex)]) {
             const float* x = op.x.f32() + (a / k) * D;
-            const float gt = std::min(dot(wg.data(), x, D), c);
-            const float up = std::clamp(dot(wu.data(), x, D), -c, c);
-            mid[static_cast<size_t>(a * F + f)] =
-                gt * sigmoid(gt) * up * op.weights.f32()[a];  // routing weight before down
+            if (two) {
+              float v[4];
+              dot4(x, w4, D, v);
+              set(a, f, v[0], v[1]);
+              set(a, f + 1, v[2], v[3]);
+            } else {
+              set(a, f, dot(w4[0], x, D), dot(w4[1], x, D));
+            }
           }
+          item += two ? 2 : 1;
         }
       },
       16);
@@ -120,13 +138,25 @@ void moe_experts(const MoeExpertsOp& op) {
   pool().parallel_for(
       static_cast<size_t>(n_active * D),
       [&](size_t b, size_t e) {
-        std::vector<float> wr(static_cast<size_t>(F));
-        for (size_t item = b; item < e; ++item) {
+        // Four rows of one expert together where the range holds them (dot4, each bitwise its dot).
+        std::vector<float> w(static_cast<size_t>(4 * F));
+        const float* w4[4] = {w.data(), w.data() + F, w.data() + 2 * F, w.data() + 3 * F};
+        for (size_t item = b; item < e;) {
           const int32_t ex = active[item / static_cast<size_t>(D)];
           const int64_t r = static_cast<int64_t>(item % static_cast<size_t>(D));
-          expert_row(op.down, op.down_host, ex, D, r, wr.data());
-          for (int64_t a : by_expert[static_cast<size_t>(ex)])
-            ys[static_cast<size_t>(a * D + r)] = dot(wr.data(), mid.data() + a * F, F);
+          const bool four = item + 4 <= e && r + 4 <= D;
+          for (int j = 0; j < (four ? 4 : 1); ++j) expert_row(op.down, op.down_host, ex, D, r + j, w.data() + j * F);
+          for (int64_t a : by_expert[static_cast<size_t>(ex)]) {
+            const float* m = mid.data() + a * F;
+            if (four) {
+              float v[4];
+              dot4(m, w4, F, v);
+              for (int j = 0; j < 4; ++j) ys[static_cast<size_t>(a * D + r + j)] = v[j];
+            } else {
+              ys[static_cast<size_t>(a * D + r)] = dot(w4[0], m, F);
+            }
+          }
+          item += four ? 4 : 1;
         }
       },
       16);
