@@ -53,30 +53,33 @@ float dot(const float* a, const float* b, int64_t n) {
   return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
 
-// Each chain as in dot; the eight accumulators are named vector values, not an array, so that they stay in
-// registers in every build (see dot).
+// Each chain as in dot. The eight accumulators are named vector values passed and returned by value, not an
+// array or references, so that they stay in registers in every build (see dot; under AddressSanitizer a
+// variable whose address is taken lives in instrumented memory).
 void dot4(const float* a, const float* const b[4], int64_t n, float out[4]) {
   typedef float F4 __attribute__((vector_size(16)));
+  auto mac = [](F4 acc, F4 x, const float* p) {
+    F4 v;
+    std::memcpy(&v, p, sizeof v);
+    return acc + x * v;
+  };
   F4 l0 = {0, 0, 0, 0}, h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
   const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
-  auto step = [](F4& lo, F4& hi, const F4& a0, const F4& a1, const float* p) {
-    F4 v0, v1;
-    std::memcpy(&v0, p, sizeof v0);
-    std::memcpy(&v1, p + 4, sizeof v1);
-    lo += a0 * v0;
-    hi += a1 * v1;
-  };
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     F4 a0, a1;
     std::memcpy(&a0, a + i, sizeof a0);
     std::memcpy(&a1, a + i + 4, sizeof a1);
-    step(l0, h0, a0, a1, b0 + i);
-    step(l1, h1, a0, a1, b1 + i);
-    step(l2, h2, a0, a1, b2 + i);
-    step(l3, h3, a0, a1, b3 + i);
+    l0 = mac(l0, a0, b0 + i);
+    h0 = mac(h0, a1, b0 + i + 4);
+    l1 = mac(l1, a0, b1 + i);
+    h1 = mac(h1, a1, b1 + i + 4);
+    l2 = mac(l2, a0, b2 + i);
+    h2 = mac(h2, a1, b2 + i + 4);
+    l3 = mac(l3, a0, b3 + i);
+    h3 = mac(h3, a1, b3 + i + 4);
   }
-  auto finish = [&](const F4& lo, const F4& hi, const float* bj) {
+  auto finish = [a, i, n](F4 lo, F4 hi, const float* bj) {
     float t[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
     for (int64_t m = i, k = 0; m < n; ++m, ++k) t[k] += a[m] * bj[m];
     return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
