@@ -12,7 +12,6 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_launch.cuh"
-#include "backend/host/request_poll.h"
 #include "core/log.h"
 #include "quant/dot_fast.h"
 
@@ -90,129 +89,31 @@ __global__ void host_wait_kernel(HostMailbox* box, const HostSeq* seq, const Hos
 }
 }  // namespace
 
-HostExpertRunner::HostExpertRunner(int threads, float share)
-    : experts_(threads), share_(share), jobs_(std::make_unique<HostExpertTask[]>(k_max_jobs)) {
+HostExpertRunner::HostExpertRunner(int threads, float share) : share_(share) {
   void* p = nullptr;
   CUDA_CHECK(cudaHostAlloc(&p, sizeof(HostMailbox), cudaHostAllocMapped));
   box_ = new (p) HostMailbox();
   CUDA_CHECK(cudaHostGetDevicePointer(&box_d_, p, 0));
-  CUDA_CHECK(cudaHostAlloc(&p, k_slots * sizeof(HostShareRule), cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostAlloc(&p, HostExpertWorker::k_slots * sizeof(HostShareRule), cudaHostAllocMapped));
   rules_ = static_cast<HostShareRule*>(p);
-  for (int i = 0; i < k_slots; ++i) new (rules_ + i) HostShareRule();
+  for (int i = 0; i < HostExpertWorker::k_slots; ++i) new (rules_ + i) HostShareRule();
   CUDA_CHECK(cudaHostGetDevicePointer(&rules_d_, p, 0));
-  if (share_ >= 0.0f) {  // fixed: ready now; auto: after the calibration (plan_for)
-    controls_.assign(k_slots, HostShareControl::fixed(share_));
-    for (int i = 0; i < k_slots; ++i) rules_[i] = controls_[static_cast<size_t>(i)].rule();
-    controls_ready_.store(true, std::memory_order_release);
-  }
   CUDA_CHECK(cudaMalloc(&seq_d_, sizeof(HostSeq)));
   CUDA_CHECK(cudaMemset(seq_d_, 0, sizeof(HostSeq)));
-  CUDA_CHECK(cudaMalloc(&plan_d_, k_slots * sizeof(HostPlanState)));
-  CUDA_CHECK(cudaMemset(plan_d_, 0, k_slots * sizeof(HostPlanState)));
+  CUDA_CHECK(cudaMalloc(&plan_d_, HostExpertWorker::k_slots * sizeof(HostPlanState)));
+  CUDA_CHECK(cudaMemset(plan_d_, 0, HostExpertWorker::k_slots * sizeof(HostPlanState)));
   CUDA_CHECK(cudaDeviceSynchronize());
-  const uint32_t seen = box_->request;  // before the worker starts: a request may come before it runs
-  thread_ = std::thread([this, seen] { worker(seen); });
+  worker_ = std::make_unique<HostExpertWorker>(threads, box_, rules_);
+  if (share_ >= 0.0f) worker_->set_controls(HostShareControl::fixed(share_));  // auto: after the calibration
 }
 
 HostExpertRunner::~HostExpertRunner() {
-  stop_.store(true);
-  thread_.join();
-  if (stats_.calls > 0) {
-    const double calls = static_cast<double>(stats_.calls);
-    log_info(
-        "cuda: host experts: %llu requests (%.1f%% of the ops that used host experts), %.2f host assignments and "
-        "%.3f ms each, %.1f GB/s of expert matrices; the CPU took %.1f%% of the host experts the ops used, and "
-        "the GPU waited for it after %.1f%% of the requests (%.1f ms in all)",
-        static_cast<unsigned long long>(stats_.calls), 100.0 * calls / static_cast<double>(stats_.ops),
-        static_cast<double>(stats_.assignments) / calls, 1e3 * stats_.seconds / calls,
-        stats_.seconds > 0 ? stats_.bytes / stats_.seconds / 1e9 : 0.0,
-        100.0 * static_cast<double>(stats_.host) / static_cast<double>(std::max<uint64_t>(stats_.used, 1)),
-        stats_.timed ? 100.0 * static_cast<double>(stats_.waited) / static_cast<double>(stats_.timed) : 0.0,
-        stats_.wait_us * 1e-3);
-    const HostShareControl& c = controls_.front();
-    if (c.adaptive() && c.cpu_fit().rate() > 0)
-      log_info(
-          "cuda: host experts: last fit of a one-token request: the CPU %.0f us an expert (spread %.0f us), the "
-          "GPU %.0f us + %.0f us a gathered expert",
-          c.cpu_fit().rate(), c.cpu_fit().spread(), c.gpu_fit().intercept(), c.gpu_fit().slope());
-  }
+  worker_->stop();  // logs its totals
   for (void* p : {static_cast<void*>(box_), static_cast<void*>(rules_), static_cast<void*>(x_h_),
                   static_cast<void*>(ids_h_), static_cast<void*>(w_h_), static_cast<void*>(y_h_)})
     if (p) CUDA_CHECK(cudaFreeHost(p));
   CUDA_CHECK(cudaFree(seq_d_));
   CUDA_CHECK(cudaFree(plan_d_));
-}
-
-// The host experts a task names (its assignments < 0), each counted once.
-int HostExpertRunner::distinct_host_experts(const HostExpertTask& t) {
-  seen_.assign(static_cast<size_t>((t.gate.count + 63) / 64), 0);
-  int n = 0;
-  for (int64_t a = 0; a < t.n_tokens * t.k; ++a) {
-    const int32_t e = -1 - t.experts[a];
-    if (e < 0 || e >= t.gate.count) continue;
-    uint64_t& word = seen_[static_cast<size_t>(e) / 64];
-    const uint64_t bit = uint64_t{1} << (e % 64);
-    n += (word & bit) == 0;
-    word |= bit;
-  }
-  return n;
-}
-
-// The worker: waits for each request (RequestPoll), computes the job, publishes y_host; feeds the job's control
-// the CPU's time and the GPU's times of the request before (its answer came before this request was posted, so
-// they are in the mailbox), writes the rule the next request's plan reads, then the answer.
-void HostExpertRunner::worker(uint32_t last) {
-  using clock = std::chrono::steady_clock;
-  RequestPoll poll(last);
-  uint32_t prev = 0;  // the previous request, its control and the experts the GPU gathered for it
-  size_t prev_slot = 0;
-  int prev_gathered = 0;
-  while (const uint32_t r = poll.next(&box_->request, stop_)) {
-    const auto t0 = clock::now();
-    const uint32_t job = __atomic_load_n(&box_->job, __ATOMIC_ACQUIRE);
-    const int gathered = static_cast<int>(__atomic_load_n(&box_->gathered, __ATOMIC_ACQUIRE));
-    const int skipped = static_cast<int>(__atomic_load_n(&box_->skipped, __ATOMIC_ACQUIRE));
-    const int skipped_used = static_cast<int>(__atomic_load_n(&box_->skipped_used, __ATOMIC_ACQUIRE));
-    DSV4_ASSERT(job < n_jobs_.load(std::memory_order_acquire), "host experts: request for job %u of %zu", job,
-                n_jobs_.load());
-    DSV4_ASSERT(controls_ready_.load(std::memory_order_acquire), "host experts: request before the share's rule");
-    const HostExpertTask& t = jobs_[job];
-    const size_t slot = static_cast<size_t>(std::min<int64_t>(t.n_tokens, k_slots) - 1);
-    int host = 0;
-    try {
-      host = distinct_host_experts(t);
-      const int64_t n = experts_.run(t);
-      stats_.assignments += static_cast<uint64_t>(n);
-      stats_.bytes +=
-          static_cast<double>(n) * static_cast<double>(t.gate.expert_bytes + t.up.expert_bytes + t.down.expert_bytes);
-    } catch (const std::exception& e) {
-      // The GPU is waiting on this answer: an error here (out of memory) ends the process, loudly.
-      std::fprintf(stderr, "dsv4: fatal: host experts: %s\n", e.what());
-      std::abort();
-    }
-    const double cpu_s = std::chrono::duration<double>(clock::now() - t0).count();
-    stats_.seconds += cpu_s;
-    stats_.calls += 1;
-    stats_.host += static_cast<uint64_t>(host);
-    stats_.ops += 1 + static_cast<uint64_t>(skipped);
-    stats_.used += static_cast<uint64_t>(host + gathered + skipped_used);
-    if (prev != 0 && __atomic_load_n(&box_->timed, __ATOMIC_ACQUIRE) == prev) {
-      const volatile HostMailbox* vb = box_;
-      const float gpu_us = vb->gpu_us, wait_us = vb->wait_us;
-      controls_[prev_slot].observe_gpu(prev_gathered, gpu_us);
-      rules_[prev_slot] = controls_[prev_slot].rule();
-      stats_.timed += 1;
-      stats_.waited += wait_us > 5.0f;
-      stats_.wait_us += wait_us;
-    }
-    controls_[slot].observe_cpu(host, cpu_s * 1e6, skipped);
-    rules_[slot] = controls_[slot].rule();
-    prev = r;
-    prev_slot = slot;
-    prev_gathered = gathered;
-    __atomic_store_n(&box_->answer, r, __ATOMIC_RELEASE);
-    poll.served();
-  }
 }
 
 // Mapped pinned buffers for ops of up to host_max_tokens tokens and k_max_k experts per token, made once
@@ -257,7 +158,7 @@ void HostExpertRunner::calibrate(const CudaContext& ctx, const HostExpertTask& s
   double cpu_s = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    experts_.run(t);  // the worker is idle: no request is posted before the controls are ready
+    worker_->experts().run(t);  // the worker is idle: no request is posted before the controls are ready
     cpu_s = std::min(cpu_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   const double expert_bytes =
@@ -280,14 +181,12 @@ void HostExpertRunner::calibrate(const CudaContext& ctx, const HostExpertTask& s
   const double r_cpu = static_cast<double>(k) * expert_bytes / std::max(cpu_s, 1e-9);
   const double r_bus = static_cast<double>(bus_bytes) / std::max(static_cast<double>(bus_ms) * 1e-3, 1e-9);
   const double cpu_us = 1e6 * expert_bytes / r_cpu, bus_us = 1e6 * expert_bytes / r_bus;
-  controls_.assign(k_slots, HostShareControl::adaptive(cpu_us, bus_us));
-  for (int i = 0; i < k_slots; ++i) rules_[i] = controls_[static_cast<size_t>(i)].rule();
-  controls_ready_.store(true, std::memory_order_release);
+  worker_->set_controls(HostShareControl::adaptive(cpu_us, bus_us));
   log_info(
       "cuda: host experts: the CPU computes %.1f GB/s of experts (%d threads, %s dots; %.0f us an expert), the "
       "bus gathers %.1f GB/s (%.0f us an expert): the CPU takes as many of each decode step's host experts as "
       "end no later than the gather, fitted to every step's times (--cpu-experts auto)",
-      r_cpu / 1e9, experts_.threads(), quant::dot_fast_isa(), cpu_us, r_bus / 1e9, bus_us);
+      r_cpu / 1e9, worker_->threads(), quant::dot_fast_isa(), cpu_us, r_bus / 1e9, bus_us);
 }
 
 HostExpertRunner::Plan HostExpertRunner::plan_for(const CudaContext& ctx, const HostExpertTask& shape,
@@ -295,11 +194,11 @@ HostExpertRunner::Plan HostExpertRunner::plan_for(const CudaContext& ctx, const 
   if (share_ == 0.0f) return {};
   if (!shape.gate.base || !shape.up.base || !shape.down.base) return {};  // not host memory we registered
   if (!ensure_buffers(shape.n_tokens * shape.k, shape.n_tokens, shape.gate.cols, ctx.capturing)) return {};
-  if (!controls_ready_.load(std::memory_order_acquire)) {
+  if (!worker_->ready()) {
     if (ctx.capturing) return {};
     calibrate(ctx, shape, bus_src, bus_dst, bus_bytes);
   }
-  const int64_t slot = std::min<int64_t>(shape.n_tokens, k_slots) - 1;
+  const int slot = HostExpertWorker::slot_of(shape.n_tokens);
   return {static_cast<const HostShareRule*>(rules_d_) + slot, plan_d_ + slot};
 }
 
@@ -311,17 +210,13 @@ const float* HostExpertRunner::launch(const CudaContext& ctx, const Plan& plan, 
   const auto key = std::make_tuple(static_cast<const void*>(shape.gate.base), n, shape.k);
   auto it = job_index_.find(key);
   if (it == job_index_.end()) {  // the same key always describes the same task (one layer, n tokens, k each)
-    const size_t i = n_jobs_.load();
-    DSV4_ASSERT(i < k_max_jobs, "host experts: more than %zu (layer, batch) shapes", k_max_jobs);
-    HostExpertTask& t = jobs_[i];
-    t = shape;
+    HostExpertTask t = shape;
     t.x = x_h_;
     t.experts = ids_h_;
     t.weights = w_h_;
     t.y = y_h_;
     t.zero_others = false;  // expert_sum_kernel reads only the host's rows
-    n_jobs_.store(i + 1, std::memory_order_release);
-    it = job_index_.emplace(key, static_cast<uint32_t>(i)).first;
+    it = job_index_.emplace(key, worker_->add_job(t)).first;
   }
   launch_kernel(host_request_kernel, 1, 1024, 0, ctx.stream, static_cast<HostMailbox*>(box_d_), seq_d_,
                 static_cast<const HostPlanState*>(plan.state), it->second, static_cast<float*>(x_d_),

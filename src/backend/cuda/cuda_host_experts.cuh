@@ -14,10 +14,11 @@
 //        path and wait times into the mailbox) -> expert sum (the host's rows
 //        of y_host, read in place, for the assignments marked the host's).
 //        With h = 0 the request and the wait return at once: no round trip.
-//   CPU  one worker thread polls the request word, runs HostExperts::run (backend/
-//        host, all cores) on the job's matrices, writes y_host, feeds its time
-//        and the GPU's times of the request before to the job's HostShareControl,
-//        writes the next rule, then the answer.
+//   CPU  HostExpertWorker (backend/host/host_expert_worker.h): one thread polls
+//        the request word, runs HostExperts::run (all cores) on the job's
+//        matrices, writes y_host, feeds its time and the GPU's times of the
+//        request before to the job's HostShareControl, writes the next rule,
+//        then the answer.
 // so the CPU computes while the GPU gathers. (Copy-engine transfers and a
 // cudaLaunchHostFunc in a side stream were measured first: the transfers queued
 // behind the gather's reads of host memory and the host function started late,
@@ -25,37 +26,24 @@
 // is kernels: a decode graph records it like any other op, and the rule it reads
 // is memory, so a recorded graph follows the rule's changes. The worker spins
 // while requests keep coming and sleeps in 100 us naps after 20 ms without one.
+// This file: the GPU's side (the kernels, the mapped and device memory, the
+// calibration that seeds `auto`).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <thread>
 #include <tuple>
-#include <vector>
 
+#include "backend/host/host_expert_worker.h"
 #include "backend/host/host_experts.h"
 #include "backend/host/host_share.h"
 
 namespace dsv4::cuda {
 
 struct CudaContext;
-
-// The mailbox in mapped pinned memory (written by one side, read by the other).
-struct HostMailbox {
-  uint32_t request = 0;       // GPU -> CPU: sequence number of the latest request
-  uint32_t job = 0;           //             its job (HostExpertRunner::jobs_ index)
-  uint32_t gathered = 0;      //             the experts the GPU gathers beside it
-  uint32_t skipped = 0;       //             the ops before it that gave the CPU none (HostPlanState),
-  uint32_t skipped_used = 0;  //         and the host experts they used
-  uint32_t answer = 0;        // CPU -> GPU: sequence number of the latest finished request
-  uint32_t timed = 0;         // GPU -> CPU: the request whose times these are (after its answer):
-  float gpu_us = 0.0f;        //             posting it to reaching the wait
-  float wait_us = 0.0f;       //             the wait for the answer
-};
 
 // Device memory: the latest request's sequence number and the GPU timer (ns) when it was posted.
 struct HostSeq {
@@ -99,55 +87,29 @@ class HostExpertRunner {
                       const int32_t* ids2_dev, const float* weights_dev, const int32_t* gathered_dev);
   void join(const CudaContext& ctx, const Plan& plan);
 
-  int threads() const { return experts_.threads(); }
-  // Worker totals since the start (logged when the runner ends): requests, host assignments, seconds computing,
-  // the bytes of expert matrices they read; the host experts the CPU computed, the ops before the last request
-  // that used host experts and the host experts they used; the timed requests and those the GPU waited more
-  // than 5 us for, and its waiting time.
-  struct Stats {
-    uint64_t calls = 0, assignments = 0, host = 0, ops = 0, used = 0, timed = 0, waited = 0;
-    double seconds = 0, bytes = 0, wait_us = 0;
-  };
-  // A control per batch size (tokens 1..k_slots; larger batches share the last).
-  static constexpr int k_slots = 16;
+  int threads() const { return worker_->threads(); }
 
  private:
-  void worker(uint32_t last);
-  int distinct_host_experts(const HostExpertTask& t);
   bool ensure_buffers(int64_t n_assign, int64_t n_tokens, int64_t D, bool capturing);
   void calibrate(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
                  size_t bus_bytes);
 
-  HostExperts experts_;
   float share_;
-  Stats stats_;  // the worker's (read after it has stopped)
-  // The rules in mapped pinned memory (rules_d_: their device address), one per batch size, and their controls:
-  // made by the constructor (a fixed share) or the calibration (auto) before any request; then only the worker
-  // touches the controls and writes the rules.
-  HostShareRule* rules_ = nullptr;
-  void* rules_d_ = nullptr;
-  std::vector<HostShareControl> controls_;
-  std::atomic<bool> controls_ready_{false};
-  std::vector<uint64_t> seen_;  // the worker's bitset of experts (distinct_host_experts)
-  // Mapped pinned buffers (host pointers; *_d_: their device pointers): the mailbox, x [max_tokens * D], ids and
-  // weights [max_assign], y [max_assign * D].
+  // Mapped pinned memory (host pointers; *_d_: their device pointers): the mailbox, the rules (one per batch
+  // size: HostExpertWorker::k_slots), x [max_tokens * D], ids and weights [max_assign], y [max_assign * D].
   HostMailbox* box_ = nullptr;
+  HostShareRule* rules_ = nullptr;
   float* x_h_ = nullptr;
   int32_t* ids_h_ = nullptr;
   float* w_h_ = nullptr;
   float* y_h_ = nullptr;
-  void *box_d_ = nullptr, *x_d_ = nullptr, *ids_d_ = nullptr, *w_d_ = nullptr, *y_d_ = nullptr;
+  void *box_d_ = nullptr, *rules_d_ = nullptr, *x_d_ = nullptr, *ids_d_ = nullptr, *w_d_ = nullptr, *y_d_ = nullptr;
   HostSeq* seq_d_ = nullptr;         // device memory
   HostPlanState* plan_d_ = nullptr;  // device memory, k_slots
   int64_t cap_tokens_ = 0, cap_assign_ = 0, cap_d_ = 0;
-  // Jobs by (gate matrix, tokens, k): the task with the mailbox's buffers; the index is the request's job.
-  // A fixed array, so that appending never moves an entry the worker may be reading.
-  static constexpr size_t k_max_jobs = 4096;
-  std::unique_ptr<HostExpertTask[]> jobs_;
+  std::unique_ptr<HostExpertWorker> worker_;  // the CPU's side (after the memory it shares)
+  // Jobs by (gate matrix, tokens, k): the worker's index of the task with the mailbox's buffers.
   std::map<std::tuple<const void*, int64_t, int64_t>, uint32_t> job_index_;
-  std::atomic<size_t> n_jobs_{0};  // jobs_ entries the worker may read (published after each append)
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 }  // namespace dsv4::cuda
