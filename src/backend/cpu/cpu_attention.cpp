@@ -198,13 +198,24 @@ void attention(const AttentionOp& op) {
   const float* sinks = op.sinks.f32();
   const int64_t n_sel = op.sel ? op.sel.ne[0] : 0;
   DSV4_ASSERT(cap_w >= op.window, "attention: ring smaller than the window");
-  // Unpack (compact formats) the rows the batch reads: the whole ring, and the
-  // selected or all visible compressed rows.
+  // Unpack (compact formats) the rows the batch reads: the ring's rows of positions [min pos - window + 1,
+  // max pos] (all of the ring when they wrap around it; a decode step reads window rows of the window + batch
+  // the ring holds), and the selected or all visible compressed rows.
   int64_t max_visible = 0;
   if (op.ratio > 0 && op.comp)
     for (int64_t t = 0; t < n; ++t)
       max_visible = std::max<int64_t>(max_visible, std::min<int64_t>((pos[t] + 1) / op.ratio, op.comp.n_rows()));
-  const KvRowView ring(op.ring, cap_w);
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
+  for (int64_t t = 0; t < n; ++t) {
+    lo = std::min<int64_t>(lo, std::max<int64_t>(0, pos[t] - op.window + 1));
+    hi = std::max<int64_t>(hi, pos[t]);
+  }
+  std::vector<int32_t> ring_rows;
+  if (hi >= lo && hi - lo + 1 < cap_w)
+    for (int64_t s = lo; s <= hi; ++s) ring_rows.push_back(static_cast<int32_t>(s % cap_w));
+  const KvRowView ring = ring_rows.empty() && hi >= lo
+                             ? KvRowView(op.ring, cap_w)
+                             : KvRowView(op.ring, 0, ring_rows.data(), static_cast<int64_t>(ring_rows.size()));
   const KvRowView comp(op.comp, op.sel ? 0 : max_visible, op.sel ? op.sel.i32() : nullptr, op.sel ? n * n_sel : 0);
   pool().parallel_for(static_cast<size_t>(n * H), [&](size_t b, size_t e) {
     std::vector<const float*> keys;
