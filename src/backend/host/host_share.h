@@ -16,12 +16,13 @@
 // instead (host_share_plan), so that a CPU which became faster is seen again.
 //
 // HostShareControl fits the coefficients to what each request measured (the CPU's time by its own clock, the
-// GPU's path by the GPU's timer), weighting each op by decay^age (age in ops that used host experts, the
-// skipped ones included), so the share follows a CPU whose speed changes (other processes, clocks) within a few
-// tokens instead of trusting one calibration: a CPU slower than planned makes the GPU wait for it, which the
-// next rules see. The CPU's time is fitted as a rate per expert, c0 being the spread of its times around that
-// rate (a jittery CPU is planned at its slow end); the GPU's path as a line over the gathered experts. By the
-// time a probe comes the old times weigh nothing (0.97^256 ~ 4e-4), so the probe's time is the estimate.
+// GPU's path by the GPU's timer), weighting each by decay^age (the CPU's times by their age in ops that used
+// host experts, the skipped ones included; the GPU's, a steadier path, by their age in requests), so the share
+// follows a CPU whose speed changes (other processes, clocks) within a few tokens instead of trusting one
+// calibration: a CPU slower than planned makes the GPU wait for it, which the next rules see. The CPU's time is fitted
+// as a rate per expert, c0 being the spread of its times around that rate (a jittery CPU is planned at its slow end);
+// the GPU's path as a line over the gathered experts. By the time a probe comes the old times weigh nothing (0.97^256 ~
+// 4e-4), so the probe's time is the estimate.
 #pragma once
 
 #include <cmath>
