@@ -124,5 +124,9 @@ gpu_dry_run && exit 0
   grep -m1 "routing statistics" "$LOG"/skew-*-even.log 2>/dev/null | sed 's/.*(the most-used/skewed routing: the most-used/; s/)$//' | head -1
   cat "$LOG/disk.txt" 2>/dev/null
   awk -F, '{printf "%-10s %-9s %-9s %-16s %-8s %-9s %-11s %s\n", $1, $2, $3, $4, $5, $6, $7, $8}' "$LOG/offload.csv"
+  # The CPU's share of host experts, per run that had one: the worker's totals and, under auto, its last fit.
+  for f in "$LOG"/*.log; do
+    grep -h "host experts: " "$f" 2>/dev/null | sed "s|^|$(basename "$f" .log): |"
+  done
 } | tee "$LOG/summary.txt"
 exit 0
