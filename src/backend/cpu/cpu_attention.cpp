@@ -210,12 +210,11 @@ void attention(const AttentionOp& op) {
     lo = std::min<int64_t>(lo, std::max<int64_t>(0, pos[t] - op.window + 1));
     hi = std::max<int64_t>(hi, pos[t]);
   }
-  std::vector<int32_t> ring_rows;
-  if (hi >= lo && hi - lo + 1 < cap_w)
+  std::vector<int32_t> ring_rows;  // empty: every row (the positions wrap around the ring)
+  if (hi - lo + 1 < cap_w)
     for (int64_t s = lo; s <= hi; ++s) ring_rows.push_back(static_cast<int32_t>(s % cap_w));
-  const KvRowView ring = ring_rows.empty() && hi >= lo
-                             ? KvRowView(op.ring, cap_w)
-                             : KvRowView(op.ring, 0, ring_rows.data(), static_cast<int64_t>(ring_rows.size()));
+  const KvRowView ring(op.ring, ring_rows.empty() ? cap_w : 0, ring_rows.data(),
+                       static_cast<int64_t>(ring_rows.size()));
   const KvRowView comp(op.comp, op.sel ? 0 : max_visible, op.sel ? op.sel.i32() : nullptr, op.sel ? n * n_sel : 0);
   pool().parallel_for(static_cast<size_t>(n * H), [&](size_t b, size_t e) {
     std::vector<const float*> keys;

@@ -30,39 +30,46 @@ ThreadPool& pool() {
 PoolScope::PoolScope(ThreadPool& p) : prev_(t_pool) { t_pool = &p; }
 PoolScope::~PoolScope() { t_pool = prev_; }
 
-// Lane k sums a[i] * b[i] over i = k (mod 8) in order (lanes 0-3 in lo, 4-7 in hi), then a fixed tree.
-// The lanes are vector values (element-wise IEEE operations: the same results as eight scalar sums; the
-// default build has no FMA contraction) so that they stay in registers in every build: an array of eight
-// floats would be instrumented stack memory under AddressSanitizer, ~15x slower there (CI's sanitizer
-// phase runs the CPU tests, and this loop is half of a CPU forward pass).
-float dot(const float* a, const float* b, int64_t n) {
-  typedef float F4 __attribute__((vector_size(16)));
-  F4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    F4 a0, a1, b0, b1;
-    std::memcpy(&a0, a + i, sizeof a0);
-    std::memcpy(&a1, a + i + 4, sizeof a1);
-    std::memcpy(&b0, b + i, sizeof b0);
-    std::memcpy(&b1, b + i + 4, sizeof b1);
-    lo += a0 * b0;
-    hi += a1 * b1;
-  }
+namespace {
+typedef float F4 __attribute__((vector_size(16)));
+
+// acc + x * p[0..3] (element-wise IEEE operations: the same results as four scalar lanes; the default build
+// has no FMA contraction).
+inline F4 mac(F4 acc, F4 x, const float* p) {
+  F4 v;
+  std::memcpy(&v, p, sizeof v);
+  return acc + x * v;
+}
+
+// The end of one dot: lanes lo (0-3) and hi (4-7) after the first i elements, the tail i..n-1 added to lanes
+// 0.., then the fixed tree.
+inline float fold(F4 lo, F4 hi, const float* a, const float* b, int64_t i, int64_t n) {
   float t[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
   for (int k = 0; i < n; ++i, ++k) t[k] += a[i] * b[i];
   return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
+}  // namespace
 
-// Each chain as in dot. The eight accumulators are named vector values passed and returned by value, not an
-// array or references, so that they stay in registers in every build (see dot; under AddressSanitizer a
-// variable whose address is taken lives in instrumented memory).
+// Lane k sums a[i] * b[i] over i = k (mod 8) in order (lanes 0-3 in lo, 4-7 in hi), then a fixed tree (fold).
+// The lanes are vector values passed and returned by value, not an array or references, so that they stay in
+// registers in every build: memory whose address is taken would be instrumented stack memory under
+// AddressSanitizer, ~15x slower there (CI's sanitizer phase runs the CPU tests, and this loop is half of a CPU
+// forward pass).
+float dot(const float* a, const float* b, int64_t n) {
+  F4 lo = {0, 0, 0, 0}, hi = lo;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    F4 a0, a1;
+    std::memcpy(&a0, a + i, sizeof a0);
+    std::memcpy(&a1, a + i + 4, sizeof a1);
+    lo = mac(lo, a0, b + i);
+    hi = mac(hi, a1, b + i + 4);
+  }
+  return fold(lo, hi, a, b, i, n);
+}
+
+// Four chains, each dot's steps on the same a: each result is dot(a, b[j], n) bit for bit.
 void dot4(const float* a, const float* const b[4], int64_t n, float out[4]) {
-  typedef float F4 __attribute__((vector_size(16)));
-  auto mac = [](F4 acc, F4 x, const float* p) {
-    F4 v;
-    std::memcpy(&v, p, sizeof v);
-    return acc + x * v;
-  };
   F4 l0 = {0, 0, 0, 0}, h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
   const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
   int64_t i = 0;
@@ -79,15 +86,10 @@ void dot4(const float* a, const float* const b[4], int64_t n, float out[4]) {
     l3 = mac(l3, a0, b3 + i);
     h3 = mac(h3, a1, b3 + i + 4);
   }
-  auto finish = [a, i, n](F4 lo, F4 hi, const float* bj) {
-    float t[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
-    for (int64_t m = i, k = 0; m < n; ++m, ++k) t[k] += a[m] * bj[m];
-    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
-  };
-  out[0] = finish(l0, h0, b0);
-  out[1] = finish(l1, h1, b1);
-  out[2] = finish(l2, h2, b2);
-  out[3] = finish(l3, h3, b3);
+  out[0] = fold(l0, h0, a, b0, i, n);
+  out[1] = fold(l1, h1, a, b1, i, n);
+  out[2] = fold(l2, h2, a, b2, i, n);
+  out[3] = fold(l3, h3, a, b3, i, n);
 }
 
 void weight_row(const Tensor& w, int64_t r, float* dst) {
