@@ -6,9 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <new>
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_launch.cuh"
