@@ -69,6 +69,11 @@ TEST(HostShare, ThePlanProbesACpuThatGotNothingOnlyUnderAuto) {
     EXPECT_EQ(host_share_plan(r, 0, since), 0);  // an op without host experts neither probes nor counts
   }
   EXPECT_EQ(probes, 3);  // ops 257, 514, 771
+  r.probe_after = 1000;  // a longer interval (HostShareControl's after probes that found the CPU slow)
+  since = 0;
+  probes = 0;
+  for (int i = 0; i < 2500; ++i) probes += host_share_plan(r, 5, since);
+  EXPECT_EQ(probes, 2);  // ops 1001, 2002
   r.share = 0.0f;        // a fixed share of 0 never probes
   since = 10 * k_host_probe_after;
   EXPECT_EQ(host_share_plan(r, 5, since), 0);
@@ -158,7 +163,7 @@ Outcome drive(HostShareControl& c, Sim& s, int n) {
     if (h == 0) continue;
     const double cpu = s.cpu(h), gpu = s.gpu(u - h);
     out.waited_us += std::max(0.0, cpu - gpu);
-    c.observe_cpu(h, cpu, skipped);
+    c.observe_cpu(h, u, cpu, skipped);
     c.observe_gpu(u - h, gpu);
   }
   return out;
@@ -191,16 +196,25 @@ TEST(HostShareControl, AFastCpuTakesMoreAndASlowOneNone) {
   EXPECT_LT(r.waited_us, 3000.0);
 }
 
-TEST(HostShareControl, ProbesACpuThatTookNothingAndSeesItRecover) {
+TEST(HostShareControl, ProbesACpuThatTookNothingLessOftenAndSeesItRecover) {
   Sim s;
   s.cpu_per = 5000;
   auto c = HostShareControl::adaptive(5000.0, 150.0);
-  // One probe every k_host_probe_after + 1 ops, each one expert that takes 5 ms.
-  const Outcome slow = drive(c, s, 3 * k_host_probe_after + 10);
-  EXPECT_EQ(slow.host_total, 3);
+  // Each probe one expert that takes 5 ms and finds the CPU still too slow: the intervals double from
+  // k_host_probe_after to k_host_probe_max, so probes come after 256, 512, 1024, 2048, 4096, 4096 ... skipped ops.
+  EXPECT_EQ(c.rule().probe_after, k_host_probe_after);
+  int probes = 0, ops = 0;
+  for (int gap = k_host_probe_after; ops + gap + 1 <= 20000; gap = std::min(2 * gap, k_host_probe_max)) {
+    ops += gap + 1;
+    ++probes;
+  }
+  const Outcome slow = drive(c, s, 20000);
+  EXPECT_EQ(slow.host_total, probes);  // 7
+  EXPECT_EQ(c.rule().probe_after, k_host_probe_max);
 
-  s.cpu_per = 100;  // the CPU is fast again: the next probe's time brings the share back
-  drive(c, s, k_host_probe_after + 10);
+  s.cpu_per = 100;  // the CPU is fast again: the next probe's time brings the share back, and the interval
+  drive(c, s, k_host_probe_max + 10);
+  EXPECT_EQ(c.rule().probe_after, k_host_probe_after);
   const Outcome r = drive(c, s, 500);
   EXPECT_GE(r.best, 450);
 }
@@ -208,7 +222,7 @@ TEST(HostShareControl, ProbesACpuThatTookNothingAndSeesItRecover) {
 TEST(HostShareControl, AFixedShareIgnoresTheTimes) {
   auto c = HostShareControl::fixed(0.5f);
   const HostShareRule before = c.rule();
-  c.observe_cpu(3, 1e6);
+  c.observe_cpu(3, 6, 1e6);
   c.observe_gpu(3, 1.0);
   EXPECT_EQ(c.rule().share, 0.5f);
   EXPECT_EQ(host_share_count(c.rule(), 6), host_share_count(before, 6));

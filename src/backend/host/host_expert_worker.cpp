@@ -122,7 +122,7 @@ void HostExpertWorker::run(uint32_t last) {
       stats_.wait_us += wait_us;
     }
     HostShareControl& c = controls_[static_cast<size_t>(slot)];
-    c.observe_cpu(host, cpu_s * 1e6, skipped);
+    c.observe_cpu(host, host + gathered, cpu_s * 1e6, skipped);
     rules_[slot] = c.rule();
     prev = r;
     prev_slot = slot;

@@ -51,11 +51,14 @@ HostShareControl HostShareControl::adaptive(double cpu_us_per_expert, double bus
   return HostShareControl(true, -1.0f, std::max(cpu_us_per_expert, 1e-3), std::max(bus_us_per_expert, 1e-3));
 }
 
-void HostShareControl::observe_cpu(int host, double cpu_us, int skipped) {
+void HostShareControl::observe_cpu(int host, int used, double cpu_us, int skipped) {
   if (!adaptive_) return;
   cpu_.age(1 + std::max(skipped, 0));
   if (host > 0) cpu_.add(host, cpu_us);
   update_rule();
+  const bool probe = skipped >= rule_.probe_after;
+  rule_.probe_after = probe && host_share_count(rule_, used) == 0 ? std::min(2 * rule_.probe_after, k_host_probe_max)
+                                                                  : k_host_probe_after;
 }
 
 void HostShareControl::observe_gpu(int gathered, double gpu_us) {

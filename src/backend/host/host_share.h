@@ -12,8 +12,11 @@
 // the GPU, which knows u; host_share_count is that plan's choice, the same function on both sides.
 //
 // The plan posts a request to the CPU only for h > 0: an op that gives the CPU nothing costs no round trip. An
-// op that would give it nothing after k_host_probe_after such ops in a row (with `auto`) gives it one expert
-// instead (host_share_plan), so that a CPU which became faster is seen again.
+// op that would give it nothing after rule.probe_after such ops in a row (with `auto`) gives it one expert
+// instead (host_share_plan), so that a CPU which became faster is seen again. Each probe that finds the CPU
+// still not worth an expert doubles probe_after (k_host_probe_after up to k_host_probe_max), so a CPU that is
+// slower than the bus costs a probe's wait every ~4,000 ops (~100 tokens of Flash) instead of every 256; a
+// request the CPU was worth resets it.
 //
 // HostShareControl fits the coefficients to what each request measured (the CPU's time by its own clock, the
 // GPU's path by the GPU's timer), weighting each by decay^age (the CPU's times by their age in ops that used
@@ -32,12 +35,14 @@
 
 namespace dsv4 {
 
+constexpr int k_host_probe_after = 256;
+constexpr int k_host_probe_max = 16 * k_host_probe_after;
+
 struct HostShareRule {
   float share = 0.0f;  // >= 0: a fixed share, h = min(rint(share u), u); < 0: the coefficients below
   float c0 = 0.0f, c1 = 0.0f, g0 = 0.0f, b = 0.0f;  // microseconds (c1 + b > 0)
+  int32_t probe_after = k_host_probe_after;         // `auto`: the ops that give the CPU nothing before a probe
 };
-
-constexpr int k_host_probe_after = 256;
 
 // The plan's h for u used host experts (see the top of this file).
 DSV4_HD int host_share_count(const HostShareRule& r, int u) {
@@ -62,11 +67,11 @@ DSV4_HD int host_share_count(const HostShareRule& r, int u) {
 }
 
 // The plan's h with the probe: `since` (kept by the plan between ops) counts the ops in a row that used host
-// experts and gave the CPU none; with `auto`, the op after k_host_probe_after of them gives it one.
+// experts and gave the CPU none; with `auto`, the op after r.probe_after of them gives it one.
 DSV4_HD int host_share_plan(const HostShareRule& r, int u, int32_t& since) {
   if (u <= 0) return 0;
   int h = host_share_count(r, u);
-  if (h == 0 && !(r.share >= 0.0f) && since >= k_host_probe_after) h = 1;
+  if (h == 0 && !(r.share >= 0.0f) && since >= r.probe_after) h = 1;
   since = h > 0 ? 0 : since + 1;
   return h;
 }
@@ -116,8 +121,9 @@ class HostShareControl {
   static HostShareControl adaptive(double cpu_us_per_expert, double bus_us_per_expert);
 
   const HostShareRule& rule() const { return rule_; }
-  // A request the CPU answered: it computed `host` experts in cpu_us, after `skipped` ops that gave it none.
-  void observe_cpu(int host, double cpu_us, int skipped = 0);
+  // A request the CPU answered: it computed `host` experts of the `used` host experts of its op in cpu_us, after
+  // `skipped` ops that gave it none (a probe when that reached the rule's probe_after).
+  void observe_cpu(int host, int used, double cpu_us, int skipped = 0);
   // The GPU's side of a request (timed by the GPU once it has the answer): it gathered `gathered` experts and
   // reached its wait gpu_us after posting the request.
   void observe_gpu(int gathered, double gpu_us);
