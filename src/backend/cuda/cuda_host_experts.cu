@@ -19,73 +19,6 @@ namespace dsv4::cuda {
 namespace {
 // Buffer capacity: tokens per op (CudaContext::host_max_tokens) and experts per token.
 constexpr int64_t k_max_k = 16;
-// A request the CPU has not answered after this long is a hang, reported and fatal (a decode step takes ms).
-constexpr uint64_t k_wait_limit_ns = 60ull * 1000 * 1000 * 1000;
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// One block: the inputs into the mailbox's buffers (x [n_x floats], ids2 and weights [n_assign], the gathered
-// and skipped counts), then the request; nothing when the plan gave the host no expert. Every thread fences its
-// own writes to system scope before the barrier, so the host sees the inputs before it sees the new sequence
-// number.
-__global__ void __launch_bounds__(1024)
-    host_request_kernel(HostMailbox* box, HostSeq* seq, const HostPlanState* plan, uint32_t job,
-                        float* __restrict__ x_h, int32_t* __restrict__ ids_h, float* __restrict__ w_h,
-                        const float* __restrict__ x, const int32_t* __restrict__ ids2, const float* __restrict__ w,
-                        const int32_t* gathered, int64_t n_x, int64_t n_assign) {
-  pdl_enter();
-  if (plan->host == 0) return;
-  for (int64_t i = threadIdx.x; i < n_x; i += blockDim.x) x_h[i] = x[i];
-  for (int64_t i = threadIdx.x; i < n_assign; i += blockDim.x) {
-    ids_h[i] = ids2[i];
-    w_h[i] = w[i];
-  }
-  volatile HostMailbox* b = box;
-  if (threadIdx.x == 0) {
-    b->job = job;
-    b->gathered = static_cast<uint32_t>(*gathered);
-    b->skipped = static_cast<uint32_t>(plan->skipped);
-    b->skipped_used = static_cast<uint32_t>(plan->skipped_used);
-  }
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t s = seq->seq + 1 == 0 ? 1 : seq->seq + 1;  // never 0 (RequestPoll: 0 means stopped)
-    seq->seq = s;
-    seq->posted_ns = global_ns();
-    b->request = s;
-  }
-}
-
-// One thread: returns once the host's answer carries the last request's sequence number (y_host is then
-// written), then gives the host its times: posting to this kernel, and the wait; returns at once when the plan
-// posted no request. Traps with a message after k_wait_limit_ns.
-__global__ void host_wait_kernel(HostMailbox* box, const HostSeq* seq, const HostPlanState* plan) {
-  pdl_enter();
-  if (threadIdx.x != 0 || plan->host == 0) return;
-  const uint32_t s = seq->seq;
-  volatile HostMailbox* b = box;
-  const unsigned long long t0 = global_ns();
-  unsigned long long t = t0;
-  while (b->answer != s) {
-    __nanosleep(256);
-    t = global_ns();
-    if (t - t0 > k_wait_limit_ns) {
-      printf("dsv4: fatal: host experts: request %u not answered by the CPU within %llu s\n", s,
-             static_cast<unsigned long long>(k_wait_limit_ns / 1000000000ull));
-      __trap();
-    }
-  }
-  __threadfence_system();
-  b->gpu_us = static_cast<float>(t0 - seq->posted_ns) * 1e-3f;
-  b->wait_us = static_cast<float>(t - t0) * 1e-3f;
-  __threadfence_system();
-  b->timed = s;
-}
 }  // namespace
 
 HostExpertRunner::HostExpertRunner(int threads, float share) : share_(share) {
@@ -188,28 +121,11 @@ void HostExpertRunner::calibrate(const CudaContext& ctx, const HostExpertTask& s
       r_cpu / 1e9, worker_->threads(), quant::dot_fast_isa(), cpu_us, r_bus / 1e9, bus_us);
 }
 
-HostExpertRunner::Plan HostExpertRunner::plan_for(const CudaContext& ctx, const HostExpertTask& shape,
-                                                  const void* bus_src, void* bus_dst, size_t bus_bytes) {
-  if (share_ == 0.0f) return {};
-  if (!shape.gate.base || !shape.up.base || !shape.down.base) return {};  // not host memory we registered
-  if (!ensure_buffers(shape.n_tokens * shape.k, shape.n_tokens, shape.gate.cols, ctx.capturing)) return {};
-  if (!worker_->ready()) {
-    if (ctx.capturing) return {};
-    calibrate(ctx, shape, bus_src, bus_dst, bus_bytes);
-  }
-  const int slot = HostExpertWorker::slot_of(shape.n_tokens);
-  return {static_cast<const HostShareRule*>(rules_d_) + slot, plan_d_ + slot};
-}
-
-const float* HostExpertRunner::launch(const CudaContext& ctx, const Plan& plan, const HostExpertTask& shape,
-                                      const float* x_dev, const int32_t* ids2_dev, const float* weights_dev,
-                                      const int32_t* gathered_dev) {
-  const int64_t n = shape.n_tokens, na = n * shape.k, D = shape.gate.cols;
-  DSV4_ASSERT(x_h_ && n <= cap_tokens_ && na <= cap_assign_ && D <= cap_d_, "host experts: launch without buffers");
-  const auto key = std::make_tuple(static_cast<const void*>(shape.gate.base), n, shape.k);
+uint32_t HostExpertRunner::job_of(const HostExpertTask& task) {
+  const auto key = std::make_tuple(static_cast<const void*>(task.gate.base), task.n_tokens, task.k);
   auto it = job_index_.find(key);
   if (it == job_index_.end()) {  // the same key always describes the same task (one layer, n tokens, k each)
-    HostExpertTask t = shape;
+    HostExpertTask t = task;
     t.x = x_h_;
     t.experts = ids_h_;
     t.weights = w_h_;
@@ -217,18 +133,34 @@ const float* HostExpertRunner::launch(const CudaContext& ctx, const Plan& plan, 
     t.zero_others = false;  // expert_sum_kernel reads only the host's rows
     it = job_index_.emplace(key, worker_->add_job(t)).first;
   }
-  launch_kernel(host_request_kernel, 1, 1024, 0, ctx.stream, static_cast<HostMailbox*>(box_d_), seq_d_,
-                static_cast<const HostPlanState*>(plan.state), it->second, static_cast<float*>(x_d_),
-                static_cast<int32_t*>(ids_d_), static_cast<float*>(w_d_), x_dev, ids2_dev, weights_dev, gathered_dev,
-                n * D, na);
-  CUDA_CHECK_LAUNCH();
-  return static_cast<const float*>(y_d_);
+  return it->second;
 }
 
-void HostExpertRunner::join(const CudaContext& ctx, const Plan& plan) {
-  launch_kernel(host_wait_kernel, 1, 32, 0, ctx.stream, static_cast<HostMailbox*>(box_d_),
-                static_cast<const HostSeq*>(seq_d_), static_cast<const HostPlanState*>(plan.state));
-  CUDA_CHECK_LAUNCH();
+HostRequest HostExpertRunner::plan_for(const CudaContext& ctx, const HostExpertTask& task, const float* x_dev,
+                                       const float* weights_dev, const void* bus_src, void* bus_dst, size_t bus_bytes) {
+  if (share_ == 0.0f) return {};
+  if (!task.gate.base || !task.up.base || !task.down.base) return {};  // not host memory we registered
+  const int64_t n = task.n_tokens, na = n * task.k, D = task.gate.cols;
+  if (!ensure_buffers(na, n, D, ctx.capturing)) return {};
+  if (!worker_->ready()) {
+    if (ctx.capturing) return {};
+    calibrate(ctx, task, bus_src, bus_dst, bus_bytes);
+  }
+  const int slot = HostExpertWorker::slot_of(n);
+  HostRequest r;
+  r.rule = static_cast<const HostShareRule*>(rules_d_) + slot;
+  r.state = plan_d_ + slot;
+  r.box = static_cast<HostMailbox*>(box_d_);
+  r.seq = seq_d_;
+  r.job = job_of(task);
+  r.x_h = static_cast<float*>(x_d_);
+  r.ids_h = static_cast<int32_t*>(ids_d_);
+  r.w_h = static_cast<float*>(w_d_);
+  r.y_h = static_cast<const float*>(y_d_);
+  r.x = x_dev;
+  r.w = weights_dev;
+  r.n_x = n * D;
+  return r;
 }
 
 }  // namespace dsv4::cuda

@@ -5,15 +5,17 @@
 // expert ids) and gathers the rest over the bus; h = host_share_plan(rule, u)
 // (backend/host/host_share.h: a fixed share, or `auto`, the h that ends the two
 // paths soonest by a fit of what the earlier requests measured). GPU and CPU meet
-// through mapped pinned memory, with no driver call in between:
-//   GPU  plan (reads the rule; h into HostPlanState) -> host_request_kernel: x,
-//        ids, weights, the gathered and skipped counts into the mailbox, then
-//        the request (job, sequence number; the GPU timer at posting kept on
-//        the device) -> gather -> the device's experts -> host_wait_kernel
-//        (until the CPU's answer carries that sequence number; then the GPU's
-//        path and wait times into the mailbox) -> expert sum (the host's rows
-//        of y_host, read in place, for the assignments marked the host's).
-//        With h = 0 the request and the wait return at once: no round trip.
+// through mapped pinned memory, with no driver call and no kernel of their own:
+//   GPU  gather_plan_kernel: reads the rule, h into HostPlanState; with h > 0
+//        host_post_request: x, ids, weights, the gathered and skipped counts
+//        into the mailbox, then the request (job, sequence number; the GPU
+//        timer at posting kept on the device) -> gather -> the device's experts
+//        -> expert_sum_kernel: host_await_answer (until the CPU's answer carries
+//        that sequence number; then the GPU's path and wait times into the
+//        mailbox), then the sum (the host's rows of y_host, read in place, for
+//        the assignments marked the host's). With h = 0 nothing is posted and
+//        nothing waits: an op the CPU takes no part in costs the plan's read of
+//        the rule.
 //   CPU  HostExpertWorker (backend/host/host_expert_worker.h): one thread polls
 //        the request word, runs HostExperts::run (all cores) on the job's
 //        matrices, writes y_host, feeds its time and the GPU's times of the
@@ -22,17 +24,20 @@
 // so the CPU computes while the GPU gathers. (Copy-engine transfers and a
 // cudaLaunchHostFunc in a side stream were measured first: the transfers queued
 // behind the gather's reads of host memory and the host function started late,
-// so the two paths ran mostly one after the other.) Everything on the GPU side
-// is kernels: a decode graph records it like any other op, and the rule it reads
-// is memory, so a recorded graph follows the rule's changes. The worker spins
-// while requests keep coming and sleeps in 100 us naps after 20 ms without one.
-// This file: the GPU's side (the kernels, the mapped and device memory, the
-// calibration that seeds `auto`).
+// so the two paths ran mostly one after the other. A request and a wait kernel
+// of their own cost two launches per op, 2-3% of decode where the CPU took
+// almost nothing.) Everything on the GPU side is in kernels: a decode graph
+// records it like any other op, and the rule it reads is memory, so a recorded
+// graph follows the rule's changes. The worker spins while requests keep coming
+// and sleeps in 100 us naps after 20 ms without one.
+// This file: the GPU's side (the device functions, the mapped and device memory,
+// the calibration that seeds `auto`).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -58,6 +63,92 @@ struct HostPlanState {
   int32_t host = 0, since = 0, since_used = 0, skipped = 0, skipped_used = 0;
 };
 
+// An op's request, as the gather plan posts it and the expert sum awaits its answer (device pointers; every
+// member null when the op has no host path).
+struct HostRequest {
+  const HostShareRule* rule = nullptr;  // mapped memory (the plan reads it afresh)
+  HostPlanState* state = nullptr;       // device memory: the plan's h and counters
+  HostMailbox* box = nullptr;           // mapped memory
+  HostSeq* seq = nullptr;               // device memory
+  uint32_t job = 0;                     // HostExpertWorker::add_job's index of this op's task
+  float* x_h = nullptr;                 // mapped: x [n_x], the assignments' ids and weights [n_assign]
+  int32_t* ids_h = nullptr;
+  float* w_h = nullptr;
+  const float* y_h = nullptr;  // mapped: the CPU's rows of y [n_assign, D] (the host's assignments)
+  const float* x = nullptr;    // device: the op's x [n_x] and weights [n_assign]
+  const float* w = nullptr;
+  int64_t n_x = 0;
+};
+
+#ifdef __CUDACC__
+// A request the CPU has not answered after this long is a hang, reported and fatal (a decode step takes ms).
+constexpr unsigned long long k_host_wait_limit_ns = 60ull * 1000 * 1000 * 1000;
+
+__device__ __forceinline__ unsigned long long host_global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Every thread of one block, after the plan wrote state->host (and a barrier): when the plan gave the CPU
+// experts, the inputs into the mailbox's buffers (x, ids2 and weights [n_assign], the gathered and skipped
+// counts), then the request. Every thread fences its own writes to system scope before the barrier, so the CPU
+// sees the inputs before it sees the new sequence number.
+__device__ __forceinline__ void host_post_request(const HostRequest& r, const int32_t* ids2, int64_t n_assign,
+                                                  int32_t gathered) {
+  if (r.state->host == 0) return;  // the same value for the whole block
+  for (int64_t i = threadIdx.x; i < r.n_x; i += blockDim.x) r.x_h[i] = r.x[i];
+  for (int64_t i = threadIdx.x; i < n_assign; i += blockDim.x) {
+    r.ids_h[i] = ids2[i];
+    r.w_h[i] = r.w[i];
+  }
+  volatile HostMailbox* b = r.box;
+  if (threadIdx.x == 0) {
+    b->job = r.job;
+    b->gathered = static_cast<uint32_t>(gathered);
+    b->skipped = static_cast<uint32_t>(r.state->skipped);
+    b->skipped_used = static_cast<uint32_t>(r.state->skipped_used);
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t s = r.seq->seq + 1 == 0 ? 1 : r.seq->seq + 1;  // never 0 (RequestPoll: 0 means stopped)
+    r.seq->seq = s;
+    r.seq->posted_ns = host_global_ns();
+    b->request = s;
+  }
+}
+
+// Every thread of a block that reads y_h: returns once the CPU's answer carries the posted request's sequence
+// number (y_h is then written); at once when the plan posted none. Block 0 then gives the CPU its times
+// (posting to reaching this wait, and the wait). Traps with a message after k_host_wait_limit_ns.
+__device__ __forceinline__ void host_await_answer(const HostRequest& r) {
+  if (threadIdx.x == 0 && r.state->host != 0) {
+    const uint32_t s = r.seq->seq;
+    volatile HostMailbox* b = r.box;
+    const unsigned long long t0 = host_global_ns();
+    unsigned long long t = t0;
+    while (b->answer != s) {
+      __nanosleep(256);
+      t = host_global_ns();
+      if (t - t0 > k_host_wait_limit_ns) {
+        printf("dsv4: fatal: host experts: request %u not answered by the CPU within %llu s\n", s,
+               k_host_wait_limit_ns / 1000000000ull);
+        __trap();
+      }
+    }
+    __threadfence_system();
+    if (blockIdx.x == 0) {
+      b->gpu_us = static_cast<float>(t0 - r.seq->posted_ns) * 1e-3f;
+      b->wait_us = static_cast<float>(t - t0) * 1e-3f;
+      __threadfence_system();
+      b->timed = s;
+    }
+  }
+  __syncthreads();
+}
+#endif
+
 class HostExpertRunner {
  public:
   // share: the fraction of the used host experts the CPU takes; < 0: auto (calibrated on the first op, then
@@ -67,30 +158,20 @@ class HostExpertRunner {
   HostExpertRunner(const HostExpertRunner&) = delete;
   HostExpertRunner& operator=(const HostExpertRunner&) = delete;
 
-  // The rule (device-usable, in mapped memory; the gather plan reads it) and the plan's state for an op of
-  // `task`'s matrices (pointers into host memory), or nullptrs when the op cannot use the host path now (no
-  // buffers yet while a graph is being recorded, or larger than the buffers). Calibrates first when the share is "auto"
-  // and nothing is being recorded: `bus_src` / `bus_dst` (device-usable host memory and device memory of `bus_bytes`
-  // each) time the bus.
-  struct Plan {
-    const HostShareRule* rule = nullptr;  // mapped memory
-    HostPlanState* state = nullptr;       // device memory
-  };
-  Plan plan_for(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
-                size_t bus_bytes);
-
-  // Posts the host's part of an op on ctx.stream (see the top of this file) unless the plan gave it no expert:
-  // ids2 [n_assign] (host assignments < 0), gathered_dev the plan's count of gathered experts. Returns y_host
-  // [n_assign, D] (device-usable; the host's rows, for the assignments ids2 marks), valid on ctx.stream after
-  // join().
-  const float* launch(const CudaContext& ctx, const Plan& plan, const HostExpertTask& shape, const float* x_dev,
-                      const int32_t* ids2_dev, const float* weights_dev, const int32_t* gathered_dev);
-  void join(const CudaContext& ctx, const Plan& plan);
+  // The request of an op of `task`'s matrices (pointers into host memory) with its inputs x_dev [n_tokens, D]
+  // and weights_dev [n_assign] on the device, for the gather plan to post and the expert sum to await
+  // (cuda_moe.cu), or one of null pointers when the op cannot use the host path now (no buffers yet while a
+  // graph is being recorded, or larger than the buffers). Calibrates first when the share is "auto" and
+  // nothing is being recorded: `bus_src` / `bus_dst` (device-usable host memory and device memory of
+  // `bus_bytes` each) time the bus.
+  HostRequest plan_for(const CudaContext& ctx, const HostExpertTask& task, const float* x_dev, const float* weights_dev,
+                       const void* bus_src, void* bus_dst, size_t bus_bytes);
 
   int threads() const { return worker_->threads(); }
 
  private:
   bool ensure_buffers(int64_t n_assign, int64_t n_tokens, int64_t D, bool capturing);
+  uint32_t job_of(const HostExpertTask& task);
   void calibrate(const CudaContext& ctx, const HostExpertTask& shape, const void* bus_src, void* bus_dst,
                  size_t bus_bytes);
 

@@ -464,14 +464,14 @@ __global__ void expert_swiglu_kernel(float* g, const float* u, const float* weig
 // Gathering the host-memory experts an op uses (CudaContext::expert_gather), step 1 (one block):
 // slots2 = slots, except that each expert in host memory (slot -1) that some assignment names is either the
 // host's or gets the next stage slot c (slots2[e] = -2 - c, list[c] = e, in expert order); *count = the number
-// staged. With a rule (the host computes some of them, cuda_host_experts.cuh; the rule is in mapped host memory,
-// rewritten by the host between ops): of the u used host experts the first h = host_share_plan(rule, u) in
-// expert order are the host's (h and the plan's counters into *state), and ex2[a] = ex[a], or -1 - ex[a] when
-// the host's.
+// staged. With a host request (the host computes some of them, cuda_host_experts.cuh; its rule is in mapped host
+// memory, rewritten by the host between ops): of the u used host experts the first h = host_share_plan(rule, u)
+// in expert order are the host's (h and the plan's counters into *state), ex2[a] = ex[a], or -1 - ex[a] when
+// the host's, and with h > 0 the request is posted.
 __global__ void __launch_bounds__(1024)
     gather_plan_kernel(const int32_t* __restrict__ slots, int32_t* __restrict__ slots2, int32_t* __restrict__ list,
                        int32_t* __restrict__ count, const int32_t* __restrict__ ex, int64_t n_assign, int E,
-                       int32_t* __restrict__ ex2, const HostShareRule* rule, HostPlanState* state) {
+                       int32_t* __restrict__ ex2, HostRequest req) {
   pdl_enter();
   constexpr int32_t k_used = -3;         // a host expert some assignment names (before it gets its stage slot)
   constexpr int32_t k_host = INT32_MIN;  // ... that the host computes
@@ -485,19 +485,21 @@ __global__ void __launch_bounds__(1024)
   if (threadIdx.x < 32) {
     const unsigned lane = threadIdx.x;
     int32_t host = 0;
-    if (rule) {
+    if (req.rule) {
+      HostPlanState* state = req.state;
       int32_t used = 0;
       for (int base = 0; base < E; base += 32) {
         const int e = base + static_cast<int>(lane);
         used += __popc(__ballot_sync(0xffffffffu, e < E && slots2[e] == k_used));
       }
-      const volatile HostShareRule* v = rule;  // read afresh: the host rewrites it
+      const volatile HostShareRule* v = req.rule;  // read afresh: the host rewrites it
       HostShareRule r;
       r.share = v->share;
       r.c0 = v->c0;
       r.c1 = v->c1;
       r.g0 = v->g0;
       r.b = v->b;
+      r.probe_after = v->probe_after;
       const int32_t before = state->since, before_used = state->since_used;
       int32_t since = before;
       host = host_share_plan(r, used, since);
@@ -530,12 +532,14 @@ __global__ void __launch_bounds__(1024)
     }
     if (lane == 0) *count = c - host;
   }
-  if (!rule) return;
+  if (!req.rule) return;
   __syncthreads();
   for (int64_t a = threadIdx.x; a < n_assign; a += blockDim.x) {
     const int32_t e = ex[a];
     ex2[a] = e >= 0 && e < E && slots2[e] == k_host ? -1 - e : e;
   }
+  __syncthreads();
+  host_post_request(req, ex2, n_assign, *count);
 }
 
 // Step 2: stage slot c (blockIdx.y; those past *count leave) gets expert list[c] of each of the three matrices
@@ -569,12 +573,15 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order. With y2 (the host's rows, in
-// mapped host memory: cuda_host_experts.cuh) the term of an assignment ex2 marks the host's (< 0) is y2's row
-// instead (y's is zero there), so only the host's rows cross the bus.
-__global__ void expert_sum_kernel(float* out, const float* y, const float* y2, const int32_t* ex2, int64_t D, int k,
+// out[t, d] = (accumulate ? out[t, d] : 0) + sum_i y[t*k + i, d], slots in order. With a host request (req.y_h:
+// the host's rows, in mapped host memory: cuda_host_experts.cuh) each block first awaits the CPU's answer when
+// one was posted, and the term of an assignment ex2 marks the host's (< 0) is y_h's row instead (y's is zero
+// there), so only the host's rows cross the bus.
+__global__ void expert_sum_kernel(float* out, const float* y, HostRequest req, const int32_t* ex2, int64_t D, int k,
                                   int64_t total, bool accumulate) {
   pdl_enter();
+  const float* y2 = req.y_h;
+  if (y2) host_await_answer(req);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / D, d = i % D;
@@ -959,8 +966,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   for (int64_t b : mat_bytes) gather_pad += gather ? (static_cast<size_t>(gather_cap * b) + 255) / 256 * 256 : 0;
   const size_t bytes = act_pad + plan_pad + split_pad + eg_pad + digit_pad + gather_pad;
   auto* g8 = static_cast<uint8_t*>(ctx.scratch->get(bytes, ctx.stream));
-  const float* host_y = nullptr;  // the host's rows of y; nullptr: no host share in this op
-  HostExpertRunner::Plan host_plan;
+  HostRequest host_req;                    // no rule: no host share in this op
   const int32_t* ex_k = op.experts.i32();  // the expert ids the kernels see (ex2 with a host share)
   if (gather) {
     uint8_t* gp = g8 + act_pad + plan_pad + split_pad + eg_pad + digit_pad;
@@ -970,16 +976,13 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
     int32_t* ex2 = count + 1;
     if (host_possible) {
       const int64_t probe = std::min<int64_t>(gather_cap, 6);  // experts' bytes the bus calibration copies
-      host_plan = ctx.host_experts->plan_for(ctx, host_task, wg.host, gp + gather_idx_pad,
-                                             static_cast<size_t>(probe * wg.bytes));
+      host_req = ctx.host_experts->plan_for(ctx, host_task, op.x.f32(), op.weights.f32(), wg.host, gp + gather_idx_pad,
+                                            static_cast<size_t>(probe * wg.bytes));
     }
     launch_kernel(gather_plan_kernel, 1, 1024, 0, ctx.stream, op.slots.i32(), slots2, list, count, op.experts.i32(),
-                  n_assign, static_cast<int>(E), ex2, host_plan.rule, host_plan.state);
+                  n_assign, static_cast<int>(E), ex2, host_req);
     CUDA_CHECK_LAUNCH();
-    if (host_plan.rule) {
-      host_y = ctx.host_experts->launch(ctx, host_plan, host_task, op.x.f32(), ex2, op.weights.f32(), count);
-      ex_k = ex2;
-    }
+    if (host_req.rule) ex_k = ex2;
     GatherMats gm{};
     uint8_t* stage = gp + gather_idx_pad;
     ExpertRows* rows[3] = {&wg, &wu, &wd};
@@ -1077,8 +1080,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
       expert_matvec(ctx, y, D, down, wd, nullptr, ex, n_assign, g, F, 1, nullptr, 0.0f, digits, op.mid_quant);
     }
   }
-  if (host_y) ctx.host_experts->join(ctx, host_plan);
-  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, host_y, ex_k, D,
+  launch_kernel(expert_sum_kernel, elem_grid(n * D), 256, 0, ctx.stream, op.out.f32(), y, host_req, ex_k, D,
                 static_cast<int>(k), n * D, op.accumulate);
   CUDA_CHECK_LAUNCH();
 }
