@@ -2,7 +2,8 @@
 // back to back (as decode layers come), best of 20: ms per call and GB/s of expert bytes; then each dot
 // kernel alone on one thread (ns per row of the gate and the down matrix).
 //   build/bench/host_experts_bench [threads (default 0: every core but one)] [q2|q4|mxfp4 (default q2)]
-//                                  [scalar: the reference dots instead of the SIMD ones]
+//                                  [scalar | avx2: the reference dots, or no kernel wider than AVX2,
+//                                   instead of the widest this CPU has]
 // q2: IQ2_XXS gate/up, Q2_K down (the q2 file); q4: Q4_K; mxfp4: MXFP4 (the MXFP4Experts file).
 #include <chrono>
 #include <cmath>
@@ -43,7 +44,8 @@ void fix_scales(GgmlType t, uint8_t* p, int64_t bytes) {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;  // 0: every core but one (HostExperts)
   const std::string mix = argc > 2 ? argv[2] : "q2";
-  if (argc > 3 && std::string(argv[3]) == "scalar") quant::set_dot_fast_simd(false);
+  if (argc > 3 && std::string(argv[3]) == "scalar") quant::set_dot_fast_isa(quant::DotIsa::SCALAR);
+  if (argc > 3 && std::string(argv[3]) == "avx2") quant::set_dot_fast_isa(quant::DotIsa::AVX2);
   GgmlType gu = GgmlType::IQ2_XXS, dn = GgmlType::Q2_K;
   if (mix == "q4") {
     gu = dn = GgmlType::Q4_K;

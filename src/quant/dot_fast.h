@@ -8,8 +8,9 @@
 // over blocks are the reference's expressions in the reference's order
 // (compiled without contraction into FMAs).
 //
-// IQ2_XXS, Q2_K, Q4_K and MXFP4 take the AVX2 kernels when the CPU has AVX2 (checked
-// once at run time); other types, other CPUs and non-x86 builds take vec_dot_q.
+// IQ2_XXS, Q2_K, Q4_K and MXFP4 take the AVX2 kernels when the CPU has AVX2, and
+// IQ2_XXS an AVX-512 one when it has AVX-512 BW, VL, VBMI and VNNI (checked once at
+// run time); other types, other CPUs and non-x86 builds take vec_dot_q.
 #pragma once
 
 #include <cstdint>
@@ -20,11 +21,15 @@ namespace dsv4::quant {
 
 float vec_dot_q_fast(GgmlType t, const void* w, const void* act, int64_t n);
 
-// "avx2" when vec_dot_q_fast has SIMD kernels on this CPU, else "scalar".
+// The kernels' instruction sets, narrowest first.
+enum class DotIsa { SCALAR, AVX2, AVX512 };
+
+// The kernels vec_dot_q_fast takes on this CPU: "avx512+avx2", "avx2" or "scalar".
 const char* dot_fast_isa();
 
-// Test hook: false makes vec_dot_q_fast take the scalar reference (to time or
-// compare both on one machine). Not thread-safe against concurrent dots.
-void set_dot_fast_simd(bool on);
+// Test hook: vec_dot_q_fast takes no kernel wider than `cap` (SCALAR: the
+// reference), to time or compare them on one machine. Not thread-safe against
+// concurrent dots.
+void set_dot_fast_isa(DotIsa cap);
 
 }  // namespace dsv4::quant

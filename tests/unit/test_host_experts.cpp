@@ -62,60 +62,64 @@ bool bits_equal(float a, float b) {
 
 }  // namespace
 
+// Every kernel the CPU has: the widest, then each narrower one (set_dot_fast_isa caps them).
 TEST(FastDot, EqualsTheScalarReferenceBitForBit) {
   std::mt19937 g(7);
   std::printf("fast dot ISA: %s\n", quant::dot_fast_isa());
-  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4}) {
-    const bool small_blocks = ggml_type_info(t).block_elems == 32;  // rows of any multiple of 32
-    // Small blocks: 7 and 13 blocks too (MXFP4's kernel takes 8 blocks at a time, then a tail).
-    for (int64_t n : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{small_blocks ? 224 : 512},
-                      int64_t{small_blocks ? 416 : 768}}) {
-      for (int trial = 0; trial < 20; ++trial) {
-        // Weights quantised from normals (realistic scales) or raw random bytes (every code, any scale).
-        std::vector<uint8_t> w;
-        if (trial % 2 == 0) {
-          w = quantized(t, normals(g, static_cast<size_t>(n)), n);
-        } else {
-          w.resize(ggml_row_bytes(t, static_cast<uint64_t>(n)));
-          for (auto& b : w) b = static_cast<uint8_t>(g());
-          // Finite super-scales: the f16 fields of every block set to small values.
-          const size_t bb = ggml_type_info(t).block_bytes;
-          const int64_t nb = n / static_cast<int64_t>(ggml_type_info(t).block_elems);
-          for (int64_t i = 0; i < nb; ++i) {
-            uint8_t* blk = w.data() + static_cast<size_t>(i) * bb;
-            const uint16_t d = f32_to_f16(std::uniform_real_distribution<float>(-0.01f, 0.01f)(g));
-            if (t == GgmlType::MXFP4) {
-              blk[0] = static_cast<uint8_t>(100 + g() % 40);  // E8M0 scale 2^-27 .. 2^12
-            } else if (t == GgmlType::Q2_K) {
-              std::memcpy(blk + 80, &d, 2);
-              std::memcpy(blk + 82, &d, 2);
-            } else {
-              std::memcpy(blk, &d, 2);
-              if (t == GgmlType::Q4_K) std::memcpy(blk + 2, &d, 2);
+  for (quant::DotIsa cap : {quant::DotIsa::AVX512, quant::DotIsa::AVX2})
+    for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4}) {
+      quant::set_dot_fast_isa(cap);
+      const bool small_blocks = ggml_type_info(t).block_elems == 32;  // rows of any multiple of 32
+      // Small blocks: 7 and 13 blocks too (MXFP4's kernel takes 8 blocks at a time, then a tail).
+      for (int64_t n : {int64_t{256}, int64_t{1024}, int64_t{4096}, int64_t{small_blocks ? 224 : 512},
+                        int64_t{small_blocks ? 416 : 768}}) {
+        for (int trial = 0; trial < 20; ++trial) {
+          // Weights quantised from normals (realistic scales) or raw random bytes (every code, any scale).
+          std::vector<uint8_t> w;
+          if (trial % 2 == 0) {
+            w = quantized(t, normals(g, static_cast<size_t>(n)), n);
+          } else {
+            w.resize(ggml_row_bytes(t, static_cast<uint64_t>(n)));
+            for (auto& b : w) b = static_cast<uint8_t>(g());
+            // Finite super-scales: the f16 fields of every block set to small values.
+            const size_t bb = ggml_type_info(t).block_bytes;
+            const int64_t nb = n / static_cast<int64_t>(ggml_type_info(t).block_elems);
+            for (int64_t i = 0; i < nb; ++i) {
+              uint8_t* blk = w.data() + static_cast<size_t>(i) * bb;
+              const uint16_t d = f32_to_f16(std::uniform_real_distribution<float>(-0.01f, 0.01f)(g));
+              if (t == GgmlType::MXFP4) {
+                blk[0] = static_cast<uint8_t>(100 + g() % 40);  // E8M0 scale 2^-27 .. 2^12
+              } else if (t == GgmlType::Q2_K) {
+                std::memcpy(blk + 80, &d, 2);
+                std::memcpy(blk + 82, &d, 2);
+              } else {
+                std::memcpy(blk, &d, 2);
+                if (t == GgmlType::Q4_K) std::memcpy(blk + 2, &d, 2);
+              }
             }
           }
-        }
-        std::vector<uint8_t> act(quant::act_row_bytes(t, n));
-        if (quant::act_type(t) == GgmlType::Q8_K && trial % 3 == 1) {
-          auto raw = raw_q8k(g, n);
-          std::memcpy(act.data(), raw.data(), act.size());
-        } else if (trial % 3 == 1) {  // Q8_0F blocks with arbitrary int8 values (-128 included)
-          auto* blocks = reinterpret_cast<quant::BlockQ8_0F*>(act.data());
-          for (int64_t i = 0; i < n / quant::k_qk8_0; ++i) {
-            blocks[i].d = std::uniform_real_distribution<float>(-0.1f, 0.1f)(g);
-            for (auto& q : blocks[i].qs) q = static_cast<int8_t>(g() & 0xFF);
+          std::vector<uint8_t> act(quant::act_row_bytes(t, n));
+          if (quant::act_type(t) == GgmlType::Q8_K && trial % 3 == 1) {
+            auto raw = raw_q8k(g, n);
+            std::memcpy(act.data(), raw.data(), act.size());
+          } else if (trial % 3 == 1) {  // Q8_0F blocks with arbitrary int8 values (-128 included)
+            auto* blocks = reinterpret_cast<quant::BlockQ8_0F*>(act.data());
+            for (int64_t i = 0; i < n / quant::k_qk8_0; ++i) {
+              blocks[i].d = std::uniform_real_distribution<float>(-0.1f, 0.1f)(g);
+              for (auto& q : blocks[i].qs) q = static_cast<int8_t>(g() & 0xFF);
+            }
+          } else {
+            quant::quantize_act(t, normals(g, static_cast<size_t>(n), trial % 4 == 0 ? 100.0f : 1.0f).data(),
+                                act.data(), n);
           }
-        } else {
-          quant::quantize_act(t, normals(g, static_cast<size_t>(n), trial % 4 == 0 ? 100.0f : 1.0f).data(), act.data(),
-                              n);
+          const float ref = quant::vec_dot_q(t, w.data(), act.data(), n);
+          const float fast = quant::vec_dot_q_fast(t, w.data(), act.data(), n);
+          ASSERT_TRUE(bits_equal(ref, fast)) << quant::dot_fast_isa() << " " << ggml_type_name(t) << " n=" << n
+                                             << " trial " << trial << ": " << ref << " vs " << fast;
         }
-        const float ref = quant::vec_dot_q(t, w.data(), act.data(), n);
-        const float fast = quant::vec_dot_q_fast(t, w.data(), act.data(), n);
-        ASSERT_TRUE(bits_equal(ref, fast))
-            << ggml_type_name(t) << " n=" << n << " trial " << trial << ": " << ref << " vs " << fast;
       }
     }
-  }
+  quant::set_dot_fast_isa(quant::DotIsa::AVX512);
 }
 
 namespace {
