@@ -1,6 +1,6 @@
 // AVX2 kernels of vec_dot_q for IQ2_XXS, Q2_K and Q4_K weights against Q8_K
-// activations and MXFP4 weights against Q8_0F activations (dot_fast.h:
-// bit-identical to the reference in dot.cpp).
+// activations and MXFP4 weights against Q8_0F activations, and AVX-512 ones for
+// IQ2_XXS and Q2_K (dot_fast.h: bit-identical to the reference in dot.cpp).
 //
 // Per weight block (256 elements; MXFP4: 32) the reference forms exact integer
 // sums and then one float update of the running sum (MXFP4: of running sum
@@ -114,7 +114,8 @@ DSV4_AVX2 float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* a, int6
 #define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the masked intrinsics' undefined sources
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the AVX-512 intrinsics' undefined sources
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 struct Iq2Avx512Tables {
@@ -206,9 +207,6 @@ DSV4_AVX512 float dot_iq2_xxs_avx512(const BlockIQ2_XXS* w, const BlockQ8_K* a, 
   }
   return 0.125f * sum;
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 // Q2_K: 2-bit quants of 16-weight groups with 4-bit scales (low nibble) and mins (high nibble). The 16
 // scales, masked once per block and held in both 128-bit lanes, are spread over the int16 lanes of each
@@ -251,6 +249,47 @@ DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb
     }
     int32_t isum, isum_min;
     hsum_i32_pair(acc, min_part, isum, isum_min);
+    const float dall = y.d * f16_to_f32(x.d);
+    const float dmin = y.d * f16_to_f32(x.dmin);
+    sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
+  }
+  return sum;
+}
+
+// Q2_K with AVX-512 (BW, VNNI): the AVX2 kernel's steps on 64 weights at a time, planes s and s + 1 of a
+// 32-byte half h side by side (the half broadcast to both 256-bit lanes, shifted by 2 s and 2 s + 2 per lane),
+// the scale shuffle per 128-bit lane and vpdpwssd adding the scaled pair sums into the accumulator.
+DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
+  const __m512i three = _mm512_set1_epi8(3);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  // Shift counts per int16 lane: 2 s in the lower 256 bits, 2 s + 2 in the upper, for s = 0 and s = 2.
+  const __m512i shift[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
+                            _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ2_K& x = w[b];
+    const BlockQ8_K& y = a[b];
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), low4));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+    const __m256i min_part = _mm256_madd_epi16(mins, bsums);
+    const __m512i scales = _mm512_broadcast_i32x4(_mm_and_si128(sc, low4));
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h)));
+      for (int s = 0; s < 4; s += 2) {
+        const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(q, shift[s / 2]), three);
+        const __m512i yv = _mm512_loadu_si512(y.qs + 128 * h + 32 * s);
+        const __m512i p16 = _mm512_maddubs_epi16(q2, yv);
+        const __m512i idx = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s]))),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s + 1])), 1);
+        acc = _mm512_dpwssd_epi32(acc, p16, _mm512_shuffle_epi8(scales, idx));
+      }
+    }
+    const __m256i acc256 = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+    int32_t isum, isum_min;
+    hsum_i32_pair(acc256, min_part, isum, isum_min);
     const float dall = y.d * f16_to_f32(x.d);
     const float dmin = y.d * f16_to_f32(x.dmin);
     sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
@@ -367,6 +406,10 @@ DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t
   return detail::fold_lanes<8>(lane);
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 DotIsa cpu_isa() {
   static const DotIsa isa = [] {
     __builtin_cpu_init();
@@ -399,6 +442,7 @@ float vec_dot_q_fast(GgmlType t, const void* w, const void* act, int64_t n) {
     if (t == GgmlType::IQ2_XXS && use >= DotIsa::AVX512)
       return dot_iq2_xxs_avx512(static_cast<const BlockIQ2_XXS*>(w), y, nb);
     if (t == GgmlType::IQ2_XXS) return dot_iq2_xxs_avx2(static_cast<const BlockIQ2_XXS*>(w), y, nb);
+    if (t == GgmlType::Q2_K && use >= DotIsa::AVX512) return dot_q2_k_avx512(static_cast<const BlockQ2_K*>(w), y, nb);
     if (t == GgmlType::Q2_K) return dot_q2_k_avx2(static_cast<const BlockQ2_K*>(w), y, nb);
     if (t == GgmlType::Q4_K) return dot_q4_k_avx2(static_cast<const BlockQ4_K*>(w), y, nb);
   }
