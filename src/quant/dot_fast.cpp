@@ -223,18 +223,35 @@ constexpr Q2kScaleIdx make_q2k_scale_idx() {
 }
 constexpr Q2kScaleIdx k_q2k_scale_idx = make_q2k_scale_idx();
 
+// A Q2_K block's parts that both kernels share: its 16 scales (low nibbles, bytes of a 128-bit register) and
+// the int32 lanes of sum_g m_g bsums[g]; then, from the lanes of sum_g sc_g sum q y, the block's float term.
+struct Q2kBlockStart {
+  __m128i scales;
+  __m256i min_part;
+};
+DSV4_AVX2 inline Q2kBlockStart q2k_block_start(const BlockQ2_K& x, const BlockQ8_K& y) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+  const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), low4));
+  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+  return {_mm_and_si128(sc, low4), _mm256_madd_epi16(mins, bsums)};
+}
+DSV4_AVX2 inline float q2k_block_term(const BlockQ2_K& x, const BlockQ8_K& y, __m256i acc, __m256i min_part) {
+  int32_t isum, isum_min;
+  hsum_i32_pair(acc, min_part, isum, isum_min);
+  const float dall = y.d * f16_to_f32(x.d);
+  const float dmin = y.d * f16_to_f32(x.dmin);
+  return dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
+}
+
 DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
   const __m256i three = _mm256_set1_epi8(3);
-  const __m128i low4 = _mm_set1_epi8(0x0F);
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ2_K& x = w[b];
     const BlockQ8_K& y = a[b];
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), low4));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-    const __m256i min_part = _mm256_madd_epi16(mins, bsums);
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc, low4));
+    const Q2kBlockStart st = q2k_block_start(x, y);
+    const __m256i scales = _mm256_broadcastsi128_si256(st.scales);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
@@ -247,11 +264,7 @@ DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale));
       }
     }
-    int32_t isum, isum_min;
-    hsum_i32_pair(acc, min_part, isum, isum_min);
-    const float dall = y.d * f16_to_f32(x.d);
-    const float dmin = y.d * f16_to_f32(x.dmin);
-    sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
+    sum += q2k_block_term(x, y, acc, st.min_part);
   }
   return sum;
 }
@@ -261,7 +274,6 @@ DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb
 // the scale shuffle per 128-bit lane and vpdpwssd adding the scaled pair sums into the accumulator.
 DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
   const __m512i three = _mm512_set1_epi8(3);
-  const __m128i low4 = _mm_set1_epi8(0x0F);
   // Shift counts per int16 lane: 2 s in the lower 256 bits, 2 s + 2 in the upper, for s = 0 and s = 2.
   const __m512i shift[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
                             _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
@@ -269,11 +281,8 @@ DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ2_K& x = w[b];
     const BlockQ8_K& y = a[b];
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), low4));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-    const __m256i min_part = _mm256_madd_epi16(mins, bsums);
-    const __m512i scales = _mm512_broadcast_i32x4(_mm_and_si128(sc, low4));
+    const Q2kBlockStart st = q2k_block_start(x, y);
+    const __m512i scales = _mm512_broadcast_i32x4(st.scales);
     __m512i acc = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h)));
@@ -288,11 +297,7 @@ DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_
       }
     }
     const __m256i acc256 = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-    int32_t isum, isum_min;
-    hsum_i32_pair(acc256, min_part, isum, isum_min);
-    const float dall = y.d * f16_to_f32(x.d);
-    const float dmin = y.d * f16_to_f32(x.dmin);
-    sum += dall * static_cast<float>(isum) - dmin * static_cast<float>(isum_min);
+    sum += q2k_block_term(x, y, acc256, st.min_part);
   }
   return sum;
 }
