@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/gpu.sh offload [--dry-run]
 # Summary: dsv4 bench of the full-size synthetic Flash with routed experts in host memory (--gpu-memory budgets, uniform and skewed routing), table last
-# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), STREAM_BUDGETS ("24G"), NOPREFETCH_BUDGETS (""), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
+# Environment: BUDGETS ("24G 48G 80G"), CPU_EXPERTS ("off"), ROUNDS (1), STREAM_BUDGETS ("24G"), NOPREFETCH_BUDGETS (""), SKEW (1; 0: no skewed runs), SKEW_BUDGETS ("24G 48G 80G"), SKEW_CPU_EXPERTS ("off"), CTX (4096), GEN (32), PRESET (flash-q2), KEEP=1
 #
 # Issue #35 measured: how fast a GPU smaller than the model runs it, mimicked
 # on the H200 with --gpu-memory budgets (`dsv4 bench --ctx-start $CTX
@@ -11,11 +11,14 @@
 #   full         the whole model on the GPU (the reference)
 #   uniform-B-C  a synth file of the preset in /dev/shm (skipped if present; the
 #                synthetic router spreads tokens evenly, the worst case for
-#                placement), each budget B of $BUDGETS with each --cpu-experts C
-#                of $CPU_EXPERTS (off, the default: every host expert gathered
+#                placement), each budget B of $BUDGETS (a size, or auto: the
+#                GPU's free memory, which on a GPU smaller than the file leaves
+#                some experts in host memory) with each --cpu-experts C of
+#                $CPU_EXPERTS (off, the default: every host expert gathered
 #                over the bus; auto or a SHARE such as 0.15: the CPU computes
 #                a share of each decode step's host experts; the CSV lists the
-#                share it took, from the runner's exit log)
+#                share it took, from the runner's exit log); all of them
+#                $ROUNDS times in turn (runs -r2, -r3 ...: an A/B in one call)
 #   uniform-B-noprefetch  each budget B of $NOPREFETCH_BUDGETS with
 #                --no-expert-prefetch (prefill gathers each layer's host experts
 #                after its router instead of copying them in beside the
@@ -42,6 +45,7 @@ BUDGETS=${BUDGETS:-"24G 48G 80G"}
 SKEW=${SKEW:-1}
 SKEW_BUDGETS=${SKEW_BUDGETS:-"24G 48G 80G"}
 CPU_EXPERTS=${CPU_EXPERTS:-off}
+ROUNDS=${ROUNDS:-1}
 STREAM_BUDGETS=${STREAM_BUDGETS-24G}
 NOPREFETCH_BUDGETS=${NOPREFETCH_BUDGETS-}
 SKEW_CPU_EXPERTS=${SKEW_CPU_EXPERTS:-off}
@@ -49,10 +53,11 @@ CTX=${CTX:-4096}
 GEN=${GEN:-32}
 PRESET=${PRESET:-flash-q2}
 KEEP=${KEEP:-0}
-gpu_need_uint CTX GEN KEEP
+gpu_need_uint CTX GEN KEEP ROUNDS
 [[ $SKEW =~ ^[0-9]+(\.[0-9]+)?$ ]] || gpu_die "SKEW=$SKEW is not a number"
 [[ $PRESET =~ ^[A-Za-z0-9_.-]+$ ]] || gpu_die "PRESET=$PRESET is not a preset name"
-for b in $BUDGETS $SKEW_BUDGETS $STREAM_BUDGETS $NOPREFETCH_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
+for b in $BUDGETS; do [[ $b =~ ^([0-9]+[GM]|auto)$ ]] || gpu_die "budget $b: want a size such as 24G, or auto"; done
+for b in $SKEW_BUDGETS $STREAM_BUDGETS $NOPREFETCH_BUDGETS; do [[ $b =~ ^[0-9]+[GM]$ ]] || gpu_die "budget $b: want a size such as 24G"; done
 for c in $CPU_EXPERTS $SKEW_CPU_EXPERTS; do
   [[ $c =~ ^(off|auto|0(\.[0-9]+)?|1(\.0+)?)$ ]] || gpu_die "--cpu-experts $c: want off, auto or a share from 0 to 1"
 done
@@ -92,8 +97,11 @@ if [ ! -f "$MODEL" ]; then
   gpu_run --log "$LOG/synth.log" "$DSV4" synth --preset "$PRESET" -o "$MODEL" || gpu_die "synth failed (synth.log)"
 fi
 run_one full "" uniform all off -m "$MODEL"
-for b in $BUDGETS; do
-  for c in $CPU_EXPERTS; do run_one "uniform-$b-$c" "$b" uniform even "$c" -m "$MODEL"; done
+for ((r = 1; r <= ROUNDS; r++)); do
+  round=$([ "$r" -gt 1 ] && echo "-r$r")
+  for b in $BUDGETS; do
+    for c in $CPU_EXPERTS; do run_one "uniform-$b-$c$round" "$b" uniform even "$c" -m "$MODEL"; done
+  done
 done
 for b in $NOPREFETCH_BUDGETS; do
   run_one "uniform-$b-noprefetch" "$b" uniform even-noprefetch off -m "$MODEL" --no-expert-prefetch
