@@ -13,7 +13,8 @@
 #                  rates over PCIe (whole, 7 MiB expert-sized pieces) and a kernel reading them in place
 #   host_contention  the CPU computing q2 experts (backend/host) while a kernel reads other host memory in
 #                  place: each rate alone and together
-#   host_experts_bench  the CPU alone: ms per call for 1, 2, 6 q2 experts with all cores but one
+#   host_experts_bench  the CPU alone: ms per call for 1, 2, 6 q2 experts with all cores but one, with the
+#                  widest dots the CPU has (AVX-512 where it has BW, VBMI and VNNI), then with AVX2 ones
 #
 #   device tool: command "scripts/gpu.sh micro", carry ["build-device"]
 #   (or after scripts/gpu.sh check in the same call: it reuses build-device-run/)
@@ -40,6 +41,11 @@ for b in mma_sync_rate wgmma_f16 decode_sync host_read host_contention host_expe
     rc=1
   fi
 done
+if gpu_exists "$GPU_RUN/bin/host_experts_bench"; then
+  echo "== host_experts_bench (no kernel wider than AVX2)" >>"$LOG/micro.txt"
+  gpu_run --append "$LOG/micro.txt" timeout 120 "$GPU_RUN/bin/host_experts_bench" 0 q2 avx2 ||
+    { echo "gpu.sh micro: host_experts_bench avx2 failed (rc $GPU_RC)" >>"$LOG/micro.txt"; rc=1; }
+fi
 gpu_dry_run && exit 0
 cat "$LOG/micro.txt"
 exit $rc
