@@ -101,113 +101,6 @@ DSV4_AVX2 float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* a, int6
   return 0.125f * sum;
 }
 
-// IQ2_XXS with AVX-512 (BW, VBMI, VNNI): a block's 32 grid entries looked up in registers instead of one load
-// per entry. Each entry's eight magnitudes {8, 25, 43} are 2-bit codes c_j (0, 1, 2) packed in 16 bits, so the
-// 256-entry table is 8 registers that vpermi2w reads 64 entries at a time (bits 6 and 7 of the index pick the
-// quarter); the sign indices of the block (four 7-bit fields of each group's second word) come out of one
-// vpmultishiftqb and become sign bytes by a 128-byte vpermi2b. Per 64 weights (groups 2c and 2c + 1): each
-// entry's code goes into its own qword, vpmultishiftqb puts c_j + 4 c_{j+1} + 16 c_{j+2} into byte j and a
-// 64-entry vpermb (n -> magnitude of n & 3) gives the magnitudes; the weight's sign (its sign byte's bit j)
-// xor y's sign is a mask that negates the magnitude, so maddubs takes |y| (128 for -128) unsigned and the
-// signed magnitude, and vpdpwssd multiplies the pair sums by the group's scale 2 ls + 1 into int32 lanes.
-// Bounds as above: |pair| <= 11,008; a lane adds four chunks' pairs of pairs times <= 31 (< 2^21).
-#define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the AVX-512 intrinsics' undefined sources
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
-struct Iq2Avx512Tables {
-  alignas(64) uint16_t code[256];         // entry i: sum_j c_j << 2 j, c_j the code of byte j of grid[i]
-  alignas(64) int8_t mag[64];             // n -> the magnitude of code n & 3 (code 3 does not occur)
-  alignas(64) uint8_t signs[128];         // iq2xxs_signs()
-  alignas(64) uint8_t grid_idx[64];       // byte 2 k = the qs byte of entry k = 4 g + t (8 g + t), odd bytes unused
-  alignas(64) uint8_t sign_ctl[64];       // qword g: byte t = bit offset 32 + 7 t of sign index t in qs qword g
-  alignas(64) uint8_t code_ctl[64];       // byte j of each qword: 2 j
-  alignas(64) uint8_t bit_sel[64];        // byte j of each qword: 1 << j
-  alignas(64) uint16_t code_idx[4][32];   // chunk c: word 4 q = 8 c + q (entry 2 c + q / 4, q % 4)
-  alignas(64) uint8_t sign_rep[4][64];    // chunk c: byte 8 q + j = 8 (2 c + q / 4) + q % 4
-  alignas(64) uint16_t scale_idx[4][32];  // chunk c: word i = 4 (2 c + i / 16)
-};
-
-const Iq2Avx512Tables& iq2_avx512_tables() {
-  static const Iq2Avx512Tables t = [] {
-    Iq2Avx512Tables r{};
-    const uint64_t* grid = iq2xxs_grid();
-    for (int i = 0; i < 256; ++i) {
-      uint16_t c = 0;
-      for (int j = 0; j < 8; ++j) {
-        const auto m = static_cast<uint8_t>(grid[i] >> (8 * j));
-        const uint16_t cj = m == 8 ? 0 : m == 25 ? 1 : 2;
-        DSV4_ASSERT(m == 8 || m == 25 || m == 43, "IQ2_XXS grid byte %u", m);
-        c = static_cast<uint16_t>(c | cj << (2 * j));
-      }
-      r.code[i] = c;
-    }
-    for (int n = 0; n < 64; ++n) r.mag[n] = static_cast<int8_t>((n & 3) == 0 ? 8 : (n & 3) == 1 ? 25 : 43);
-    std::memcpy(r.signs, iq2xxs_signs(), 128);
-    for (int k = 0; k < 32; ++k) r.grid_idx[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
-    for (int g = 0; g < 8; ++g)
-      for (int u = 0; u < 8; ++u) r.sign_ctl[8 * g + u] = static_cast<uint8_t>(32 + 7 * (u % 4));
-    for (int i = 0; i < 64; ++i) {
-      r.code_ctl[i] = static_cast<uint8_t>(2 * (i % 8));
-      r.bit_sel[i] = static_cast<uint8_t>(1u << (i % 8));
-    }
-    for (int c = 0; c < 4; ++c) {
-      for (int q = 0; q < 8; ++q) {
-        r.code_idx[c][4 * q] = static_cast<uint16_t>(8 * c + q);
-        for (int j = 0; j < 8; ++j) r.sign_rep[c][8 * q + j] = static_cast<uint8_t>(8 * (2 * c + q / 4) + q % 4);
-      }
-      for (int i = 0; i < 32; ++i) r.scale_idx[c][i] = static_cast<uint16_t>(4 * (2 * c + i / 16));
-    }
-    return r;
-  }();
-  return t;
-}
-
-DSV4_AVX512 inline __m512i ld(const void* p) { return _mm512_loadu_si512(p); }
-
-DSV4_AVX512 float dot_iq2_xxs_avx512(const BlockIQ2_XXS* w, const BlockQ8_K* a, int64_t nb) {
-  const Iq2Avx512Tables& T = iq2_avx512_tables();
-  const __m512i c0 = ld(T.code), c1 = ld(T.code + 32), c2 = ld(T.code + 64), c3 = ld(T.code + 96);
-  const __m512i c4 = ld(T.code + 128), c5 = ld(T.code + 160), c6 = ld(T.code + 192), c7 = ld(T.code + 224);
-  const __m512i mag = ld(T.mag), s0 = ld(T.signs), s1 = ld(T.signs + 64);
-  const __m512i grid_idx = ld(T.grid_idx), sign_ctl = ld(T.sign_ctl), code_ctl = ld(T.code_ctl);
-  const __m512i bit_sel = ld(T.bit_sel), b6 = _mm512_set1_epi16(64), b7 = _mm512_set1_epi16(128);
-  const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi64(1);
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ8_K& y = a[b];
-    const __m512i qs = ld(reinterpret_cast<const uint8_t*>(&w[b]) + 2);  // qword g: group g's two words
-    // The 32 entries' codes (word k = entry k = 4 g + t).
-    const __m512i gi = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, grid_idx, qs);
-    const __mmask32 k6 = _mm512_test_epi16_mask(gi, b6), k7 = _mm512_test_epi16_mask(gi, b7);
-    const __m512i lo =
-        _mm512_mask_blend_epi16(k6, _mm512_permutex2var_epi16(c0, gi, c1), _mm512_permutex2var_epi16(c2, gi, c3));
-    const __m512i hi =
-        _mm512_mask_blend_epi16(k6, _mm512_permutex2var_epi16(c4, gi, c5), _mm512_permutex2var_epi16(c6, gi, c7));
-    const __m512i codes = _mm512_mask_blend_epi16(k7, lo, hi);
-    // Sign bytes (byte 8 g + t, t < 4) and scales 2 ls + 1 (qword g).
-    const __m512i sbytes = _mm512_permutex2var_epi8(s0, _mm512_multishift_epi64_epi8(sign_ctl, qs), s1);
-    const __m512i scales = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(qs, 60), 1), one);
-    __m512i acc = zero;
-    for (int c = 0; c < 4; ++c) {
-      const __m512i code = _mm512_maskz_permutexvar_epi16(0x11111111u, ld(T.code_idx[c]), codes);
-      const __m512i g8 = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(code_ctl, code), mag);
-      const __mmask64 neg_w = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(ld(T.sign_rep[c]), sbytes), bit_sel);
-      const __m512i yv = ld(y.qs + 64 * c);
-      const __mmask64 neg = _kxor_mask64(neg_w, _mm512_movepi8_mask(yv));
-      const __m512i sg = _mm512_mask_sub_epi8(g8, neg, zero, g8);
-      const __m512i p16 = _mm512_maddubs_epi16(_mm512_abs_epi8(yv), sg);
-      acc = _mm512_dpwssd_epi32(acc, p16, _mm512_permutexvar_epi16(ld(T.scale_idx[c]), scales));
-    }
-    const int32_t bsum = _mm512_reduce_add_epi32(acc);
-    sum += f16_to_f32(w[b].d) * y.d * static_cast<float>(bsum);
-  }
-  return 0.125f * sum;
-}
-
 // Q2_K: 2-bit quants of 16-weight groups with 4-bit scales (low nibble) and mins (high nibble). The 16
 // scales, masked once per block and held in both 128-bit lanes, are spread over the int16 lanes of each
 // 32-byte chunk by one byte shuffle (bytes 0-15 of chunk (h, s) belong to group 8 h + 2 s, bytes 16-31 to
@@ -265,39 +158,6 @@ DSV4_AVX2 float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb
       }
     }
     sum += q2k_block_term(x, y, acc, st.min_part);
-  }
-  return sum;
-}
-
-// Q2_K with AVX-512 (BW, VNNI): the AVX2 kernel's steps on 64 weights at a time, planes s and s + 1 of a
-// 32-byte half h side by side (the half broadcast to both 256-bit lanes, shifted by 2 s and 2 s + 2 per lane),
-// the scale shuffle per 128-bit lane and vpdpwssd adding the scaled pair sums into the accumulator.
-DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
-  const __m512i three = _mm512_set1_epi8(3);
-  // Shift counts per int16 lane: 2 s in the lower 256 bits, 2 s + 2 in the upper, for s = 0 and s = 2.
-  const __m512i shift[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
-                            _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ2_K& x = w[b];
-    const BlockQ8_K& y = a[b];
-    const Q2kBlockStart st = q2k_block_start(x, y);
-    const __m512i scales = _mm512_broadcast_i32x4(st.scales);
-    __m512i acc = _mm512_setzero_si512();
-    for (int h = 0; h < 2; ++h) {
-      const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h)));
-      for (int s = 0; s < 4; s += 2) {
-        const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(q, shift[s / 2]), three);
-        const __m512i yv = _mm512_loadu_si512(y.qs + 128 * h + 32 * s);
-        const __m512i p16 = _mm512_maddubs_epi16(q2, yv);
-        const __m512i idx = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s]))),
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s + 1])), 1);
-        acc = _mm512_dpwssd_epi32(acc, p16, _mm512_shuffle_epi8(scales, idx));
-      }
-    }
-    const __m256i acc256 = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-    sum += q2k_block_term(x, y, acc256, st.min_part);
   }
   return sum;
 }
@@ -409,6 +269,147 @@ DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t
     lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
   }
   return detail::fold_lanes<8>(lane);
+}
+
+#define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the AVX-512 intrinsics' undefined sources
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// IQ2_XXS with AVX-512 (BW, VBMI, VNNI): a block's 32 grid entries looked up in registers instead of one load
+// per entry. Each entry's eight magnitudes {8, 25, 43} are 2-bit codes c_j (0, 1, 2) packed in 16 bits, so the
+// 256-entry table is 8 registers that vpermi2w reads 64 entries at a time (bits 6 and 7 of the index pick the
+// quarter); the sign indices of the block (four 7-bit fields of each group's second word) come out of one
+// vpmultishiftqb and become sign bytes by a 128-byte vpermi2b. Per 64 weights (groups 2c and 2c + 1): each
+// entry's code goes into its own qword, vpmultishiftqb puts c_j + 4 c_{j+1} + 16 c_{j+2} into byte j and a
+// 64-entry vpermb (n -> magnitude of n & 3) gives the magnitudes; the weight's sign (its sign byte's bit j)
+// xor y's sign is a mask that negates the magnitude, so maddubs takes |y| (128 for -128) unsigned and the
+// signed magnitude, and vpdpwssd multiplies the pair sums by the group's scale 2 ls + 1 into int32 lanes.
+// Bounds as above: |pair| <= 11,008; a lane adds four chunks' pairs of pairs times <= 31 (< 2^21).
+
+struct Iq2Avx512Tables {
+  alignas(64) uint16_t code[256];         // entry i: sum_j c_j << 2 j, c_j the code of byte j of grid[i]
+  alignas(64) int8_t mag[64];             // n -> the magnitude of code n & 3 (code 3 does not occur)
+  alignas(64) uint8_t signs[128];         // iq2xxs_signs()
+  alignas(64) uint8_t grid_idx[64];       // byte 2 k = the qs byte of entry k = 4 g + t (8 g + t), odd bytes unused
+  alignas(64) uint8_t sign_ctl[64];       // qword g: byte t = bit offset 32 + 7 t of sign index t in qs qword g
+  alignas(64) uint8_t code_ctl[64];       // byte j of each qword: 2 j
+  alignas(64) uint8_t bit_sel[64];        // byte j of each qword: 1 << j
+  alignas(64) uint16_t code_idx[4][32];   // chunk c: word 4 q = 8 c + q (entry 2 c + q / 4, q % 4)
+  alignas(64) uint8_t sign_rep[4][64];    // chunk c: byte 8 q + j = 8 (2 c + q / 4) + q % 4
+  alignas(64) uint16_t scale_idx[4][32];  // chunk c: word i = 4 (2 c + i / 16)
+};
+
+const Iq2Avx512Tables& iq2_avx512_tables() {
+  static const Iq2Avx512Tables t = [] {
+    Iq2Avx512Tables r{};
+    const uint64_t* grid = iq2xxs_grid();
+    for (int i = 0; i < 256; ++i) {
+      uint16_t c = 0;
+      for (int j = 0; j < 8; ++j) {
+        const auto m = static_cast<uint8_t>(grid[i] >> (8 * j));
+        const uint16_t cj = m == 8 ? 0 : m == 25 ? 1 : 2;
+        DSV4_ASSERT(m == 8 || m == 25 || m == 43, "IQ2_XXS grid byte %u", m);
+        c = static_cast<uint16_t>(c | cj << (2 * j));
+      }
+      r.code[i] = c;
+    }
+    for (int n = 0; n < 64; ++n) r.mag[n] = static_cast<int8_t>((n & 3) == 0 ? 8 : (n & 3) == 1 ? 25 : 43);
+    std::memcpy(r.signs, iq2xxs_signs(), 128);
+    for (int k = 0; k < 32; ++k) r.grid_idx[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
+    for (int g = 0; g < 8; ++g)
+      for (int u = 0; u < 8; ++u) r.sign_ctl[8 * g + u] = static_cast<uint8_t>(32 + 7 * (u % 4));
+    for (int i = 0; i < 64; ++i) {
+      r.code_ctl[i] = static_cast<uint8_t>(2 * (i % 8));
+      r.bit_sel[i] = static_cast<uint8_t>(1u << (i % 8));
+    }
+    for (int c = 0; c < 4; ++c) {
+      for (int q = 0; q < 8; ++q) {
+        r.code_idx[c][4 * q] = static_cast<uint16_t>(8 * c + q);
+        for (int j = 0; j < 8; ++j) r.sign_rep[c][8 * q + j] = static_cast<uint8_t>(8 * (2 * c + q / 4) + q % 4);
+      }
+      for (int i = 0; i < 32; ++i) r.scale_idx[c][i] = static_cast<uint16_t>(4 * (2 * c + i / 16));
+    }
+    return r;
+  }();
+  return t;
+}
+
+DSV4_AVX512 inline __m512i ld(const void* p) { return _mm512_loadu_si512(p); }
+
+DSV4_AVX512 float dot_iq2_xxs_avx512(const BlockIQ2_XXS* w, const BlockQ8_K* a, int64_t nb) {
+  const Iq2Avx512Tables& T = iq2_avx512_tables();
+  const __m512i c0 = ld(T.code), c1 = ld(T.code + 32), c2 = ld(T.code + 64), c3 = ld(T.code + 96);
+  const __m512i c4 = ld(T.code + 128), c5 = ld(T.code + 160), c6 = ld(T.code + 192), c7 = ld(T.code + 224);
+  const __m512i mag = ld(T.mag), s0 = ld(T.signs), s1 = ld(T.signs + 64);
+  const __m512i grid_idx = ld(T.grid_idx), sign_ctl = ld(T.sign_ctl), code_ctl = ld(T.code_ctl);
+  const __m512i bit_sel = ld(T.bit_sel), b6 = _mm512_set1_epi16(64), b7 = _mm512_set1_epi16(128);
+  const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi64(1);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K& y = a[b];
+    const __m512i qs = ld(reinterpret_cast<const uint8_t*>(&w[b]) + 2);  // qword g: group g's two words
+    // The 32 entries' codes (word k = entry k = 4 g + t).
+    const __m512i gi = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, grid_idx, qs);
+    const __mmask32 k6 = _mm512_test_epi16_mask(gi, b6), k7 = _mm512_test_epi16_mask(gi, b7);
+    const __m512i lo =
+        _mm512_mask_blend_epi16(k6, _mm512_permutex2var_epi16(c0, gi, c1), _mm512_permutex2var_epi16(c2, gi, c3));
+    const __m512i hi =
+        _mm512_mask_blend_epi16(k6, _mm512_permutex2var_epi16(c4, gi, c5), _mm512_permutex2var_epi16(c6, gi, c7));
+    const __m512i codes = _mm512_mask_blend_epi16(k7, lo, hi);
+    // Sign bytes (byte 8 g + t, t < 4) and scales 2 ls + 1 (qword g).
+    const __m512i sbytes = _mm512_permutex2var_epi8(s0, _mm512_multishift_epi64_epi8(sign_ctl, qs), s1);
+    const __m512i scales = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(qs, 60), 1), one);
+    __m512i acc = zero;
+    for (int c = 0; c < 4; ++c) {
+      const __m512i code = _mm512_maskz_permutexvar_epi16(0x11111111u, ld(T.code_idx[c]), codes);
+      const __m512i g8 = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(code_ctl, code), mag);
+      const __mmask64 neg_w = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(ld(T.sign_rep[c]), sbytes), bit_sel);
+      const __m512i yv = ld(y.qs + 64 * c);
+      const __mmask64 neg = _kxor_mask64(neg_w, _mm512_movepi8_mask(yv));
+      const __m512i sg = _mm512_mask_sub_epi8(g8, neg, zero, g8);
+      const __m512i p16 = _mm512_maddubs_epi16(_mm512_abs_epi8(yv), sg);
+      acc = _mm512_dpwssd_epi32(acc, p16, _mm512_permutexvar_epi16(ld(T.scale_idx[c]), scales));
+    }
+    const int32_t bsum = _mm512_reduce_add_epi32(acc);
+    sum += f16_to_f32(w[b].d) * y.d * static_cast<float>(bsum);
+  }
+  return 0.125f * sum;
+}
+
+// Q2_K with AVX-512 (BW, VNNI): the AVX2 kernel's steps on 64 weights at a time, planes s and s + 1 of a
+// 32-byte half h side by side (the half broadcast to both 256-bit lanes, shifted by 2 s and 2 s + 2 per lane),
+// the scale shuffle per 128-bit lane and vpdpwssd adding the scaled pair sums into the accumulator.
+DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
+  const __m512i three = _mm512_set1_epi8(3);
+  // Shift counts per int16 lane: 2 s in the lower 256 bits, 2 s + 2 in the upper, for s = 0 and s = 2.
+  const __m512i shift[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
+                            _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1)};
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ2_K& x = w[b];
+    const BlockQ8_K& y = a[b];
+    const Q2kBlockStart st = q2k_block_start(x, y);
+    const __m512i scales = _mm512_broadcast_i32x4(st.scales);
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h)));
+      for (int s = 0; s < 4; s += 2) {
+        const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(q, shift[s / 2]), three);
+        const __m512i yv = _mm512_loadu_si512(y.qs + 128 * h + 32 * s);
+        const __m512i p16 = _mm512_maddubs_epi16(q2, yv);
+        const __m512i idx = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s]))),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(k_q2k_scale_idx.v[4 * h + s + 1])), 1);
+        acc = _mm512_dpwssd_epi32(acc, p16, _mm512_shuffle_epi8(scales, idx));
+      }
+    }
+    const __m256i acc256 = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+    sum += q2k_block_term(x, y, acc256, st.min_part);
+  }
+  return sum;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
