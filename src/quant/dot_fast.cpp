@@ -294,9 +294,6 @@ struct Iq2Avx512Tables {
   alignas(64) int8_t mag[64];             // n -> the magnitude of code n & 3 (code 3 does not occur)
   alignas(64) uint8_t signs[128];         // iq2xxs_signs()
   alignas(64) uint8_t grid_idx[64];       // byte 2 k = the qs byte of entry k = 4 g + t (8 g + t), odd bytes unused
-  alignas(64) uint8_t sign_ctl[64];       // qword g: byte t = bit offset 32 + 7 t of sign index t in qs qword g
-  alignas(64) uint8_t code_ctl[64];       // byte j of each qword: 2 j
-  alignas(64) uint8_t bit_sel[64];        // byte j of each qword: 1 << j
   alignas(64) uint16_t code_idx[4][32];   // chunk c: word 4 q = 8 c + q (entry 2 c + q / 4, q % 4)
   alignas(64) uint8_t sign_rep[4][64];    // chunk c: byte 8 q + j = 8 (2 c + q / 4) + q % 4
   alignas(64) uint16_t scale_idx[4][32];  // chunk c: word i = 4 (2 c + i / 16)
@@ -319,12 +316,6 @@ const Iq2Avx512Tables& iq2_avx512_tables() {
     for (int n = 0; n < 64; ++n) r.mag[n] = static_cast<int8_t>((n & 3) == 0 ? 8 : (n & 3) == 1 ? 25 : 43);
     std::memcpy(r.signs, iq2xxs_signs(), 128);
     for (int k = 0; k < 32; ++k) r.grid_idx[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
-    for (int g = 0; g < 8; ++g)
-      for (int u = 0; u < 8; ++u) r.sign_ctl[8 * g + u] = static_cast<uint8_t>(32 + 7 * (u % 4));
-    for (int i = 0; i < 64; ++i) {
-      r.code_ctl[i] = static_cast<uint8_t>(2 * (i % 8));
-      r.bit_sel[i] = static_cast<uint8_t>(1u << (i % 8));
-    }
     for (int c = 0; c < 4; ++c) {
       for (int q = 0; q < 8; ++q) {
         r.code_idx[c][4 * q] = static_cast<uint16_t>(8 * c + q);
@@ -344,8 +335,12 @@ DSV4_AVX512 float dot_iq2_xxs_avx512(const BlockIQ2_XXS* w, const BlockQ8_K* a, 
   const __m512i c0 = ld(T.code), c1 = ld(T.code + 32), c2 = ld(T.code + 64), c3 = ld(T.code + 96);
   const __m512i c4 = ld(T.code + 128), c5 = ld(T.code + 160), c6 = ld(T.code + 192), c7 = ld(T.code + 224);
   const __m512i mag = ld(T.mag), s0 = ld(T.signs), s1 = ld(T.signs + 64);
-  const __m512i grid_idx = ld(T.grid_idx), sign_ctl = ld(T.sign_ctl), code_ctl = ld(T.code_ctl);
-  const __m512i bit_sel = ld(T.bit_sel), b6 = _mm512_set1_epi16(64), b7 = _mm512_set1_epi16(128);
+  const __m512i grid_idx = ld(T.grid_idx);
+  // Per qword, byte by byte: the bit offsets 32 + 7 t of the sign indices (t = 0..3, twice), 2 j (byte j of a
+  // code's magnitudes), and 1 << j (weight j's bit of its sign byte).
+  const __m512i sign_ctl = _mm512_set1_epi64(0x352E2720352E2720), code_ctl = _mm512_set1_epi64(0x0E0C0A0806040200);
+  const __m512i bit_sel = _mm512_set1_epi64(static_cast<int64_t>(0x8040201008040201ull));
+  const __m512i b6 = _mm512_set1_epi16(64), b7 = _mm512_set1_epi16(128);
   const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi64(1);
   float sum = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {

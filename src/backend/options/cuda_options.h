@@ -154,9 +154,9 @@ struct CudaOptions {
   std::vector<int> gpus;
   // Decode steps (at most 16 tokens) with routed experts in host memory: the host CPU computes this share of
   // the host experts a step uses (from the same bytes, at the same time as the GPU gathers the others;
-  // backend/host, docs/design-notes/expert-offload.md). 0: off, the default (every host expert gathered: on
-  // the 16-core H200 machine the CPU's share gained at most 14% and often lost, see PERFORMANCE.md); < 0: auto
-  // (measured at the first decode step: the CPU's rate over the CPU's plus the bus's); 1: all on the CPU.
+  // backend/host, docs/design-notes/expert-offload.md). 0: off, the default (every host expert gathered: see
+  // PERFORMANCE.md for what the CPU's share measured); < 0: auto (as many as end before the gather of the rest,
+  // fitted to every request's times: backend/host/host_share.h); 1: all on the CPU.
   float cpu_experts = 0.0f;
   // Threads of the host experts (and of expert streaming's copies); 0: every core but one.
   int cpu_expert_threads = 0;
