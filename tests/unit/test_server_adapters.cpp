@@ -13,7 +13,6 @@
 using namespace dsv4;
 using namespace dsv4::runtime;
 using namespace dsv4::server;
-using ordered_json = nlohmann::ordered_json;
 
 namespace {
 

@@ -28,7 +28,6 @@ using namespace dsv4;
 using namespace dsv4::runtime;
 using namespace dsv4::server;
 using namespace dsv4::server::test;
-using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
