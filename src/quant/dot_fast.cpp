@@ -1,6 +1,6 @@
 // AVX2 kernels of vec_dot_q for IQ2_XXS, Q2_K and Q4_K weights against Q8_K
 // activations and MXFP4 weights against Q8_0F activations, and AVX-512 ones for
-// IQ2_XXS and Q2_K (dot_fast.h: bit-identical to the reference in dot.cpp).
+// IQ2_XXS, Q2_K and MXFP4 (dot_fast.h: bit-identical to the reference in dot.cpp).
 //
 // Per weight block (256 elements; MXFP4: 32) the reference forms exact integer
 // sums and then one float update of the running sum (MXFP4: of running sum
@@ -237,6 +237,30 @@ DSV4_AVX2 inline __m256i mxfp4_block_partials(const BlockMXFP4& w, const BlockQ8
 // The blocks' integer sums 8 at a time (a tree of horizontal adds folds 8 blocks' partials into one
 // register), their float terms as one vector (block b + i in lane i: the reference's lanes) added to the
 // 8 running sums; a tail of fewer than 8 blocks goes lane by lane, then the reference's fold.
+// The float part of 8 blocks b..b+7 (lane i: block b + i, the reference's running sum i), given their
+// exponents e and integer sums: lanes + ((0.5 * 2^(e - 127)) * d) * isum (mxfp4_scale: e = 0 is 2^-127), the
+// activation scales built in registers (scalar stores read back as one vector would stall store forwarding).
+DSV4_AVX2 inline __m256 mxfp4_add_terms(__m256 lanes, __m256i e, const BlockQ8_0F* a, __m256i isum) {
+  const __m256i bits = _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
+                                          _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  const __m256 hs = _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_castsi256_ps(bits));
+  const __m256 dx = _mm256_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d, a[4].d, a[5].d, a[6].d, a[7].d);
+  return _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_mul_ps(hs, dx), _mm256_cvtepi32_ps(isum)));
+}
+
+// Blocks b..nb-1 (fewer than 8) one at a time into their lanes, then the reference's fold.
+DSV4_AVX2 inline float mxfp4_tail(__m256 lanes, const BlockMXFP4* w, const BlockQ8_0F* a, int64_t b, int64_t nb) {
+  const __m256i table =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::k_mxfp4_x2)));
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, lanes);
+  for (; b < nb; ++b) {
+    const int32_t isum = hsum_i32(mxfp4_block_partials(w[b], a[b], table));
+    lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
+  }
+  return detail::fold_lanes<8>(lane);
+}
+
 DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
   const __m256i table =
       _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::k_mxfp4_x2)));
@@ -250,25 +274,11 @@ DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t
     // h0 = [blocks 0-3 over lanes 0-3 | blocks 0-3 over lanes 4-7], h1 the same for blocks 4-7.
     const __m256i isum =
         _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-    // 0.5 * 2^(e - 127) (mxfp4_scale: e = 0 is 2^-127) and the activation scales, built in registers (scalar
-    // stores read back as one vector would stall store forwarding).
     const __m256i e =
         _mm256_setr_epi32(w[b].e, w[b + 1].e, w[b + 2].e, w[b + 3].e, w[b + 4].e, w[b + 5].e, w[b + 6].e, w[b + 7].e);
-    const __m256i bits = _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
-                                            _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-    const __m256 hs = _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_castsi256_ps(bits));
-    const __m256 dx =
-        _mm256_setr_ps(a[b].d, a[b + 1].d, a[b + 2].d, a[b + 3].d, a[b + 4].d, a[b + 5].d, a[b + 6].d, a[b + 7].d);
-    const __m256 term = _mm256_mul_ps(_mm256_mul_ps(hs, dx), _mm256_cvtepi32_ps(isum));
-    lanes = _mm256_add_ps(lanes, term);
+    lanes = mxfp4_add_terms(lanes, e, a + b, isum);
   }
-  alignas(32) float lane[8];
-  _mm256_store_ps(lane, lanes);
-  for (; b < nb; ++b) {
-    const int32_t isum = hsum_i32(mxfp4_block_partials(w[b], a[b], table));
-    lane[b % 8] += (0.5f * detail::mxfp4_scale(w[b].e)) * a[b].d * static_cast<float>(isum);
-  }
-  return detail::fold_lanes<8>(lane);
+  return mxfp4_tail(lanes, w, a, b, nb);
 }
 
 #define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
@@ -407,6 +417,79 @@ DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_
   return sum;
 }
 
+// MXFP4 with AVX-512 (BW, VBMI, VNNI): 8 blocks (136 weight bytes, read as 64 + 64 + 8 with the last load
+// masked: no byte past the row) per step. One vpermi2b per pair of blocks puts their 32 codes each in element
+// order (byte k: block 2 p + k / 32, qs byte k % 16, the high nibble where k % 32 >= 16) and one more gathers
+// the 8 exponents; the x2 lookup is an in-lane byte shuffle, signed by y's sign as in IQ2_XXS, and vpdpbusd
+// adds |y| x signed x2 in fours into int32 lanes (each product <= 128 x 12, a block's sum <= 49,152: no
+// overflow). Three rounds of two permutes and an add fold the 4 x 16 lanes into the 8 blocks' sums.
+struct Mxfp4Avx512Tables {
+  alignas(64) uint8_t pair[4][64];  // pair p: the codes' byte positions (p >= 2: relative to byte 64)
+  alignas(64) uint8_t exps[64];     // byte i < 8: block i's exponent byte, 17 i
+  alignas(64) int32_t fold[3][2][16];
+};
+
+const Mxfp4Avx512Tables& mxfp4_avx512_tables() {
+  static const Mxfp4Avx512Tables t = [] {
+    Mxfp4Avx512Tables r{};
+    for (int p = 0; p < 4; ++p)
+      for (int k = 0; k < 64; ++k)
+        r.pair[p][k] = static_cast<uint8_t>(34 * p + 17 * (k / 32) + 1 + k % 16 - (p >= 2 ? 64 : 0));
+    for (int i = 0; i < 8; ++i) r.exps[i] = static_cast<uint8_t>(17 * i);
+    // Round 1 (two vectors of 2 blocks x 8 lanes -> 4 blocks x 4): lane 4 q + j = lanes 2 j, 2 j + 1 of block q.
+    // Round 2 (4 blocks x 4, twice -> 8 blocks x 2): lane 2 q + j = lanes 2 j, 2 j + 1 of block q.
+    // Round 3 (8 x 2 -> 8 x 1, the low half): lane q = lanes 2 q, 2 q + 1.
+    for (int odd = 0; odd < 2; ++odd)
+      for (int l = 0; l < 16; ++l) {
+        const int q1 = l / 4, j1 = l % 4, q2 = l / 2, j2 = l % 2;
+        r.fold[0][odd][l] = 16 * (q1 / 2) + 8 * (q1 % 2) + 2 * j1 + odd;
+        r.fold[1][odd][l] = 16 * (q2 / 4) + 4 * (q2 % 4) + 2 * j2 + odd;
+        r.fold[2][odd][l] = (2 * l + odd) % 16;
+      }
+    return r;
+  }();
+  return t;
+}
+
+DSV4_AVX512 float dot_mxfp4_avx512(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
+  static_assert(sizeof(BlockMXFP4) == 17 && sizeof(BlockQ8_0F) == 36, "the block layouts the tables assume");
+  const Mxfp4Avx512Tables& T = mxfp4_avx512_tables();
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::k_mxfp4_x2)));
+  const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+  const __m512i pair[4] = {ld(T.pair[0]), ld(T.pair[1]), ld(T.pair[2]), ld(T.pair[3])};
+  const __m512i exps = ld(T.exps);
+  const __m512i f0a = ld(T.fold[0][0]), f0b = ld(T.fold[0][1]), f1a = ld(T.fold[1][0]), f1b = ld(T.fold[1][1]);
+  const __m512i f2a = ld(T.fold[2][0]), f2b = ld(T.fold[2][1]);
+  constexpr __mmask64 k_high = 0xFFFF0000FFFF0000ull;  // bytes k with k % 32 >= 16
+  __m256 lanes = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const auto* wb = reinterpret_cast<const uint8_t*>(w + b);
+    const __m512i r0 = ld(wb), r1 = ld(wb + 64), r2 = _mm512_maskz_loadu_epi8(0xFF, wb + 128);
+    __m512i s[4];
+    for (int p = 0; p < 4; ++p) {
+      const __m512i q = p < 2 ? _mm512_permutex2var_epi8(r0, pair[p], r1) : _mm512_permutex2var_epi8(r1, pair[p], r2);
+      const __m512i codes = _mm512_and_si512(_mm512_mask_blend_epi8(k_high, q, _mm512_srli_epi16(q, 4)), low4);
+      const __m512i x2 = _mm512_shuffle_epi8(table, codes);
+      const __m512i yv = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b + 2 * p].qs))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b + 2 * p + 1].qs)), 1);
+      const __m512i sx = _mm512_mask_sub_epi8(x2, _mm512_movepi8_mask(yv), zero, x2);
+      s[p] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(yv), sx);
+    }
+    const __m512i t01 =
+        _mm512_add_epi32(_mm512_permutex2var_epi32(s[0], f0a, s[1]), _mm512_permutex2var_epi32(s[0], f0b, s[1]));
+    const __m512i t23 =
+        _mm512_add_epi32(_mm512_permutex2var_epi32(s[2], f0a, s[3]), _mm512_permutex2var_epi32(s[2], f0b, s[3]));
+    const __m512i t =
+        _mm512_add_epi32(_mm512_permutex2var_epi32(t01, f1a, t23), _mm512_permutex2var_epi32(t01, f1b, t23));
+    const __m512i u = _mm512_add_epi32(_mm512_permutexvar_epi32(f2a, t), _mm512_permutexvar_epi32(f2b, t));
+    const __m256i e = _mm256_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutex2var_epi8(r0, exps, r1)));
+    lanes = mxfp4_add_terms(lanes, e, a + b, _mm512_castsi512_si256(u));
+  }
+  return mxfp4_tail(lanes, w, a, b, nb);
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -435,6 +518,8 @@ DotIsa isa() { return std::min(cpu_isa(), g_cap); }
 float vec_dot_q_fast(GgmlType t, const void* w, const void* act, int64_t n) {
 #ifdef DSV4_DOT_FAST_X86
   const DotIsa use = isa();
+  if (use >= DotIsa::AVX512 && t == GgmlType::MXFP4 && n % k_qk_mxfp4 == 0)
+    return dot_mxfp4_avx512(static_cast<const BlockMXFP4*>(w), static_cast<const BlockQ8_0F*>(act), n / k_qk_mxfp4);
   if (use >= DotIsa::AVX2 && t == GgmlType::MXFP4 && n % k_qk_mxfp4 == 0)
     return dot_mxfp4_avx2(static_cast<const BlockMXFP4*>(w), static_cast<const BlockQ8_0F*>(act), n / k_qk_mxfp4);
   if (use >= DotIsa::AVX2 && n % k_qk_k == 0) {

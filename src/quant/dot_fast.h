@@ -9,8 +9,8 @@
 // (compiled without contraction into FMAs).
 //
 // IQ2_XXS, Q2_K, Q4_K and MXFP4 take the AVX2 kernels when the CPU has AVX2, and
-// IQ2_XXS and Q2_K AVX-512 ones when it has AVX-512 BW, VL, VBMI and VNNI (checked
-// once at run time); other types, other CPUs and non-x86 builds take vec_dot_q.
+// IQ2_XXS, Q2_K and MXFP4 AVX-512 ones when it has AVX-512 BW, VL, VBMI and VNNI
+// (checked once at run time); other types, other CPUs and non-x86 builds take vec_dot_q.
 #pragma once
 
 #include <cstdint>
