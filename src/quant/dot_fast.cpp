@@ -234,9 +234,6 @@ DSV4_AVX2 inline __m256i mxfp4_block_partials(const BlockMXFP4& w, const BlockQ8
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-// The blocks' integer sums 8 at a time (a tree of horizontal adds folds 8 blocks' partials into one
-// register), their float terms as one vector (block b + i in lane i: the reference's lanes) added to the
-// 8 running sums; a tail of fewer than 8 blocks goes lane by lane, then the reference's fold.
 // The float part of 8 blocks b..b+7 (lane i: block b + i, the reference's running sum i), given their
 // exponents e and integer sums: lanes + ((0.5 * 2^(e - 127)) * d) * isum (mxfp4_scale: e = 0 is 2^-127), the
 // activation scales built in registers (scalar stores read back as one vector would stall store forwarding).
@@ -261,6 +258,9 @@ DSV4_AVX2 inline float mxfp4_tail(__m256 lanes, const BlockMXFP4* w, const Block
   return detail::fold_lanes<8>(lane);
 }
 
+// The blocks' integer sums 8 at a time (a tree of horizontal adds folds 8 blocks' partials into one
+// register), their float terms as one vector (block b + i in lane i: the reference's lanes) added to the
+// 8 running sums; a tail of fewer than 8 blocks goes lane by lane, then the reference's fold.
 DSV4_AVX2 float dot_mxfp4_avx2(const BlockMXFP4* w, const BlockQ8_0F* a, int64_t nb) {
   const __m256i table =
       _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(detail::k_mxfp4_x2)));
@@ -422,12 +422,19 @@ DSV4_AVX512 float dot_q2_k_avx512(const BlockQ2_K* w, const BlockQ8_K* a, int64_
 // order (byte k: block 2 p + k / 32, qs byte k % 16, the high nibble where k % 32 >= 16) and one more gathers
 // the 8 exponents; the x2 lookup is an in-lane byte shuffle, signed by y's sign as in IQ2_XXS, and vpdpbusd
 // adds |y| x signed x2 in fours into int32 lanes (each product <= 128 x 12, a block's sum <= 49,152: no
-// overflow). Three rounds of two permutes and an add fold the 4 x 16 lanes into the 8 blocks' sums.
+// overflow). Three rounds of adjacent-lane pair sums fold the 4 x 16 lanes into the 8 blocks' sums.
 struct Mxfp4Avx512Tables {
   alignas(64) uint8_t pair[4][64];  // pair p: the codes' byte positions (p >= 2: relative to byte 64)
   alignas(64) uint8_t exps[64];     // byte i < 8: block i's exponent byte, 17 i
-  alignas(64) int32_t fold[3][2][16];
 };
+
+// Lane l of the result: lanes 2 l and 2 l + 1 of a and b side by side (a's 16, then b's), added. Block i's
+// lanes stay together in every round: 8 lanes of a vector per block -> 4 -> 2 -> 1.
+DSV4_AVX512 inline __m512i pair_sums(__m512i a, __m512i b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+}
 
 const Mxfp4Avx512Tables& mxfp4_avx512_tables() {
   static const Mxfp4Avx512Tables t = [] {
@@ -436,16 +443,6 @@ const Mxfp4Avx512Tables& mxfp4_avx512_tables() {
       for (int k = 0; k < 64; ++k)
         r.pair[p][k] = static_cast<uint8_t>(34 * p + 17 * (k / 32) + 1 + k % 16 - (p >= 2 ? 64 : 0));
     for (int i = 0; i < 8; ++i) r.exps[i] = static_cast<uint8_t>(17 * i);
-    // Round 1 (two vectors of 2 blocks x 8 lanes -> 4 blocks x 4): lane 4 q + j = lanes 2 j, 2 j + 1 of block q.
-    // Round 2 (4 blocks x 4, twice -> 8 blocks x 2): lane 2 q + j = lanes 2 j, 2 j + 1 of block q.
-    // Round 3 (8 x 2 -> 8 x 1, the low half): lane q = lanes 2 q, 2 q + 1.
-    for (int odd = 0; odd < 2; ++odd)
-      for (int l = 0; l < 16; ++l) {
-        const int q1 = l / 4, j1 = l % 4, q2 = l / 2, j2 = l % 2;
-        r.fold[0][odd][l] = 16 * (q1 / 2) + 8 * (q1 % 2) + 2 * j1 + odd;
-        r.fold[1][odd][l] = 16 * (q2 / 4) + 4 * (q2 % 4) + 2 * j2 + odd;
-        r.fold[2][odd][l] = (2 * l + odd) % 16;
-      }
     return r;
   }();
   return t;
@@ -458,8 +455,6 @@ DSV4_AVX512 float dot_mxfp4_avx512(const BlockMXFP4* w, const BlockQ8_0F* a, int
   const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
   const __m512i pair[4] = {ld(T.pair[0]), ld(T.pair[1]), ld(T.pair[2]), ld(T.pair[3])};
   const __m512i exps = ld(T.exps);
-  const __m512i f0a = ld(T.fold[0][0]), f0b = ld(T.fold[0][1]), f1a = ld(T.fold[1][0]), f1b = ld(T.fold[1][1]);
-  const __m512i f2a = ld(T.fold[2][0]), f2b = ld(T.fold[2][1]);
   constexpr __mmask64 k_high = 0xFFFF0000FFFF0000ull;  // bytes k with k % 32 >= 16
   __m256 lanes = _mm256_setzero_ps();
   int64_t b = 0;
@@ -477,13 +472,9 @@ DSV4_AVX512 float dot_mxfp4_avx512(const BlockMXFP4* w, const BlockQ8_0F* a, int
       const __m512i sx = _mm512_mask_sub_epi8(x2, _mm512_movepi8_mask(yv), zero, x2);
       s[p] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(yv), sx);
     }
-    const __m512i t01 =
-        _mm512_add_epi32(_mm512_permutex2var_epi32(s[0], f0a, s[1]), _mm512_permutex2var_epi32(s[0], f0b, s[1]));
-    const __m512i t23 =
-        _mm512_add_epi32(_mm512_permutex2var_epi32(s[2], f0a, s[3]), _mm512_permutex2var_epi32(s[2], f0b, s[3]));
-    const __m512i t =
-        _mm512_add_epi32(_mm512_permutex2var_epi32(t01, f1a, t23), _mm512_permutex2var_epi32(t01, f1b, t23));
-    const __m512i u = _mm512_add_epi32(_mm512_permutexvar_epi32(f2a, t), _mm512_permutexvar_epi32(f2b, t));
+    // Lane i of u (i < 8): block b + i's integer sum.
+    const __m512i t = pair_sums(pair_sums(s[0], s[1]), pair_sums(s[2], s[3]));
+    const __m512i u = pair_sums(t, t);
     const __m256i e = _mm256_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutex2var_epi8(r0, exps, r1)));
     lanes = mxfp4_add_terms(lanes, e, a + b, _mm512_castsi512_si256(u));
   }
