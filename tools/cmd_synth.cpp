@@ -82,7 +82,8 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Random seed; the output is deterministic for a seed")->capture_default_str();
   cmd->add_option("--router-skew", args->router_skew,
                   "Skewed routing: each layer's router bias favours a random order of its experts (0: uniform; 1: "
-                  "the most-used quarter takes about two thirds of the assignments; see --expert-stats)")
+                  "the most-used quarter takes about two thirds of the assignments; the --expert-stats option of run, "
+                  "serve, bench and logits records a model's real routing)")
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "Generator threads (0 = all cores)")->capture_default_str();

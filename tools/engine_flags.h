@@ -255,8 +255,8 @@ inline void add_cuda_flags(CLI::App* cmd, CudaOptions* s) {
          "--gpus", [s](const std::string& v) { s->gpus = *parse_gpus(v); },
          "Split the model's layers over these GPUs (device indices, or all): each holds a contiguous range of "
          "layers sized to its memory (or --gpu-memory each) and passes the hidden state on to the next; when the "
-         "GPUs cannot hold every weight, each keeps the routed experts it has no room for in host memory. Not "
-         "with --mtp or --dspark")
+         "GPUs cannot hold every weight, each keeps the routed experts it has no room for in host memory. "
+         "Speculative decoding (--mtp, --dspark of run, serve and bench) does not run with it")
       ->check(parsed_by([](const std::string& v) { return parse_gpus(v); }))
       ->type_name("all|N,N...")
       ->group(group);
