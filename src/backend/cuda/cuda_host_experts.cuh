@@ -92,8 +92,10 @@ __device__ __forceinline__ unsigned long long host_global_ns() {
 
 // Every thread of one block, after the plan wrote state->host (and a barrier): when the plan gave the CPU
 // experts, the inputs into the mailbox's buffers (x, ids2 and weights [n_assign], the gathered and skipped
-// counts), then the request. Every thread fences its own writes to system scope before the barrier, so the CPU
-// sees the inputs before it sees the new sequence number.
+// counts), then the request. Every thread fences its own writes to system scope before the barrier, and thread
+// 0 fences again after it, before the request: the release is then the posting thread's own (the barrier
+// orders the other threads' writes before its fence), so the CPU sees the inputs before the new sequence
+// number.
 __device__ __forceinline__ void host_post_request(const HostRequest& r, const int32_t* ids2, int64_t n_assign,
                                                   int32_t gathered) {
   if (r.state->host == 0) return;  // the same value for the whole block
@@ -115,6 +117,7 @@ __device__ __forceinline__ void host_post_request(const HostRequest& r, const in
     const uint32_t s = r.seq->seq + 1 == 0 ? 1 : r.seq->seq + 1;  // never 0 (RequestPoll: 0 means stopped)
     r.seq->seq = s;
     r.seq->posted_ns = host_global_ns();
+    __threadfence_system();
     b->request = s;
   }
 }

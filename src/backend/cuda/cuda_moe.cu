@@ -942,7 +942,7 @@ void launch_moe_experts(const CudaContext& ctx, const MoeExpertsOp& op) {
   const bool streamed =
       gather && streamer && (streamer->streamed(wg.host) || streamer->streamed(wu.host) || streamer->streamed(wd.host));
   // Decode steps may leave a share of their host experts to the CPU (cuda_host_experts.cuh): the host's rows
-  // of y (host_y, [n_assign, D]) come back in mapped host memory.
+  // of y (HostRequest::y_h, [n_assign, D]) come back in mapped host memory.
   HostExpertTask host_task;
   const bool host_possible = gather && !streamed && !grouped && ctx.host_experts && n <= ctx.host_max_tokens;
   if (host_possible) {
